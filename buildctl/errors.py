@@ -1,0 +1,44 @@
+"""The root of buildctl's error hierarchy.
+
+Every error raised on purpose by buildctl derives from :class:`BuildctlError`. The direct
+subclasses below are the *categories* that the CLI maps to exit codes (see
+``buildctl.cli.EXIT_CODES``); each package's own ``errors.py`` derives its errors from one
+of them. Details are carried as attributes, never parsed out of messages.
+"""
+
+from __future__ import annotations
+
+
+class BuildctlError(Exception):
+    """Base class of every deliberate buildctl error."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class BadInputError(BuildctlError):
+    """Invalid input: a profile, manifest, fingerprint file or argument that does not parse or validate."""
+
+
+class NotFoundError(BuildctlError):
+    """Something named does not exist: an artifact, a channel, a profile, a file."""
+
+
+class IntegrityError(BuildctlError):
+    """Stored or transferred bytes do not match what a manifest promises."""
+
+
+class GateRefusedError(BuildctlError):
+    """A gate said no: validation failed or promotion requirements are unmet."""
+
+
+class ConflictError(BuildctlError):
+    """A concurrent update won and retries ran out."""
+
+
+class BuildFailedError(BuildctlError):
+    """A builder crashed, timed out or produced incomplete output."""

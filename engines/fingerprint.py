@@ -1,0 +1,279 @@
+"""Host fingerprints: what a built engine is bound to.
+
+A TensorRT engine is valid only for the GPU, driver, CUDA, TensorRT and TensorRT-LLM it was
+built with; an AOTInductor package only for the CPU ISA, torch and compiler it was built
+with. :class:`Fingerprint` records all of it; :meth:`Fingerprint.compat_key` reduces it, per
+backend, to exactly the fields that invalidate that backend's engines. Each field's
+description names the upstream failure it prevents.
+
+Detection never crashes: what is absent is ``None`` (or an empty GPU list).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from artifact_store.digest import digest_json, hex_of
+from engines.errors import FingerprintError
+
+FINGERPRINT_SCHEMA_VERSION = 1
+FINGERPRINT_ENV = "BUILDCTL_FINGERPRINT_FILE"
+
+# CPU flags that decide which AOTInductor kernels can run.
+RELEVANT_CPU_FLAGS = (
+    "sse4_2", "popcnt", "avx", "avx2", "fma", "f16c", "bmi1", "bmi2", "movbe", "lzcnt",
+    "avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl", "avx512_vnni", "avx512_bf16",
+    "avx512_fp16", "avx_vnni", "amx_tile", "amx_bf16", "amx_int8", "asimd", "sve",
+)
+_LEVEL_V2 = {"sse4_2", "popcnt"}
+_LEVEL_V3 = _LEVEL_V2 | {"avx", "avx2", "fma", "f16c", "bmi1", "bmi2", "movbe"}
+_LEVEL_V4 = _LEVEL_V3 | {"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"}
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class GpuInfo(_Frozen):
+    """One GPU as NVML reports it."""
+
+    name: str = Field(..., description="GPU model, e.g. 'NVIDIA H100 80GB HBM3'. Prevents 'Using an engine plan file across different models of devices is not recommended'.")
+    sm: str = Field(..., description="Compute capability 'major.minor'. Prevents 'The engine plan file is generated on an incompatible device, expecting compute 9.0 got compute 8.9'.")
+    memory_mib: int = Field(..., ge=0, description="Total memory in MiB; decides whether a TP plan fits, not whether it loads.")
+
+
+class CpuInfo(_Frozen):
+    """The CPU as far as AOTInductor's generated kernels care."""
+
+    machine: str = Field(..., description="platform.machine(), e.g. x86_64; a package for one architecture cannot load on another.")
+    isa_level: str = Field(..., description="x86-64-v1..v4 or the machine name elsewhere; code compiled for a higher level dies with SIGILL on a lower one.")
+    flags: tuple[str, ...] = Field((), description="The ISA flags relevant to AOTInductor (AVX2, AVX-512, AMX, ...), sorted.")
+
+
+class Fingerprint(_Frozen):
+    """What an engine built on this host is bound to."""
+
+    schema_version: Literal[1] = Field(FINGERPRINT_SCHEMA_VERSION, description="Fingerprint schema version.")
+    gpus: tuple[GpuInfo, ...] = Field((), description="GPUs visible through NVML; empty where there is none.")
+    driver_version: str | None = Field(None, description="NVIDIA driver version; its branch is in the trtllm key. Engines have failed across driver branches (and even patches) with 'Failed to deserialize cuda engine'.")
+    cuda_version: str | None = Field(None, description="CUDA version (runtime when found, else what the driver supports); its major is in the trtllm key: kernels and plugins are built per CUDA major.")
+    tensorrt_version: str | None = Field(None, description="TensorRT version. Prevents 'The engine plan file is not compatible with this version of TensorRT, expecting library version X got Y, please rebuild' and 'Serialization assertion stdVersionRead == kSERIALIZATION_VERSION failed'.")
+    tensorrt_llm_version: str | None = Field(None, description="TensorRT-LLM version. Prevents 'getPluginCreator could not find plugin' and config.json schema drift between build and serving containers.")
+    torch_version: str | None = Field(None, description="torch version; AOTInductor packages call into libtorch's ABI of the version that compiled them.")
+    cpu: CpuInfo = Field(..., description="CPU architecture and ISA level; aoti code built for AVX-512 crashes with SIGILL on an AVX2-only host.")
+    platform: str = Field(..., description="OS and architecture, e.g. linux-x86_64; a compiled .so loads only on its own platform.")
+    glibc_version: str | None = Field(None, description="glibc version; a .so linked against a newer glibc fails with 'GLIBC_2.xx not found'.")
+    compiler_version: str | None = Field(None, description="C++ compiler ('gcc 12.2.0'); its major is in the aoti key because it sets the C++ ABI of the compiled package.")
+
+    @property
+    def gpu_count(self) -> int:
+        return len(self.gpus)
+
+    def digest(self) -> str:
+        """A stable digest of the whole fingerprint."""
+        return digest_json(self.model_dump(mode="json"))
+
+    def compat_fields(self, backend: str) -> dict[str, Any]:
+        """The fields that invalidate ``backend``'s engines, and nothing else."""
+        if backend == "trtllm":
+            return {
+                "backend": "trtllm",
+                "gpu_models": sorted({g.name for g in self.gpus}),
+                "gpu_sm": sorted({g.sm for g in self.gpus}),
+                "tensorrt": self.tensorrt_version,
+                "tensorrt_llm": self.tensorrt_llm_version,
+                "cuda_major": _major(self.cuda_version),
+                "driver_branch": _major(self.driver_version),
+            }
+        if backend == "aoti":
+            return {
+                "backend": "aoti",
+                "isa_level": self.cpu.isa_level,
+                "torch": self.torch_version,
+                "platform": self.platform,
+                "compiler_major": _compiler_major(self.compiler_version),
+            }
+        raise ValueError(f"unknown backend {backend!r}")
+
+    def compat_key(self, backend: str) -> str:
+        """``<backend>-<32 hex>``: equal for hosts whose engines are interchangeable for ``backend``."""
+        return f"{backend}-{hex_of(digest_json(self.compat_fields(backend)))}"
+
+    def compat_differences(self, other: "Fingerprint", backend: str) -> dict[str, tuple[Any, Any]]:
+        """Compat fields whose values differ, as ``{field: (self's, other's)}``."""
+        mine, theirs = self.compat_fields(backend), other.compat_fields(backend)
+        return {k: (mine[k], theirs.get(k)) for k in mine if mine[k] != theirs.get(k)}
+
+
+def _major(version: str | None) -> str | None:
+    if not version:
+        return None
+    return version.split(".", 1)[0]
+
+
+def _compiler_major(version: str | None) -> str | None:
+    if not version:
+        return None
+    m = re.match(r"(\S+) (\d+)", version)
+    return f"{m.group(1)} {m.group(2)}" if m else version
+
+
+# --- detection -----------------------------------------------------------------------------
+
+
+def _dist_version(*names: str) -> str | None:
+    for name in names:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def _detect_gpus() -> tuple[tuple[GpuInfo, ...], str | None, str | None]:
+    """(gpus, driver version, CUDA version the driver supports) via NVML, or empties."""
+    try:
+        import pynvml  # nvidia-ml-py
+    except ImportError:
+        return (), None, None
+    try:
+        pynvml.nvmlInit()
+    except Exception:  # NVMLError_LibraryNotFound, DriverNotLoaded, ...: no usable GPU here
+        return (), None, None
+    try:
+        driver = _decode(pynvml.nvmlSystemGetDriverVersion())
+        cuda = None
+        try:
+            v = pynvml.nvmlSystemGetCudaDriverVersion_v2()
+            cuda = f"{v // 1000}.{(v % 1000) // 10}"
+        except Exception:
+            pass
+        gpus = []
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            h = pynvml.nvmlDeviceGetHandleByIndex(i)
+            major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(h)
+            mem = pynvml.nvmlDeviceGetMemoryInfo(h).total // (1024 * 1024)
+            gpus.append(GpuInfo(name=_decode(pynvml.nvmlDeviceGetName(h)), sm=f"{major}.{minor}", memory_mib=int(mem)))
+        return tuple(gpus), driver, cuda
+    except Exception:
+        return (), None, None
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:
+            pass
+
+
+def _decode(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _detect_cuda_runtime() -> str | None:
+    """The CUDA runtime version from libcudart, without importing torch."""
+    for lib in ("libcudart.so", "libcudart.so.13", "libcudart.so.12", "libcudart.so.11.0"):
+        try:
+            cudart = ctypes.CDLL(lib)
+        except OSError:
+            continue
+        v = ctypes.c_int(0)
+        if cudart.cudaRuntimeGetVersion(ctypes.byref(v)) == 0 and v.value:
+            return f"{v.value // 1000}.{(v.value % 1000) // 10}"
+    return None
+
+
+def _cpu_flags() -> tuple[str, ...]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return ()
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in ("flags", "Features"):
+            present = set(value.split())
+            return tuple(sorted(f for f in RELEVANT_CPU_FLAGS if f in present))
+    return ()
+
+
+def isa_level(machine: str, flags: tuple[str, ...] | set[str]) -> str:
+    """The x86-64 micro-architecture level (v1..v4) implied by ``flags``; other machines by name."""
+    if machine not in ("x86_64", "AMD64"):
+        return machine
+    present = set(flags)
+    if _LEVEL_V4 <= present:
+        return "x86-64-v4"
+    if _LEVEL_V3 <= present:
+        return "x86-64-v3"
+    if _LEVEL_V2 <= present:
+        return "x86-64-v2"
+    return "x86-64-v1"
+
+
+def _compiler_version() -> str | None:
+    cxx = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
+    if not cxx:
+        return None
+    try:
+        out = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    first = out.splitlines()[0] if out else ""
+    m = re.search(r"(\d+\.\d+(?:\.\d+)?)", first)
+    if not m:
+        return None
+    family = "clang" if "clang" in first.lower() else "gcc"
+    return f"{family} {m.group(1)}"
+
+
+def detect() -> Fingerprint:
+    """This host's fingerprint. Honours ``BUILDCTL_FINGERPRINT_FILE`` when set (node agents, tests)."""
+    override = os.environ.get(FINGERPRINT_ENV)
+    if override:
+        return load_fingerprint(override)
+    gpus, driver, driver_cuda = _detect_gpus()
+    machine = platform.machine()
+    flags = _cpu_flags()
+    libc_name, libc_version = platform.libc_ver()
+    return Fingerprint(
+        gpus=gpus,
+        driver_version=driver,
+        cuda_version=(_detect_cuda_runtime() or driver_cuda) if gpus else None,
+        tensorrt_version=_dist_version("tensorrt", "tensorrt-cu13", "tensorrt-cu12", "tensorrt_cu12"),
+        tensorrt_llm_version=_dist_version("tensorrt-llm", "tensorrt_llm"),
+        torch_version=_dist_version("torch"),
+        cpu=CpuInfo(machine=machine, isa_level=isa_level(machine, flags), flags=flags),
+        platform=f"{sys.platform}-{machine}",
+        glibc_version=libc_version if libc_name == "glibc" and libc_version else None,
+        compiler_version=_compiler_version(),
+    )
+
+
+def parse_fingerprint(data: Any, source: str = "<string>") -> Fingerprint:
+    """Validate parsed JSON into a fingerprint, or raise :class:`FingerprintError`."""
+    try:
+        return Fingerprint.model_validate(data)
+    except ValidationError as err:
+        detail = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or '<root>'}: {e['msg']}" for e in err.errors())
+        raise FingerprintError(source, detail) from None
+
+
+def load_fingerprint(path: str | Path) -> Fingerprint:
+    """Load a fingerprint JSON file (as written by ``buildctl fingerprint --json``)."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise FingerprintError(str(path), "file not found") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise FingerprintError(str(path), f"not readable JSON: {err}") from None
+    return parse_fingerprint(data, str(path))

@@ -1,0 +1,312 @@
+"""Build profiles: what to build, how to validate it, and the hash of what changes the engine.
+
+A profile is YAML data (see ``build_profiles/``) loaded into the frozen :class:`BuildProfile`
+model. :meth:`BuildProfile.build_hash` is the canonical hash of the fields that change the
+built engine; :data:`HASH_EXCLUDED_FIELDS` names every field it leaves out, and why.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic_core import PydanticCustomError
+
+from artifact_store.digest import digest_json
+from engines.errors import FieldProblem, ProfileError, ProfileNotFoundError
+
+Backend = Literal["trtllm", "aoti"]
+Quantization = Literal["none", "fp8", "int8_sq", "int4_awq", "w4a8_awq", "int8_wo", "int4_wo"]
+KvCacheDtype = Literal["auto", "fp16", "bf16", "fp8", "int8"]
+Dtype = Literal["float32", "float16", "bfloat16"]
+PromptSet = Literal["short", "mixed", "long"]
+
+SLUG_PATTERN = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
+FP8_MIN_SM = 89
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+def _rule(field: str, rule: str, message: str, **ctx: Any) -> PydanticCustomError:
+    """A cross-field rule violation; ``field`` is the dotted path inside the validated model."""
+    return PydanticCustomError("rule", message, {"field": field, "rule": rule, **ctx})
+
+
+class TinyModel(_Frozen):
+    """The locally generated tiny Llama used on CPU (nothing is downloaded)."""
+
+    seed: int = Field(0, ge=0, description="Seed for weight initialisation and training batch order.")
+    train_steps: int = Field(100, ge=0, le=100_000, description="AdamW steps on the shipped corpus; makes greedy decoding confident.")
+
+
+class ModelSource(_Frozen):
+    """Where the HF checkpoint comes from: exactly one of ``path``, ``uri`` or ``tiny``."""
+
+    path: str | None = Field(None, description="Local HF checkpoint directory.")
+    uri: str | None = Field(None, description="Remote HF checkpoint, s3://bucket/prefix; downloaded with verification.")
+    tiny: TinyModel | None = Field(None, description="Generate the tiny Llama locally instead of reading a checkpoint.")
+    dtype: Dtype = Field("float16", description="Weight and activation dtype of the engine.")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "ModelSource":
+        given = [k for k in ("path", "uri", "tiny") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise _rule("path", "model-source", "exactly one of path, uri or tiny must be set (got {got})", got=given or "none")
+        if self.uri is not None and not self.uri.startswith("s3://"):
+            raise _rule("uri", "model-uri-scheme", "uri must start with s3:// (got {uri!r})", uri=self.uri)
+        return self
+
+
+class TrtllmPlugins(_Frozen):
+    """trtllm-build plugin and layout switches (see ``trtllm-build --help``)."""
+
+    gemm_plugin: str = Field("auto", description="--gemm_plugin: auto, disable or a dtype.")
+    gpt_attention_plugin: str = Field("auto", description="--gpt_attention_plugin: auto, disable or a dtype.")
+    use_paged_context_fmha: bool = Field(True, description="--use_paged_context_fmha; needs the paged KV cache.")
+    use_fp8_context_fmha: bool = Field(False, description="--use_fp8_context_fmha; needs fp8 quantization.")
+    kv_cache_type: Literal["paged", "continuous", "disabled"] = Field("paged", description="--kv_cache_type; paged enables in-flight batching.")
+    remove_input_padding: bool = Field(True, description="--remove_input_padding (packed inputs).")
+    context_fmha: bool = Field(True, description="--context_fmha (fused multi-head attention in context phase).")
+    multiple_profiles: bool = Field(False, description="--multiple_profiles (several TensorRT optimisation profiles).")
+    workers: int = Field(1, ge=1, le=64, description="--workers: ranks built in parallel; does not change the engine.")
+
+
+class AotiOptions(_Frozen):
+    """torch AOTInductor options."""
+
+    device: Literal["cpu", "cuda"] = Field("cpu", description="Device the package is compiled for.")
+    cpu_isa: Literal["avx2", "avx512", "native"] = Field("avx2", description="CPU ISA to compile for; avx2 (x86-64-v3) is portable, native may crash elsewhere.")
+
+
+class EngineSpec(_Frozen):
+    """The engine to build."""
+
+    backend: Backend = Field(..., description="Builder backend: trtllm (production, GPU) or aoti (torch AOTInductor).")
+    quantization: Quantization = Field("none", description="Weight/activation quantization format.")
+    kv_cache_dtype: KvCacheDtype = Field("auto", description="KV cache dtype; auto follows the model dtype.")
+    tp_size: int = Field(1, ge=1, le=64, description="Tensor-parallel ranks.")
+    pp_size: int = Field(1, ge=1, le=64, description="Pipeline-parallel stages.")
+    max_batch_size: int = Field(8, ge=1, description="Largest batch the engine accepts.")
+    max_input_len: int = Field(1024, ge=1, description="Longest prompt in tokens.")
+    max_seq_len: int = Field(2048, ge=2, description="Longest prompt plus output in tokens.")
+    max_num_tokens: int | None = Field(None, ge=1, description="Token budget per scheduler step; None lets the builder choose.")
+    min_sm: int | None = Field(None, ge=10, description="Lowest GPU SM (e.g. 89, 90) this profile may target; None = any.")
+    build_timeout_s: float = Field(3600.0, gt=0, description="Wall-clock limit for one build subprocess.")
+    plugins: TrtllmPlugins | None = Field(None, description="trtllm-only build switches; defaults apply when omitted.")
+    aoti: AotiOptions | None = Field(None, description="aoti-only options; defaults apply when omitted.")
+
+    @model_validator(mode="after")
+    def _cross_field(self) -> "EngineSpec":
+        if self.max_input_len > self.max_seq_len:
+            raise _rule("max_input_len", "max_input_len<=max_seq_len",
+                        "max_input_len ({a}) must be <= max_seq_len ({b})", a=self.max_input_len, b=self.max_seq_len)
+        uses_fp8 = self.quantization == "fp8" or self.kv_cache_dtype == "fp8"
+        if self.backend == "aoti":
+            if self.quantization != "none":
+                raise _rule("quantization", "aoti-no-quantization",
+                            "quantization {q!r} needs backend trtllm; aoti builds only unquantized engines", q=self.quantization)
+            if self.kv_cache_dtype not in ("auto",):
+                raise _rule("kv_cache_dtype", "aoti-no-kv-cache-dtype",
+                            "kv_cache_dtype {k!r} needs backend trtllm; aoti has no KV cache option", k=self.kv_cache_dtype)
+            if self.tp_size * self.pp_size != 1:
+                raise _rule("tp_size", "aoti-single-rank", "tp_size * pp_size must be 1 for aoti (got {n})", n=self.tp_size * self.pp_size)
+            if self.plugins is not None:
+                raise _rule("plugins", "plugins-trtllm-only", "plugins apply to backend trtllm only")
+        if self.backend == "trtllm" and self.aoti is not None:
+            raise _rule("aoti", "aoti-options-aoti-only", "aoti options apply to backend aoti only")
+        if uses_fp8 and self.min_sm is not None and self.min_sm < FP8_MIN_SM:
+            raise _rule("min_sm", "fp8-needs-sm89", "fp8 needs SM >= {m} (Ada/Hopper); min_sm is {s}", m=FP8_MIN_SM, s=self.min_sm)
+        plugins = self.plugins
+        if plugins is not None:
+            if plugins.use_fp8_context_fmha and self.quantization != "fp8":
+                raise _rule("plugins.use_fp8_context_fmha", "fp8-context-fmha-needs-fp8",
+                            "use_fp8_context_fmha needs quantization fp8 (got {q!r})", q=self.quantization)
+            if plugins.use_paged_context_fmha and plugins.kv_cache_type != "paged":
+                raise _rule("plugins.use_paged_context_fmha", "paged-context-fmha-needs-paged-kv",
+                            "use_paged_context_fmha needs kv_cache_type paged (got {k!r})", k=plugins.kv_cache_type)
+        if self.max_num_tokens is not None and self.max_num_tokens < self.max_batch_size:
+            raise _rule("max_num_tokens", "max_num_tokens>=max_batch_size",
+                        "max_num_tokens ({a}) must be >= max_batch_size ({b})", a=self.max_num_tokens, b=self.max_batch_size)
+        return self
+
+    @property
+    def world_size(self) -> int:
+        return self.tp_size * self.pp_size
+
+    @property
+    def resolved_plugins(self) -> TrtllmPlugins:
+        return self.plugins or TrtllmPlugins()
+
+    @property
+    def resolved_aoti(self) -> AotiOptions:
+        return self.aoti or AotiOptions()
+
+
+class ReferenceSpec(_Frozen):
+    """vLLM engine arguments for the reference side of validation (the production tuning)."""
+
+    tensor_parallel_size: int = Field(1, ge=1, description="vLLM tensor_parallel_size.")
+    gpu_memory_utilization: float = Field(0.9, gt=0, le=1, description="vLLM gpu_memory_utilization.")
+    max_model_len: int = Field(2048, ge=2, description="vLLM max_model_len.")
+    block_size: int = Field(16, ge=1, description="vLLM KV cache block size in tokens.")
+    enable_prefix_caching: bool = Field(False, description="vLLM enable_prefix_caching.")
+    enforce_eager: bool = Field(False, description="vLLM enforce_eager (no CUDA graphs / compilation).")
+    max_num_seqs: int = Field(256, ge=1, description="vLLM max_num_seqs.")
+    kv_cache_dtype: KvCacheDtype = Field("auto", description="vLLM kv_cache_dtype.")
+    dtype: Literal["auto", "float32", "float16", "bfloat16"] = Field("auto", description="vLLM dtype; auto follows the model.")
+    cpu_kvcache_space_gib: int = Field(1, ge=1, description="VLLM_CPU_KVCACHE_SPACE for the CPU build of vLLM.")
+
+
+class ParityRule(_Frozen):
+    """How candidate outputs are compared with the reference."""
+
+    rule: Literal["check_logprobs_close"] = Field("check_logprobs_close", description="vLLM's parity rule: equal tokens up to a divergence inside both top-k.")
+    min_identical_fraction: float = Field(0.0, ge=0, le=1, description="Share of prompts whose sequences must be fully identical.")
+
+
+class SpeedGate(_Frozen):
+    """Speed workload and gate, candidate versus reference on the same host."""
+
+    min_throughput_ratio: float = Field(1.0, gt=0, description="Candidate/reference output tok/s must be at least this.")
+    max_p99_ttft_ratio: float = Field(1.5, gt=0, description="Candidate/reference p99 TTFT must be at most this.")
+    concurrency: tuple[int, ...] = Field((1, 4), min_length=1, description="Concurrency levels to measure.")
+    input_len: int = Field(128, ge=1, description="Prompt length in tokens for the speed workload.")
+    output_len: int = Field(64, ge=2, description="Output length in tokens for the speed workload.")
+    num_prompts: int = Field(16, ge=1, description="Requests per concurrency level and repetition.")
+    repetitions: int = Field(3, ge=1, description="Interleaved A/B repetitions per level.")
+    warmup: int = Field(1, ge=0, description="Warm-up requests per side before measuring.")
+
+
+class ValidationSpec(_Frozen):
+    """What validation runs and what it must show."""
+
+    prompt_sets: tuple[PromptSet, ...] = Field(("short", "mixed", "long"), min_length=1, description="Built-in prompt sets; long (>4096 tokens) runs where max_seq_len allows.")
+    prompts_file: str | None = Field(None, description="Extra JSONL prompt file, one {\"prompt_token_ids\": [...]} per line.")
+    max_tokens: int = Field(64, ge=1, description="Tokens generated per parity prompt.")
+    top_logprobs: int = Field(5, ge=1, le=20, description="Top-k logprobs compared per step.")
+    parity: ParityRule = Field(default_factory=ParityRule, description="The parity rule and gate.")
+    speed: SpeedGate = Field(default_factory=SpeedGate, description="The speed workload and gate.")
+
+
+class BuildProfile(_Frozen):
+    """One build profile: the model, the engine, the vLLM reference and the validation gates."""
+
+    name: str = Field(..., pattern=SLUG_PATTERN, description="DNS-label-like slug naming the profile and its channels.")
+    model: ModelSource = Field(..., description="The HF checkpoint to build from.")
+    engine: EngineSpec = Field(..., description="The engine to build.")
+    reference: ReferenceSpec = Field(default_factory=ReferenceSpec, description="vLLM engine arguments for validation.")
+    validation: ValidationSpec = Field(default_factory=ValidationSpec, description="Parity and speed validation.")
+
+    @model_validator(mode="after")
+    def _cross_section(self) -> "BuildProfile":
+        if self.validation.max_tokens >= self.engine.max_seq_len:
+            raise _rule("validation.max_tokens", "max_tokens<max_seq_len",
+                        "max_tokens ({a}) must be < engine.max_seq_len ({b})", a=self.validation.max_tokens, b=self.engine.max_seq_len)
+        speed = self.validation.speed
+        if speed.input_len > self.engine.max_input_len or speed.input_len + speed.output_len > self.engine.max_seq_len:
+            raise _rule("validation.speed.input_len", "speed-workload-fits-engine",
+                        "speed input_len + output_len ({a}) must fit engine.max_input_len/max_seq_len ({b}/{c})",
+                        a=speed.input_len + speed.output_len, b=self.engine.max_input_len, c=self.engine.max_seq_len)
+        if max(speed.concurrency) > self.engine.max_batch_size:
+            raise _rule("validation.speed.concurrency", "concurrency<=max_batch_size",
+                        "concurrency {a} exceeds engine.max_batch_size {b}", a=max(speed.concurrency), b=self.engine.max_batch_size)
+        if self.reference.max_model_len > self.engine.max_seq_len:
+            raise _rule("reference.max_model_len", "reference-fits-engine",
+                        "reference.max_model_len ({a}) must be <= engine.max_seq_len ({b}) so both sides see the same prompts",
+                        a=self.reference.max_model_len, b=self.engine.max_seq_len)
+        return self
+
+    def build_hash(self) -> str:
+        """xxh3-128 of the canonical JSON of every field that changes the built engine."""
+        return digest_json(build_affecting_fields(self))
+
+
+# Fields left out of BuildProfile.build_hash, each with the reason it cannot change the engine.
+# Like vLLM's compute_hash, the exclusions are named, not implied: a new field is hashed
+# unless it is added here with a reason.
+HASH_EXCLUDED_FIELDS: dict[str, str] = {
+    "name": "a label for channels and listings; two profiles with the same settings build the same engine",
+    "model.path": "where the checkpoint is read from; the build key carries the model's content digest instead",
+    "model.uri": "where the checkpoint is read from; the build key carries the model's content digest instead",
+    "model.tiny": "how the tiny checkpoint is generated; its content digest is in the build key",
+    "engine.build_timeout_s": "how long the build may take, not what it produces",
+    "engine.plugins.workers": "how many ranks are built in parallel, not what each rank contains",
+    "reference": "arguments of the vLLM reference used in validation, never passed to the builder",
+    "validation": "prompts and gates used after the build, never passed to the builder",
+}
+
+
+def build_affecting_fields(profile: BuildProfile) -> dict[str, Any]:
+    """The profile as a plain dict with every :data:`HASH_EXCLUDED_FIELDS` entry removed.
+
+    Optional sub-sections are resolved to their defaults first, so omitting ``plugins``
+    hashes the same as writing the defaults out.
+    """
+    data = profile.model_dump(mode="json")
+    if profile.engine.backend == "trtllm":
+        data["engine"]["plugins"] = profile.engine.resolved_plugins.model_dump(mode="json")
+    else:
+        data["engine"]["aoti"] = profile.engine.resolved_aoti.model_dump(mode="json")
+    for dotted in HASH_EXCLUDED_FIELDS:
+        *parents, leaf = dotted.split(".")
+        node: Any = data
+        for part in parents:
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            node.pop(leaf, None)
+    return data
+
+
+def _problems_from_validation(err: ValidationError) -> list[FieldProblem]:
+    problems = []
+    for e in err.errors():
+        loc = [str(p) for p in e["loc"]]
+        ctx = e.get("ctx") or {}
+        if e["type"] == "rule":
+            loc.append(str(ctx["field"]))
+            rule = str(ctx["rule"])
+        else:
+            rule = e["type"]
+        message = e["msg"]
+        if e["type"] == "extra_forbidden":
+            message = "unknown key"
+        problems.append(FieldProblem(path=".".join(loc), rule=rule, message=message))
+    return problems
+
+
+def parse_profile(data: Any, source: str = "<string>") -> BuildProfile:
+    """Validate already-parsed YAML/JSON data into a profile, or raise :class:`ProfileError`."""
+    if not isinstance(data, dict):
+        raise ProfileError(source, [FieldProblem("", "mapping", f"a profile must be a mapping, got {type(data).__name__}")])
+    try:
+        return BuildProfile.model_validate(data)
+    except ValidationError as err:
+        raise ProfileError(source, _problems_from_validation(err)) from None
+
+
+def load_profile_text(text: str, source: str = "<string>") -> BuildProfile:
+    """Parse profile YAML text."""
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark is not None else "unknown position"
+        problem = getattr(err, "problem", None) or str(err)
+        raise ProfileError(source, [FieldProblem("", "yaml-syntax", f"YAML syntax error at {where}: {problem}")]) from None
+    return parse_profile(data, source)
+
+
+def load_profile(path: str | Path) -> BuildProfile:
+    """Load and validate a profile file; errors name the file, the field path and the rule."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ProfileNotFoundError(str(path)) from None
+    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as err:
+        raise ProfileError(str(path), [FieldProblem("", "readable", f"cannot read file: {err}")]) from None
+    return load_profile_text(text, str(path))

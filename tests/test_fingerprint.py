@@ -1,0 +1,113 @@
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from engines.errors import FingerprintError
+from engines.fingerprint import CpuInfo, Fingerprint, GpuInfo, detect, isa_level, load_fingerprint
+
+
+def h100_host(**over) -> Fingerprint:
+    base = dict(
+        gpus=(GpuInfo(name="NVIDIA H100 80GB HBM3", sm="9.0", memory_mib=81559),) * 8,
+        driver_version="550.54.15", cuda_version="12.4", tensorrt_version="10.11.0",
+        tensorrt_llm_version="1.2.1", torch_version="2.7.1",
+        cpu=CpuInfo(machine="x86_64", isa_level="x86-64-v4", flags=("avx2", "avx512f")),
+        platform="linux-x86_64", glibc_version="2.35", compiler_version="gcc 11.4.0",
+    )
+    base.update(over)
+    return Fingerprint(**base)
+
+
+def test_detect_without_gpu():
+    fp = detect()
+    assert fp.gpus == () or all(g.sm for g in fp.gpus)
+    assert fp.platform.startswith("linux-")
+    assert fp.compat_key("aoti").startswith("aoti-")
+    assert fp.compat_key("trtllm").startswith("trtllm-")
+    # deterministic
+    assert detect().digest() == fp.digest()
+
+
+def test_roundtrip_through_json(tmp_path):
+    fp = h100_host()
+    f = tmp_path / "fp.json"
+    f.write_text(json.dumps(fp.model_dump(mode="json")))
+    assert load_fingerprint(f) == fp
+    assert load_fingerprint(f).digest() == fp.digest()
+    assert fp.gpu_count == 8
+
+
+@pytest.mark.parametrize("change", [
+    {"gpus": (GpuInfo(name="NVIDIA L40S", sm="8.9", memory_mib=46068),)},
+    {"tensorrt_version": "10.12.0"},
+    {"tensorrt_llm_version": "1.2.0"},
+    {"cuda_version": "13.0"},
+    {"driver_version": "560.35.03"},
+])
+def test_trtllm_key_changes_on_invalidating_fields(change):
+    assert h100_host(**change).compat_key("trtllm") != h100_host().compat_key("trtllm")
+
+
+@pytest.mark.parametrize("change", [
+    {"driver_version": "550.90.07"},  # same branch
+    {"cuda_version": "12.6"},  # same major
+    {"torch_version": "2.8.0"},
+    {"compiler_version": "gcc 13.1.0"},
+    {"glibc_version": "2.39"},
+])
+def test_trtllm_key_ignores_other_fields(change):
+    assert h100_host(**change).compat_key("trtllm") == h100_host().compat_key("trtllm")
+
+
+@pytest.mark.parametrize("change", [
+    {"torch_version": "2.8.0"},
+    {"compiler_version": "gcc 13.1.0"},
+    {"platform": "linux-aarch64"},
+    {"cpu": CpuInfo(machine="x86_64", isa_level="x86-64-v3", flags=("avx2",))},
+])
+def test_aoti_key_changes_on_invalidating_fields(change):
+    assert h100_host(**change).compat_key("aoti") != h100_host().compat_key("aoti")
+
+
+@pytest.mark.parametrize("change", [
+    {"driver_version": "560.35.03"}, {"tensorrt_version": "10.12.0"},
+    {"compiler_version": "gcc 11.5.0"}, {"gpus": ()},
+])
+def test_aoti_key_ignores_other_fields(change):
+    assert h100_host(**change).compat_key("aoti") == h100_host().compat_key("aoti")
+
+
+def test_compat_differences_names_fields():
+    diff = h100_host().compat_differences(h100_host(tensorrt_version="10.12.0"), "trtllm")
+    assert diff == {"tensorrt": ("10.11.0", "10.12.0")}
+
+
+@pytest.mark.parametrize("flags,level", [
+    ({"sse4_2", "popcnt"}, "x86-64-v2"),
+    ({"sse4_2", "popcnt", "avx", "avx2", "fma", "f16c", "bmi1", "bmi2", "movbe"}, "x86-64-v3"),
+    ({"sse4_2", "popcnt", "avx", "avx2", "fma", "f16c", "bmi1", "bmi2", "movbe",
+      "avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"}, "x86-64-v4"),
+    (set(), "x86-64-v1"),
+])
+def test_isa_level(flags, level):
+    assert isa_level("x86_64", flags) == level
+    assert isa_level("aarch64", flags) == "aarch64"
+
+
+def test_bad_fingerprint_file(tmp_path):
+    f = tmp_path / "fp.json"
+    f.write_text('{"gpus": 3}')
+    with pytest.raises(FingerprintError) as exc:
+        load_fingerprint(f)
+    assert exc.value.source == str(f)
+    with pytest.raises(FingerprintError):
+        load_fingerprint(tmp_path / "missing.json")
+
+
+def test_env_override(tmp_path, monkeypatch):
+    f = tmp_path / "fp.json"
+    f.write_text(json.dumps(h100_host().model_dump(mode="json")))
+    monkeypatch.setenv("BUILDCTL_FINGERPRINT_FILE", str(f))
+    assert detect() == h100_host()
