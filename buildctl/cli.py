@@ -56,6 +56,7 @@ class Settings:
     store: str | None
     json: bool
     verbose: int
+    endpoint_url: str | None = None
 
 
 app = typer.Typer(
@@ -77,13 +78,21 @@ def _global(
     store: Optional[str] = typer.Option(None, "--store", envvar="BUILDCTL_STORE", help="Artifact store URI: file:///dir or s3://bucket/prefix."),
     json_out: bool = typer.Option(False, "--json", help="Machine-readable JSON output."),
     verbose: int = typer.Option(0, "-v", "--verbose", count=True, help="More detail (repeatable)."),
+    endpoint_url: Optional[str] = typer.Option(None, "--endpoint-url", help="S3 endpoint (default: AWS_ENDPOINT_URL or AWS)."),
 ) -> None:
-    ctx.obj = Settings(store=store, json=json_out, verbose=verbose)
+    ctx.obj = Settings(store=store, json=json_out, verbose=verbose, endpoint_url=endpoint_url)
 
 
 def settings(ctx: typer.Context) -> Settings:
     obj = ctx.find_root().obj
     return obj if isinstance(obj, Settings) else Settings(store=None, json=False, verbose=0)
+
+
+def open_store_for(ctx: typer.Context):
+    from artifact_store.store import open_store
+
+    s = settings(ctx)
+    return open_store(s.store, endpoint_url=s.endpoint_url)
 
 
 def want_json(ctx: typer.Context, local: bool) -> bool:
@@ -95,7 +104,8 @@ def emit_json(data: Any) -> None:
 
 
 def out() -> Console:
-    return Console(soft_wrap=True)
+    """Plain stdout console: no markup (ids and keys contain brackets), wide when piped."""
+    return Console(soft_wrap=True, markup=False, highlight=False, width=None if sys.stdout.isatty() else 200)
 
 
 # --- fingerprint -----------------------------------------------------------------------------
@@ -196,6 +206,8 @@ def profile_show(
     console.print(f"# not hashed: {', '.join(HASH_EXCLUDED_FIELDS)}", highlight=False)
     console.print(yaml.safe_dump(resolved, sort_keys=False), highlight=False, markup=False)
 
+
+from buildctl import cli_store  # noqa: E402,F401  (registers the store commands)
 
 # --- entry point -----------------------------------------------------------------------------
 

@@ -1,0 +1,153 @@
+"""Errors of the ``artifact_store`` package."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from buildctl.errors import (
+    BadInputError,
+    BuildctlError,
+    ConflictError,
+    GateRefusedError,
+    IntegrityError,
+    NotFoundError,
+)
+
+
+class StoreUriError(BadInputError):
+    """A store URI that names no supported backend."""
+
+    def __init__(self, uri: str, why: str) -> None:
+        self.uri = uri
+        super().__init__(f"store {uri!r}: {why}")
+
+
+class StoreUnavailableError(BuildctlError):
+    """The store cannot be reached or refused the request for a reason other than a conflict."""
+
+    def __init__(self, uri: str, detail: str) -> None:
+        self.uri = uri
+        self.detail = detail
+        super().__init__(f"store {uri}: {detail}")
+
+
+class KeyNotFoundError(NotFoundError):
+    """A store key does not exist."""
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+        super().__init__(f"no such key in store: {key}")
+
+
+class UnsafeTreeError(BadInputError):
+    """A source tree entry that cannot go into a manifest (path rule, symlink, special file, empty dir)."""
+
+    def __init__(self, entry: str, why: str) -> None:
+        self.entry = entry
+        self.why = why
+        super().__init__(f"refusing {entry!r}: {why}")
+
+
+class ManifestError(BadInputError):
+    """A manifest that does not parse, validate, or has an unknown schema version."""
+
+    def __init__(self, source: str, detail: str) -> None:
+        self.source = source
+        self.detail = detail
+        super().__init__(f"{source}: invalid manifest: {detail}")
+
+
+class ArtifactNotFoundError(NotFoundError):
+    """No manifest exists for an artifact id (or prefix)."""
+
+    def __init__(self, artifact: str, detail: str = "") -> None:
+        self.artifact = artifact
+        super().__init__(f"artifact {artifact} not found" + (f": {detail}" if detail else ""))
+
+
+class ChannelNotFoundError(NotFoundError):
+    """A channel has no ref for the requested profile and compat key(s)."""
+
+    def __init__(self, profile: str, channel: str, compat_keys: list[str]) -> None:
+        self.profile = profile
+        self.channel = channel
+        self.compat_keys = list(compat_keys)
+        super().__init__(
+            f"channel {channel!r} of profile {profile!r} has no engine for this fingerprint "
+            f"(compat keys tried: {', '.join(compat_keys)})"
+        )
+
+
+@dataclass(frozen=True)
+class FileProblem:
+    """One bad file: which, what is wrong (missing, size, digest, extra, unreadable), expected vs actual."""
+
+    path: str
+    kind: str
+    expected: str | int | None = None
+    actual: str | int | None = None
+
+    def render(self) -> str:
+        if self.kind in ("size", "digest"):
+            return f"{self.path}: {self.kind} mismatch (expected {self.expected}, got {self.actual})"
+        return f"{self.path}: {self.kind}" + (f" ({self.actual})" if self.actual is not None else "")
+
+
+class VerificationError(IntegrityError):
+    """Bytes do not match the manifest. ``problems`` lists every bad file."""
+
+    def __init__(self, artifact: str, problems: list[FileProblem]) -> None:
+        self.artifact = artifact
+        self.problems = list(problems)
+        lines = [f"artifact {artifact} failed verification ({len(problems)} problem(s))"]
+        lines += [f"  {p.render()}" for p in problems]
+        super().__init__("\n".join(lines))
+
+
+class CorruptObjectError(IntegrityError):
+    """A stored object (manifest, ref) whose bytes do not match its own name or digest."""
+
+    def __init__(self, key: str, detail: str) -> None:
+        self.key = key
+        super().__init__(f"{key}: {detail}")
+
+
+class PromotionRefusedError(GateRefusedError):
+    """Promotion requirements unmet. ``reasons`` lists each unmet requirement."""
+
+    def __init__(self, artifact: str, channel: str, reasons: list[str]) -> None:
+        self.artifact = artifact
+        self.channel = channel
+        self.reasons = list(reasons)
+        super().__init__(f"refusing to promote {artifact} to {channel!r}: " + "; ".join(reasons))
+
+
+class CasConflictError(ConflictError):
+    """A compare-and-swap update kept losing to concurrent writers."""
+
+    def __init__(self, key: str, attempts: int) -> None:
+        self.key = key
+        self.attempts = attempts
+        super().__init__(f"{key}: lost {attempts} compare-and-swap attempts to concurrent updates")
+
+
+class InstallError(BuildctlError):
+    """A pull could not write its staging copy (disk full, file size limit, permissions)."""
+
+    def __init__(self, dest: str, detail: str) -> None:
+        self.dest = dest
+        self.detail = detail
+        super().__init__(f"install into {dest} failed, current engine untouched: {detail}")
+
+
+class PreflightError(BuildctlError):
+    """The staged engine could not be loaded on this host; it was not installed."""
+
+    def __init__(self, artifact: str, detail: str) -> None:
+        self.artifact = artifact
+        self.detail = detail
+        super().__init__(f"artifact {artifact} failed its preflight load, not installed: {detail}")
+
+
+class StoreArgumentError(BadInputError):
+    """An argument to a store operation that cannot work (bad channel name, missing reason, ambiguous target)."""

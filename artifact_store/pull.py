@@ -1,0 +1,228 @@
+"""Install an artifact on a node: download, verify while downloading, preflight, swap atomically.
+
+Layout under the destination directory::
+
+    DIR/current  -> versions/<artifact hex>     (symlink, replaced atomically)
+    DIR/previous -> versions/<artifact hex>     (the engine before, for instant rollback)
+    DIR/versions/<artifact hex>/...             (installed engines; older ones are pruned)
+    DIR/.staging-<uuid>/                        (a download in progress; removed on any failure)
+    DIR/.lock                                   (one pull at a time per DIR)
+
+``current`` only ever changes after every file's size and digest matched the manifest and the
+backend's preflight load succeeded. On any failure it is untouched and staging is removed.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import shutil
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator
+
+from artifact_store.digest import BUFFER_SIZE, Hasher, hex_of
+from artifact_store.errors import (
+    ChannelNotFoundError,
+    FileProblem,
+    InstallError,
+    KeyNotFoundError,
+    PreflightError,
+    VerificationError,
+)
+from artifact_store.manifest import FileEntry, Manifest
+from artifact_store.ops import ChannelRecord, get_manifest, read_channel
+from artifact_store.store import ProgressFn, Store, blob_key
+
+Preflight = Callable[[Manifest, Path], None]
+
+
+@dataclass
+class PullResult:
+    artifact_id: str
+    installed: bool  # False: it was already current
+    path: Path
+    previous: str | None
+    record: ChannelRecord | None = None
+    bytes: int = 0
+
+
+def resolve_channel(store: Store, profile: str, channel: str, compat_keys: list[str]) -> ChannelRecord:
+    """The channel record for the first compat key that has one."""
+    for key in compat_keys:
+        got = read_channel(store, profile, channel, key)
+        if got is not None:
+            return got[0]
+    raise ChannelNotFoundError(profile, channel, compat_keys)
+
+
+@contextmanager
+def _locked(dest: Path) -> Iterator[None]:
+    fd = os.open(dest / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _link_target(link: Path) -> str | None:
+    try:
+        return os.readlink(link)
+    except OSError:
+        return None
+
+
+def current_artifact(dest: Path) -> str | None:
+    """The artifact id installed as ``DIR/current``, if any."""
+    target = _link_target(Path(dest) / "current")
+    if not target or not (Path(dest) / target).is_dir():
+        return None
+    return "xxh3-128:" + Path(target).name
+
+
+def _swap_link(dest: Path, name: str, target: str) -> None:
+    tmp = dest / f".{name}-{uuid.uuid4().hex}"
+    os.symlink(target, tmp)
+    os.replace(tmp, dest / name)
+
+
+def _fsync_dir(d: Path) -> None:
+    fd = os.open(d, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _download(store: Store, entry: FileEntry, target: Path, on_bytes: ProgressFn | None) -> FileProblem | None:
+    """Stream one blob into ``target`` while hashing it; report what is wrong, or None."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    h = Hasher()
+    buf = bytearray(BUFFER_SIZE)
+    view = memoryview(buf)
+    try:
+        with store.open_read(blob_key(entry.digest)) as src, open(target, "xb", buffering=0) as dst:
+            while True:
+                n = src.readinto(buf)
+                if not n:
+                    break
+                h.update(view[:n])
+                dst.write(view[:n])
+                if on_bytes:
+                    on_bytes(n)
+                if h.size > entry.size:
+                    return FileProblem(entry.path, "size", entry.size, f">{entry.size}")
+            os.fsync(dst.fileno())
+    except KeyNotFoundError:
+        return FileProblem(entry.path, "missing", actual=f"blob {blob_key(entry.digest)} does not exist")
+    if h.size != entry.size:
+        return FileProblem(entry.path, "size", entry.size, h.size)
+    if h.digest() != entry.digest:
+        return FileProblem(entry.path, "digest", entry.digest, h.digest())
+    os.chmod(target, 0o555 if entry.executable else 0o444)
+    return None
+
+
+def install_artifact(
+    store: Store,
+    artifact_id: str,
+    dest: str | Path,
+    *,
+    preflight: Preflight | None = None,
+    keep: int = 2,
+    workers: int = 4,
+    on_bytes: ProgressFn | None = None,
+) -> PullResult:
+    """Download, verify and atomically install one artifact as ``DIR/current``."""
+    dest = Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    (dest / "versions").mkdir(exist_ok=True)
+    with _locked(dest):
+        previous = current_artifact(dest)
+        final = dest / "versions" / hex_of(artifact_id)
+        if previous == artifact_id:
+            return PullResult(artifact_id, installed=False, path=final, previous=previous)
+        for stale in dest.glob(".staging-*"):  # left by a crashed pull
+            shutil.rmtree(stale, ignore_errors=True)
+        manifest = get_manifest(store, artifact_id)
+        staging = dest / f".staging-{uuid.uuid4().hex}"
+        staging.mkdir()
+        try:
+            try:
+                with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+                    problems = [p for p in pool.map(lambda e: _download(store, e, staging / e.path, on_bytes), manifest.files) if p]
+            except OSError as err:
+                if err.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT, errno.EACCES, errno.EROFS, errno.EIO):
+                    raise InstallError(str(dest), f"{os.strerror(err.errno)} while writing {err.filename or 'staging'}") from None
+                raise
+            if problems:
+                raise VerificationError(artifact_id, problems)
+            if preflight is not None:
+                try:
+                    preflight(manifest, staging)
+                except Exception as err:  # any failure to load means: do not install
+                    raise PreflightError(artifact_id, f"{type(err).__name__}: {err}") from None
+            if final.exists():  # an older install of the same artifact (e.g. 'previous'): replace it
+                _make_writable(final)
+                shutil.rmtree(final)
+            os.rename(staging, final)
+            _fsync_dir(final.parent)
+        except BaseException:
+            _make_writable(staging)
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+        rel = os.path.join("versions", final.name)
+        old_target = _link_target(dest / "current")
+        _swap_link(dest, "current", rel)
+        if old_target and old_target != rel:
+            _swap_link(dest, "previous", old_target)
+        _fsync_dir(dest)
+        _prune(dest, keep)
+        return PullResult(artifact_id, installed=True, path=final, previous=previous, bytes=manifest.total_size)
+
+
+def _make_writable(path: Path) -> None:
+    if not path.exists():
+        return
+    for root, dirs, files in os.walk(path):
+        os.chmod(root, 0o755)
+        for f in files:
+            try:
+                os.chmod(os.path.join(root, f), 0o644)
+            except OSError:
+                pass
+
+
+def _prune(dest: Path, keep: int) -> None:
+    keep_names = {Path(t).name for t in (_link_target(dest / "current"), _link_target(dest / "previous")) if t}
+    versions = sorted((dest / "versions").iterdir(), key=lambda p: p.stat().st_mtime, reverse=True)
+    kept = 0
+    for v in versions:
+        if v.name in keep_names or kept < keep - len(keep_names):
+            kept += v.name not in keep_names
+            continue
+        _make_writable(v)
+        shutil.rmtree(v, ignore_errors=True)
+
+
+def pull(
+    store: Store,
+    profile: str,
+    channel: str,
+    dest: str | Path,
+    compat_keys: list[str],
+    *,
+    preflight: Preflight | None = None,
+    keep: int = 2,
+    on_bytes: ProgressFn | None = None,
+) -> PullResult:
+    """Resolve the channel for this host's compat keys and install its artifact."""
+    record = resolve_channel(store, profile, channel, compat_keys)
+    result = install_artifact(store, record.artifact_id, dest, preflight=preflight, keep=keep, on_bytes=on_bytes)
+    result.record = record
+    return result

@@ -1,0 +1,262 @@
+"""Store commands: import, ls, show, verify, promote, history, rollback, pull, gc."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.table import Table
+
+from buildctl.cli import app, emit_json, open_store_for, out, want_json
+from buildctl.progress import byte_progress
+
+JSON_OPT = typer.Option(False, "--json", help="JSON output.")
+
+
+def _quiet(ctx: typer.Context, json_out: bool) -> bool:
+    return want_json(ctx, json_out)
+
+
+def _short(artifact_id: str | None) -> str:
+    return artifact_id[len("xxh3-128:"):][:16] if artifact_id else "-"
+
+
+def _tree_size(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink())
+
+
+@app.command("import")
+def import_cmd(
+    ctx: typer.Context,
+    directory: Path = typer.Argument(..., help="An already-built engine directory."),
+    profile: Path = typer.Option(..., "--profile", help="The build profile it was built from."),
+    fingerprint_file: Optional[Path] = typer.Option(None, "--fingerprint-file", help="The builder's fingerprint JSON (default: this host)."),
+    model_digest: Optional[str] = typer.Option(None, "--model-digest", help="The checkpoint's xxh3-128 digest; records a build key."),
+    json_out: bool = JSON_OPT,
+) -> None:
+    """Checksum and publish an engine directory built elsewhere; print its artifact id."""
+    from buildctl.pipeline import host_fingerprint, import_engine
+    from engines.profile import load_profile
+
+    prof = load_profile(profile)
+    fp = host_fingerprint(fingerprint_file)
+    store = open_store_for(ctx)
+    quiet = _quiet(ctx, json_out)
+    total = _tree_size(directory) if directory.is_dir() else None
+    with byte_progress("hashing + uploading", total, enabled=not quiet) as on_bytes:
+        res = import_engine(store, directory, prof, fp, model_digest=model_digest, on_bytes=on_bytes)
+    if quiet:
+        emit_json({"artifact_id": res.artifact_id, "existed": res.existed, "uploaded_blobs": res.uploaded_blobs,
+                   "skipped_blobs": res.skipped_blobs, "uploaded_bytes": res.uploaded_bytes,
+                   "compat_key": res.manifest.compat_key, "build_key": res.manifest.build_key})
+        return
+    state = "already published" if res.existed else "published"
+    out().print(f"{res.artifact_id}", highlight=False)
+    typer.echo(f"{state}: {len(res.manifest.files)} files, {res.manifest.total_size} bytes; "
+               f"uploaded {res.uploaded_blobs} blobs ({res.uploaded_bytes} bytes), skipped {res.skipped_blobs}", err=True)
+
+
+@app.command("ls")
+def ls_cmd(
+    ctx: typer.Context,
+    profile: Optional[str] = typer.Option(None, "--profile", help="Only this profile's artifacts."),
+    json_out: bool = JSON_OPT,
+) -> None:
+    """List artifacts, newest first."""
+    from artifact_store.ops import list_artifacts
+
+    arts = list_artifacts(open_store_for(ctx), profile)
+    if _quiet(ctx, json_out):
+        emit_json([{"artifact_id": a, "profile": m.profile_name, "backend": m.backend, "compat_key": m.compat_key,
+                    "created_at": m.created_at, "files": len(m.files), "bytes": m.total_size} for a, m in arts])
+        return
+    t = Table()
+    for c in ("artifact", "profile", "backend", "compat key", "created", "files", "bytes"):
+        t.add_column(c)
+    for a, m in arts:
+        t.add_row(_short(a), m.profile_name, m.backend, m.compat_key, m.created_at, str(len(m.files)), str(m.total_size))
+    out().print(t)
+
+
+@app.command("show")
+def show_cmd(ctx: typer.Context, artifact: str = typer.Argument(..., help="Artifact id or unique hex prefix."),
+             json_out: bool = JSON_OPT) -> None:
+    """Show an artifact's manifest, attestations, and the channels pointing at it."""
+    from artifact_store.ops import channels_pointing_at, get_manifest, list_attestations, resolve_artifact
+
+    store = open_store_for(ctx)
+    aid = resolve_artifact(store, artifact)
+    m = get_manifest(store, aid)
+    atts = list_attestations(store, aid)
+    chans = channels_pointing_at(store, aid)
+    if _quiet(ctx, json_out):
+        emit_json({"artifact_id": aid, "manifest": m.model_dump(mode="json"), "attestations": atts,
+                   "channels": [c.model_dump(mode="json") for c in chans]})
+        return
+    con = out()
+    con.print(f"artifact   {aid}", highlight=False)
+    con.print(f"profile    {m.profile_name} ({m.profile_hash})", highlight=False)
+    con.print(f"backend    {m.backend}   compat key {m.compat_key}", highlight=False)
+    con.print(f"build key  {m.build_key or '-'}   model {m.model_digest or '-'}", highlight=False)
+    con.print(f"created    {m.created_at}   build log {m.build_log or '-'}", highlight=False)
+    t = Table(title="files")
+    for c in ("path", "size", "digest", "x"):
+        t.add_column(c)
+    for f in m.files:
+        t.add_row(f.path, str(f.size), f.digest, "x" if f.executable else "")
+    con.print(t)
+    con.print("attestations: " + (", ".join(f"{a.get('created_at')} {a.get('verdict')} ({a.get('compat_key')})" for a in atts) or "none"),
+              highlight=False)
+    con.print("channels:     " + (", ".join(f"{c.channel} #{c.seq}" for c in chans) or "none"), highlight=False)
+
+
+@app.command("verify")
+def verify_cmd(
+    ctx: typer.Context,
+    artifact: str = typer.Argument(..., help="Artifact id or unique hex prefix."),
+    deep: bool = typer.Option(False, "--deep", help="Re-hash every byte from the store."),
+    json_out: bool = JSON_OPT,
+) -> None:
+    """Check every blob exists with the right size (``--deep``: and the right digest)."""
+    from artifact_store.ops import get_manifest, resolve_artifact, verify
+
+    store = open_store_for(ctx)
+    aid = resolve_artifact(store, artifact)
+    total = get_manifest(store, aid).total_size if deep else None
+    with byte_progress("re-hashing", total, enabled=deep and not _quiet(ctx, json_out)) as on_bytes:
+        m = verify(store, aid, deep=deep, on_bytes=on_bytes)
+    if _quiet(ctx, json_out):
+        emit_json({"artifact_id": aid, "ok": True, "deep": deep, "files": len(m.files), "bytes": m.total_size})
+    else:
+        out().print(f"ok {aid}: {len(m.files)} files, {m.total_size} bytes{' re-hashed' if deep else ''}", highlight=False)
+
+
+def _record_json(rec) -> dict:
+    return rec.model_dump(mode="json")
+
+
+@app.command("promote")
+def promote_cmd(
+    ctx: typer.Context,
+    artifact: str = typer.Argument(..., help="Artifact id or unique hex prefix."),
+    channel: str = typer.Option(..., "--channel", help="Channel name, e.g. staging or prod."),
+    force: bool = typer.Option(False, "--force", help="Break glass: skip the gates (needs --reason; recorded)."),
+    reason: Optional[str] = typer.Option(None, "--reason", help="Why; recorded in the history."),
+    json_out: bool = JSON_OPT,
+) -> None:
+    """Move a channel to an artifact that verifies and passed validation."""
+    from artifact_store.ops import promote
+
+    rec = promote(open_store_for(ctx), artifact, channel, force=force, reason=reason)
+    if _quiet(ctx, json_out):
+        emit_json(_record_json(rec))
+    else:
+        out().print(f"{rec.channel} #{rec.seq}: {rec.profile} [{rec.compat_key}] -> {rec.artifact_id}"
+                    f" (was {rec.previous or 'none'}){' FORCED' if rec.forced else ''}", highlight=False)
+
+
+def _history_table(records) -> Table:
+    t = Table()
+    for c in ("seq", "compat key", "action", "artifact", "previous", "who", "when", "reason"):
+        t.add_column(c)
+    for r in records:
+        t.add_row(str(r.seq), r.compat_key, r.action + (" (forced)" if r.forced else ""), _short(r.artifact_id),
+                  _short(r.previous), r.who, r.when, r.reason or "")
+    return t
+
+
+@app.command("history")
+def history_cmd(
+    ctx: typer.Context,
+    profile: str = typer.Option(..., "--profile", help="Profile name."),
+    channel: str = typer.Option(..., "--channel", help="Channel name."),
+    compat_key: Optional[str] = typer.Option(None, "--compat-key", help="Only this compat key."),
+    json_out: bool = JSON_OPT,
+) -> None:
+    """The channel's promotion history, oldest first."""
+    from artifact_store.errors import ChannelNotFoundError
+    from artifact_store.ops import history
+
+    recs = history(open_store_for(ctx), profile, channel, compat_key)
+    if not recs:
+        raise ChannelNotFoundError(profile, channel, [compat_key or "<any>"])
+    if _quiet(ctx, json_out):
+        emit_json([_record_json(r) for r in recs])
+    else:
+        out().print(_history_table(recs))
+
+
+@app.command("rollback")
+def rollback_cmd(
+    ctx: typer.Context,
+    profile: str = typer.Option(..., "--profile", help="Profile name."),
+    channel: str = typer.Option(..., "--channel", help="Channel name."),
+    to: Optional[str] = typer.Option(None, "--to", help="Artifact to go back to (default: the one before the current)."),
+    compat_key: Optional[str] = typer.Option(None, "--compat-key", help="Which compat key's ref, when there are several."),
+    reason: Optional[str] = typer.Option(None, "--reason", help="Why; recorded in the history."),
+    json_out: bool = JSON_OPT,
+) -> None:
+    """Point the channel back at an earlier artifact (recorded as a new promotion)."""
+    from artifact_store.ops import rollback
+
+    rec = rollback(open_store_for(ctx), profile, channel, to=to, compat_key=compat_key, reason=reason)
+    if _quiet(ctx, json_out):
+        emit_json(_record_json(rec))
+    else:
+        out().print(f"{rec.channel} #{rec.seq}: rolled back to {rec.artifact_id} (was {rec.previous})", highlight=False)
+
+
+@app.command("pull")
+def pull_cmd(
+    ctx: typer.Context,
+    profile: str = typer.Option(..., "--profile", help="Profile name."),
+    channel: str = typer.Option(..., "--channel", help="Channel name."),
+    dest: Path = typer.Option(..., "--dest", help="Install directory; DIR/current points at the engine."),
+    keep: int = typer.Option(2, "--keep", min=2, help="Installed versions to keep (current and previous at least)."),
+    json_out: bool = JSON_OPT,
+) -> None:
+    """Install the channel's engine for this host: verify, preflight, swap atomically."""
+    from artifact_store.ops import get_manifest
+    from artifact_store.pull import install_artifact, resolve_channel
+    from buildctl.pipeline import host_fingerprint, preflight_for
+
+    store = open_store_for(ctx)
+    fp = host_fingerprint()
+    rec = resolve_channel(store, profile, channel, [fp.compat_key("trtllm"), fp.compat_key("aoti")])
+    manifest = get_manifest(store, rec.artifact_id)
+    quiet = _quiet(ctx, json_out)
+    with byte_progress("downloading + verifying", manifest.total_size, enabled=not quiet) as on_bytes:
+        res = install_artifact(store, rec.artifact_id, dest, preflight=preflight_for(manifest.backend), keep=keep,
+                               on_bytes=on_bytes)
+    if quiet:
+        emit_json({"artifact_id": res.artifact_id, "installed": res.installed, "path": str(res.path),
+                   "current": str(Path(dest) / "current"), "previous": res.previous, "seq": rec.seq,
+                   "bytes": res.bytes})
+    elif res.installed:
+        out().print(f"installed {res.artifact_id} ({channel} #{rec.seq}) at {Path(dest) / 'current'}; "
+                    f"previous: {res.previous or 'none'}", highlight=False)
+    else:
+        out().print(f"already installed: {res.artifact_id} ({channel} #{rec.seq}) is current in {dest}", highlight=False)
+
+
+@app.command("gc")
+def gc_cmd(
+    ctx: typer.Context,
+    keep: int = typer.Option(3, "--keep", min=0, help="Newest unreferenced artifacts to keep per profile."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Only say what would be removed."),
+    json_out: bool = JSON_OPT,
+) -> None:
+    """Remove artifacts no channel references, beyond the newest N per profile."""
+    from artifact_store.ops import gc
+
+    res = gc(open_store_for(ctx), keep=keep, dry_run=dry_run)
+    if _quiet(ctx, json_out):
+        emit_json({"dry_run": dry_run, "removed_artifacts": res.removed_artifacts, "removed_blobs": res.removed_blobs,
+                   "freed_bytes": res.freed_bytes, "kept": res.kept})
+    else:
+        verb = "would remove" if dry_run else "removed"
+        out().print(f"{verb} {len(res.removed_artifacts)} artifacts and {res.removed_blobs} blobs "
+                    f"({res.freed_bytes} bytes); kept {res.kept} artifacts", highlight=False)
+        for a in res.removed_artifacts:
+            out().print(f"  {a}", highlight=False)
