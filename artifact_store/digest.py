@@ -75,6 +75,16 @@ def hash_file(path: str | Path, buffer_size: int = BUFFER_SIZE) -> tuple[str, in
         return hash_stream(f, buffer_size)
 
 
+def write_all(f: BinaryIO, data: memoryview | bytes) -> None:
+    """Write every byte to an unbuffered file: raw writes may be short (e.g. at a file size limit)."""
+    view = memoryview(data)
+    while view:
+        n = f.write(view)
+        if n is None or n <= 0:
+            raise OSError(28, "short write")
+        view = view[n:]
+
+
 def is_digest(value: str) -> bool:
     """Whether ``value`` is a well-formed ``xxh3-128:<32 hex>`` digest."""
     return bool(DIGEST_RE.match(value))

@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO, Iterator
 
-from artifact_store.digest import BUFFER_SIZE, digest_bytes
+from artifact_store.digest import BUFFER_SIZE, digest_bytes, write_all
 from artifact_store.errors import KeyNotFoundError, StoreUnavailableError
 from artifact_store.store import ProgressFn
 
@@ -113,7 +113,7 @@ class LocalStore:
                     n = src.readinto(buf)
                     if not n:
                         break
-                    dst.write(view[:n])
+                    write_all(dst, view[:n])
                     written += n
                     if on_bytes:
                         on_bytes(n)

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
-from artifact_store.digest import BUFFER_SIZE, Hasher, hex_of
+from artifact_store.digest import BUFFER_SIZE, Hasher, hex_of, write_all
 from artifact_store.errors import (
     ChannelNotFoundError,
     FileProblem,
@@ -112,7 +112,7 @@ def _download(store: Store, entry: FileEntry, target: Path, on_bytes: ProgressFn
                 if not n:
                     break
                 h.update(view[:n])
-                dst.write(view[:n])
+                write_all(dst, view[:n])
                 if on_bytes:
                     on_bytes(n)
                 if h.size > entry.size:

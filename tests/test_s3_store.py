@@ -1,0 +1,101 @@
+"""S3-only behaviour, against a real SeaweedFS on 127.0.0.1 (never moto: it accepts wrong checksums)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from artifact_store import s3 as s3mod
+from artifact_store.errors import StoreUnavailableError
+from artifact_store.s3 import S3Store
+
+
+@pytest.fixture
+def s3store(seaweed, s3_env) -> S3Store:
+    return S3Store(f"s3://{seaweed.new_bucket()}/p")
+
+
+def corrupt_in_flight(store: S3Store, operation: str, *, drop_checksum: bool = False) -> None:
+    """Flip one byte of the body after the CRC64NVME was computed and before signing, as a bad
+    NIC or proxy would; optionally drop the checksum header to show what it protects."""
+
+    def flip(request, **_):
+        d = request.data
+        data = bytearray(d.read() if hasattr(d, "read") else bytes(d))
+        data[len(data) // 2] ^= 0xFF
+        request.data = bytes(data)
+        if drop_checksum:
+            del request.headers["x-amz-checksum-crc64nvme"]
+
+    store.client.meta.events.register(f"before-sign.s3.{operation}", flip)
+
+
+def test_single_part_corruption_is_rejected(s3store):
+    corrupt_in_flight(s3store, "PutObject")
+    with pytest.raises(StoreUnavailableError) as exc:
+        s3store.put_bytes("blobs/x", os.urandom(4096))
+    assert "BadDigest" in str(exc.value)
+    assert s3store.stat("blobs/x") is None
+
+
+def test_without_the_checksum_corruption_would_land(seaweed, s3_env):
+    """The control: the same corruption with the checksum header removed is stored silently."""
+    st = S3Store(f"s3://{seaweed.new_bucket()}/p")
+    corrupt_in_flight(st, "PutObject", drop_checksum=True)
+    data = os.urandom(4096)
+    assert st.put_bytes("blobs/x", data) is True
+    assert st.get_bytes("blobs/x") != data
+
+
+def test_multipart_roundtrip_and_create_only(s3store, tmp_path, monkeypatch):
+    monkeypatch.setattr(s3mod, "MULTIPART_THRESHOLD", 1024 * 1024)
+    monkeypatch.setattr(s3mod, "PART_SIZE", 5 * 1024 * 1024)
+    f = tmp_path / "big"
+    data = os.urandom(12 * 1024 * 1024 + 5)
+    f.write_bytes(data)
+    seen = []
+    assert s3store.put_file("blobs/big", f, size=len(data), on_bytes=seen.append) is True
+    assert sum(seen) == len(data) and len(seen) == 3
+    assert s3store.get_bytes("blobs/big") == data
+    head = s3store.client.head_object(Bucket=s3store.bucket, Key="p/blobs/big", ChecksumMode="ENABLED")
+    assert head["ContentLength"] == len(data)
+    # IfNoneMatch on CompleteMultipartUpload: an existing key is never overwritten
+    f.write_bytes(os.urandom(len(data)))
+    assert s3store.put_file("blobs/big", f, size=len(data)) is False
+    assert s3store.get_bytes("blobs/big") == data
+    uploads = s3store.client.list_multipart_uploads(Bucket=s3store.bucket).get("Uploads", [])
+    assert uploads == [], "failed multipart uploads are aborted"
+
+
+def test_multipart_part_corruption_is_rejected(s3store, tmp_path, monkeypatch):
+    monkeypatch.setattr(s3mod, "MULTIPART_THRESHOLD", 1024 * 1024)
+    monkeypatch.setattr(s3mod, "PART_SIZE", 5 * 1024 * 1024)
+    f = tmp_path / "big"
+    f.write_bytes(os.urandom(11 * 1024 * 1024))
+    corrupt_in_flight(s3store, "UploadPart")
+    with pytest.raises(StoreUnavailableError):
+        s3store.put_file("blobs/big", f, size=f.stat().st_size)
+    assert s3store.stat("blobs/big") is None
+
+
+def test_unreachable_endpoint_is_a_clean_error(monkeypatch):
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "x")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "y")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    from botocore.config import Config
+    import boto3
+
+    client = boto3.client("s3", endpoint_url="http://127.0.0.1:9", config=Config(retries={"max_attempts": 1},
+                                                                                 connect_timeout=1))
+    st = S3Store("s3://bucket-x/p", client=client)
+    with pytest.raises(StoreUnavailableError):
+        st.stat("anything")
+
+
+def test_bucket_name_rules():
+    from artifact_store.errors import StoreUriError
+
+    with pytest.raises(StoreUriError):
+        S3Store("s3://ab/p")

@@ -1,0 +1,159 @@
+"""One contract suite, run against every Store backend (local directory and SeaweedFS S3)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from artifact_store import ops
+from artifact_store.errors import KeyNotFoundError
+from artifact_store.store import blob_key, manifest_key
+
+from .conftest import REPO, make_tree
+
+
+def test_create_only_refuses_overwrite(store, tmp_path):
+    assert store.put_bytes("x/one", b"first") is True
+    assert store.put_bytes("x/one", b"second") is False
+    assert store.get_bytes("x/one") == b"first"
+    f = tmp_path / "f"
+    f.write_bytes(b"file-content")
+    assert store.put_file("x/two", f, size=f.stat().st_size) is True
+    f.write_bytes(b"changed-content")
+    assert store.put_file("x/two", f, size=f.stat().st_size) is False
+    assert store.get_bytes("x/two") == b"file-content"
+    assert store.stat("x/two") == len(b"file-content")
+    assert store.stat("x/absent") is None
+    with pytest.raises(KeyNotFoundError):
+        store.get_bytes("x/absent")
+
+
+def test_compare_and_swap(store):
+    assert store.get_ref("refs/a") is None
+    assert store.cas("refs/a", b"v1", None) is True
+    assert store.cas("refs/a", b"v1-again", None) is False
+    data, token = store.get_ref("refs/a")
+    assert data == b"v1"
+    assert store.cas("refs/a", b"v2", token) is True
+    assert store.cas("refs/a", b"v3", token) is False  # stale token: someone else won
+    assert store.get_ref("refs/a")[0] == b"v2"
+
+
+def test_listing(store):
+    for k in ("m/b.json", "m/a.json", "m/sub/c.json", "n/z.json"):
+        store.put_bytes(k, b"{}")
+    assert list(store.list("m/")) == ["m/a.json", "m/b.json", "m/sub/c.json"]
+    assert list(store.list("m/a")) == ["m/a.json"]
+    assert list(store.list("absent/")) == []
+    store.delete("m/a.json")
+    store.delete("m/never-existed.json")
+    assert list(store.list("m/")) == ["m/b.json", "m/sub/c.json"]
+
+
+def test_publish_is_idempotent(store, engine_tree, draft):
+    first = ops.publish_tree(store, engine_tree, draft)
+    assert first.uploaded_blobs == 5 and first.skipped_blobs == 0 and not first.existed
+    again = ops.publish_tree(store, engine_tree, draft)
+    assert again.artifact_id == first.artifact_id
+    assert again.uploaded_blobs == 0 and again.uploaded_bytes == 0 and again.existed
+    m = ops.verify(store, first.artifact_id, deep=True)
+    assert [f.path for f in m.files] == ["bin/run.sh", "config.json", "lora/adapter.bin", "rank0.engine", "rank1.engine"]
+    assert {f.path for f in m.files if f.executable} == {"bin/run.sh"}
+    assert [a for a, _ in ops.list_artifacts(store)] == [first.artifact_id]
+
+
+def test_manifest_verified_on_read(store, engine_tree, draft):
+    res = ops.publish_tree(store, engine_tree, draft)
+    other = ops.publish_tree(store, make_tree(engine_tree.parent / "other", {"a": b"a"}), draft)
+    # a manifest stored under the wrong id is detected, not trusted
+    store.put_bytes(manifest_key("xxh3-128:" + "0" * 32), store.get_bytes(manifest_key(res.artifact_id)))
+    from artifact_store.errors import CorruptObjectError
+
+    with pytest.raises(CorruptObjectError):
+        ops.get_manifest(store, "xxh3-128:" + "0" * 32)
+    assert ops.get_manifest(store, other.artifact_id).files[0].path == "a"
+
+
+class CrashAfter:
+    """A store wrapper that dies (like a killed process) on the n-th write."""
+
+    class Crash(Exception):
+        pass
+
+    def __init__(self, inner, n: int) -> None:
+        self.inner, self.n, self.writes = inner, n, 0
+        self.uri = inner.uri
+
+    def _tick(self) -> None:
+        self.writes += 1
+        if self.writes == self.n:
+            raise self.Crash()
+
+    def put_bytes(self, key, data):
+        self._tick()
+        return self.inner.put_bytes(key, data)
+
+    def put_file(self, key, path, *, size, on_bytes=None):
+        self._tick()
+        return self.inner.put_file(key, path, size=size, on_bytes=on_bytes)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+def test_publish_killed_at_every_write_then_rerun(store_uri, engine_tree, draft):
+    """Kill publish at each of its writes in turn, on a fresh store each time: nothing partial is
+    ever visible, and a re-run finishes the job with one complete artifact."""
+    from artifact_store.store import open_store
+
+    n = 1
+    while True:
+        fresh = open_store(f"{store_uri}/crash-{n}")
+        try:
+            ops.publish_tree(CrashAfter(fresh, n), engine_tree, draft, workers=1)
+            break  # no n-th write: every crash point has been covered
+        except CrashAfter.Crash:
+            pass
+        for artifact, _ in ops.list_artifacts(fresh):  # whatever is visible is complete
+            ops.verify(fresh, artifact, deep=True)
+        res = ops.publish_tree(fresh, engine_tree, draft)
+        assert [a for a, _ in ops.list_artifacts(fresh)] == [res.artifact_id]
+        ops.verify(fresh, res.artifact_id, deep=True)
+        n += 1
+    assert n == 8, "5 blobs + identity record + manifest = 7 writes, each one crashed once"
+
+
+PROMOTER = r"""
+import sys
+from artifact_store.store import open_store
+from artifact_store import ops
+store = open_store(sys.argv[1])
+rec = ops.promote(store, sys.argv[2], "staging", attempts=200)
+print(rec.seq)
+"""
+
+
+def test_eight_concurrent_promoters_lose_no_record(store, store_uri, tmp_path, draft, s3_env_if_needed):
+    artifacts = []
+    for i in range(8):
+        res = ops.publish_tree(store, make_tree(tmp_path / f"t{i}", {"rank0.engine": f"engine {i}".encode()}), draft)
+        ops.write_attestation(store, res.artifact_id, {"verdict": "pass", "compat_key": draft.compat_key,
+                                                       "created_at": "2026-01-01T00:00:00.000000Z"})
+        artifacts.append(res.artifact_id)
+    procs = [subprocess.Popen([sys.executable, "-c", PROMOTER, store_uri, a], cwd=REPO, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for a in artifacts]
+    results = [p.communicate(timeout=120) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [r[1][-500:] for r in results]
+    seqs = sorted(int(r[0]) for r in results)
+    assert seqs == list(range(1, 9))
+    hist = ops.history(store, draft.profile_name, "staging")
+    assert [r.seq for r in hist] == list(range(1, 9))
+    assert sorted(r.artifact_id for r in hist) == sorted(artifacts)
+    # a single linear chain: each record's previous is the record before it
+    assert [r.previous for r in hist] == [None] + [r.artifact_id for r in hist[:-1]]
+    current = ops.read_channel(store, draft.profile_name, "staging", draft.compat_key)[0]
+    assert current.seq == 8 and current.artifact_id == hist[-1].artifact_id
