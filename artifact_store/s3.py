@@ -247,6 +247,52 @@ class S3Store:
         except (ClientError, BotoCoreError) as err:
             raise self._fail(err, f"delete {key}") from None
 
+    def download_tree(self, prefix: str, dest: Path) -> Path:
+        """Download every object under ``prefix`` into ``dest`` (replaced atomically when complete).
+
+        Each object's size is checked, and its stored checksum (when the server kept one) is
+        validated by botocore (``ChecksumMode=ENABLED``); a bad object fails the whole download.
+        """
+        import shutil
+        import uuid
+
+        from artifact_store.manifest import check_relpath
+
+        dest = Path(dest)
+        marker = dest.parent / f"{dest.name}.complete"
+        if dest.is_dir() and marker.exists():
+            return dest
+        staging = dest.parent / f".{dest.name}-{uuid.uuid4().hex}"
+        staging.mkdir(parents=True)
+        try:
+            for key in self.list(prefix):
+                rel = key[len(prefix):].lstrip("/")
+                try:
+                    check_relpath(rel)
+                except ValueError as err:
+                    raise StoreUnavailableError(self.uri, f"refusing object {key!r}: {err}") from None
+                target = staging / rel
+                target.parent.mkdir(parents=True, exist_ok=True)
+                try:
+                    resp = self.client.get_object(Bucket=self.bucket, Key=self._k(key), ChecksumMode="ENABLED")
+                    expected = int(resp["ContentLength"])
+                    written = 0
+                    with open(target, "wb") as f:
+                        for chunk in resp["Body"].iter_chunks(8 * 1024 * 1024):
+                            f.write(chunk)
+                            written += len(chunk)
+                except (ClientError, BotoCoreError) as err:
+                    raise self._fail(err, f"download {key}") from None
+                if written != expected:
+                    raise StoreUnavailableError(self.uri, f"{key}: got {written} of {expected} bytes")
+            if dest.exists():
+                shutil.rmtree(dest)
+            staging.rename(dest)
+            marker.write_text("")
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        return dest
+
     def get_ref(self, key: str) -> tuple[bytes, str] | None:
         try:
             resp = self._get(key)

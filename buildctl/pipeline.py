@@ -2,15 +2,26 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 import buildctl
 from artifact_store.digest import is_digest
 from artifact_store.manifest import Manifest
-from artifact_store.ops import ManifestDraft, PublishResult, publish_tree
+from artifact_store.errors import VerificationError
+from artifact_store.ops import ManifestDraft, PublishResult, lookup_build_key, publish_tree, verify
 from artifact_store.store import ProgressFn, Store
-from buildctl.errors import BadInputError
+from buildctl.errors import BadInputError, BuildFailedError
+from engines.backend import get_backend
+from engines.errors import EngineBuildError, EngineLoadError, IncompatibleTargetError
+from engines.model import model_digest, resolve_model
 from engines.buildkey import backend_version, build_key_for
 from engines.fingerprint import Fingerprint, detect, load_fingerprint
 from engines.profile import BuildProfile
@@ -50,11 +61,142 @@ def import_engine(store: Store, engine_dir: str | Path, profile: BuildProfile, f
                         on_bytes=on_bytes)
 
 
-# Preflight loaders per backend, registered by the engine backends (engines/). A backend
-# without one is installed after byte verification only.
-PREFLIGHTS: dict[str, Callable[[Manifest, Path], None]] = {}
+# --- preflight ------------------------------------------------------------------------------
+
+PREFLIGHT_TIMEOUT_S = 900
 
 
-def preflight_for(backend: str) -> Callable[[Manifest, Path], None] | None:
-    """The backend's preflight load for a staged engine, if it has one."""
-    return PREFLIGHTS.get(backend)
+def preflight_for(backend: str) -> Callable[[Manifest, Path], None]:
+    """The backend's preflight load for a staged engine, run in a subprocess so that a crash
+    while loading (a segfault in a C++ runtime, SIGILL from a foreign ISA) cannot take the
+    caller down. Raises :class:`PreflightFailed` with the output's tail."""
+
+    def run(manifest: Manifest, staged: Path) -> None:
+        cmd = [sys.executable, "-m", "engines.preflight", backend, str(staged)]
+        try:
+            r = subprocess.run(cmd, capture_output=True, text=True, timeout=PREFLIGHT_TIMEOUT_S,
+                               stdin=subprocess.DEVNULL)
+        except subprocess.TimeoutExpired:
+            raise PreflightFailed(f"{backend} preflight timed out after {PREFLIGHT_TIMEOUT_S}s") from None
+        if r.returncode != 0:
+            tail = "\n".join((r.stdout + r.stderr).strip().splitlines()[-5:])
+            how = f"killed by signal {-r.returncode}" if r.returncode < 0 else f"exit {r.returncode}"
+            raise PreflightFailed(f"{backend} preflight failed ({how}): {tail}")
+
+    return run
+
+
+class PreflightFailed(Exception):
+    """The preflight subprocess could not load the engine."""
+
+
+# --- build with the build cache --------------------------------------------------------------
+
+
+@dataclass
+class BuildOutcome:
+    """What ``build`` did: a cache hit, a fresh build, or adopting a concurrent winner."""
+
+    artifact_id: str
+    build_key: str
+    model_digest: str
+    compat_key: str
+    cache_hit: bool
+    adopted: bool = False
+    build_s: float = 0.0
+    publish_s: float = 0.0
+    total_s: float = 0.0
+    log_path: str | None = None
+    uploaded_bytes: int = 0
+
+
+def build(
+    store: Store,
+    profile: BuildProfile,
+    *,
+    model: str | None = None,
+    target_compat_key: str | None = None,
+    fingerprint: Fingerprint | None = None,
+    workdir: Path | None = None,
+    endpoint_url: str | None = None,
+    say: Callable[[str], None] = lambda _: None,
+) -> BuildOutcome:
+    """Build the profile for this host and publish it, unless its build key already has an
+    artifact that verifies (then no builder runs at all)."""
+    t0 = time.monotonic()
+    fp = fingerprint or detect()
+    backend_name = profile.engine.backend
+    compat = fp.compat_key(backend_name)
+    if target_compat_key and target_compat_key != compat:
+        raise IncompatibleTargetError(
+            f"this host ({compat}) cannot build for target {target_compat_key}: an engine built here would not "
+            "load there", {"compat_key": (target_compat_key, compat)})
+    say(f"model: resolving {model or profile.model.path or profile.model.uri or 'tiny ' + str(profile.model.tiny)}")
+    model_dir = resolve_model(profile, model, endpoint_url=endpoint_url)
+    digest = model_digest(model_dir)
+    key = build_key_for(profile, digest, fp)
+    say(f"build key {key} (model {digest}, compat {compat})")
+    existing = lookup_build_key(store, key)
+    if existing is not None:
+        try:
+            verify(store, existing)
+            say(f"cache hit: {existing}")
+            return BuildOutcome(existing, key, digest, compat, cache_hit=True, total_s=time.monotonic() - t0)
+        except VerificationError as err:
+            say(f"cached artifact {existing} does not verify ({len(err.problems)} problem(s)); rebuilding")
+    backend = get_backend(backend_name)
+    base = Path(workdir) if workdir else Path(tempfile.gettempdir())
+    base.mkdir(parents=True, exist_ok=True)
+    run_dir = Path(tempfile.mkdtemp(prefix="buildctl-build-", dir=base))
+    log_path = run_dir / "build.log"
+    try:
+        say(f"building with {backend_name} (timeout {profile.engine.build_timeout_s:.0f}s, log {log_path})")
+        try:
+            result = backend.build(profile, model_dir, run_dir / "engine", fp, log_path, model_digest=digest)
+        except BuildFailedError:
+            keep = _keep_log(log_path, base)
+            raise _with_kept_log(sys.exc_info()[1], keep) from None
+        say(f"built in {result.wall_s:.1f}s; publishing")
+        t1 = time.monotonic()
+        draft = manifest_draft(profile, fp, model_digest=digest, extra_versions=result.tool_versions)
+        pub = publish_tree(store, result.engine_dir, draft, build_log=log_path)
+        publish_s = time.monotonic() - t1
+        owner = pub.build_key_owner or pub.artifact_id
+        if owner != pub.artifact_id:
+            say(f"a concurrent build of the same key won: adopting {owner}")
+        return BuildOutcome(owner, key, digest, compat, cache_hit=False, adopted=owner != pub.artifact_id,
+                            build_s=result.wall_s, publish_s=publish_s, total_s=time.monotonic() - t0,
+                            log_path=None, uploaded_bytes=pub.uploaded_bytes)
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def _keep_log(log_path: Path, base: Path) -> Path | None:
+    """Move a failed build's log out of the run directory (which is removed) so it is kept."""
+    if not log_path.exists():
+        return None
+    kept = base / f"buildctl-failed-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
+    shutil.copyfile(log_path, kept)
+    return kept
+
+
+def _with_kept_log(err: BaseException | None, kept: Path | None) -> BaseException:
+    if isinstance(err, EngineBuildError) and kept is not None:
+        return EngineBuildError(err.backend, err.kind, err.detail, returncode=err.returncode, signal=err.signal,
+                                log_path=str(kept), log_tail=err.log_tail)
+    return err if err is not None else RuntimeError("build failed")
+
+
+def engine_backend_of(engine_dir: str | Path) -> str:
+    """Which backend an engine directory belongs to, from its files."""
+    d = Path(engine_dir)
+    if (d / "engine.json").is_file() and (d / "model.pt2").is_file():
+        return "aoti"
+    if (d / "config.json").is_file() and (d / "rank0.engine").is_file():
+        return "trtllm"
+    raise EngineLoadError(str(d), "neither an aoti engine (engine.json, model.pt2) nor a trtllm engine (config.json, rank0.engine)")
+
+
+def load_engine(engine_dir: str | Path):
+    """Load an engine directory with its backend's runner."""
+    return get_backend(engine_backend_of(engine_dir)).load(Path(engine_dir))

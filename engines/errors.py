@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from buildctl.errors import BadInputError, NotFoundError
+from buildctl.errors import BadInputError, BuildFailedError, NotFoundError
 
 
 @dataclass(frozen=True)
@@ -61,3 +61,49 @@ class IncompatibleTargetError(BadInputError):
         self.differences = dict(differences)
         detail = ", ".join(f"{k}: wanted {a!r}, host has {b!r}" for k, (a, b) in differences.items())
         super().__init__(f"{what}: {detail}")
+
+
+class ModelSourceError(BadInputError):
+    """A model checkpoint that cannot be found or read."""
+
+    def __init__(self, source: str, detail: str) -> None:
+        self.source = source
+        self.detail = detail
+        super().__init__(f"model {source}: {detail}")
+
+
+class EngineBuildError(BuildFailedError):
+    """A build failed. ``kind`` is one of crashed, timeout, exit, incomplete, error.
+
+    ``returncode``/``signal`` describe the process, ``log_path`` holds the full log and
+    ``log_tail`` its last lines (also in the message).
+    """
+
+    def __init__(self, backend: str, kind: str, detail: str, *, returncode: int | None = None,
+                 signal: int | None = None, log_path: str | None = None, log_tail: str = "") -> None:
+        self.backend = backend
+        self.kind = kind
+        self.detail = detail
+        self.returncode = returncode
+        self.signal = signal
+        self.log_path = log_path
+        self.log_tail = log_tail
+        msg = f"{backend} build failed ({kind}): {detail}"
+        if log_path:
+            msg += f"\nfull log: {log_path}"
+        if log_tail:
+            msg += "\n--- log tail ---\n" + log_tail.rstrip()
+        super().__init__(msg)
+
+
+class EngineLoadError(BadInputError):
+    """An engine directory that cannot be loaded (missing files, bad build record)."""
+
+    def __init__(self, engine_dir: str, detail: str) -> None:
+        self.engine_dir = engine_dir
+        self.detail = detail
+        super().__init__(f"cannot load engine {engine_dir}: {detail}")
+
+
+class GenerationRequestError(BadInputError):
+    """A generation request the engine cannot serve (prompt too long for max_seq_len, empty prompt)."""

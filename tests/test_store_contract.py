@@ -157,3 +157,61 @@ def test_eight_concurrent_promoters_lose_no_record(store, store_uri, tmp_path, d
     assert [r.previous for r in hist] == [None] + [r.artifact_id for r in hist[:-1]]
     current = ops.read_channel(store, draft.profile_name, "staging", draft.compat_key)[0]
     assert current.seq == 8 and current.artifact_id == hist[-1].artifact_id
+
+
+class AlwaysLoses:
+    """A store on which every compare-and-swap loses, as if other promoters always won."""
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+        self.uri = inner.uri
+        self.cas_calls = 0
+
+    def cas(self, key, data, expected):
+        self.cas_calls += 1
+        return False
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+def test_lost_races_exit_6(store, store_uri, engine_tree, draft, cli, s3_env_if_needed):
+    res = ops.publish_tree(store, engine_tree, draft)
+    ops.write_attestation(store, res.artifact_id, {"verdict": "pass", "compat_key": draft.compat_key,
+                                                   "created_at": "2026-01-01T00:00:00.000000Z"})
+    loser = AlwaysLoses(store)
+    from artifact_store.errors import CasConflictError
+
+    slept = []
+    with pytest.raises(CasConflictError) as exc:
+        ops.set_channel(loser, res.artifact_id, res.manifest, "prod", attempts=5, sleep=slept.append)
+    assert exc.value.attempts == 5 and loser.cas_calls == 5 and len(slept) == 5
+    assert all(0 <= s <= 1 for s in slept)
+    from buildctl.cli import exit_code_for
+
+    assert exit_code_for(exc.value) == 6
+    assert ops.read_channel(store, draft.profile_name, "prod", draft.compat_key) is None
+
+
+RACER = r"""
+import sys
+from artifact_store.store import open_store
+from artifact_store import ops
+store = open_store(sys.argv[1])
+draft = ops.ManifestDraft(profile_name="p", profile_hash="xxh3-128:" + "1" * 32, backend="aoti", compat_key="aoti-x",
+                          fingerprint={}, build_key="xxh3-128:" + "2" * 32)
+res = ops.publish_tree(store, sys.argv[2], draft)
+print(res.artifact_id, res.build_key_owner)
+"""
+
+
+def test_two_builds_of_one_key_end_with_one_owner(store, store_uri, tmp_path, s3_env_if_needed):
+    trees = [make_tree(tmp_path / f"b{i}", {"model.pt2": 200_000 + i}, seed=i) for i in range(2)]
+    procs = [subprocess.Popen([sys.executable, "-c", RACER, store_uri, str(t)], cwd=REPO, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for t in trees]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [o[1][-400:] for o in outs]
+    pairs = [o[0].split() for o in outs]
+    owners = {owner for _, owner in pairs}
+    assert len(owners) == 1 and owners <= {a for a, _ in pairs}
+    assert ops.lookup_build_key(store, "xxh3-128:" + "2" * 32) == owners.pop()

@@ -1,0 +1,109 @@
+"""Build commands: build (with the build cache) and model make-tiny."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from buildctl.cli import app, emit_json, open_store_for, out, settings, want_json
+
+model_app = typer.Typer(help="Model checkpoints.", no_args_is_help=True)
+app.add_typer(model_app, name="model")
+
+
+@app.command("build")
+def build_cmd(
+    ctx: typer.Context,
+    profile: Path = typer.Argument(..., help="Build profile YAML."),
+    model: Optional[str] = typer.Option(None, "--model", help="Checkpoint directory or s3:// URI (default: the profile's)."),
+    target_compat_key: Optional[str] = typer.Option(None, "--target-compat-key", help="Refuse unless this host has this compat key."),
+    workdir: Optional[Path] = typer.Option(None, "--workdir", help="Where builds run (default: the temp dir)."),
+    json_out: bool = typer.Option(False, "--json", help="JSON output."),
+) -> None:
+    """Build, publish and print an artifact id; a build key that already has an artifact is a cache hit."""
+    from buildctl.pipeline import build
+    from engines.profile import load_profile
+
+    prof = load_profile(profile)
+    quiet = want_json(ctx, json_out)
+    say = (lambda m: None) if quiet else (lambda m: typer.echo(f"[build] {m}", err=True))
+    res = build(open_store_for(ctx), prof, model=model, target_compat_key=target_compat_key, workdir=workdir,
+                endpoint_url=settings(ctx).endpoint_url, say=say)
+    if quiet:
+        emit_json({"artifact_id": res.artifact_id, "cache_hit": res.cache_hit, "adopted": res.adopted,
+                   "build_key": res.build_key, "model_digest": res.model_digest, "compat_key": res.compat_key,
+                   "build_s": round(res.build_s, 3), "publish_s": round(res.publish_s, 3),
+                   "total_s": round(res.total_s, 3)})
+        return
+    out().print(res.artifact_id)
+    if res.cache_hit:
+        typer.echo(f"cache hit: build key {res.build_key} already has this artifact; no builder ran "
+                   f"({res.total_s:.2f}s)", err=True)
+    else:
+        typer.echo(f"built in {res.build_s:.1f}s, published in {res.publish_s:.1f}s"
+                   + (" (adopted a concurrent build's artifact)" if res.adopted else ""), err=True)
+
+
+@model_app.command("make-tiny")
+def make_tiny_cmd(
+    ctx: typer.Context,
+    dest: Path = typer.Argument(..., help="Directory to write the HF checkpoint to (must be empty or absent)."),
+    seed: int = typer.Option(0, "--seed", min=0, help="Seed for weights and training order."),
+    train_steps: int = typer.Option(100, "--train-steps", min=0, help="AdamW steps on the shipped corpus."),
+    json_out: bool = typer.Option(False, "--json", help="JSON output."),
+) -> None:
+    """Create the tiny Llama locally and deterministically (no download); cached by its parameters."""
+    from engines.model import model_digest
+    from engines.profile import TinyModel
+    from engines.tiny import make_tiny
+
+    path = make_tiny(TinyModel(seed=seed, train_steps=train_steps), dest)
+    digest = model_digest(path)
+    if want_json(ctx, json_out):
+        emit_json({"path": str(path), "model_digest": digest})
+    else:
+        out().print(f"{path}  {digest}")
+
+
+@app.command("generate")
+def generate_cmd(
+    ctx: typer.Context,
+    engine: Path = typer.Argument(..., help="An engine directory, e.g. DIR/current after a pull."),
+    prompt_ids: Optional[str] = typer.Option(None, "--prompt-ids", help="Comma-separated token ids."),
+    prompt: Optional[str] = typer.Option(None, "--prompt", help="Text; needs --tokenizer."),
+    tokenizer: Optional[Path] = typer.Option(None, "--tokenizer", help="HF tokenizer directory to encode/decode text."),
+    max_tokens: int = typer.Option(16, "--max-tokens", min=1, help="Tokens to generate."),
+    json_out: bool = typer.Option(False, "--json", help="JSON output."),
+) -> None:
+    """Generate greedily from an installed engine (a smoke test on a node)."""
+    from buildctl.errors import BadInputError
+    from buildctl.pipeline import load_engine
+
+    tok = None
+    if tokenizer is not None:
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(str(tokenizer))
+    if prompt_ids:
+        try:
+            ids = [int(x) for x in prompt_ids.split(",") if x.strip()]
+        except ValueError:
+            raise BadInputError(f"--prompt-ids {prompt_ids!r}: expected comma-separated integers") from None
+    elif prompt is not None and tok is not None:
+        ids = tok(prompt)["input_ids"]
+    else:
+        raise BadInputError("give --prompt-ids, or --prompt with --tokenizer")
+    runner = load_engine(engine)
+    try:
+        gen = runner.generate([ids], max_tokens, top_logprobs=1)[0]
+    finally:
+        runner.close()
+    text = tok.decode(gen.token_ids) if tok is not None else None
+    if want_json(ctx, json_out):
+        emit_json({"prompt_ids": ids, "token_ids": gen.token_ids, "text": text})
+    else:
+        out().print(f"token ids: {gen.token_ids}")
+        if text is not None:
+            out().print(f"text: {text!r}")

@@ -1,0 +1,235 @@
+"""The aoti backend: a real, environment-bound engine compiled with torch AOTInductor.
+
+The build exports a logits-only forward with dynamic batch and sequence dimensions and compiles
+it into ``model.pt2`` in an isolated subprocess, for a portable ISA by default
+(``ATEN_CPU_CAPABILITY=avx2``, ``TORCHINDUCTOR_CPP_MARCH=x86-64-v3``) because ``-march=native``
+output may crash on another CPU. Precompiled headers are off and the inductor cache and temp
+files stay inside the build's own temp dir.
+
+AOTInductor's own metadata records only device, platform and ISA, so the build adds a record
+(``engine.json``, also embedded in the package metadata) with the compat key and its fields,
+torch and compiler versions, ISA, dtype and model digest. Loading refuses an engine whose
+record's compat key differs from this host's, naming each difference.
+
+There is no KV cache: each step recomputes the whole prefix (about 2,000 tok/s on the tiny
+model on 2 cores). Prompts of equal length are batched.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Iterator
+
+from engines.backend import BuildResult, Generation
+from engines.errors import EngineBuildError, EngineLoadError, IncompatibleTargetError
+from engines.fingerprint import Fingerprint, detect
+from engines.isolate import run_step
+from engines.profile import BuildProfile
+
+RECORD_FORMAT = 1
+ENGINE_FILES = ("model.pt2", "engine.json")
+ISA_ENV = {
+    "avx2": {"ATEN_CPU_CAPABILITY": "avx2", "TORCHINDUCTOR_CPP_MARCH": "x86-64-v3"},
+    "avx512": {"ATEN_CPU_CAPABILITY": "avx512", "TORCHINDUCTOR_CPP_MARCH": "x86-64-v4"},
+    "native": {},
+}
+
+
+def build_record(profile: BuildProfile, fingerprint: Fingerprint, model_dir: Path, model_digest: str | None) -> dict[str, Any]:
+    config = json.loads((model_dir / "config.json").read_text())
+    return {
+        "format": RECORD_FORMAT,
+        "backend": "aoti",
+        "profile": profile.name,
+        "profile_hash": profile.build_hash(),
+        "compat_key": fingerprint.compat_key("aoti"),
+        "compat_fields": fingerprint.compat_fields("aoti"),
+        "torch": fingerprint.torch_version,
+        "compiler": fingerprint.compiler_version,
+        "host_isa_level": fingerprint.cpu.isa_level,
+        "cpu_isa": profile.engine.resolved_aoti.cpu_isa,
+        "device": profile.engine.resolved_aoti.device,
+        "dtype": profile.model.dtype,
+        "model_digest": model_digest,
+        "max_seq_len": profile.engine.max_seq_len,
+        "max_batch_size": profile.engine.max_batch_size,
+        "vocab_size": config.get("vocab_size"),
+        "eos_token_id": config.get("eos_token_id"),
+    }
+
+
+def read_record(engine_dir: Path) -> dict[str, Any]:
+    for name in ENGINE_FILES:
+        p = engine_dir / name
+        if not p.is_file() or p.stat().st_size == 0:
+            raise EngineLoadError(str(engine_dir), f"{name} is missing or empty")
+    try:
+        record = json.loads((engine_dir / "engine.json").read_text())
+    except (OSError, ValueError) as err:
+        raise EngineLoadError(str(engine_dir), f"engine.json unreadable: {err}") from None
+    if not isinstance(record, dict) or record.get("format") != RECORD_FORMAT or record.get("backend") != "aoti":
+        raise EngineLoadError(str(engine_dir), "engine.json is not an aoti build record of a known format")
+    return record
+
+
+def check_compat(engine_dir: Path, record: dict[str, Any], host: Fingerprint | None = None) -> None:
+    """Refuse an engine built for another compat key, naming every differing field."""
+    host = host or detect()
+    if record.get("compat_key") == host.compat_key("aoti"):
+        return
+    mine = host.compat_fields("aoti")
+    theirs = record.get("compat_fields") or {}
+    diff = {k: (theirs.get(k), mine[k]) for k in mine if theirs.get(k) != mine[k]} or {"compat_key": (record.get("compat_key"), host.compat_key("aoti"))}
+    raise IncompatibleTargetError(f"aoti engine {engine_dir} was built for another host", diff)
+
+
+class AotiBackend:
+    name = "aoti"
+
+    def build(self, profile: BuildProfile, model_dir: Path, out_dir: Path, fingerprint: Fingerprint,
+              log_path: Path, *, model_digest: str | None = None) -> BuildResult:
+        opts = profile.engine.resolved_aoti
+        if opts.device == "cuda" and not fingerprint.gpus:
+            raise IncompatibleTargetError("aoti device cuda needs a GPU", {"gpus": ("at least one", "none")})
+        out_dir = Path(out_dir)
+        if out_dir.exists():
+            raise EngineBuildError("aoti", "error", f"output directory {out_dir} already exists")
+        work = out_dir.parent / f".build-{uuid.uuid4().hex}"  # on the output's filesystem
+        (work / "tmp").mkdir(parents=True)
+        try:
+            record = build_record(profile, fingerprint, model_dir, model_digest)
+            (work / "record.json").write_text(json.dumps(record))
+            env = dict(os.environ)
+            env.update(ISA_ENV[opts.cpu_isa])
+            env.update({"TMPDIR": str(work / "tmp"), "TORCHINDUCTOR_CACHE_DIR": str(work / "inductor"),
+                        "VLLM_CACHE_ROOT": str(work / "vllm"), "PYTHONUNBUFFERED": "1"})
+            start = time.monotonic()
+            run_step("aoti", "aoti compile",
+                     [sys.executable, "-m", "engines.aoti_compile", "--model", str(model_dir),
+                      "--out", str(work / "out"), "--record", str(work / "record.json")],
+                     log_path=log_path, timeout_s=profile.engine.build_timeout_s, env=env)
+            missing = [n for n in ENGINE_FILES if not (work / "out" / n).is_file() or (work / "out" / n).stat().st_size == 0]
+            if missing:
+                raise EngineBuildError("aoti", "incomplete", f"compile step exited 0 but left no {', '.join(missing)}",
+                                       log_path=str(log_path))
+            os.rename(work / "out", out_dir)
+            wall = time.monotonic() - start
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        return BuildResult(engine_dir=out_dir, files=sorted(ENGINE_FILES), log_path=log_path, wall_s=wall,
+                           tool_versions={"torch": fingerprint.torch_version, "compiler": fingerprint.compiler_version})
+
+    def load(self, engine_dir: Path) -> "AotiRunner":
+        engine_dir = Path(engine_dir)
+        record = read_record(engine_dir)
+        check_compat(engine_dir, record)
+        return AotiRunner(engine_dir, record)
+
+    def preflight(self, engine_dir: Path) -> None:
+        runner = self.load(engine_dir)
+        try:
+            runner.generate([[1, 5, 9]], max_tokens=2, top_logprobs=1)
+        finally:
+            runner.close()
+
+
+class AotiRunner:
+    """Greedy generation on a loaded AOTInductor package (no KV cache)."""
+
+    name = "aoti"
+
+    def __init__(self, engine_dir: Path, record: dict[str, Any]) -> None:
+        import torch
+        from torch._inductor import aoti_load_package
+
+        self.torch = torch
+        self.record = record
+        try:
+            self.model = aoti_load_package(str(engine_dir / "model.pt2"))
+        except Exception as err:
+            raise EngineLoadError(str(engine_dir), f"AOTInductor could not load model.pt2: {err}") from None
+        embedded = self.model.get_metadata().get("buildctl_record")
+        if embedded is None or json.loads(embedded) != record:
+            raise EngineLoadError(str(engine_dir), "engine.json does not match the record embedded in model.pt2")
+        self.max_seq_len = int(record["max_seq_len"])
+        self.max_batch = int(record["max_batch_size"])
+
+    def _check(self, prompts: list[list[int]], max_tokens: int) -> None:
+        from engines.errors import GenerationRequestError
+
+        for p in prompts:
+            if len(p) < 1 or len(p) + max_tokens > self.max_seq_len:
+                raise GenerationRequestError(f"prompt of {len(p)} tokens + {max_tokens} new tokens does not fit "
+                                             f"max_seq_len {self.max_seq_len}")
+
+    def _step(self, ids: Any, k: int) -> tuple[list[int], list[dict[int, float]]]:
+        torch = self.torch
+        if ids.shape[1] < 2:  # the export's sequence dimension starts at 2
+            ids = torch.cat([ids, ids[:, -1:]], dim=1)
+            logits = self.model(ids)[:, -2, :]
+        else:
+            logits = self.model(ids)[:, -1, :]
+        logprobs = torch.log_softmax(logits.float(), dim=-1)
+        chosen = torch.argmax(logprobs, dim=-1)
+        tops: list[dict[int, float]] = []
+        if k:
+            vals, idx = torch.topk(logprobs, k, dim=-1)
+            for row in range(ids.shape[0]):
+                d = {int(t): float(v) for t, v in zip(idx[row].tolist(), vals[row].tolist())}
+                c = int(chosen[row])
+                d.setdefault(c, float(logprobs[row, c]))
+                tops.append(d)
+        return [int(c) for c in chosen.tolist()], tops
+
+    def _groups(self, prompts: list[list[int]]) -> list[list[int]]:
+        """Indices of prompts batched together: equal lengths, at most max_batch_size."""
+        by_len: dict[int, list[int]] = {}
+        for i, p in enumerate(prompts):
+            by_len.setdefault(len(p), []).append(i)
+        out = []
+        for idxs in by_len.values():
+            out += [idxs[i:i + self.max_batch] for i in range(0, len(idxs), self.max_batch)]
+        return out
+
+    def generate(self, prompts: list[list[int]], max_tokens: int, top_logprobs: int) -> list[Generation]:
+        self._check(prompts, max_tokens)
+        torch = self.torch
+        results: list[Generation | None] = [None] * len(prompts)
+        with torch.no_grad():
+            for group in self._groups(prompts):
+                ids = torch.tensor([prompts[i] for i in group], dtype=torch.long)
+                gens = [Generation(token_ids=[], top_logprobs=[]) for _ in group]
+                for _ in range(max_tokens):
+                    chosen, tops = self._step(ids, top_logprobs)
+                    for g, c, t in zip(gens, chosen, tops or [{}] * len(gens)):
+                        g.token_ids.append(c)
+                        if top_logprobs:
+                            g.top_logprobs.append(t)
+                    ids = torch.cat([ids, torch.tensor(chosen, dtype=torch.long).unsqueeze(1)], dim=1)
+                for i, g in zip(group, gens):
+                    results[i] = g
+        return [r for r in results if r is not None]
+
+    def stream(self, prompts: list[list[int]], max_tokens: int) -> Iterator[list[int | None]]:
+        self._check(prompts, max_tokens)
+        torch = self.torch
+        groups = self._groups(prompts)
+        with torch.no_grad():
+            state = [torch.tensor([prompts[i] for i in g], dtype=torch.long) for g in groups]
+            for _ in range(max_tokens):
+                step: list[int | None] = [None] * len(prompts)
+                for gi, group in enumerate(groups):
+                    chosen, _ = self._step(state[gi], 0)
+                    for i, c in zip(group, chosen):
+                        step[i] = c
+                    state[gi] = torch.cat([state[gi], torch.tensor(chosen, dtype=torch.long).unsqueeze(1)], dim=1)
+                yield step
+
+    def close(self) -> None:
+        self.model = None

@@ -1,0 +1,1 @@
+"""Fake ``tensorrt_llm`` for the preflight test: importing it is what registers plugins upstream."""
