@@ -214,6 +214,7 @@ def pull_cmd(
     channel: str = typer.Option(..., "--channel", help="Channel name."),
     dest: Path = typer.Option(..., "--dest", help="Install directory; DIR/current points at the engine."),
     keep: int = typer.Option(2, "--keep", min=2, help="Installed versions to keep (current and previous at least)."),
+    skip_preflight: bool = typer.Option(False, "--skip-preflight", help="Install after byte verification only, without a test load (e.g. staging a cache on a host without the GPU)."),
     json_out: bool = JSON_OPT,
 ) -> None:
     """Install the channel's engine for this host: verify, preflight, swap atomically."""
@@ -227,10 +228,11 @@ def pull_cmd(
     manifest = get_manifest(store, rec.artifact_id)
     quiet = _quiet(ctx, json_out)
     with byte_progress("downloading + verifying", manifest.total_size, enabled=not quiet) as on_bytes:
-        res = install_artifact(store, rec.artifact_id, dest, preflight=preflight_for(manifest.backend), keep=keep,
+        res = install_artifact(store, rec.artifact_id, dest, preflight=None if skip_preflight else preflight_for(manifest.backend), keep=keep,
                                on_bytes=on_bytes)
     if quiet:
         emit_json({"artifact_id": res.artifact_id, "installed": res.installed, "path": str(res.path),
+                   "preflight": not skip_preflight,
                    "current": str(Path(dest) / "current"), "previous": res.previous, "seq": rec.seq,
                    "bytes": res.bytes})
     elif res.installed:

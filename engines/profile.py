@@ -152,7 +152,7 @@ class ReferenceSpec(_Frozen):
     tensor_parallel_size: int = Field(1, ge=1, description="vLLM tensor_parallel_size.")
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1, description="vLLM gpu_memory_utilization.")
     max_model_len: int = Field(2048, ge=2, description="vLLM max_model_len.")
-    block_size: int = Field(16, ge=1, description="vLLM KV cache block size in tokens.")
+    block_size: int | None = Field(None, ge=1, description="vLLM KV cache block size in tokens; None lets vLLM choose (its CPU backend needs a multiple of 32).")
     enable_prefix_caching: bool = Field(False, description="vLLM enable_prefix_caching.")
     enforce_eager: bool = Field(False, description="vLLM enforce_eager (no CUDA graphs / compilation).")
     max_num_seqs: int = Field(256, ge=1, description="vLLM max_num_seqs.")

@@ -51,11 +51,15 @@ def test_walkthrough(cli, store, store_uri, engine_tree, tmp_path):
     assert rec["seq"] == 1 and rec["artifact_id"] == aid and not rec["forced"]
 
     dest = tmp_path / "node"
-    pulled = j(cli, *S, "--json", "pull", "--profile", "tiny-llama-cpu", "--channel", "staging", "--dest", dest)
+    # the imported tree is no real aoti engine: the preflight load refuses it, nothing is installed
+    code, _, err = cli(*S, "pull", "--profile", "tiny-llama-cpu", "--channel", "staging", "--dest", dest)
+    assert code == 1 and "failed its preflight load" in err and not (dest / "current").exists()
+    P = "--skip-preflight"
+    pulled = j(cli, *S, "--json", "pull", "--profile", "tiny-llama-cpu", "--channel", "staging", "--dest", dest, P)
     assert pulled["installed"] and (dest / "current" / "rank0.engine").read_bytes() == (engine_tree / "rank0.engine").read_bytes()
     assert os.access(dest / "current" / "bin/run.sh", os.X_OK)
-    assert not j(cli, *S, "--json", "pull", "--profile", "tiny-llama-cpu", "--channel", "staging", "--dest", dest)["installed"]
-    code, out, _ = cli(*S, "pull", "--profile", "tiny-llama-cpu", "--channel", "staging", "--dest", dest)
+    assert not j(cli, *S, "--json", "pull", "--profile", "tiny-llama-cpu", "--channel", "staging", "--dest", dest, P)["installed"]
+    code, out, _ = cli(*S, "pull", "--profile", "tiny-llama-cpu", "--channel", "staging", "--dest", dest, P)
     assert code == 0 and "already installed" in out
 
     second = j(cli, *S, "--json", "import", make_tree(tmp_path / "v2", {"rank0.engine": 999}), "--profile", TINY)["artifact_id"]

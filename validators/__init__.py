@@ -1,0 +1,1 @@
+"""Validation: the vLLM reference runner, output parity, speed, and attestations."""
