@@ -26,7 +26,7 @@ import uuid
 from pathlib import Path
 from typing import Any, Iterator
 
-from engines.backend import BuildResult, Generation
+from engines.backend import BuildResult, Generation, TokenEvent
 from engines.errors import EngineBuildError, EngineLoadError, IncompatibleTargetError
 from engines.fingerprint import Fingerprint, detect
 from engines.isolate import run_step
@@ -216,20 +216,26 @@ class AotiRunner:
                     results[i] = g
         return [r for r in results if r is not None]
 
-    def stream(self, prompts: list[list[int]], max_tokens: int) -> Iterator[list[int | None]]:
+    def stream(self, prompts: list[list[int]], max_tokens: int, concurrency: int) -> Iterator[TokenEvent]:
+        """Static batching: waves of ``concurrency`` requests, all stepped together."""
         self._check(prompts, max_tokens)
         torch = self.torch
-        groups = self._groups(prompts)
+        clock = time.perf_counter
         with torch.no_grad():
-            state = [torch.tensor([prompts[i] for i in g], dtype=torch.long) for g in groups]
-            for _ in range(max_tokens):
-                step: list[int | None] = [None] * len(prompts)
-                for gi, group in enumerate(groups):
-                    chosen, _ = self._step(state[gi], 0)
-                    for i, c in zip(group, chosen):
-                        step[i] = c
-                    state[gi] = torch.cat([state[gi], torch.tensor(chosen, dtype=torch.long).unsqueeze(1)], dim=1)
-                yield step
+            for w in range(0, len(prompts), max(1, concurrency)):
+                wave = list(range(w, min(len(prompts), w + max(1, concurrency))))
+                t0 = clock()
+                for i in wave:
+                    yield TokenEvent(i, None, t0)
+                groups = [[wave[j] for j in g] for g in self._groups([prompts[i] for i in wave])]
+                state = [torch.tensor([prompts[i] for i in g], dtype=torch.long) for g in groups]
+                for _ in range(max_tokens):
+                    for gi, group in enumerate(groups):
+                        chosen, _ = self._step(state[gi], 0)
+                        now = clock()
+                        for i, c in zip(group, chosen):
+                            yield TokenEvent(i, c, now)
+                        state[gi] = torch.cat([state[gi], torch.tensor(chosen, dtype=torch.long).unsqueeze(1)], dim=1)
 
     def close(self) -> None:
         self.model = None

@@ -29,6 +29,16 @@ class Generation:
     top_logprobs: list[dict[int, float]] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class TokenEvent:
+    """A streamed event: request ``index`` was submitted (``token_id`` None) or produced a token,
+    at ``time`` (``time.perf_counter()``, taken where the runner saw it happen)."""
+
+    index: int
+    token_id: int | None
+    time: float
+
+
 @dataclass
 class BuildResult:
     """What a build produced."""
@@ -50,9 +60,9 @@ class Runner(Protocol):
         """Greedy outputs for every prompt (batched where the backend can)."""
         ...
 
-    def stream(self, prompts: list[list[int]], max_tokens: int) -> Iterator[list[int | None]]:
-        """Generate for several concurrent requests, yielding after every step one new token per
-        request (``None`` for requests already finished). Used for TTFT and per-token timing."""
+    def stream(self, prompts: list[list[int]], max_tokens: int, concurrency: int) -> Iterator[TokenEvent]:
+        """Serve ``prompts`` with at most ``concurrency`` requests in flight, yielding a submission
+        event per request and a token event per generated token as they happen (TTFT, TPOT, ITL)."""
         ...
 
     def close(self) -> None:

@@ -30,7 +30,7 @@ import uuid
 from pathlib import Path
 from typing import Any, Iterator
 
-from engines.backend import BuildResult, Generation
+from engines.backend import BuildResult, Generation, TokenEvent
 from engines.errors import EngineBuildError, EngineLoadError, IncompatibleTargetError
 from engines.fingerprint import Fingerprint
 from engines.isolate import run_step
@@ -223,16 +223,24 @@ class TrtllmRunner:
             gens.append(Generation(token_ids=[int(t) for t in ids], top_logprobs=tops))
         return gens
 
-    def stream(self, prompts: list[list[int]], max_tokens: int) -> Iterator[list[int | None]]:
-        seen = [0] * len(prompts)
-        for out in self._run(prompts, max_tokens, True, False):
-            step: list[int | None] = [None] * len(prompts)
-            for i, p in enumerate(prompts):
-                ids = out["output_ids"][i][0][len(p):].tolist()
-                if len(ids) > seen[i]:
-                    step[i] = int(ids[seen[i]])
-                    seen[i] += 1
-            yield step
+    def stream(self, prompts: list[list[int]], max_tokens: int, concurrency: int) -> Iterator[TokenEvent]:
+        """Waves of ``concurrency`` requests through ModelRunner's streaming generate."""
+        clock = time.perf_counter
+        for w in range(0, len(prompts), max(1, concurrency)):
+            wave = prompts[w:w + max(1, concurrency)]
+            t0 = clock()
+            for i in range(len(wave)):
+                yield TokenEvent(w + i, None, t0)
+            seen = [0] * len(wave)
+            for out in self._run(wave, max_tokens, True, False):
+                now = clock()
+                lengths = out.get("sequence_lengths")
+                for i, p in enumerate(wave):
+                    end = int(lengths[i][0]) if lengths is not None else None
+                    ids = out["output_ids"][i][0][len(p):end].tolist()
+                    while seen[i] < min(len(ids), max_tokens):
+                        yield TokenEvent(w + i, int(ids[seen[i]]), now)
+                        seen[i] += 1
 
     def close(self) -> None:
         self.runner = None

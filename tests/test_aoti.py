@@ -102,9 +102,15 @@ def test_batched_and_streamed_generation_agree(tiny_build):
         batched = runner.generate(prompts, 10, 0)
         single = [runner.generate([p], 10, 0)[0] for p in prompts]
         assert [g.token_ids for g in batched] == [g.token_ids for g in single]
-        steps = list(runner.stream(prompts, 10))
-        assert len(steps) == 10
-        assert [[s[i] for s in steps] for i in range(4)] == [g.token_ids for g in batched]
+        for concurrency in (1, 3, 4):
+            events = list(runner.stream(prompts, 10, concurrency))
+            assert [[e.token_id for e in events if e.index == i and e.token_id is not None] for i in range(4)] == \
+                [g.token_ids for g in batched]
+            starts = {e.index: e.time for e in events if e.token_id is None}
+            assert sorted(starts) == [0, 1, 2, 3]
+            assert all(e.time >= starts[e.index] for e in events)
+            waves = len({t for t in starts.values()})
+            assert waves == -(-4 // concurrency)
     finally:
         runner.close()
 
