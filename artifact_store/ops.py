@@ -360,6 +360,8 @@ def set_channel(
         current = read_channel(store, profile, channel, compat)
         if current is not None:
             _settle_history(store, current[0])
+            if action == "promote" and current[0].artifact_id == artifact_id:
+                return current[0]  # already there: promotions are idempotent (CI retries)
         rec = ChannelRecord(
             seq=(current[0].seq + 1) if current else 1, profile=profile, channel=channel, compat_key=compat,
             artifact_id=artifact_id, previous=current[0].artifact_id if current else None,

