@@ -207,7 +207,7 @@ def profile_show(
     console.print(yaml.safe_dump(resolved, sort_keys=False), highlight=False, markup=False)
 
 
-from buildctl import cli_build, cli_store, cli_validate  # noqa: E402,F401  (register their commands)
+from buildctl import cli_build, cli_node, cli_store, cli_validate  # noqa: E402,F401  (register their commands)
 
 # --- entry point -----------------------------------------------------------------------------
 

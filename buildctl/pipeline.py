@@ -106,8 +106,92 @@ class BuildOutcome:
     build_s: float = 0.0
     publish_s: float = 0.0
     total_s: float = 0.0
-    log_path: str | None = None
     uploaded_bytes: int = 0
+
+
+@dataclass
+class BuildPlan:
+    """A resolved build: inputs, key, and the cached artifact if the key already has one."""
+
+    profile: BuildProfile
+    fingerprint: Fingerprint
+    model_dir: Path
+    model_digest: str
+    build_key: str
+    compat_key: str
+    cached: str | None
+
+
+@dataclass
+class BuiltEngine:
+    """An engine built into a run directory, not yet published (the caller removes ``run_dir``)."""
+
+    plan: BuildPlan
+    run_dir: Path
+    engine_dir: Path
+    log_path: Path
+    wall_s: float
+    tool_versions: dict[str, str | None]
+
+
+def plan_build(store: Store, profile: BuildProfile, *, model: str | None = None, target_compat_key: str | None = None,
+               fingerprint: Fingerprint | None = None, endpoint_url: str | None = None,
+               say: Callable[[str], None] = lambda _: None) -> BuildPlan:
+    """Check the target, resolve the model, compute the build key and look it up in the cache."""
+    fp = fingerprint or detect()
+    compat = fp.compat_key(profile.engine.backend)
+    if target_compat_key and target_compat_key != compat:
+        raise IncompatibleTargetError(
+            f"this host ({compat}) cannot build for target {target_compat_key}: an engine built here would not "
+            "load there", {"compat_key": (target_compat_key, compat)})
+    say(f"model: resolving {model or profile.model.path or profile.model.uri or 'tiny ' + str(profile.model.tiny)}")
+    model_dir = resolve_model(profile, model, endpoint_url=endpoint_url)
+    digest = model_digest(model_dir)
+    key = build_key_for(profile, digest, fp)
+    say(f"build key {key} (model {digest}, compat {compat})")
+    cached = lookup_build_key(store, key)
+    if cached is not None:
+        try:
+            verify(store, cached)
+            say(f"cache hit: {cached}")
+        except VerificationError as err:
+            say(f"cached artifact {cached} does not verify ({len(err.problems)} problem(s)); rebuilding")
+            cached = None
+    return BuildPlan(profile, fp, model_dir, digest, key, compat, cached)
+
+
+def run_build(plan: BuildPlan, *, workdir: Path | None = None, say: Callable[[str], None] = lambda _: None) -> BuiltEngine:
+    """Run the backend's isolated build; a failure keeps the log and raises ``BuildFailedError``."""
+    profile = plan.profile
+    backend = get_backend(profile.engine.backend)
+    base = Path(workdir) if workdir else Path(tempfile.gettempdir())
+    base.mkdir(parents=True, exist_ok=True)
+    run_dir = Path(tempfile.mkdtemp(prefix="buildctl-build-", dir=base))
+    log_path = run_dir / "build.log"
+    say(f"building with {profile.engine.backend} (timeout {profile.engine.build_timeout_s:.0f}s, log {log_path})")
+    try:
+        result = backend.build(profile, plan.model_dir, run_dir / "engine", plan.fingerprint, log_path,
+                               model_digest=plan.model_digest)
+    except BuildFailedError:
+        keep = _keep_log(log_path, base)
+        shutil.rmtree(run_dir, ignore_errors=True)
+        raise _with_kept_log(sys.exc_info()[1], keep) from None
+    except BaseException:
+        shutil.rmtree(run_dir, ignore_errors=True)
+        raise
+    say(f"built in {result.wall_s:.1f}s")
+    return BuiltEngine(plan, run_dir, result.engine_dir, log_path, result.wall_s, result.tool_versions)
+
+
+def publish_build(store: Store, built: BuiltEngine, *, say: Callable[[str], None] = lambda _: None) -> PublishResult:
+    """Publish a built engine with its log and claim its build key; idempotent, so safe to retry."""
+    plan = built.plan
+    draft = manifest_draft(plan.profile, plan.fingerprint, model_digest=plan.model_digest,
+                           extra_versions=built.tool_versions)
+    pub = publish_tree(store, built.engine_dir, draft, build_log=built.log_path)
+    if pub.build_key_owner and pub.build_key_owner != pub.artifact_id:
+        say(f"a concurrent build of the same key won: adopting {pub.build_key_owner}")
+    return pub
 
 
 def build(
@@ -124,51 +208,22 @@ def build(
     """Build the profile for this host and publish it, unless its build key already has an
     artifact that verifies (then no builder runs at all)."""
     t0 = time.monotonic()
-    fp = fingerprint or detect()
-    backend_name = profile.engine.backend
-    compat = fp.compat_key(backend_name)
-    if target_compat_key and target_compat_key != compat:
-        raise IncompatibleTargetError(
-            f"this host ({compat}) cannot build for target {target_compat_key}: an engine built here would not "
-            "load there", {"compat_key": (target_compat_key, compat)})
-    say(f"model: resolving {model or profile.model.path or profile.model.uri or 'tiny ' + str(profile.model.tiny)}")
-    model_dir = resolve_model(profile, model, endpoint_url=endpoint_url)
-    digest = model_digest(model_dir)
-    key = build_key_for(profile, digest, fp)
-    say(f"build key {key} (model {digest}, compat {compat})")
-    existing = lookup_build_key(store, key)
-    if existing is not None:
-        try:
-            verify(store, existing)
-            say(f"cache hit: {existing}")
-            return BuildOutcome(existing, key, digest, compat, cache_hit=True, total_s=time.monotonic() - t0)
-        except VerificationError as err:
-            say(f"cached artifact {existing} does not verify ({len(err.problems)} problem(s)); rebuilding")
-    backend = get_backend(backend_name)
-    base = Path(workdir) if workdir else Path(tempfile.gettempdir())
-    base.mkdir(parents=True, exist_ok=True)
-    run_dir = Path(tempfile.mkdtemp(prefix="buildctl-build-", dir=base))
-    log_path = run_dir / "build.log"
+    plan = plan_build(store, profile, model=model, target_compat_key=target_compat_key, fingerprint=fingerprint,
+                      endpoint_url=endpoint_url, say=say)
+    if plan.cached is not None:
+        return BuildOutcome(plan.cached, plan.build_key, plan.model_digest, plan.compat_key, cache_hit=True,
+                            total_s=time.monotonic() - t0)
+    built = run_build(plan, workdir=workdir, say=say)
     try:
-        say(f"building with {backend_name} (timeout {profile.engine.build_timeout_s:.0f}s, log {log_path})")
-        try:
-            result = backend.build(profile, model_dir, run_dir / "engine", fp, log_path, model_digest=digest)
-        except BuildFailedError:
-            keep = _keep_log(log_path, base)
-            raise _with_kept_log(sys.exc_info()[1], keep) from None
-        say(f"built in {result.wall_s:.1f}s; publishing")
         t1 = time.monotonic()
-        draft = manifest_draft(profile, fp, model_digest=digest, extra_versions=result.tool_versions)
-        pub = publish_tree(store, result.engine_dir, draft, build_log=log_path)
+        pub = publish_build(store, built, say=say)
         publish_s = time.monotonic() - t1
-        owner = pub.build_key_owner or pub.artifact_id
-        if owner != pub.artifact_id:
-            say(f"a concurrent build of the same key won: adopting {owner}")
-        return BuildOutcome(owner, key, digest, compat, cache_hit=False, adopted=owner != pub.artifact_id,
-                            build_s=result.wall_s, publish_s=publish_s, total_s=time.monotonic() - t0,
-                            log_path=None, uploaded_bytes=pub.uploaded_bytes)
     finally:
-        shutil.rmtree(run_dir, ignore_errors=True)
+        shutil.rmtree(built.run_dir, ignore_errors=True)
+    owner = pub.build_key_owner or pub.artifact_id
+    return BuildOutcome(owner, plan.build_key, plan.model_digest, plan.compat_key, cache_hit=False,
+                        adopted=owner != pub.artifact_id, build_s=built.wall_s, publish_s=publish_s,
+                        total_s=time.monotonic() - t0, uploaded_bytes=pub.uploaded_bytes)
 
 
 def _keep_log(log_path: Path, base: Path) -> Path | None:

@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
+
+# Prefect writes to ~/.prefect unless PREFECT_HOME is set: keep the suite's state in a temp dir.
+os.environ.setdefault("PREFECT_HOME", tempfile.mkdtemp(prefix="buildctl-prefect-"))
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
 REPO = Path(__file__).resolve().parent.parent
 PROFILES = REPO / "build_profiles"
@@ -143,3 +148,12 @@ def vllm_reference(tiny_build):
         yield runner
     finally:
         runner.close()
+
+
+@pytest.fixture(scope="session")
+def prefect_api():
+    """A real Prefect API for the session (prefect_test_harness: a temporary server)."""
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=60):
+        yield

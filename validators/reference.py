@@ -80,6 +80,8 @@ class VllmRunner:
         self.ref = ref
         self.cpu = not _has_gpu()
         self._tmp = Path(tempfile.mkdtemp(prefix="buildctl-vllm-"))
+        # vLLM logs to stdout by default; stdout belongs to buildctl's --json output.
+        os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
         env = {"HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "VLLM_CACHE_ROOT": str(self._tmp / "cache"),
                "TORCHINDUCTOR_CACHE_DIR": str(self._tmp / "inductor")}
         if self.cpu:

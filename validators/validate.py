@@ -177,3 +177,31 @@ def _speed_workload(model_dir: Path, config: dict[str, Any], input_len: int, n: 
     source = token_source(model_dir, config.get("vocab_size", 32000), need=input_len * 2 + 1)
     rng = random.Random(SEED + 1)
     return [source[s:s + input_len] for s in (rng.randrange(0, len(source) - input_len) for _ in range(n))]
+
+
+def validate_in_subprocess(store_uri: str | None, artifact_id: str, *, profile_file: str | None = None,
+                           timeout_s: float = 3600) -> dict[str, Any]:
+    """Run ``buildctl validate`` in its own process and return the attestation.
+
+    vLLM keeps per-process global state (one engine per process), so long-lived callers (a
+    Prefect worker, a test session) validate in a child process. A failing verdict (exit 5) still
+    returns its attestation; any other failure raises with the output's tail.
+    """
+    import json
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "buildctl", "--json"]
+    if store_uri:
+        cmd += ["--store", store_uri]
+    cmd += ["validate", artifact_id]
+    if profile_file:
+        cmd += ["--profile", str(profile_file)]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL)
+    if r.returncode in (0, 5):
+        try:
+            return json.loads(r.stdout)
+        except json.JSONDecodeError:
+            pass
+    tail = "\n".join(r.stderr.strip().splitlines()[-15:])
+    raise RuntimeError(f"buildctl validate exited {r.returncode}:\n{tail}")

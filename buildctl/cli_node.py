@@ -1,0 +1,49 @@
+"""``buildctl node report``: the node agent's report, on boot and after driver or CUDA changes."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+
+from buildctl.cli import app, emit_json, open_store_for, out, want_json
+
+node_app = typer.Typer(help="Node agent commands.", no_args_is_help=True)
+app.add_typer(node_app, name="node")
+
+
+@node_app.command("report")
+def report_cmd(
+    ctx: typer.Context,
+    node_id: str = typer.Option(..., "--node-id", help="This node's id."),
+    profiles: list[str] = typer.Option([], "--profiles", help="Profiles this node serves (repeat, or comma-separate)."),
+    json_out: bool = typer.Option(False, "--json", help="JSON output."),
+    no_event: bool = typer.Option(False, "--no-event", help="Record only; do not emit the Prefect event."),
+) -> None:
+    """Record this host's fingerprint in the store's inventory; emit buildctl.node.driver-upgraded
+    when its compat key changed since the last report."""
+    from buildctl import fleet
+    from buildctl.pipeline import host_fingerprint
+
+    names = sorted({p.strip() for item in profiles for p in item.split(",") if p.strip()})
+    res = fleet.report_node(open_store_for(ctx), node_id, host_fingerprint(), names)
+    event_id = None
+    if res.compat_changed and not no_event:
+        from flows.events import emit_driver_upgraded
+
+        event_id = emit_driver_upgraded(node_id, fleet.event_payload(res))
+    summary = {"node_id": node_id, "profiles": names, "first_report": res.previous is None,
+               "compat_changed": res.compat_changed, "compat_keys": res.record.compat_keys,
+               "previous_compat_keys": res.previous.compat_keys if res.previous else None,
+               "event_emitted": event_id is not None, "event_id": event_id}
+    if want_json(ctx, json_out):
+        emit_json(summary)
+        return
+    if res.previous is None:
+        out().print(f"{node_id}: first report recorded ({', '.join(names) or 'no profiles'})")
+    elif res.compat_changed:
+        changed = [b for b in res.record.compat_keys if res.record.compat_keys[b] != res.previous.compat_keys.get(b)]
+        out().print(f"{node_id}: compat key changed for {', '.join(changed)}; "
+                    + (f"emitted buildctl.node.driver-upgraded ({event_id})" if event_id else "no event emitted"))
+    else:
+        out().print(f"{node_id}: unchanged since the last report")

@@ -1,0 +1,175 @@
+"""The fleet: node inventory in the store, and the reconcile plan (a pure function).
+
+Each node agent reports its fingerprint and the profiles it serves (``buildctl node report``);
+the record lives at ``inventory/nodes/<node_id>.json`` and is replaced with compare-and-swap.
+The plan computes which (profile, compat key) pairs the nodes need and drops those that already
+have an artifact built from the profile's current build hash; each distinct pair is built once,
+however many nodes share it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from artifact_store.digest import canonical_json
+from artifact_store.errors import CasConflictError, CorruptObjectError, StoreArgumentError
+from artifact_store.manifest import utc_now
+from artifact_store.ops import list_artifacts
+from artifact_store.store import Store
+from engines.fingerprint import Fingerprint
+
+NODE_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")
+BACKENDS = ("trtllm", "aoti")
+
+
+class NodeRecord(BaseModel):
+    """What one node reported."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    node_id: str = Field(..., description="The node's id (hostname or cloud instance id).")
+    fingerprint: dict[str, Any] = Field(..., description="The node's fingerprint.")
+    compat_keys: dict[str, str] = Field(..., description="Compat key per backend, from the fingerprint.")
+    profiles: tuple[str, ...] = Field((), description="Profiles the node serves.")
+    reported_at: str = Field(..., description="UTC time of the report.")
+    reports: int = Field(1, ge=1, description="How many reports this node has made.")
+
+
+def node_key(node_id: str) -> str:
+    return f"inventory/nodes/{node_id}.json"
+
+
+@dataclass
+class ReportResult:
+    record: NodeRecord
+    previous: NodeRecord | None
+
+    @property
+    def compat_changed(self) -> bool:
+        """Whether any backend's compat key changed since the last report (a driver/CUDA/... upgrade)."""
+        return self.previous is not None and self.previous.compat_keys != self.record.compat_keys
+
+
+def read_node(store: Store, node_id: str) -> tuple[NodeRecord, str] | None:
+    got = store.get_ref(node_key(node_id))
+    if got is None:
+        return None
+    try:
+        return NodeRecord.model_validate_json(got[0]), got[1]
+    except ValidationError:
+        raise CorruptObjectError(node_key(node_id), "malformed node record") from None
+
+
+def report_node(store: Store, node_id: str, fingerprint: Fingerprint, profiles: Iterable[str], *,
+                attempts: int = 20) -> ReportResult:
+    """Write this node's record with compare-and-swap; returns it and the record it replaced."""
+    if not NODE_ID_RE.match(node_id):
+        raise StoreArgumentError(f"bad node id {node_id!r}: letters, digits, '.', '_' and '-'")
+    profiles = tuple(sorted(set(profiles)))
+    for _ in range(attempts):
+        current = read_node(store, node_id)
+        rec = NodeRecord(node_id=node_id, fingerprint=fingerprint.model_dump(mode="json"),
+                         compat_keys={b: fingerprint.compat_key(b) for b in BACKENDS}, profiles=profiles,
+                         reported_at=utc_now(), reports=(current[0].reports + 1) if current else 1)
+        if store.cas(node_key(node_id), canonical_json(rec.model_dump(mode="json")), current[1] if current else None):
+            return ReportResult(rec, current[0] if current else None)
+        time.sleep(0.05)
+    raise CasConflictError(node_key(node_id), attempts)
+
+
+def read_inventory(store: Store) -> list[NodeRecord]:
+    out = []
+    for key in store.list("inventory/nodes/"):
+        got = store.get_ref(key)
+        if got is not None:
+            out.append(NodeRecord.model_validate_json(got[0]))
+    return out
+
+
+@dataclass(frozen=True)
+class BuildNeed:
+    """One distinct (profile, compat key) pair without an artifact, and how many nodes wait for it."""
+
+    profile: str
+    compat_key: str
+    nodes: int
+
+
+def plan_builds(nodes: Iterable[tuple[Iterable[str], dict[str, str]]], profile_backends: dict[str, str],
+                have: set[tuple[str, str]], only_profiles: Iterable[str] | None = None) -> list[BuildNeed]:
+    """The pairs to build. Pure and linear in the number of (node, profile) entries.
+
+    ``nodes``: each node's profiles and its compat key per backend; ``profile_backends``: profile
+    name -> backend (profiles unknown here are skipped); ``have``: (profile, compat key) pairs that
+    already have an artifact of the profile's current build hash.
+    """
+    wanted = set(only_profiles) if only_profiles is not None else None
+    counts: dict[tuple[str, str], int] = {}
+    for profiles, compat_keys in nodes:
+        for name in profiles:
+            backend = profile_backends.get(name)
+            if backend is None or (wanted is not None and name not in wanted):
+                continue
+            pair = (name, compat_keys[backend])
+            counts[pair] = counts.get(pair, 0) + 1
+    return [BuildNeed(p, k, n) for (p, k), n in sorted(counts.items()) if (p, k) not in have]
+
+
+def existing_pairs(store: Store, profile_hashes: dict[str, str]) -> set[tuple[str, str]]:
+    """(profile, compat key) pairs that have an artifact built from the profile's current hash."""
+    return {(m.profile_name, m.compat_key) for _, m in list_artifacts(store)
+            if profile_hashes.get(m.profile_name) == m.profile_hash}
+
+
+def work_queue_for(compat_key: str) -> str:
+    """The work queue that serves a compat key: one queue per compat key, named after it."""
+    return compat_key
+
+
+def fleet_plan(store: Store, profiles: dict[str, Any], only_profiles: Iterable[str] | None = None) -> list[BuildNeed]:
+    """Read the inventory and the artifacts, and plan. ``profiles``: name -> BuildProfile."""
+    inventory = read_inventory(store)
+    have = existing_pairs(store, {n: p.build_hash() for n, p in profiles.items()})
+    return plan_builds(((n.profiles, n.compat_keys) for n in inventory),
+                       {n: p.engine.backend for n, p in profiles.items()}, have, only_profiles)
+
+
+def load_profiles(directory: str | None = None) -> dict[str, Any]:
+    """Every profile in the profile directory (``$BUILDCTL_PROFILE_DIR`` or ``build_profiles``), by name."""
+    import os
+    from pathlib import Path
+
+    from engines.profile import load_profile
+
+    d = Path(directory or os.environ.get("BUILDCTL_PROFILE_DIR", "build_profiles"))
+    out = {}
+    for f in sorted(d.glob("*.yaml")):
+        p = load_profile(f)
+        out[p.name] = p
+    return out
+
+
+def profile_path(name: str, directory: str | None = None) -> str:
+    import os
+
+    return os.path.join(directory or os.environ.get("BUILDCTL_PROFILE_DIR", "build_profiles"), f"{name}.yaml")
+
+
+def event_payload(result: ReportResult) -> dict[str, Any]:
+    """The ``buildctl.node.driver-upgraded`` payload: old and new fingerprints and the node's profiles."""
+    return {"node_id": result.record.node_id,
+            "old_fingerprint": result.previous.fingerprint if result.previous else None,
+            "new_fingerprint": result.record.fingerprint,
+            "old_compat_keys": result.previous.compat_keys if result.previous else None,
+            "new_compat_keys": result.record.compat_keys,
+            "profiles": list(result.record.profiles)}
+
+
+def dumps(obj: Any) -> str:
+    return json.dumps(obj, sort_keys=True)

@@ -1,0 +1,72 @@
+"""Fleet inventory and the reconcile plan (pure)."""
+
+from __future__ import annotations
+
+import random
+import time
+
+from buildctl import fleet
+from engines.fingerprint import detect
+
+
+def synthetic_fleet(n_nodes: int, n_fps: int, n_profiles: int, seed: int = 7):
+    rng = random.Random(seed)
+    fps = [{"trtllm": f"trtllm-{i:032x}", "aoti": f"aoti-{i % 5:032x}"} for i in range(n_fps)]
+    profiles = {f"profile-{j}": ("trtllm" if j % 4 else "aoti") for j in range(n_profiles)}
+    names = sorted(profiles)
+    nodes = [(rng.sample(names, rng.randint(1, 3)), fps[rng.randrange(n_fps)]) for _ in range(n_nodes)]
+    return nodes, profiles
+
+
+def brute_force(nodes, profiles, have):
+    pairs = {(p, keys[profiles[p]]) for ps, keys in nodes for p in ps}
+    return sorted(pairs - have)
+
+
+def test_plan_builds_exactly_the_missing_distinct_pairs():
+    nodes, profiles = synthetic_fleet(10_000, 50, 20)
+    everything = brute_force(nodes, profiles, set())
+    have = set(random.Random(1).sample(everything, len(everything) // 3))
+    t0 = time.perf_counter()
+    plan = fleet.plan_builds(nodes, profiles, have)
+    elapsed = time.perf_counter() - t0
+    assert [(n.profile, n.compat_key) for n in plan] == brute_force(nodes, profiles, have)
+    assert len(plan) == len(everything) - len(have) > 0
+    # each pair once, with the number of nodes waiting for it
+    assert sum(n.nodes for n in plan) == sum(1 for ps, keys in nodes for p in ps if (p, keys[profiles[p]]) not in have)
+    assert elapsed < 5.0
+
+
+def test_plan_filters_and_unknown_profiles():
+    nodes = [(["a", "b", "ghost"], {"trtllm": "t1", "aoti": "c1"}), (["a"], {"trtllm": "t2", "aoti": "c1"})]
+    plan = fleet.plan_builds(nodes, {"a": "trtllm", "b": "aoti"}, {("a", "t2")})
+    assert [(n.profile, n.compat_key, n.nodes) for n in plan] == [("a", "t1", 1), ("b", "c1", 1)]
+    assert [n.profile for n in fleet.plan_builds(nodes, {"a": "trtllm", "b": "aoti"}, set(), ["b"])] == ["b"]
+
+
+def test_report_node_cas_and_compat_change(store):
+    fp = detect()
+    first = fleet.report_node(store, "gpu-node-1", fp, ["tiny-llama-cpu"])
+    assert first.previous is None and not first.compat_changed and first.record.reports == 1
+    same = fleet.report_node(store, "gpu-node-1", fp, ["tiny-llama-cpu"])
+    assert not same.compat_changed and same.record.reports == 2
+    upgraded = fp.model_copy(update={"torch_version": "9.9.9"})
+    changed = fleet.report_node(store, "gpu-node-1", upgraded, ["tiny-llama-cpu"])
+    assert changed.compat_changed and changed.previous.compat_keys["aoti"] == fp.compat_key("aoti")
+    payload = fleet.event_payload(changed)
+    assert payload["old_fingerprint"]["torch_version"] == fp.torch_version
+    assert payload["new_fingerprint"]["torch_version"] == "9.9.9" and payload["profiles"] == ["tiny-llama-cpu"]
+    assert [n.node_id for n in fleet.read_inventory(store)] == ["gpu-node-1"]
+
+
+def test_node_report_cli(cli, tmp_path, monkeypatch):
+    import json
+
+    store = tmp_path / "store"
+    code, out, err = cli("--store", store, "--json", "node", "report", "--node-id", "n1", "--profiles", "a,b",
+                         "--profiles", "c")
+    assert code == 0, err
+    res = json.loads(out)
+    assert res["first_report"] and res["profiles"] == ["a", "b", "c"] and not res["event_emitted"]
+    code, _, err = cli("--store", store, "node", "report", "--node-id", "../evil")
+    assert code == 2

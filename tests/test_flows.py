@@ -1,0 +1,139 @@
+"""Prefect flows against a real Prefect API (prefect_test_harness), on the real tiny pipeline."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from .conftest import REPO
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def in_repo(monkeypatch):
+    monkeypatch.chdir(REPO)  # flows find build_profiles/<name>.yaml relative to the checkout
+
+
+def run_async(coro):
+    return asyncio.run(coro)
+
+
+def ensure_limit(name: str, limit: int) -> None:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
+
+    async def go():
+        async with get_client() as c:
+            try:
+                await c.delete_global_concurrency_limit_by_name(name)
+            except Exception:
+                pass
+            await c.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=name, limit=limit))
+
+    run_async(go())
+
+
+def read_artifact(key: str):
+    from prefect.artifacts import Artifact
+
+    return Artifact.get(key)
+
+
+def test_build_validate_publish_end_to_end_then_cache_hit(prefect_api, in_repo, tmp_path, monkeypatch):
+    from flows.pipeline import artifact_key, build_validate_publish
+
+    monkeypatch.setenv("BUILDCTL_BUILD_LIMIT", "test-builds")
+    ensure_limit("test-builds", 1)
+    store = "file://" + str(tmp_path / "store")
+    first = build_validate_publish(profile="tiny-llama-cpu", store=store, promote_to="staging")
+    assert not first["cache_hit"] and first["verdict"] == "pass" and first["promoted"]["channel"] == "staging"
+    key = artifact_key("bvp", "tiny-llama-cpu", first["compat_key"][:24])
+    table = read_artifact(key + "-validation")
+    summary = read_artifact(key + "-summary")
+    assert table is not None and "output tok/s @ c=4" in str(table.data)
+    assert summary is not None and first["artifact_id"] in summary.data and "| build | built |" in summary.data
+    second = build_validate_publish(profile="tiny-llama-cpu", store=store)
+    assert second["cache_hit"] and second["artifact_id"] == first["artifact_id"]
+    assert "cache hit" in read_artifact(key + "-summary").data
+
+
+def test_production_channels_are_refused_by_the_flow(prefect_api, in_repo):
+    from flows.pipeline import build_validate_publish
+
+    with pytest.raises(ValueError):
+        build_validate_publish(profile="tiny-llama-cpu", promote_to="prod")
+
+
+def test_build_slots_honour_the_limit_and_are_strict(prefect_api, monkeypatch):
+    from prefect import flow
+
+    from flows.pipeline import build_slot
+
+    monkeypatch.setenv("BUILDCTL_BUILD_LIMIT", "slot-test")
+    ensure_limit("slot-test", 1)
+    spans: list[tuple[float, float]] = []
+
+    def hold():
+        with build_slot():
+            start = time.monotonic()
+            time.sleep(0.6)
+            spans.append((start, time.monotonic()))
+
+    @flow
+    def two_builds():
+        threads = [threading.Thread(target=hold) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+
+    two_builds()
+    (a0, a1), (b0, b1) = sorted(spans)
+    assert b0 >= a1 - 0.05, f"builds overlapped: {spans}"
+    monkeypatch.setenv("BUILDCTL_BUILD_LIMIT", "no-such-limit")
+    with pytest.raises(Exception) as exc:
+        with build_slot():
+            pass
+    assert "no-such-limit" in str(exc.value) or "not found" in str(exc.value).lower()
+
+
+def test_driver_upgrade_trigger_creates_a_run_with_mapped_parameters(prefect_api):
+    from prefect.client.orchestration import get_client
+    from prefect.events import DeploymentEventTrigger
+
+    from engines.fingerprint import detect
+    from flows.events import emit_driver_upgraded
+    from flows.pipeline import on_driver_upgrade
+
+    spec = next(d for d in yaml.safe_load((REPO / "prefect.yaml").read_text())["deployments"]
+                if d["name"] == "on-driver-upgrade")
+    trig = spec["triggers"][0]
+    trigger = DeploymentEventTrigger(expect=set(trig["expect"]), match=trig["match"], parameters=trig["parameters"])
+    deployment_id = on_driver_upgrade.to_deployment(name="on-driver-upgrade", triggers=[trigger]).apply()
+    time.sleep(2)  # the automation is loaded by the server's triggers service
+    fp = detect().model_dump(mode="json")
+    emit_driver_upgraded("gpu-node-7", {"node_id": "gpu-node-7", "old_fingerprint": None, "new_fingerprint": fp,
+                                        "profiles": ["tiny-llama-cpu"]})
+
+    async def runs():
+        async with get_client() as c:
+            from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
+
+            return await c.read_flow_runs(deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment_id])))
+
+    deadline = time.monotonic() + 30
+    found = []
+    while time.monotonic() < deadline and not found:
+        found = run_async(runs())
+        time.sleep(0.5)
+    assert found, "the event did not create a flow run"
+    params = found[0].parameters
+    assert params["node_id"] == "gpu-node-7" and params["profiles"] == ["tiny-llama-cpu"]
+    assert params["fingerprint"] == fp  # templated parameters arrive typed
