@@ -21,7 +21,7 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.concurrency.sync import concurrency
 from prefect.deployments import run_deployment
 
-from artifact_store.ops import promote
+from artifact_store.ops import latest_attestation, promote
 from artifact_store.store import open_store
 from buildctl import fleet, pipeline
 from engines.fingerprint import Fingerprint, parse_fingerprint
@@ -71,7 +71,11 @@ def publish_task(store_uri: str | None, built: pipeline.BuiltEngine) -> str:
 
 
 @task(cache_policy=NONE)
-def validate_task(store_uri: str | None, artifact_id: str) -> dict[str, Any]:
+def validate_task(store_uri: str | None, artifact_id: str, compat_key: str, revalidate: bool) -> dict[str, Any]:
+    previous = None if revalidate else latest_attestation(open_store(store_uri), artifact_id, compat_key)
+    if previous is not None and previous["verdict"] == "pass":
+        get_run_logger().info(f"already validated on {compat_key} ({previous['created_at']}): not re-running")
+        return previous
     return validate_in_subprocess(store_uri, artifact_id)
 
 
@@ -106,22 +110,25 @@ def _publish_prefect_artifacts(profile: str, plan: pipeline.BuildPlan, artifact_
 
 @flow(name="build-validate-publish", log_prints=True)
 def build_validate_publish(profile: str, model: str | None = None, target_compat_key: str | None = None,
-                           promote_to: str | None = None, store: str | None = None) -> dict[str, Any]:
+                           promote_to: str | None = None, store: str | None = None,
+                           revalidate: bool = False) -> dict[str, Any]:
     """Build (or take a cache hit), publish, validate, and optionally promote to a non-production channel."""
     if promote_to and promote_to in PROTECTED_CHANNELS:
         raise ValueError(f"the flow promotes to non-production channels only; promote to {promote_to!r} from CI")
     store = store or os.environ.get("BUILDCTL_STORE")
     plan = plan_task(store, profile, model, target_compat_key)
     cache_hit = plan.cached is not None
+    build_s = 0.0
     if cache_hit:
         artifact_id = plan.cached
     else:
         built = build_task(plan)
+        build_s = built.wall_s
         try:
             artifact_id = publish_task(store, built)
         finally:
             shutil.rmtree(built.run_dir, ignore_errors=True)
-    attestation = validate_task(store, artifact_id)
+    attestation = validate_task(store, artifact_id, plan.compat_key, revalidate)
     promoted = None
     if promote_to and attestation["verdict"] == "pass":
         promoted = promote_task(store, artifact_id, promote_to)
@@ -129,7 +136,8 @@ def build_validate_publish(profile: str, model: str | None = None, target_compat
     if attestation["verdict"] != "pass":
         raise RuntimeError(f"validation of {artifact_id} failed: {'; '.join(attestation['reasons'])}")
     return {"artifact_id": artifact_id, "cache_hit": cache_hit, "build_key": plan.build_key,
-            "compat_key": plan.compat_key, "verdict": attestation["verdict"], "promoted": promoted}
+            "compat_key": plan.compat_key, "verdict": attestation["verdict"], "promoted": promoted, "build_s": build_s,
+            "attestation": attestation}
 
 
 @flow(name="reconcile-fleet", log_prints=True)
@@ -139,17 +147,27 @@ def reconcile_fleet(profiles: list[str] | None = None, store: str | None = None,
     needs = fleet.fleet_plan(open_store(store), fleet.load_profiles(), profiles)
     logger = get_run_logger()
     started = []
+    pooled = _has_work_pool(BVP_DEPLOYMENT) if needs else False
     for need in needs:
+        # With a work pool, each compat key has its own queue, served by workers on matching GPUs;
+        # a served deployment (flows.serve) has no pool and runs everything itself.
         run = run_deployment(BVP_DEPLOYMENT, parameters={"profile": need.profile, "target_compat_key": need.compat_key,
                                                          "store": store},
-                             work_queue_name=fleet.work_queue_for(need.compat_key), timeout=None if wait else 0,
-                             as_subflow=True)
+                             work_queue_name=fleet.work_queue_for(need.compat_key) if pooled else None,
+                             timeout=None if wait else 0, as_subflow=True)
         logger.info(f"{need.profile} for {need.compat_key} ({need.nodes} nodes): flow run {run.id}")
         started.append({"profile": need.profile, "compat_key": need.compat_key, "nodes": need.nodes,
                         "flow_run_id": str(run.id)})
     if not needs:
         logger.info("every (profile, compat key) the fleet needs has an artifact")
     return started
+
+
+def _has_work_pool(deployment: str) -> bool:
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        return bool(client.read_deployment_by_name(deployment).work_pool_name)
 
 
 @flow(name="on-driver-upgrade", log_prints=True)

@@ -6,6 +6,9 @@ cd "$(dirname "$0")/.."
 DEMO_DIR=${BUILDCTL_DEMO_DIR:-.demo}
 mkdir -p "$DEMO_DIR"
 export BUILDCTL_STORE=${BUILDCTL_STORE:-file://$PWD/$DEMO_DIR/store}
+export PREFECT_HOME=${PREFECT_HOME:-$PWD/$DEMO_DIR/prefect}
+export PREFECT_SERVER_ANALYTICS_ENABLED=false
+unset PREFECT_API_URL  # local mode: a temporary Prefect server for the flow's process
 PROFILE=build_profiles/tiny-llama-cpu.yaml
 NODE="$DEMO_DIR/node"
 J="$DEMO_DIR/json"
@@ -19,35 +22,16 @@ cat "$J/model.json"
 echo "== 2. fingerprint this host"
 buildctl fingerprint
 
-echo "== 3+4. build the aoti engine, checksum and publish it"
-buildctl build "$PROFILE" --json > "$J/build.json"
-ARTIFACT=$(py "$J/build.json" <<'PY'
+echo "== 3-6. build the aoti engine, checksum and publish it, validate against vllm-cpu, promote to staging"
+echo "         (the build-validate-publish flow, in Prefect's local mode; PREFECT_HOME=$PREFECT_HOME)"
+python -m flows.local tiny-llama-cpu --promote-to staging --out "$J/flow.json" 2> "$DEMO_DIR/flow.log" \
+  || { tail -30 "$DEMO_DIR/flow.log"; exit 1; }
+grep -E "Finished in state|cache hit|built in|already validated" "$DEMO_DIR/flow.log" | sed 's/^/   /' || true
+ARTIFACT=$(py "$J/flow.json" <<'PY'
 import json, sys; print(json.load(open(sys.argv[1]))["artifact_id"])
 PY
 )
 buildctl verify "$ARTIFACT" --deep
-
-echo "== 5. validate against vllm-cpu (parity and speed)"
-buildctl --json show "$ARTIFACT" > "$J/show.json"
-COMPAT=$(py "$J/build.json" <<'PY'
-import json, sys; print(json.load(open(sys.argv[1]))["compat_key"])
-PY
-)
-PASSED=$(py "$J/show.json" "$COMPAT" <<'PY'
-import json, sys
-atts = [a for a in json.load(open(sys.argv[1]))["attestations"] if a["compat_key"] == sys.argv[2]]
-print("yes" if atts and atts[-1]["verdict"] == "pass" else "no")
-PY
-)
-if [ "$PASSED" = yes ]; then
-  echo "already validated on this compat key: the latest attestation passed (validation skipped)"
-else
-  buildctl validate "$ARTIFACT" 2> "$DEMO_DIR/validate.log" || { tail -20 "$DEMO_DIR/validate.log"; exit 1; }
-  buildctl --json show "$ARTIFACT" > "$J/show.json"
-fi
-
-echo "== 6. promote to staging"
-buildctl promote "$ARTIFACT" --channel staging --reason "make demo"
 
 echo "== 7. pull onto a local node directory"
 buildctl pull --profile tiny-llama-cpu --channel staging --dest "$NODE" --json > "$J/pull.json"
@@ -65,20 +49,20 @@ buildctl generate "$NODE/current" --prompt "A build pipeline turns" --tokenizer 
 py "$J" <<'PY'
 import json, sys, os
 d = sys.argv[1]
-b = json.load(open(os.path.join(d, "build.json")))
-s = json.load(open(os.path.join(d, "show.json")))
+f = json.load(open(os.path.join(d, "flow.json")))
 p = json.load(open(os.path.join(d, "pull.json")))
-att = s["attestations"][-1]
+att = f["attestation"]
 levels = att["speed"]["levels"]
 print()
 print("== summary")
 rows = [
-    ("artifact", b["artifact_id"]),
-    ("build", "cache hit (no builder ran)" if b["cache_hit"] else f"built in {b['build_s']:.1f}s"),
+    ("artifact", f["artifact_id"]),
+    ("build", "cache hit (no builder ran)" if f["cache_hit"] else f"built in {f['build_s']:.1f}s"),
     ("parity", f"{att['parity']['identical']}/{att['parity']['prompts']} identical, max |dlogprob| {att['parity']['max_abs_logprob_diff']:.1e}"),
     ("throughput ratio", ", ".join(f"c={l['concurrency']}: {l['throughput_ratio']:.2f}" for l in levels)),
     ("p99 TTFT ratio", ", ".join(f"c={l['concurrency']}: {l['p99_ttft_ratio']:.2f}" for l in levels)),
-    ("verdict", att["verdict"]),
+    ("verdict", att["verdict"] + f" (attested {att['created_at']})"),
+    ("channel", f"staging #{f['promoted']['seq']}" if f.get("promoted") else "-"),
     ("installed at", p["current"] + (" (new)" if p["installed"] else " (already current)")),
 ]
 w = max(len(k) for k, _ in rows)

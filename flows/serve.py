@@ -1,0 +1,30 @@
+"""``python -m flows.serve``: serve the three deployments from this process (no work pool needed).
+
+The local alternative to ``prefect deploy --all`` + ``prefect worker start``: the deployments,
+the driver-upgrade trigger (read from prefect.yaml) and the build limit are created on the
+Prefect API in ``PREFECT_API_URL``, and this process runs their flow runs. Stopping it does not
+remove the trigger: runs triggered meanwhile wait as Late until something serves them again.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from prefect import serve
+
+from flows.pipeline import build_validate_publish, on_driver_upgrade, reconcile_fleet
+from flows.setup import deployment_triggers, ensure_build_limit
+
+
+def main() -> int:
+    ensure_build_limit()
+    serve(
+        build_validate_publish.to_deployment(name="build-validate-publish"),
+        reconcile_fleet.to_deployment(name="reconcile-fleet", cron="0 2 * * *"),
+        on_driver_upgrade.to_deployment(name="on-driver-upgrade", triggers=deployment_triggers("on-driver-upgrade")),
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,45 @@
+"""Prefect-side setup shared by ``flows.serve`` and the local demo runner."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def ensure_build_limit(name: str | None = None, slots: int | None = None) -> str:
+    """Create the builds' global concurrency limit if it does not exist (builds acquire it strictly)."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
+
+    from flows.pipeline import build_limit_name
+
+    name = name or build_limit_name()
+    slots = slots or int(os.environ.get("BUILDCTL_BUILD_SLOTS", "1"))
+
+    async def go() -> None:
+        async with get_client() as client:
+            try:
+                await client.read_global_concurrency_limit_by_name(name)
+            except Exception:
+                await client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=name, limit=slots))
+
+    asyncio.run(go())
+    return name
+
+
+def deployment_triggers(deployment: str, prefect_yaml: Path | None = None) -> list[Any]:
+    """The triggers declared for a deployment in prefect.yaml, as DeploymentEventTrigger objects."""
+    from prefect.events import DeploymentEventTrigger
+
+    spec = yaml.safe_load((prefect_yaml or REPO / "prefect.yaml").read_text())
+    for d in spec.get("deployments", []):
+        if d["name"] == deployment:
+            return [DeploymentEventTrigger(expect=set(t["expect"]), match=t["match"], parameters=t.get("parameters", {}),
+                                           enabled=t.get("enabled", True)) for t in d.get("triggers", [])]
+    return []

@@ -1,0 +1,117 @@
+"""From a driver upgrade to a completed rebuild, through a real Prefect server on 127.0.0.1.
+
+``prefect server start`` on loopback; ``python -m flows.serve`` serving the deployments with the
+trigger from prefect.yaml; ``buildctl node report`` after the node's fingerprint file changes;
+the build-validate-publish run the trigger leads to must reach Completed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from engines.fingerprint import detect
+
+from .conftest import REPO
+from .s3server import free_ports
+
+pytestmark = pytest.mark.slow
+
+
+def wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 90) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"prefect server exited with {proc.returncode}")
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.5)
+    raise RuntimeError("prefect server did not become healthy")
+
+
+def stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+
+
+def api(url: str, path: str, body: dict) -> list:
+    req = urllib.request.Request(url + path, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        return json.loads(r.read())
+
+
+def test_driver_upgrade_to_completed_rebuild(tmp_path):
+    (port,) = free_ports(1)
+    url = f"http://127.0.0.1:{port}/api"
+    home = tmp_path / "prefect-home"
+    fp_file = tmp_path / "node-fingerprint.json"
+    fp_file.write_text(json.dumps(detect().model_dump(mode="json")))
+    env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+           "PREFECT_API_URL": url, "PREFECT_RUNNER_POLL_FREQUENCY": "1", "BUILDCTL_FINGERPRINT_FILE": str(fp_file),
+           "BUILDCTL_STORE": "file://" + str(tmp_path / "store"), "BUILDCTL_BUILD_LIMIT": "e2e-builds",
+           "PYTHONUNBUFFERED": "1"}
+    server_log = open(tmp_path / "server.log", "wb")
+    server = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port",
+                               str(port)], env=env, cwd=REPO, stdout=server_log, stderr=subprocess.STDOUT,
+                              start_new_session=True)
+    served = None
+    try:
+        wait_healthy(url, server)
+        serve_log = open(tmp_path / "serve.log", "wb")
+        served = subprocess.Popen([sys.executable, "-m", "flows.serve"], env=env, cwd=REPO, stdout=serve_log,
+                                  stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            deps = api(url, "/deployments/filter", {})
+            if {d["name"] for d in deps} >= {"on-driver-upgrade", "build-validate-publish"}:
+                break
+            time.sleep(1)
+        else:
+            raise AssertionError("deployments were not served: " + (tmp_path / "serve.log").read_text()[-2000:])
+        time.sleep(3)  # the trigger's automation is loaded by the server
+
+        report = [sys.executable, "-m", "buildctl", "--json", "node", "report", "--node-id", "gpu-node-1",
+                  "--profiles", "tiny-llama-cpu"]
+        first = json.loads(subprocess.run(report, env=env, cwd=REPO, capture_output=True, text=True, check=True).stdout)
+        assert first["first_report"] and not first["event_emitted"]
+        upgraded = detect().model_copy(update={"compiler_version": "gcc 99.1.0"})  # a new toolchain on the node
+        fp_file.write_text(json.dumps(upgraded.model_dump(mode="json")))
+        second = json.loads(subprocess.run(report, env=env, cwd=REPO, capture_output=True, text=True, check=True).stdout)
+        assert second["compat_changed"] and second["event_emitted"]
+
+        deadline = time.monotonic() + 420
+        states: dict[str, str] = {}
+        while time.monotonic() < deadline:
+            runs = api(url, "/flow_runs/filter", {})
+            states = {f"{r['name']}:{r.get('deployment_id')}": r["state_type"] for r in runs}
+            bvp = [r for r in runs if r["parameters"].get("target_compat_key") == upgraded.compat_key("aoti")]
+            final = ("COMPLETED", "FAILED", "CRASHED", "CANCELLED")
+            if bvp and bvp[0]["state_type"] in final:
+                break
+            if any(r["parameters"].get("node_id") == "gpu-node-1" and r["state_type"] in final[1:] for r in runs):
+                break  # the triggered run failed: no rebuild will come
+            time.sleep(2)
+        assert bvp, f"no rebuild run was started: {states}\n" + (tmp_path / "serve.log").read_text()[-3000:]
+        assert bvp[0]["state_type"] == "COMPLETED", (tmp_path / "serve.log").read_text()[-4000:]
+        trigger_runs = [r for r in runs if r["parameters"].get("node_id") == "gpu-node-1"]
+        assert trigger_runs and trigger_runs[0]["state_type"] == "COMPLETED"
+    finally:
+        if served is not None:
+            stop(served)
+        stop(server)
