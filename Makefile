@@ -13,7 +13,7 @@ STAMP  := $(VENV)/.installed-$(shell sha256sum pyproject.toml 2>/dev/null | cut 
 DEMO_DIR ?= .demo
 PYTEST_ARGS ?=
 
-.PHONY: help install system-deps test demo clean
+.PHONY: help install system-deps test-deps test demo clean stack-up stack-down
 
 help:
 	@echo "make demo     run the pipeline on the embedded defaults (local store, CPU backend, tiny model)"
@@ -44,11 +44,31 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-test: install
+# The compose file is checked with `docker compose config` (or docker-compose) in the tests.
+test-deps:
+	@if ! docker compose version >/dev/null 2>&1 && ! command -v docker-compose >/dev/null 2>&1; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing docker-compose (to validate docker/compose.yaml)"; \
+	    (apt-get install -y -qq docker-compose >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq docker-compose >/dev/null)) \
+	      || echo "warning: docker-compose could not be installed; the compose check will be skipped" >&2; \
+	  else \
+	    echo "warning: no docker compose; the compose check will be skipped" >&2; \
+	  fi; \
+	fi
+
+test: install test-deps
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 demo: install
 	BUILDCTL_DEMO_DIR=$(DEMO_DIR) PATH=$(CURDIR)/$(VENV)/bin:$$PATH bash scripts/demo.sh
+
+COMPOSE := $(shell docker compose version >/dev/null 2>&1 && echo "docker compose" || echo docker-compose)
+
+stack-up:
+	$(COMPOSE) -p buildctl -f docker/compose.yaml up -d --build
+
+stack-down:
+	$(COMPOSE) -p buildctl -f docker/compose.yaml down
 
 clean:
 	rm -rf $(VENV) $(DEMO_DIR) .pytest_cache

@@ -33,6 +33,7 @@ from artifact_store.errors import (
     ManifestError,
     PromotionRefusedError,
     StoreArgumentError,
+    StoreUnavailableError,
     VerificationError,
 )
 from artifact_store.manifest import FileEntry, Manifest, hash_tree, parse_manifest, scan_tree, utc_now
@@ -399,15 +400,23 @@ def promote(store: Store, artifact_ref: str, channel: str, *, force: bool = Fals
 
 
 def history(store: Store, profile: str, channel: str, compat_key: str | None = None) -> list[ChannelRecord]:
-    """The channel's records, oldest first, for one compat key or all of them."""
+    """The channel's records, oldest first, for one compat key or all of them.
+
+    A promoter that died between its swap and its history write leaves the ref one record ahead:
+    that record is included (and written, where this caller may write) so the chain has no gap.
+    """
     prefix = f"history/{profile}/{channel}/" + (f"{compat_key}/" if compat_key else "")
-    current_refs = [k for k in store.list(f"channels/{profile}/{channel}/")]
-    for key in current_refs:  # settle records of promoters that died after their CAS
-        got = read_channel(store, profile, channel, key.rsplit("/", 1)[1][:-len(".json")])
-        if got:
-            _settle_history(store, got[0])
-    out = [ChannelRecord.model_validate_json(store.get_bytes(k)) for k in store.list(prefix)]
-    return sorted(out, key=lambda r: (r.compat_key, r.seq))
+    out = {(r.compat_key, r.seq): r for r in
+           (ChannelRecord.model_validate_json(store.get_bytes(k)) for k in store.list(prefix))}
+    for key in (compat_key,) if compat_key else channel_compat_keys(store, profile, channel):
+        got = read_channel(store, profile, channel, key)
+        if got and (got[0].compat_key, got[0].seq) not in out:
+            out[(got[0].compat_key, got[0].seq)] = got[0]
+            try:
+                _settle_history(store, got[0])
+            except StoreUnavailableError:
+                pass  # a read-only caller (a node): the record is still reported
+    return sorted(out.values(), key=lambda r: (r.compat_key, r.seq))
 
 
 def channel_compat_keys(store: Store, profile: str, channel: str) -> list[str]:
