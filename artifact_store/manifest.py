@@ -226,9 +226,10 @@ def scan_tree(root: str | Path) -> list[SourceFile]:
 
 
 def hash_tree(
-    files: list[SourceFile], *, workers: int = 4, on_bytes: Callable[[int], None] | None = None
+    files: list[SourceFile], *, workers: int | None = None, on_bytes: Callable[[int], None] | None = None
 ) -> list[FileEntry]:
-    """Hash files concurrently (xxhash releases the GIL on large buffers)."""
+    """Hash files concurrently, one thread per core by default (xxhash releases the GIL per slice)."""
+    workers = workers or max(2, os.cpu_count() or 2)
 
     def one(f: SourceFile) -> FileEntry:
         digest, size = hash_file(f.abspath)

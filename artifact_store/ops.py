@@ -94,7 +94,7 @@ def publish_tree(
 ) -> PublishResult:
     """Checksum every file under ``source`` and publish it as one immutable artifact."""
     files = scan_tree(source)  # refuses unsafe trees before anything is written
-    entries = hash_tree(files, workers=workers, on_bytes=on_bytes)
+    entries = hash_tree(files, on_bytes=on_bytes)
     by_path = {f.path: f for f in files}
     uploads: list[tuple[str, Path, int]] = []
     seen: set[str] = set()

@@ -78,6 +78,8 @@ class S3Store:
         self.uri = uri.rstrip("/")
         self.bucket = bucket
         self.prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
+        # Parts in flight across all uploads of this store: bounds memory to MAX_CONCURRENCY parts.
+        self._part_slots = threading.BoundedSemaphore(MAX_CONCURRENCY)
         self.client = client or boto3.client(
             "s3",
             endpoint_url=endpoint_url,
@@ -173,7 +175,7 @@ class S3Store:
         except (ClientError, BotoCoreError) as err:
             raise self._fail(err, f"create multipart {key}") from None
         parts: dict[int, dict[str, Any]] = {}
-        slots = threading.BoundedSemaphore(MAX_CONCURRENCY)
+        slots = self._part_slots
 
         def upload(number: int, chunk: bytes) -> None:
             try:

@@ -128,8 +128,13 @@ def test_user_prompt_file(tiny_build, vllm_reference, tmp_path):
     store, aid = fresh_store(tiny_build, tmp_path)
     f = tmp_path / "prompts.jsonl"
     f.write_text('{"prompt_token_ids": [1, 5, 9, 13]}\n\n{"prompt": "Channels point at"}\n')
-    res = validate_artifact(store, aid, profile_file=TINY, prompts_file=f, reference=vllm_reference)
-    assert res.attestation["prompt_set"]["count"] == 16 + 2 and "file:prompts.jsonl" in res.attestation["prompt_set"]["sets"]
+    try:
+        validate_artifact(store, aid, profile_file=TINY, prompts_file=f, reference=vllm_reference)
+    except ValidationFailedError:
+        pass  # this test is about the prompt set; the verdict's speed part depends on machine noise
+    att = ops.list_attestations(store, aid)[-1]
+    assert att["prompt_set"]["count"] == 16 + 2 and "file:prompts.jsonl" in att["prompt_set"]["sets"]
+    assert att["parity"]["prompts"] == 18 and att["parity"]["failed"] == 0
     f.write_text('{"prompt_token_ids": "nope"}\n')
     from validators.errors import PromptFileError
 

@@ -1,0 +1,111 @@
+"""Shared helpers: engine-like trees, timing, cache dropping, tables and the results file."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+RESULTS = Path(__file__).resolve().parent / "results"
+GIB = 1024 ** 3
+MIB = 1024 ** 2
+
+
+def machine() -> str:
+    cpu = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / GIB
+    return f"{os.cpu_count()} cores ({cpu or platform.machine()}), {mem:.0f} GiB RAM, Python {platform.python_version()}"
+
+
+def make_engine_tree(root: Path, total_bytes: int, seed: int = 0) -> Path:
+    """An engine-like directory: ~90% in 4 large rank files, the rest in 200 small files."""
+    if (root / ".complete").exists() and json.loads((root / ".complete").read_text()) == total_bytes:
+        return root
+    root.mkdir(parents=True, exist_ok=True)
+    rng = random.Random(seed)
+    large = int(total_bytes * 0.9) // 4
+    small_total = total_bytes - 4 * large
+    chunk = os.urandom(8 * MIB)
+    for r in range(4):
+        with open(root / f"rank{r}.engine", "wb") as f:
+            left = large
+            while left > 0:
+                n = min(left, len(chunk))
+                f.write(chunk[:n] if r % 2 == 0 else chunk[::-1][:n])
+                left -= n
+    per = max(1, small_total // 200)
+    (root / "lora").mkdir(exist_ok=True)
+    for i in range(200):
+        (root / "lora" / f"adapter{i:03d}.bin").write_bytes(rng.randbytes(per))
+    (root / "config.json").write_text('{"pretrained_config": {"mapping": {"world_size": 4}}}')
+    (root / ".complete").write_text(json.dumps(total_bytes))
+    return root
+
+
+def tree_files(root: Path) -> list[Path]:
+    return sorted(p for p in root.rglob("*") if p.is_file() and p.name != ".complete")
+
+
+def drop_caches() -> bool:
+    """Drop the page cache (root only); False where it is not allowed."""
+    try:
+        os.sync()
+        Path("/proc/sys/vm/drop_caches").write_text("3\n")
+        return True
+    except OSError:
+        return False
+
+
+def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
+    t0 = time.perf_counter()
+    out = fn()
+    return time.perf_counter() - t0, out
+
+
+def best_of(n: int, fn: Callable[[], Any], before: Callable[[], Any] | None = None) -> float:
+    times = []
+    for _ in range(n):
+        if before:
+            before()
+        times.append(timed(fn)[0])
+    return min(times)
+
+
+def table(title: str, header: list[str], rows: list[list[Any]]) -> str:
+    cols = [header] + [[str(c) for c in r] for r in rows]
+    w = [max(len(r[i]) for r in cols) for i in range(len(header))]
+    lines = [f"### {title}", "", "| " + " | ".join(h.ljust(w[i]) for i, h in enumerate(header)) + " |",
+             "|" + "|".join("-" * (x + 2) for x in w) + "|"]
+    lines += ["| " + " | ".join(c.ljust(w[i]) for i, c in enumerate(r)) + " |" for r in cols[1:]]
+    return "\n".join(lines)
+
+
+def finish(name: str, text: str, summary: dict[str, Any]) -> None:
+    """Print the table and the final JSON line; keep both for the report."""
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    summary = {"benchmark": name, "machine": machine(), **summary}
+    (RESULTS / f"{name}.md").write_text(text + "\n")
+    (RESULTS / f"{name}.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
+    print(text)
+    print(json.dumps(summary, sort_keys=True))
+
+
+def run(cmd: list[str], **kw: Any) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, check=True, capture_output=True, text=True, **kw)
+
+
+def python() -> str:
+    return sys.executable

@@ -1,0 +1,67 @@
+"""Collect the benchmark results into ``benchmarks/results/latest.md`` and a PNG chart of
+throughput against the physical limit."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from benchmarks.common import RESULTS, machine
+
+ORDER = ["hashing", "transfer", "cache", "reconcile", "pipeline"]
+
+
+def chart(hashing: dict, transfer: dict | None) -> str | None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2 if transfer else 1, figsize=(13 if transfer else 7, 4.8), squeeze=False)
+    tp = hashing["throughput_gib_s"]
+    names = list(tp)
+    ax = axes[0][0]
+    colors = ["#888888" if "read" in n else ("#1f77b4" if "buildctl" in n else "#ff7f0e") for n in names]
+    ax.barh(names, [tp[n] for n in names], color=colors)
+    ax.axvline(tp["raw read (cat)"], color="black", linestyle="--", linewidth=1, label="raw read (cat)")
+    ax.set_xlabel("GiB/s (warm page cache)")
+    ax.set_title("hashing vs the physical limit")
+    ax.legend(loc="lower right")
+    if transfer:
+        secs = transfer["seconds"]
+        size_mib = transfer["bytes"] / 2 ** 20
+        labels = list(secs)
+        ax2 = axes[0][1]
+        ax2.barh(labels, [size_mib / secs[k] for k in labels],
+                 color=["#1f77b4" if "buildctl" in k else "#ff7f0e" for k in labels])
+        ax2.set_xlabel("MiB/s (SeaweedFS on 127.0.0.1)")
+        ax2.set_title("publish and pull vs plain tools")
+    fig.tight_layout()
+    out = RESULTS / "throughput.png"
+    fig.savefig(out, dpi=110)
+    return out.name
+
+
+def main() -> int:
+    parts = [f"# buildctl benchmarks\n\nMeasured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} on "
+             f"{machine()}. Every figure is a ratio measured side by side in one run; absolute numbers drift "
+             "on this machine.\n"]
+    summaries = {}
+    for name in ORDER:
+        md, js = RESULTS / f"{name}.md", RESULTS / f"{name}.json"
+        if md.exists() and js.exists():
+            summaries[name] = json.loads(js.read_text())
+            parts.append(md.read_text())
+    if "hashing" in summaries:
+        png = chart(summaries["hashing"], summaries.get("transfer"))
+        if png:
+            parts.append(f"![throughput against the physical limit]({png})\n")
+    goals = [f"- {n}: {'met' if s.get('met') else 'NOT met'}" for n, s in summaries.items() if "met" in s]
+    parts.append("## Goals\n\n" + "\n".join(goals) + "\n")
+    (RESULTS / "latest.md").write_text("\n".join(parts))
+    print(f"wrote {RESULTS / 'latest.md'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
