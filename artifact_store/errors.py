@@ -151,3 +151,24 @@ class PreflightError(BuildctlError):
 
 class StoreArgumentError(BadInputError):
     """An argument to a store operation that cannot work (bad channel name, missing reason, ambiguous target)."""
+
+
+class SignatureError(IntegrityError):
+    """A manifest, channel record or attestation whose signature is missing or does not verify
+    against the trusted keys (``what``: which object; ``detail``: unsigned, untrusted key, bad signature)."""
+
+    def __init__(self, what: str, detail: str) -> None:
+        self.what = what
+        self.detail = detail
+        super().__init__(f"{what}: {detail}")
+
+
+class RollbackError(IntegrityError):
+    """A channel record older than the one this node already installed (rollback protection)."""
+
+    def __init__(self, channel: str, seq: int, installed_seq: int) -> None:
+        self.channel = channel
+        self.seq = seq
+        self.installed_seq = installed_seq
+        super().__init__(f"channel {channel} record #{seq} is older than #{installed_seq} already installed here: "
+                         "refusing a rollback (a legitimate rollback is a new, higher record: buildctl rollback)")

@@ -32,10 +32,12 @@ from artifact_store.errors import (
     KeyNotFoundError,
     ManifestError,
     PromotionRefusedError,
+    SignatureError,
     StoreArgumentError,
     StoreUnavailableError,
     VerificationError,
 )
+from artifact_store.signing import load_signing_key, load_trusted_keys, verify_signature
 from artifact_store.manifest import FileEntry, Manifest, hash_tree, parse_manifest, scan_tree, utc_now
 from artifact_store.store import (
     ProgressFn,
@@ -143,9 +145,39 @@ def publish_tree(
     artifact_id = digest_bytes(body)
     result.artifact_id = artifact_id
     result.existed = not store.put_bytes(manifest_key(artifact_id), body)
+    sign_manifest(store, artifact_id, body)
     if manifest.build_key:
         result.build_key_owner = claim_build_key(store, manifest.build_key, artifact_id)
     return result
+
+
+def manifest_signature_prefix(artifact_id: str) -> str:
+    return f"signatures/manifests/{hex_of(artifact_id)}/"
+
+
+def sign_manifest(store: Store, artifact_id: str, body: bytes | None = None) -> str | None:
+    """Store this process's signature of the manifest (create-only), when a signing key is configured."""
+    key = load_signing_key()
+    if key is None:
+        return None
+    body = body if body is not None else store.get_bytes(manifest_key(artifact_id))
+    store.put_bytes(f"{manifest_signature_prefix(artifact_id)}{key.key_id}.json", canonical_json(key.sign(body)))
+    return key.key_id
+
+
+def verify_manifest_signature(store: Store, artifact_id: str, trusted: dict) -> str:
+    """The id of a trusted key whose signature of the manifest verifies, or raise SignatureError."""
+    body = store.get_bytes(manifest_key(artifact_id))
+    sigs = [json.loads(store.get_bytes(k)) for k in store.list(manifest_signature_prefix(artifact_id))]
+    if not sigs:
+        raise SignatureError(f"manifest {artifact_id}", "unsigned")
+    last: SignatureError | None = None
+    for sig in sigs:
+        try:
+            return verify_signature(f"manifest {artifact_id}", body, sig, trusted)
+        except SignatureError as err:
+            last = err
+    raise last  # type: ignore[misc]
 
 
 def claim_build_key(store: Store, build_key: str, artifact_id: str) -> str:
@@ -266,7 +298,11 @@ def write_attestation(store: Store, artifact_id: str, attestation: dict[str, Any
     for k in ("verdict", "compat_key", "created_at"):
         if k not in attestation:
             raise ValueError(f"attestation lacks {k!r}")
-    body = canonical_json({**attestation, "artifact_id": artifact_id})
+    content = {k: v for k, v in attestation.items() if k != "signature"} | {"artifact_id": artifact_id}
+    key = load_signing_key()
+    if key is not None:
+        content["signature"] = key.sign(canonical_json(content))
+    body = canonical_json(content)
     att_id = digest_bytes(body)
     store.put_bytes(f"{attestation_prefix(artifact_id)}{attestation['created_at']}-{hex_of(att_id)}.json", body)
     return att_id
@@ -307,6 +343,10 @@ class ChannelRecord(BaseModel):
     reason: str | None = Field(None, description="Why (required for forced promotions and rollbacks).")
     forced: bool = Field(False, description="Whether the promotion gates were overridden.")
     action: str = Field("promote", description="promote or rollback.")
+    signature: dict[str, str] | None = Field(None, description="Ed25519 signature over the record without this field.")
+
+    def signed_bytes(self) -> bytes:
+        return canonical_json(self.model_dump(mode="json", exclude={"signature"}))
 
 
 def actor() -> str:
@@ -356,23 +396,27 @@ def set_channel(
     if not re.match(CHANNEL_RE, channel):
         raise StoreArgumentError(f"bad channel name {channel!r}: lowercase letters, digits and dashes")
     profile, compat = manifest.profile_name, manifest.compat_key
-    key = channel_key(profile, channel, compat)
+    ref = channel_key(profile, channel, compat)
+    key = load_signing_key()
     for attempt in range(attempts):
         current = read_channel(store, profile, channel, compat)
         if current is not None:
             _settle_history(store, current[0])
-            if action == "promote" and current[0].artifact_id == artifact_id:
+            signer = (current[0].signature or {}).get("key_id")
+            if action == "promote" and current[0].artifact_id == artifact_id and signer == (key.key_id if key else None):
                 return current[0]  # already there: promotions are idempotent (CI retries)
         rec = ChannelRecord(
             seq=(current[0].seq + 1) if current else 1, profile=profile, channel=channel, compat_key=compat,
             artifact_id=artifact_id, previous=current[0].artifact_id if current else None,
             who=actor(), when=utc_now(), reason=reason, forced=forced, action=action,
         )
-        if store.cas(key, canonical_json(rec.model_dump(mode="json")), current[1] if current else None):
+        if key is not None:
+            rec = rec.model_copy(update={"signature": key.sign(rec.signed_bytes())})
+        if store.cas(ref, canonical_json(rec.model_dump(mode="json")), current[1] if current else None):
             _settle_history(store, rec)
             return rec
         sleep(random.uniform(0, min(1.0, 0.01 * 2 ** attempt)))
-    raise CasConflictError(key, attempts)
+    raise CasConflictError(ref, attempts)
 
 
 def promote(store: Store, artifact_ref: str, channel: str, *, force: bool = False, reason: str | None = None,
@@ -389,6 +433,13 @@ def promote(store: Store, artifact_ref: str, channel: str, *, force: bool = Fals
             raise PromotionRefusedError(artifact_id, channel, [f"artifact does not verify: {p.render()}" for p in err.problems]) from None
         manifest = get_manifest(store, artifact_id)
     att = latest_attestation(store, artifact_id, manifest.compat_key)
+    trusted = load_trusted_keys()
+    if att is not None and trusted is not None:
+        try:
+            verify_signature(f"attestation of {artifact_id}", canonical_json({k: v for k, v in att.items() if k != "signature"}),
+                             att.get("signature"), trusted)
+        except SignatureError as err:
+            reasons.append(f"attestation signature: {err.detail}")
     if att is None:
         reasons.append(f"no validation attestation for compat key {manifest.compat_key}")
     elif att.get("verdict") != "pass":

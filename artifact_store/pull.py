@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import json
 import os
 import shutil
 import uuid
@@ -32,10 +33,12 @@ from artifact_store.errors import (
     InstallError,
     KeyNotFoundError,
     PreflightError,
+    RollbackError,
     VerificationError,
 )
 from artifact_store.manifest import FileEntry, Manifest
-from artifact_store.ops import ChannelRecord, get_manifest, read_channel
+from artifact_store.ops import ChannelRecord, get_manifest, read_channel, verify_manifest_signature
+from artifact_store.signing import load_trusted_keys, verify_signature
 from artifact_store.store import ProgressFn, Store, blob_key
 
 Preflight = Callable[[Manifest, Path], None]
@@ -210,6 +213,37 @@ def _prune(dest: Path, keep: int) -> None:
         shutil.rmtree(v, ignore_errors=True)
 
 
+STATE_FILE = ".buildctl-state.json"
+
+
+def installed_seqs(dest: Path) -> dict[str, int]:
+    """The highest channel record sequence installed here, per profile/channel/compat key."""
+    try:
+        data = json.loads((Path(dest) / STATE_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    return {str(k): int(v) for k, v in data.items()} if isinstance(data, dict) else {}
+
+
+def _record_installed(dest: Path, record: ChannelRecord) -> None:
+    state = installed_seqs(dest)
+    k = f"{record.profile}/{record.channel}/{record.compat_key}"
+    state[k] = max(state.get(k, 0), record.seq)
+    tmp = Path(dest) / f".{STATE_FILE}.{uuid.uuid4().hex}"
+    tmp.write_text(json.dumps(state, sort_keys=True))
+    os.replace(tmp, Path(dest) / STATE_FILE)
+
+
+def check_trust(store: Store, record: ChannelRecord, dest: Path, trusted: dict) -> None:
+    """With trusted keys: the channel record and the manifest must be signed by a trusted key, and
+    the record must not be older than what this node installed (rollback protection)."""
+    verify_signature(f"channel record {record.channel} #{record.seq}", record.signed_bytes(), record.signature, trusted)
+    verify_manifest_signature(store, record.artifact_id, trusted)
+    seen = installed_seqs(dest).get(f"{record.profile}/{record.channel}/{record.compat_key}", 0)
+    if record.seq < seen:
+        raise RollbackError(record.channel, record.seq, seen)
+
+
 def pull(
     store: Store,
     profile: str,
@@ -220,9 +254,17 @@ def pull(
     preflight: Preflight | None = None,
     keep: int = 2,
     on_bytes: ProgressFn | None = None,
+    trusted: dict | None = None,
 ) -> PullResult:
-    """Resolve the channel for this host's compat keys and install its artifact."""
+    """Resolve the channel for this host's compat keys and install its artifact. With ``trusted``
+    keys (default: ``$BUILDCTL_TRUSTED_KEYS``), signatures and rollback protection are enforced."""
+    trusted = trusted if trusted is not None else load_trusted_keys()
     record = resolve_channel(store, profile, channel, compat_keys)
+    dest = Path(dest)
+    if trusted is not None:
+        dest.mkdir(parents=True, exist_ok=True)
+        check_trust(store, record, dest, trusted)
     result = install_artifact(store, record.artifact_id, dest, preflight=preflight, keep=keep, on_bytes=on_bytes)
     result.record = record
+    _record_installed(dest, record)
     return result

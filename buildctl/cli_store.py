@@ -219,17 +219,19 @@ def pull_cmd(
 ) -> None:
     """Install the channel's engine for this host: verify, preflight, swap atomically."""
     from artifact_store.ops import get_manifest
-    from artifact_store.pull import install_artifact, resolve_channel
+    from artifact_store.pull import pull, resolve_channel
     from buildctl.pipeline import host_fingerprint, preflight_for
 
     store = open_store_for(ctx)
     fp = host_fingerprint()
-    rec = resolve_channel(store, profile, channel, [fp.compat_key("trtllm"), fp.compat_key("aoti")])
+    keys = [fp.compat_key("trtllm"), fp.compat_key("aoti")]
+    rec = resolve_channel(store, profile, channel, keys)
     manifest = get_manifest(store, rec.artifact_id)
     quiet = _quiet(ctx, json_out)
     with byte_progress("downloading + verifying", manifest.total_size, enabled=not quiet) as on_bytes:
-        res = install_artifact(store, rec.artifact_id, dest, preflight=None if skip_preflight else preflight_for(manifest.backend), keep=keep,
-                               on_bytes=on_bytes)
+        res = pull(store, profile, channel, dest, keys, preflight=None if skip_preflight else preflight_for(manifest.backend),
+                   keep=keep, on_bytes=on_bytes)
+    rec = res.record or rec
     if quiet:
         emit_json({"artifact_id": res.artifact_id, "installed": res.installed, "path": str(res.path),
                    "preflight": not skip_preflight,
@@ -262,3 +264,24 @@ def gc_cmd(
                     f"({res.freed_bytes} bytes); kept {res.kept} artifacts", highlight=False)
         for a in res.removed_artifacts:
             out().print(f"  {a}", highlight=False)
+
+
+key_app = typer.Typer(help="Signing keys.", no_args_is_help=True)
+app.add_typer(key_app, name="key")
+
+
+@key_app.command("generate")
+def key_generate_cmd(
+    ctx: typer.Context,
+    out_dir: Path = typer.Option(..., "--out", help="Directory for NAME.key (mode 0600) and NAME.pub."),
+    name: str = typer.Option("buildctl", "--name", help="File name stem, e.g. builder, promoter, validator."),
+    json_out: bool = JSON_OPT,
+) -> None:
+    """Make an Ed25519 key pair for signing manifests, channel records or attestations."""
+    from artifact_store.signing import generate
+
+    key, pub, kid = generate(out_dir, name)
+    if _quiet(ctx, json_out):
+        emit_json({"private_key": str(key), "public_key": str(pub), "key_id": kid})
+    else:
+        out().print(f"key id {kid}\nprivate {key} (0600: keep it on the signer)\npublic  {pub} (give it to nodes: BUILDCTL_TRUSTED_KEYS)")

@@ -1,0 +1,114 @@
+"""Ed25519 signatures for manifests, channel records and attestations.
+
+Checksums detect corruption; they do not stop someone with write access to the bucket from
+publishing a new artifact or moving a channel. Signatures do, as long as the signing keys stay
+with their holders: builders sign manifests, CI signs channel records, validators sign
+attestations, and nodes configured with trusted public keys accept only what verifies.
+
+Keys are raw Ed25519 keys in PEM files (private: PKCS8, mode 0600). A key's id is the first 16
+hex of the xxh3-128 digest of its raw public key. Signatures cover canonical JSON bytes.
+
+* ``BUILDCTL_SIGNING_KEY``: the private key this process signs with (publish, promote, validate).
+* ``BUILDCTL_TRUSTED_KEYS``: a directory of ``*.pub`` files; when set, ``pull`` refuses unsigned
+  or wrongly signed manifests and channel records, and channel records older than the last one
+  this node installed (rollback protection).
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
+from artifact_store.digest import digest_bytes, hex_of
+from artifact_store.errors import SignatureError, StoreArgumentError
+
+SIGNING_KEY_ENV = "BUILDCTL_SIGNING_KEY"
+TRUSTED_KEYS_ENV = "BUILDCTL_TRUSTED_KEYS"
+
+
+def _raw_public(pub: Ed25519PublicKey) -> bytes:
+    return pub.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+
+
+def key_id(pub: Ed25519PublicKey) -> str:
+    return hex_of(digest_bytes(_raw_public(pub)))[:16]
+
+
+@dataclass(frozen=True)
+class SigningKey:
+    private: Ed25519PrivateKey
+    key_id: str
+
+    def sign(self, data: bytes) -> dict[str, str]:
+        return {"key_id": self.key_id, "alg": "ed25519", "sig": base64.b64encode(self.private.sign(data)).decode()}
+
+
+def generate(out_dir: str | Path, name: str = "buildctl") -> tuple[Path, Path, str]:
+    """Write ``NAME.key`` (0600) and ``NAME.pub`` into ``out_dir``; returns (key, pub, key id)."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    key_path, pub_path = out / f"{name}.key", out / f"{name}.pub"
+    if key_path.exists() or pub_path.exists():
+        raise StoreArgumentError(f"{key_path} or {pub_path} already exists: refusing to overwrite a key")
+    private = Ed25519PrivateKey.generate()
+    pem = private.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                serialization.NoEncryption())
+    fd = os.open(key_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(pem)
+    os.chmod(key_path, 0o600)
+    pub = private.public_key()
+    pub_path.write_bytes(pub.public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
+    return key_path, pub_path, key_id(pub)
+
+
+def load_signing_key(path: str | Path | None = None) -> SigningKey | None:
+    """The signing key from ``path`` or ``$BUILDCTL_SIGNING_KEY``; None when neither is set."""
+    p = path or os.environ.get(SIGNING_KEY_ENV)
+    if not p:
+        return None
+    try:
+        private = serialization.load_pem_private_key(Path(p).read_bytes(), password=None)
+    except (OSError, ValueError, TypeError) as err:
+        raise StoreArgumentError(f"cannot load signing key {p}: {err}") from None
+    if not isinstance(private, Ed25519PrivateKey):
+        raise StoreArgumentError(f"{p} is not an Ed25519 private key")
+    return SigningKey(private, key_id(private.public_key()))
+
+
+def load_trusted_keys(directory: str | Path | None = None) -> dict[str, Ed25519PublicKey] | None:
+    """Trusted public keys by id from ``directory`` or ``$BUILDCTL_TRUSTED_KEYS``; None when unset."""
+    d = directory or os.environ.get(TRUSTED_KEYS_ENV)
+    if not d:
+        return None
+    keys: dict[str, Ed25519PublicKey] = {}
+    for f in sorted(Path(d).glob("*.pub")):
+        try:
+            pub = serialization.load_pem_public_key(f.read_bytes())
+        except ValueError as err:
+            raise StoreArgumentError(f"cannot load trusted key {f}: {err}") from None
+        if isinstance(pub, Ed25519PublicKey):
+            keys[key_id(pub)] = pub
+    if not keys:
+        raise StoreArgumentError(f"no Ed25519 public keys (*.pub) in {d}")
+    return keys
+
+
+def verify_signature(what: str, data: bytes, signature: dict | None, trusted: dict[str, Ed25519PublicKey]) -> str:
+    """Check ``signature`` over ``data`` against the trusted keys; returns the key id or raises."""
+    if not signature:
+        raise SignatureError(what, "unsigned")
+    pub = trusted.get(str(signature.get("key_id")))
+    if pub is None:
+        raise SignatureError(what, f"signed by untrusted key {signature.get('key_id')!r}")
+    try:
+        pub.verify(base64.b64decode(signature.get("sig", "")), data)
+    except (InvalidSignature, ValueError):
+        raise SignatureError(what, f"bad signature by key {signature.get('key_id')}") from None
+    return str(signature["key_id"])

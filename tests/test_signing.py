@@ -1,0 +1,149 @@
+"""Signed manifests, channel records and attestations; rollback protection on nodes."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+
+import pytest
+
+from artifact_store import ops
+from artifact_store.store import channel_key, history_key, open_store
+
+from .conftest import PROFILES, make_tree
+
+TINY = str(PROFILES / "tiny-llama-cpu.yaml")
+
+
+@pytest.fixture
+def keys(tmp_path, cli):
+    d = tmp_path / "keys"
+    for name in ("builder", "promoter", "validator", "intruder"):
+        code, out, err = cli("--json", "key", "generate", "--out", d, "--name", name)
+        assert code == 0, err
+    trusted = tmp_path / "trusted"
+    trusted.mkdir()
+    for name in ("builder", "promoter", "validator"):
+        (trusted / f"{name}.pub").write_bytes((d / f"{name}.pub").read_bytes())
+    return d, trusted
+
+
+def test_key_generate(keys, cli):
+    d, _ = keys
+    assert stat.S_IMODE(os.stat(d / "builder.key").st_mode) == 0o600
+    assert (d / "builder.pub").read_text().startswith("-----BEGIN PUBLIC KEY-----")
+    code, _, err = cli("key", "generate", "--out", d, "--name", "builder")
+    assert code == 2 and "refusing to overwrite" in err
+
+
+class Env:
+    def __init__(self, monkeypatch, keys):
+        self.mp, (self.d, self.trusted) = monkeypatch, keys
+
+    def as_(self, role: str | None, trust: bool = True) -> None:
+        if role:
+            self.mp.setenv("BUILDCTL_SIGNING_KEY", str(self.d / f"{role}.key"))
+        else:
+            self.mp.delenv("BUILDCTL_SIGNING_KEY", raising=False)
+        if trust:
+            self.mp.setenv("BUILDCTL_TRUSTED_KEYS", str(self.trusted))
+        else:
+            self.mp.delenv("BUILDCTL_TRUSTED_KEYS", raising=False)
+
+
+def publish(env: Env, cli, store_dir, tree, role="builder") -> str:
+    env.as_(role, trust=False)
+    code, out, err = cli("--store", store_dir, "--json", "import", tree, "--profile", TINY)
+    assert code == 0, err
+    aid = json.loads(out)["artifact_id"]
+    env.as_("validator", trust=False)
+    m = ops.get_manifest(open_store(str(store_dir)), aid)
+    ops.write_attestation(open_store(str(store_dir)), aid, {"verdict": "pass", "compat_key": m.compat_key,
+                                                            "created_at": ops.utc_now()})
+    return aid
+
+
+def pull(cli, store_dir, dest):
+    return cli("--store", store_dir, "--json", "pull", "--profile", "tiny-llama-cpu", "--channel", "prod",
+               "--dest", dest, "--skip-preflight")
+
+
+def test_signed_chain_end_to_end_and_rollback_protection(keys, cli, tmp_path, monkeypatch):
+    env, store_dir, dest = Env(monkeypatch, keys), tmp_path / "store", tmp_path / "node"
+    a = publish(env, cli, store_dir, make_tree(tmp_path / "a", {"rank0.engine": b"engine A"}))
+    b = publish(env, cli, store_dir, make_tree(tmp_path / "b", {"rank0.engine": b"engine B"}))
+    env.as_("promoter")
+    assert cli("--store", store_dir, "promote", a, "--channel", "prod")[0] == 0
+    code, out, err = pull(cli, store_dir, dest)
+    assert code == 0 and json.loads(out)["artifact_id"] == a, err
+    env.as_("promoter")
+    assert cli("--store", store_dir, "promote", b, "--channel", "prod")[0] == 0
+    assert json.loads(pull(cli, store_dir, dest)[1])["artifact_id"] == b
+
+    # an attacker with bucket write access replays the validly signed record #1 into the ref
+    store = open_store(str(store_dir))
+    m = ops.get_manifest(store, a)
+    ref = store.root / channel_key("tiny-llama-cpu", "prod", m.compat_key)
+    ref.write_bytes(store.get_bytes(history_key("tiny-llama-cpu", "prod", m.compat_key, 1)))
+    code, _, err = pull(cli, store_dir, dest)
+    assert code == 4 and "older than #2 already installed" in err
+    assert (dest / "current").resolve().name == b[9:]
+
+    # a legitimate rollback is a new, higher, signed record
+    env.as_("promoter")
+    code, out, err = cli("--store", store_dir, "--json", "history", "--profile", "tiny-llama-cpu", "--channel", "prod")
+    ref.write_bytes(store.get_bytes(history_key("tiny-llama-cpu", "prod", m.compat_key, 2)))  # undo the replay
+    code, out, err = cli("--store", store_dir, "--json", "rollback", "--profile", "tiny-llama-cpu", "--channel", "prod")
+    assert code == 0 and json.loads(out)["seq"] == 3, err
+    code, out, err = pull(cli, store_dir, dest)
+    assert code == 0 and json.loads(out)["artifact_id"] == a, err
+
+
+def test_unsigned_and_wrongly_signed_are_refused(keys, cli, tmp_path, monkeypatch):
+    env, store_dir = Env(monkeypatch, keys), tmp_path / "store"
+    unsigned = publish(env, cli, store_dir, make_tree(tmp_path / "u", {"rank0.engine": b"unsigned"}), role=None)
+    env.as_("promoter")
+    assert cli("--store", store_dir, "promote", unsigned, "--channel", "prod")[0] == 0
+    code, _, err = pull(cli, store_dir, tmp_path / "n1")
+    assert code == 4 and f"manifest {unsigned}: unsigned" in err
+    assert not (tmp_path / "n1" / "current").exists()
+
+    intruded = publish(env, cli, store_dir, make_tree(tmp_path / "i", {"rank0.engine": b"by intruder"}), role="intruder")
+    env.as_("promoter")
+    assert cli("--store", store_dir, "promote", intruded, "--channel", "prod")[0] == 0
+    code, _, err = pull(cli, store_dir, tmp_path / "n2")
+    assert code == 4 and "untrusted key" in err
+
+    good = publish(env, cli, store_dir, make_tree(tmp_path / "g", {"rank0.engine": b"good"}))
+    env.as_("intruder")  # a channel record signed by a key nodes do not trust
+    assert cli("--store", store_dir, "promote", good, "--channel", "prod")[0] == 0
+    code, _, err = pull(cli, store_dir, tmp_path / "n3")
+    assert code == 4 and "channel record prod" in err and "untrusted key" in err
+
+    env.as_("promoter")
+    assert cli("--store", store_dir, "promote", good, "--channel", "prod", "--force", "--reason", "re-sign")[0] == 0
+    store = open_store(str(store_dir))
+    m = ops.get_manifest(store, good)
+    ref = store.root / channel_key("tiny-llama-cpu", "prod", m.compat_key)
+    rec = json.loads(ref.read_bytes())
+    rec["artifact_id"] = intruded  # tamper with a signed record
+    ref.write_bytes(json.dumps(rec).encode())
+    code, _, err = pull(cli, store_dir, tmp_path / "n4")
+    assert code == 4 and "bad signature" in err
+    env.as_(None, trust=False)  # without trusted keys, checksums alone cannot tell
+    assert pull(cli, store_dir, tmp_path / "n5")[0] == 0
+
+
+def test_promote_refuses_an_attestation_signed_by_an_untrusted_key(keys, cli, tmp_path, monkeypatch):
+    env, store_dir = Env(monkeypatch, keys), tmp_path / "store"
+    env.as_("builder", trust=False)
+    code, out, _ = cli("--store", store_dir, "--json", "import", make_tree(tmp_path / "t", {"e": b"x"}), "--profile", TINY)
+    aid = json.loads(out)["artifact_id"]
+    store = open_store(str(store_dir))
+    env.as_("intruder", trust=False)
+    ops.write_attestation(store, aid, {"verdict": "pass", "compat_key": ops.get_manifest(store, aid).compat_key,
+                                       "created_at": ops.utc_now()})
+    env.as_("promoter")
+    code, _, err = cli("--store", store_dir, "promote", aid, "--channel", "prod")
+    assert code == 5 and "attestation signature: signed by untrusted key" in err
