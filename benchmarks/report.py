@@ -21,7 +21,8 @@ def chart(hashing: dict, transfer: dict | None) -> str | None:
     tp = hashing["throughput_gib_s"]
     names = list(tp)
     ax = axes[0][0]
-    colors = ["#888888" if "read" in n else ("#1f77b4" if "buildctl" in n else "#ff7f0e") for n in names]
+    colors = ["#1f77b4" if "buildctl" in n else ("#888888" if n.startswith(("raw read", "python read")) else "#ff7f0e")
+              for n in names]
     ax.barh(names, [tp[n] for n in names], color=colors)
     ax.axvline(tp["raw read (cat)"], color="black", linestyle="--", linewidth=1, label="raw read (cat)")
     ax.set_xlabel("GiB/s (warm page cache)")

@@ -113,7 +113,8 @@ class AotiBackend:
             run_step("aoti", "aoti compile",
                      [sys.executable, "-m", "engines.aoti_compile", "--model", str(model_dir),
                       "--out", str(work / "out"), "--record", str(work / "record.json")],
-                     log_path=log_path, timeout_s=profile.engine.build_timeout_s, env=env)
+                     log_path=log_path, timeout_s=profile.engine.build_timeout_s, env=env,
+                     memory_limit_mb=profile.engine.build_memory_limit_mb)
             missing = [n for n in ENGINE_FILES if not (work / "out" / n).is_file() or (work / "out" / n).stat().st_size == 0]
             if missing:
                 raise EngineBuildError("aoti", "incomplete", f"compile step exited 0 but left no {', '.join(missing)}",

@@ -30,8 +30,21 @@ def log_tail(path: Path, lines: int = TAIL_LINES) -> str:
     return "\n".join(data.splitlines()[-lines:])
 
 
+def _limit_memory(mb: int | None):
+    if mb is None:
+        return None
+
+    def apply() -> None:
+        import resource
+
+        limit = mb * 1024 * 1024
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+    return apply
+
+
 def run_step(backend: str, step: str, cmd: Sequence[str], *, log_path: Path, timeout_s: float,
-             env: Mapping[str, str] | None = None, cwd: Path | None = None) -> float:
+             env: Mapping[str, str] | None = None, cwd: Path | None = None, memory_limit_mb: int | None = None) -> float:
     """Run ``cmd``, appending its output to ``log_path``. Returns the wall time; raises
     :class:`EngineBuildError` (kind crashed, timeout or exit) on failure."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -41,7 +54,8 @@ def run_step(backend: str, step: str, cmd: Sequence[str], *, log_path: Path, tim
         log.flush()
         try:
             proc = subprocess.Popen(list(cmd), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    env=dict(env) if env is not None else None, cwd=cwd, start_new_session=True)
+                                    env=dict(env) if env is not None else None, cwd=cwd, start_new_session=True,
+                                    preexec_fn=_limit_memory(memory_limit_mb))
         except OSError as err:
             raise EngineBuildError(backend, "error", f"{step}: cannot start {cmd[0]}: {err.strerror or err}",
                                    log_path=str(log_path)) from None

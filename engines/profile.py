@@ -96,6 +96,7 @@ class EngineSpec(_Frozen):
     max_num_tokens: int | None = Field(None, ge=1, description="Token budget per scheduler step; None lets the builder choose.")
     min_sm: int | None = Field(None, ge=10, description="Lowest GPU SM (e.g. 89, 90) this profile may target; None = any.")
     build_timeout_s: float = Field(3600.0, gt=0, description="Wall-clock limit for one build subprocess.")
+    build_memory_limit_mb: int | None = Field(None, ge=64, description="Address-space limit (RLIMIT_AS) for build subprocesses; None = unlimited.")
     plugins: TrtllmPlugins | None = Field(None, description="trtllm-only build switches; defaults apply when omitted.")
     aoti: AotiOptions | None = Field(None, description="aoti-only options; defaults apply when omitted.")
 
@@ -234,6 +235,7 @@ HASH_EXCLUDED_FIELDS: dict[str, str] = {
     "model.uri": "where the checkpoint is read from; the build key carries the model's content digest instead",
     "model.tiny": "how the tiny checkpoint is generated; its content digest is in the build key",
     "engine.build_timeout_s": "how long the build may take, not what it produces",
+    "engine.build_memory_limit_mb": "how much memory the build may use, not what it produces",
     "engine.plugins.workers": "how many ranks are built in parallel, not what each rank contains",
     "reference": "arguments of the vLLM reference used in validation, never passed to the builder",
     "validation": "prompts and gates used after the build, never passed to the builder",

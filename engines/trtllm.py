@@ -147,9 +147,11 @@ class TrtllmBackend:
         start = time.monotonic()
         try:
             run_step("trtllm", "checkpoint conversion", convert_command(profile, model_dir, work / "ckpt"),
-                     log_path=log_path, timeout_s=max(1.0, deadline - time.monotonic()), env=env)
+                     log_path=log_path, timeout_s=max(1.0, deadline - time.monotonic()), env=env,
+                     memory_limit_mb=e.build_memory_limit_mb)
             run_step("trtllm", "trtllm-build", build_command(profile, work / "ckpt", work / "engine"),
-                     log_path=log_path, timeout_s=max(1.0, deadline - time.monotonic()), env=env)
+                     log_path=log_path, timeout_s=max(1.0, deadline - time.monotonic()), env=env,
+                     memory_limit_mb=e.build_memory_limit_mb)
             problems = check_complete(work / "engine", e.world_size)
             if problems:
                 from engines.isolate import log_tail

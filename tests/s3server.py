@@ -69,13 +69,15 @@ class SeaweedServer:
         identities = self.identities or [{"name": "ci", "credentials": [{"accessKey": ACCESS_KEY, "secretKey": SECRET_KEY}],
                                           "actions": ["Admin", "Read", "Write", "List", "Tagging"]}]
         cfg.write_text(json.dumps({"identities": identities}))
-        master, volume, filer, s3 = free_ports(4)
+        if not getattr(self, "_ports", None):
+            self._ports = free_ports(4)
+        master, volume, filer, s3 = self._ports
         self.s3_port = s3
         cmd = [weed_binary(), "mini", f"-dir={data}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
                "-master.telemetry=false", "-admin.ui=false", "-webdav=false",
                f"-master.port={master}", f"-volume.port={volume}", f"-filer.port={filer}", f"-s3.port={s3}",
                "-s3.port.iceberg=0", "-s3.port.lance=0", f"-s3.config={cfg}"]
-        self.log = open(self.workdir / "weed.log", "wb")
+        self.log = open(self.workdir / "weed.log", "ab")
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
                                      cwd=self.workdir)
         deadline = time.monotonic() + timeout
@@ -115,6 +117,16 @@ class SeaweedServer:
         if versioning:
             c.put_bucket_versioning(Bucket=name, VersioningConfiguration={"Status": "Enabled"})
         return name
+
+    def kill(self) -> None:
+        """SIGKILL the whole server (a crash), keeping its data and ports for restart()."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=10)
+        self.log.close()
+
+    def restart(self, timeout: float = 60.0) -> "SeaweedServer":
+        return self.start(timeout)
 
     def stop(self, grace: float = 3.0) -> None:
         if self.proc is None or self.proc.poll() is not None:

@@ -5,7 +5,7 @@ Controlled by environment variables:
 * ``FAKE_TRTLLM_EXPECT``: a JSON file ``{"convert": [...], "build": [...]}`` of the exact
   argument lists each tool must receive. Any difference prints both and exits 3, so a wrong
   flag fails the test that ran the build.
-* ``FAKE_TRTLLM_MODE``: ``ok`` (default), ``segv``, ``hang``, ``exit1`` or ``incomplete``;
+* ``FAKE_TRTLLM_MODE``: ``ok`` (default), ``segv``, ``hang``, ``exit1``, ``oom`` or ``incomplete``;
   applied by the tool named in ``FAKE_TRTLLM_FAIL_AT`` (default ``build``).
 * ``FAKE_TRTLLM_RECORD``: a directory where each tool appends the argv it received.
 """
@@ -46,6 +46,10 @@ def start(tool: str, argv: list[str]) -> str:
         os.kill(os.getpid(), signal.SIGSEGV)
     if mode == "hang":
         time.sleep(3600)
+    if mode == "oom":
+        hog = []
+        while True:  # past the orchestrator's RLIMIT_AS: MemoryError, like a builder killed for memory
+            hog.append(bytearray(256 * 1024 * 1024))
     if mode == "exit1":
         print("[TRT-LLM] [E] Engine building failed, please check the error log.", file=sys.stderr)
         print("RuntimeError: [TensorRT-LLM][ERROR] out of memory while building rank 3", file=sys.stderr)

@@ -1,0 +1,32 @@
+"""The fault matrix: every case records what was injected, how many cases ran, and the outcome.
+
+``FAULTS_SCALE`` multiplies the case counts (1 in CI; ``make faults`` runs more). With
+``FAULTS_REPORT=FILE`` each test appends one JSON line; ``tests/faults/report.py`` turns them
+into docs/reliability.md.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+
+def scale(n: int) -> int:
+    return max(1, int(n * float(os.environ.get("FAULTS_SCALE", "1"))))
+
+
+@pytest.fixture
+def record_fault(request):
+    def record(fault: str, injection: str, cases: int, lost_artifacts: int = 0, lost_records: int = 0,
+               bad_installs: int = 0, outcome: str = "ok") -> None:
+        path = os.environ.get("FAULTS_REPORT")
+        if not path:
+            return
+        with open(path, "a") as f:
+            f.write(json.dumps({"test": request.node.nodeid, "fault": fault, "injection": injection, "cases": cases,
+                                "lost_artifacts": lost_artifacts, "lost_records": lost_records,
+                                "bad_installs": bad_installs, "outcome": outcome}) + "\n")
+
+    return record

@@ -1,0 +1,153 @@
+"""Store-side faults: publish killed with SIGKILL at random points, the S3 server stopped
+mid-upload, throttling and 5xx from a fault-injecting proxy, and 16 concurrent promoters."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from artifact_store import ops
+from artifact_store.store import open_store
+
+from ..conftest import REPO, make_tree
+from .conftest import scale
+from .proxy import FaultProxy
+
+PUBLISHER = r"""
+import sys
+from artifact_store.store import open_store
+from artifact_store import ops
+store = open_store(sys.argv[1])
+draft = ops.ManifestDraft(profile_name="p", profile_hash="xxh3-128:" + "1" * 32, backend="aoti",
+                          compat_key="aoti-x", fingerprint={}, build_key="xxh3-128:" + "3" * 32)
+print("ready", flush=True)
+sys.stdin.readline()
+ops.publish_tree(store, sys.argv[2], draft)
+print("done", flush=True)
+"""
+
+
+def visible_artifacts_verify(store) -> int:
+    arts = ops.list_artifacts(store)
+    for a, _ in arts:
+        ops.verify(store, a, deep=True)
+    return len(arts)
+
+
+@pytest.mark.slow
+def test_publish_sigkilled_at_random_points_then_rerun(tmp_path, draft, record_fault):
+    tree = make_tree(tmp_path / "tree", {f"rank{i}.engine": 1_500_000 + i for i in range(12)})
+    rng = random.Random(1234)
+    runs, completed_before_kill = scale(50), 0
+    for i in range(runs):
+        uri = f"file://{tmp_path}/store-{i}"
+        p = subprocess.Popen([sys.executable, "-c", PUBLISHER, uri, str(tree)], cwd=REPO, stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+        assert p.stdout.readline().strip() == "ready"
+        p.stdin.write("go\n")
+        p.stdin.flush()
+        time.sleep(rng.uniform(0, 0.12))
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+        store = open_store(uri)
+        seen = visible_artifacts_verify(store)  # whatever is visible is complete
+        completed_before_kill += seen
+        res = ops.publish_tree(store, tree, ops.ManifestDraft(
+            profile_name="p", profile_hash="xxh3-128:" + "1" * 32, backend="aoti", compat_key="aoti-x",
+            fingerprint={}, build_key="xxh3-128:" + "3" * 32))
+        assert [a for a, _ in ops.list_artifacts(store)] == [res.artifact_id]
+        ops.verify(store, res.artifact_id, deep=True)
+        assert ops.lookup_build_key(store, "xxh3-128:" + "3" * 32) == res.artifact_id
+    assert 0 < completed_before_kill < runs, "kill times should cover both early and late points"
+    record_fault("publish killed (SIGKILL)", "random kill time 0-120 ms into publish, then re-run", runs)
+
+
+@pytest.mark.slow
+def test_s3_server_killed_mid_upload_then_restarted(tmp_path, draft, record_fault, monkeypatch):
+    from ..s3server import SeaweedServer
+
+    server = SeaweedServer(tmp_path / "weed").start()
+    bucket = server.new_bucket()
+    for k, v in server.env().items():
+        monkeypatch.setenv(k, v)
+    tree = make_tree(tmp_path / "tree", {f"rank{i}.engine": 8_000_000 for i in range(16)})
+    store = open_store(f"s3://{bucket}/buildctl")
+    import threading
+
+    errors: list[BaseException] = []
+
+    def publish():
+        try:
+            ops.publish_tree(store, tree, draft)
+        except BaseException as err:  # noqa: BLE001
+            errors.append(err)
+
+    t = threading.Thread(target=publish)
+    t.start()
+    time.sleep(0.4)
+    server.kill()
+    t.join(timeout=300)
+    server.restart()
+    try:
+        store = open_store(f"s3://{bucket}/buildctl")
+        visible_artifacts_verify(store)
+        res = ops.publish_tree(store, tree, draft)
+        assert [a for a, _ in ops.list_artifacts(store)] == [res.artifact_id]
+        ops.verify(store, res.artifact_id, deep=True)
+    finally:
+        server.stop()
+    record_fault("S3 server killed mid-upload", "SIGKILL weed 0.4 s into a 128 MB publish, restart, re-run", 1,
+                 outcome="ok" + (f" (first publish failed: {type(errors[0]).__name__})" if errors else " (publish rode it out)"))
+
+
+@pytest.mark.slow
+def test_throttling_and_5xx_are_retried(tmp_path, draft, seaweed, s3_env, monkeypatch, record_fault):
+    bucket = seaweed.new_bucket()
+    with FaultProxy(seaweed.s3_port, every=4) as proxy:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
+        store = open_store(f"s3://{bucket}/buildctl")
+        tree = make_tree(tmp_path / "tree", {f"f{i}": 20_000 + i for i in range(20)})
+        res = ops.publish_tree(store, tree, draft)
+        ops.verify(store, res.artifact_id, deep=True)
+        from artifact_store.pull import install_artifact
+
+        install_artifact(store, res.artifact_id, tmp_path / "node")
+        assert proxy.injected > 5, proxy.injected
+    record_fault("S3 throttling / 5xx", "proxy answers every 4th request with 503 SlowDown or 500", proxy.requests,
+                 outcome=f"ok ({proxy.injected} injected errors retried)")
+
+
+def test_sixteen_concurrent_promoters_over_rounds(store, store_uri, tmp_path, draft, s3_env_if_needed, record_fault):
+    rounds, per_round = scale(3), 16
+    artifacts = []
+    for i in range(per_round):
+        res = ops.publish_tree(store, make_tree(tmp_path / f"t{i}", {"e": f"engine {i}".encode()}), draft)
+        ops.write_attestation(store, res.artifact_id, {"verdict": "pass", "compat_key": draft.compat_key,
+                                                       "created_at": "2026-01-01T00:00:00.000000Z"})
+        artifacts.append(res.artifact_id)
+    promoter = r"""
+import sys
+from artifact_store.store import open_store
+from artifact_store import ops
+ops.promote(open_store(sys.argv[1]), sys.argv[2], "staging", attempts=400)
+"""
+    for r in range(rounds):
+        procs = [subprocess.Popen([sys.executable, "-c", promoter, store_uri, a], cwd=REPO, stderr=subprocess.PIPE,
+                                  text=True) for a in artifacts]
+        errs = [p.communicate(timeout=300)[1] for p in procs]
+        assert all(p.returncode == 0 for p in procs), [e[-300:] for e in errs]
+        artifacts = artifacts[1:] + artifacts[:1]  # a different order each round
+    hist = ops.history(store, draft.profile_name, "staging")
+    seqs = [h.seq for h in hist]
+    assert seqs == list(range(1, len(seqs) + 1)), "a single linear chain with no gaps and no duplicates"
+    assert [h.previous for h in hist[1:]] == [h.artifact_id for h in hist[:-1]]
+    assert len(hist) >= per_round  # idempotent repeats of the current artifact add no record
+    record_fault(f"concurrent promotion ({'S3' if store_uri.startswith('s3') else 'local'})",
+                 f"{per_round} processes promoting at once, {rounds} rounds", rounds * per_round)
