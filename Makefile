@@ -13,12 +13,13 @@ STAMP  := $(VENV)/.installed-$(shell sha256sum pyproject.toml 2>/dev/null | cut 
 DEMO_DIR ?= .demo
 PYTEST_ARGS ?=
 
-.PHONY: help install system-deps test-deps test demo bench clean stack-up stack-down
+.PHONY: help install system-deps test-deps test demo bench faults clean stack-up stack-down
 
 help:
 	@echo "make demo     run the pipeline on the embedded defaults (local store, CPU backend, tiny model)"
 	@echo "make test     run the test suite"
 	@echo "make bench    run the benchmarks; writes benchmarks/results/latest.md and a PNG chart"
+	@echo "make faults   run the fault matrix and fuzzing longer; regenerates docs/reliability.md"
 	@echo "make install  create $(VENV) and install buildctl with the cpu, test and bench extras"
 
 system-deps:
@@ -73,6 +74,14 @@ bench: install
 	$(PY) -m benchmarks.reconcile
 	$(PY) -m benchmarks.pipeline
 	$(PY) -m benchmarks.report
+
+FAULTS_SCALE ?= 3
+
+# The fault matrix and fuzzing, longer than in CI; regenerates docs/reliability.md from what ran.
+faults: install test-deps
+	rm -f .faults.jsonl
+	FAULTS_SCALE=$(FAULTS_SCALE) FAULTS_REPORT=$(CURDIR)/.faults.jsonl $(PY) -m pytest tests/faults -q -p no:warnings
+	$(PY) tests/faults/report.py .faults.jsonl docs/reliability.md $(FAULTS_SCALE)
 
 COMPOSE := $(shell docker compose version >/dev/null 2>&1 && echo "docker compose" || echo docker-compose)
 

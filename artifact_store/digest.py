@@ -106,6 +106,15 @@ def write_all(f: BinaryIO, data: memoryview | bytes) -> None:
         view = view[n:]
 
 
+def fsync_dir(d: str | Path) -> None:
+    """Make a directory's entries (a new link, a rename) durable."""
+    fd = os.open(d, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def is_digest(value: str) -> bool:
     """Whether ``value`` is a well-formed ``xxh3-128:<32 hex>`` digest."""
     return bool(DIGEST_RE.match(value))

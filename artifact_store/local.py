@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO, Iterator
 
-from artifact_store.digest import BUFFER_SIZE, digest_bytes, write_all
+from artifact_store.digest import BUFFER_SIZE, digest_bytes, fsync_dir, write_all
 from artifact_store.errors import KeyNotFoundError, StoreUnavailableError
 from artifact_store.store import ProgressFn
 
@@ -45,14 +45,6 @@ class LocalStore:
     def _tmp(self) -> Path:
         return self.root / ".tmp" / f"{uuid.uuid4().hex}.part"
 
-    @staticmethod
-    def _fsync_dir(d: Path) -> None:
-        fd = os.open(d, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
     def _publish_create_only(self, tmp: Path, final: Path) -> bool:
         final.parent.mkdir(parents=True, exist_ok=True)
         try:
@@ -62,7 +54,7 @@ class LocalStore:
             return False
         finally:
             tmp.unlink(missing_ok=True)
-        self._fsync_dir(final.parent)
+        fsync_dir(final.parent)
         return True
 
     # -- Store protocol -------------------------------------------------------------------
@@ -185,5 +177,5 @@ class LocalStore:
                 if err.errno == errno.ENOSPC:
                     raise StoreUnavailableError(self.uri, "no space left on device") from None
                 raise
-            self._fsync_dir(final.parent)
+            fsync_dir(final.parent)
             return True

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
-from artifact_store.digest import BUFFER_SIZE, Hasher, hex_of, write_all
+from artifact_store.digest import BUFFER_SIZE, Hasher, fsync_dir, hex_of, write_all
 from artifact_store.errors import (
     ChannelNotFoundError,
     FileProblem,
@@ -92,14 +92,6 @@ def _swap_link(dest: Path, name: str, target: str) -> None:
     tmp = dest / f".{name}-{uuid.uuid4().hex}"
     os.symlink(target, tmp)
     os.replace(tmp, dest / name)
-
-
-def _fsync_dir(d: Path) -> None:
-    fd = os.open(d, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _download(store: Store, entry: FileEntry, target: Path, on_bytes: ProgressFn | None) -> FileProblem | None:
@@ -174,7 +166,7 @@ def install_artifact(
                 _make_writable(final)
                 shutil.rmtree(final)
             os.rename(staging, final)
-            _fsync_dir(final.parent)
+            fsync_dir(final.parent)
         except BaseException:
             _make_writable(staging)
             shutil.rmtree(staging, ignore_errors=True)
@@ -184,7 +176,7 @@ def install_artifact(
         _swap_link(dest, "current", rel)
         if old_target and old_target != rel:
             _swap_link(dest, "previous", old_target)
-        _fsync_dir(dest)
+        fsync_dir(dest)
         _prune(dest, keep)
         return PullResult(artifact_id, installed=True, path=final, previous=previous, bytes=manifest.total_size)
 

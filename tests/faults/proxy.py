@@ -47,10 +47,12 @@ class FaultProxy:
                 resp = conn.getresponse()
                 data = resp.read()
                 self.send_response(resp.status)
+                head = self.command == "HEAD"  # a HEAD answer keeps the object's Content-Length
                 for k, v in resp.getheaders():
-                    if k.lower() not in HOP and k.lower() != "content-length":
+                    if k.lower() not in HOP and (head or k.lower() != "content-length"):
                         self.send_header(k, v)
-                self.send_header("Content-Length", str(len(data)))
+                if not head:
+                    self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 if self.command != "HEAD":
                     self.wfile.write(data)

@@ -21,6 +21,13 @@ from ..conftest import PROFILES, REPO
 from .conftest import scale
 
 D = "xxh3-128:" + "a" * 32
+EXAMPLES: dict[str, int] = {}
+
+
+def count(name: str) -> None:
+    EXAMPLES[name] = EXAMPLES.get(name, 0) + 1
+
+
 SETTINGS = settings(max_examples=scale(300), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
@@ -31,6 +38,7 @@ json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.floats
 @SETTINGS
 @given(json_values)
 def test_manifest_parser_only_raises_manifest_error(value):
+    count("manifest JSON of any shape")
     try:
         parse_manifest(json.dumps(value).encode())
     except ManifestError:
@@ -41,6 +49,7 @@ def test_manifest_parser_only_raises_manifest_error(value):
 @given(st.dictionaries(st.sampled_from(["path", "size", "digest", "executable", "extra"]),
                        json_values | st.text(max_size=300), max_size=5))
 def test_file_entries_with_wrong_types(entry):
+    count("file entries with wrong types")
     doc = {"schema_version": 1, "files": [entry], "profile_name": "p", "profile_hash": D, "backend": "aoti",
            "compat_key": "k", "fingerprint": {}, "created_at": "t"}
     try:
@@ -53,6 +62,7 @@ def test_file_entries_with_wrong_types(entry):
 @SETTINGS
 @given(st.text(min_size=1, max_size=2000))
 def test_path_rules_never_accept_escapes(path):
+    count("paths: traversal, absolute, unicode, long names")
     try:
         check_relpath(path)
     except ValueError:
@@ -65,6 +75,7 @@ def test_path_rules_never_accept_escapes(path):
 @SETTINGS
 @given(st.lists(st.text(alphabet="abcABC/é", min_size=1, max_size=6), min_size=1, max_size=8))
 def test_case_collisions_and_duplicates(paths):
+    count("case collisions and duplicates")
     try:
         check_unique_paths(paths)
     except ValueError:
@@ -79,7 +90,8 @@ def test_unicode_normalisation_tricks_refused():
 
 
 def test_huge_manifest_parses_in_bounded_time():
-    files = [{"path": f"d{i // 1000}/f{i:06d}", "size": i, "digest": D, "executable": False} for i in range(scale(50_000))]
+    files = sorted(({"path": f"d{i // 1000:04d}/f{i:06d}", "size": i, "digest": D, "executable": False}
+                    for i in range(scale(50_000))), key=lambda f: f["path"])
     doc = {"schema_version": 1, "files": files, "profile_name": "p", "profile_hash": D, "backend": "aoti",
            "compat_key": "k", "fingerprint": {}, "created_at": "t"}
     import time
@@ -92,6 +104,7 @@ def test_huge_manifest_parses_in_bounded_time():
 @SETTINGS
 @given(json_values)
 def test_profile_parser_only_raises_profile_error(value):
+    count("profiles of any shape")
     try:
         parse_profile(value, "fuzz.yaml")
     except ProfileError as err:
@@ -158,3 +171,10 @@ def test_every_command_fails_cleanly(tmp_path, record_fault):
         assert "Traceback" not in r.stderr, (args, r.stderr[-800:])
         assert r.stderr.strip(), args
     record_fault("CLI garbage", "garbage args, missing/unreadable/garbage files, unreachable store", len(cases))
+
+
+def test_property_counts_recorded(record_fault):
+    """Runs after the property tests of this module: records how many examples each checked."""
+    for name, n in EXAMPLES.items():
+        record_fault(f"property: {name}", "hypothesis-generated inputs", n)
+    assert EXAMPLES, "the property tests ran before this one"
