@@ -150,4 +150,4 @@ ops.promote(open_store(sys.argv[1]), sys.argv[2], "staging", attempts=400)
     assert [h.previous for h in hist[1:]] == [h.artifact_id for h in hist[:-1]]
     assert len(hist) >= per_round  # idempotent repeats of the current artifact add no record
     record_fault(f"concurrent promotion ({'S3' if store_uri.startswith('s3') else 'local'})",
-                 f"{per_round} processes promoting at once, {rounds} rounds", rounds * per_round)
+                 f"{per_round} processes promoting at once (412/409 compare-and-swap races), {rounds} rounds", rounds * per_round)
