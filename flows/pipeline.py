@@ -26,6 +26,8 @@ from artifact_store.store import open_store
 from buildctl import fleet, pipeline
 from engines.fingerprint import Fingerprint, parse_fingerprint
 from engines.profile import load_profile
+from artifact_store.errors import StoreArgumentError
+from validators.errors import ValidationFailedError
 from validators.validate import validate_in_subprocess
 
 BUILD_LIMIT_ENV = "BUILDCTL_BUILD_LIMIT"
@@ -114,7 +116,7 @@ def build_validate_publish(profile: str, model: str | None = None, target_compat
                            revalidate: bool = False) -> dict[str, Any]:
     """Build (or take a cache hit), publish, validate, and optionally promote to a non-production channel."""
     if promote_to and promote_to in PROTECTED_CHANNELS:
-        raise ValueError(f"the flow promotes to non-production channels only; promote to {promote_to!r} from CI")
+        raise StoreArgumentError(f"the flow promotes to non-production channels only; promote to {promote_to!r} from CI")
     store = store or os.environ.get("BUILDCTL_STORE")
     plan = plan_task(store, profile, model, target_compat_key)
     cache_hit = plan.cached is not None
@@ -134,7 +136,7 @@ def build_validate_publish(profile: str, model: str | None = None, target_compat
         promoted = promote_task(store, artifact_id, promote_to)
     _publish_prefect_artifacts(profile, plan, artifact_id, cache_hit, attestation, promoted)
     if attestation["verdict"] != "pass":
-        raise RuntimeError(f"validation of {artifact_id} failed: {'; '.join(attestation['reasons'])}")
+        raise ValidationFailedError(artifact_id, attestation.get("attestation_id", "?"), attestation["reasons"])
     return {"artifact_id": artifact_id, "cache_hit": cache_hit, "build_key": plan.build_key,
             "compat_key": plan.compat_key, "verdict": attestation["verdict"], "promoted": promoted, "build_s": build_s,
             "attestation": attestation}

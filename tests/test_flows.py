@@ -67,7 +67,9 @@ def test_build_validate_publish_end_to_end_then_cache_hit(prefect_api, in_repo, 
 def test_production_channels_are_refused_by_the_flow(prefect_api, in_repo):
     from flows.pipeline import build_validate_publish
 
-    with pytest.raises(ValueError):
+    from buildctl.errors import BadInputError
+
+    with pytest.raises(BadInputError):
         build_validate_publish(profile="tiny-llama-cpu", promote_to="prod")
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from buildctl.errors import BadInputError, GateRefusedError
+from buildctl.errors import BadInputError, BuildctlError, GateRefusedError
 
 
 class ValidationFailedError(GateRefusedError):
@@ -35,3 +35,12 @@ class ModelMismatchError(BadInputError):
         self.actual = actual
         super().__init__(f"artifact {artifact_id} was built from model {expected}, but the reference model is {actual}: "
                          "parity against other weights means nothing")
+
+
+class ValidatorProcessError(BuildctlError):
+    """``buildctl validate`` in a child process ended without an attestation (``returncode``, ``tail``)."""
+
+    def __init__(self, returncode: int, tail: str) -> None:
+        self.returncode = returncode
+        self.tail = tail
+        super().__init__(f"buildctl validate exited {returncode} without an attestation:\n{tail}")

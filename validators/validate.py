@@ -30,7 +30,7 @@ from engines.errors import ProfileError
 from engines.fingerprint import Fingerprint, detect
 from engines.model import model_digest, resolve_model
 from engines.profile import BuildProfile, load_profile
-from validators.errors import ModelMismatchError, ValidationFailedError
+from validators.errors import ModelMismatchError, ValidationFailedError, ValidatorProcessError
 from validators.parity import ParityReport, check_parity
 from validators.prompts import PromptSet, build_prompt_sets, load_prompt_file
 from validators.speed import SpeedReport, measure
@@ -203,5 +203,4 @@ def validate_in_subprocess(store_uri: str | None, artifact_id: str, *, profile_f
             return json.loads(r.stdout)
         except json.JSONDecodeError:
             pass
-    tail = "\n".join(r.stderr.strip().splitlines()[-15:])
-    raise RuntimeError(f"buildctl validate exited {r.returncode}:\n{tail}")
+    raise ValidatorProcessError(r.returncode, "\n".join(r.stderr.strip().splitlines()[-15:]))
