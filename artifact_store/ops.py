@@ -188,16 +188,24 @@ def claim_build_key(store: Store, build_key: str, artifact_id: str) -> str:
     return lookup_build_key(store, build_key) or artifact_id
 
 
-def lookup_build_key(store: Store, build_key: str) -> str | None:
-    """The artifact recorded for a build key, if its manifest still exists."""
+def _build_key_owner(store: Store, build_key: str) -> str | None:
+    """The artifact recorded for a build key (whether or not its manifest still exists)."""
     try:
         data = json.loads(store.get_bytes(build_index_key(build_key)))
     except KeyNotFoundError:
         return None
+    except ValueError:
+        raise CorruptObjectError(build_index_key(build_key), "malformed build-key record") from None
     artifact = data.get("artifact_id") if isinstance(data, dict) else None
     if not isinstance(artifact, str) or not is_digest(artifact):
         raise CorruptObjectError(build_index_key(build_key), "malformed build-key record")
-    if store.stat(manifest_key(artifact)) is None:
+    return artifact
+
+
+def lookup_build_key(store: Store, build_key: str) -> str | None:
+    """The artifact recorded for a build key, if its manifest still exists."""
+    artifact = _build_key_owner(store, build_key)
+    if artifact is None or store.stat(manifest_key(artifact)) is None:
         return None
     return artifact
 
@@ -557,9 +565,9 @@ def gc(store: Store, *, keep: int = 3, dry_run: bool = False) -> GcResult:
             continue
         store.delete(manifest_key(artifact))
         store.delete(identity_key(m.identity()))
-        if m.build_key and lookup_build_key_raw(store, m.build_key) == artifact:
+        if m.build_key and _build_key_owner(store, m.build_key) == artifact:
             store.delete(build_index_key(m.build_key))
-        for key in store.list(attestation_prefix(artifact)):
+        for key in [*store.list(attestation_prefix(artifact)), *store.list(manifest_signature_prefix(artifact))]:
             store.delete(key)
     for digest in sorted(candidate_blobs - live_blobs):
         size = store.stat(blob_key(digest))
@@ -570,10 +578,3 @@ def gc(store: Store, *, keep: int = 3, dry_run: bool = False) -> GcResult:
         if not dry_run:
             store.delete(blob_key(digest))
     return result
-
-
-def lookup_build_key_raw(store: Store, build_key: str) -> str | None:
-    try:
-        return json.loads(store.get_bytes(build_index_key(build_key))).get("artifact_id")
-    except (KeyNotFoundError, ValueError, AttributeError):
-        return None

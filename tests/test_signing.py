@@ -147,3 +147,13 @@ def test_promote_refuses_an_attestation_signed_by_an_untrusted_key(keys, cli, tm
     env.as_("promoter")
     code, _, err = cli("--store", store_dir, "promote", aid, "--channel", "prod")
     assert code == 5 and "attestation signature: signed by untrusted key" in err
+
+
+def test_gc_removes_an_unreferenced_artifacts_signatures(keys, cli, tmp_path, monkeypatch):
+    env, store_dir = Env(monkeypatch, keys), tmp_path / "store"
+    aid = publish(env, cli, store_dir, make_tree(tmp_path / "x", {"rank0.engine": b"unreferenced"}))
+    store = open_store(str(store_dir))
+    assert list(store.list(ops.manifest_signature_prefix(aid)))
+    code, out, _ = cli("--store", store_dir, "--json", "gc", "--keep", "0")
+    assert code == 0 and json.loads(out)["removed_artifacts"] == [aid]
+    assert list(store.list(ops.manifest_signature_prefix(aid))) == [] and ops.list_attestations(store, aid) == []
