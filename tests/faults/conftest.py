@@ -30,3 +30,23 @@ def record_fault(request):
                                 "bad_installs": bad_installs, "outcome": outcome}) + "\n")
 
     return record
+
+
+def kill_at_random_point(script: str, args: list[str], delay_s: float) -> None:
+    """Run ``script`` (which prints "ready" and waits for a line on stdin), let it go, and SIGKILL
+    it ``delay_s`` later: a crash at an arbitrary point of the work it does after "ready"."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from ..conftest import REPO
+
+    p = subprocess.Popen([sys.executable, "-c", script, *args], cwd=REPO, stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, text=True)
+    assert p.stdout.readline().strip() == "ready"
+    p.stdin.write("go\n")
+    p.stdin.flush()
+    time.sleep(delay_s)
+    p.send_signal(signal.SIGKILL)
+    p.wait()

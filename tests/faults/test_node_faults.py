@@ -4,11 +4,9 @@ two pulls at once into the same destination."""
 from __future__ import annotations
 
 import random
-import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -19,7 +17,7 @@ from artifact_store.pull import current_artifact, install_artifact
 from artifact_store.store import blob_key, open_store
 
 from ..conftest import REPO, make_tree
-from .conftest import scale
+from .conftest import kill_at_random_point, scale
 
 PULLER = r"""
 import sys
@@ -54,14 +52,7 @@ def test_pull_killed_at_random_points(tmp_path, two_versions, record_fault):
     v1_bytes = tree_bytes(dest / "current")
     landed = 0
     for i in range(runs):
-        p = subprocess.Popen([sys.executable, "-c", PULLER, store.uri, v2, str(dest)], cwd=REPO, stdin=subprocess.PIPE,
-                             stdout=subprocess.PIPE, text=True)
-        assert p.stdout.readline().strip() == "ready"
-        p.stdin.write("go\n")
-        p.stdin.flush()
-        time.sleep(rng.uniform(0, 0.08))
-        p.send_signal(signal.SIGKILL)
-        p.wait()
+        kill_at_random_point(PULLER, [store.uri, v2, str(dest)], rng.uniform(0, 0.08))
         cur = current_artifact(dest)
         if cur == v1:
             ok = tree_bytes(dest / "current") == v1_bytes

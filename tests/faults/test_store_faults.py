@@ -3,9 +3,7 @@ mid-upload, throttling and 5xx from a fault-injecting proxy, and 16 concurrent p
 
 from __future__ import annotations
 
-import os
 import random
-import signal
 import subprocess
 import sys
 import time
@@ -17,7 +15,7 @@ from artifact_store import ops
 from artifact_store.store import open_store
 
 from ..conftest import REPO, make_tree
-from .conftest import scale
+from .conftest import kill_at_random_point, scale
 from .proxy import FaultProxy
 
 PUBLISHER = r"""
@@ -48,14 +46,7 @@ def test_publish_sigkilled_at_random_points_then_rerun(tmp_path, draft, record_f
     runs, completed_before_kill = scale(50), 0
     for i in range(runs):
         uri = f"file://{tmp_path}/store-{i}"
-        p = subprocess.Popen([sys.executable, "-c", PUBLISHER, uri, str(tree)], cwd=REPO, stdin=subprocess.PIPE,
-                             stdout=subprocess.PIPE, text=True)
-        assert p.stdout.readline().strip() == "ready"
-        p.stdin.write("go\n")
-        p.stdin.flush()
-        time.sleep(rng.uniform(0, 0.12))
-        p.send_signal(signal.SIGKILL)
-        p.wait()
+        kill_at_random_point(PUBLISHER, [uri, str(tree)], rng.uniform(0, 0.12))
         store = open_store(uri)
         seen = visible_artifacts_verify(store)  # whatever is visible is complete
         completed_before_kill += seen
