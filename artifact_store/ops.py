@@ -464,7 +464,7 @@ def history(store: Store, profile: str, channel: str, compat_key: str | None = N
     A promoter that died between its swap and its history write leaves the ref one record ahead:
     that record is included (and written, where this caller may write) so the chain has no gap.
     """
-    prefix = f"history/{profile}/{channel}/" + (f"{compat_key}/" if compat_key else "")
+    prefix = history_prefix(profile, channel, compat_key) if compat_key else f"history/{profile}/{channel}/"
     out = {(r.compat_key, r.seq): r for r in
            (ChannelRecord.model_validate_json(store.get_bytes(k)) for k in store.list(prefix))}
     for key in (compat_key,) if compat_key else channel_compat_keys(store, profile, channel):

@@ -6,8 +6,6 @@ import json
 import os
 import platform
 import random
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -101,11 +99,3 @@ def finish(name: str, text: str, summary: dict[str, Any]) -> None:
     (RESULTS / f"{name}.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
     print(text)
     print(json.dumps(summary, sort_keys=True))
-
-
-def run(cmd: list[str], **kw: Any) -> subprocess.CompletedProcess:
-    return subprocess.run(cmd, check=True, capture_output=True, text=True, **kw)
-
-
-def python() -> str:
-    return sys.executable

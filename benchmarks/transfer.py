@@ -31,7 +31,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--awscli", default=os.environ.get("BUILDCTL_BENCH_AWSCLI") or shutil.which("aws"))
     args = ap.parse_args(argv)
 
-    import boto3
     from boto3.s3.transfer import TransferConfig
 
     from artifact_store import s3 as s3mod

@@ -9,7 +9,6 @@ however many nodes share it.
 
 from __future__ import annotations
 
-import json
 import re
 import time
 from dataclasses import dataclass
@@ -142,23 +141,19 @@ def fleet_plan(store: Store, profiles: dict[str, Any], only_profiles: Iterable[s
 
 def load_profiles(directory: str | None = None) -> dict[str, Any]:
     """Every profile in the profile directory (``$BUILDCTL_PROFILE_DIR`` or ``build_profiles``), by name."""
-    import os
-    from pathlib import Path
+    from engines.profile import load_profile, profile_path
 
-    from engines.profile import load_profile
-
-    d = Path(directory or os.environ.get("BUILDCTL_PROFILE_DIR", "build_profiles"))
     out = {}
-    for f in sorted(d.glob("*.yaml")):
+    for f in sorted(profile_path("*", directory).parent.glob("*.yaml")):
         p = load_profile(f)
         out[p.name] = p
     return out
 
 
 def profile_path(name: str, directory: str | None = None) -> str:
-    import os
+    from engines.profile import profile_path as path
 
-    return os.path.join(directory or os.environ.get("BUILDCTL_PROFILE_DIR", "build_profiles"), f"{name}.yaml")
+    return str(path(name, directory))
 
 
 def event_payload(result: ReportResult) -> dict[str, Any]:
@@ -169,7 +164,3 @@ def event_payload(result: ReportResult) -> dict[str, Any]:
             "old_compat_keys": result.previous.compat_keys if result.previous else None,
             "new_compat_keys": result.record.compat_keys,
             "profiles": list(result.record.profiles)}
-
-
-def dumps(obj: Any) -> str:
-    return json.dumps(obj, sort_keys=True)

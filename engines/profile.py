@@ -7,6 +7,7 @@ built engine; :data:`HASH_EXCLUDED_FIELDS` names every field it leaves out, and 
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any, Literal
 
@@ -300,6 +301,11 @@ def load_profile_text(text: str, source: str = "<string>") -> BuildProfile:
         problem = getattr(err, "problem", None) or str(err)
         raise ProfileError(source, [FieldProblem("", "yaml-syntax", f"YAML syntax error at {where}: {problem}")]) from None
     return parse_profile(data, source)
+
+
+def profile_path(name: str, directory: str | Path | None = None) -> Path:
+    """``<directory>/<name>.yaml``; the directory defaults to ``$BUILDCTL_PROFILE_DIR`` or ``build_profiles``."""
+    return Path(directory or os.environ.get("BUILDCTL_PROFILE_DIR", "build_profiles")) / f"{name}.yaml"
 
 
 def load_profile(path: str | Path) -> BuildProfile:

@@ -12,12 +12,10 @@ import pytest
 from artifact_store import ops
 from artifact_store.errors import PreflightError
 from artifact_store.pull import current_artifact, install_artifact
-from artifact_store.store import open_store
 from buildctl import pipeline
 from engines.aoti import AotiBackend
 from engines.errors import EngineLoadError, IncompatibleTargetError
 from engines.fingerprint import detect
-from engines.profile import load_profile
 
 from .conftest import PROFILES
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import resource
 import subprocess
 import sys
 from pathlib import Path
@@ -11,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from artifact_store import ops
-from artifact_store.errors import InstallError, PreflightError, VerificationError
+from artifact_store.errors import PreflightError, VerificationError
 from artifact_store.manifest import FileEntry
 from artifact_store.pull import current_artifact, install_artifact, pull
 from artifact_store.store import blob_key, manifest_key

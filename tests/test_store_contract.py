@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from artifact_store import ops
 from artifact_store.errors import KeyNotFoundError
-from artifact_store.store import blob_key, manifest_key
+from artifact_store.store import manifest_key
 
 from .conftest import REPO, make_tree
 

@@ -85,7 +85,6 @@ def test_slow_candidate_fails_the_speed_gate_and_blocks_promotion(tiny_build, vl
 
 def perturbed_engine(tiny_build, tmp_path) -> Path:
     """An aoti engine built from the tiny model with layer 1's MLP output scaled by 8."""
-    import torch
     from safetensors.torch import load_file, save_file
 
     model = tmp_path / "perturbed-model"

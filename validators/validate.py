@@ -13,7 +13,6 @@ written, so the failure is on record.
 
 from __future__ import annotations
 
-import os
 import shutil
 import tempfile
 import time
@@ -29,7 +28,7 @@ from engines.backend import Runner, get_backend
 from engines.errors import ProfileError
 from engines.fingerprint import Fingerprint, detect
 from engines.model import model_digest, resolve_model
-from engines.profile import BuildProfile, load_profile
+from engines.profile import BuildProfile, load_profile, profile_path
 from validators.errors import ModelMismatchError, ValidationFailedError, ValidatorProcessError
 from validators.parity import ParityReport, check_parity
 from validators.prompts import PromptSet, build_prompt_sets, load_prompt_file
@@ -41,7 +40,7 @@ ATTESTATION_SCHEMA = 1
 def find_profile(name: str, expected_hash: str, profile_file: str | Path | None = None) -> BuildProfile:
     """The artifact's profile: ``profile_file``, else ``$BUILDCTL_PROFILE_DIR`` or ``./build_profiles``
     ``/<name>.yaml``. Its build-affecting hash must equal the artifact's (gates may differ)."""
-    path = Path(profile_file) if profile_file else Path(os.environ.get("BUILDCTL_PROFILE_DIR", "build_profiles")) / f"{name}.yaml"
+    path = Path(profile_file) if profile_file else profile_path(name)
     profile = load_profile(path)
     if profile.name != name or profile.build_hash() != expected_hash:
         from engines.errors import FieldProblem

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from artifact_store import ops
-from artifact_store.errors import InstallError, VerificationError
+from artifact_store.errors import VerificationError
 from artifact_store.pull import current_artifact, install_artifact
 from artifact_store.store import blob_key, open_store
 
