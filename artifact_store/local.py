@@ -16,9 +16,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO, Iterator
 
-from artifact_store.digest import BUFFER_SIZE, digest_bytes, fsync_dir, write_all
-from artifact_store.errors import KeyNotFoundError, StoreUnavailableError
-from artifact_store.store import ProgressFn
+from buildctl.digest import BUFFER_SIZE, digest_bytes, fsync_dir, write_all
+from buildctl.store.errors import KeyNotFoundError, StoreArgumentError, StoreUnavailableError
+from buildctl.store.backend import ProgressFn
 
 _RESERVED = (".tmp", ".locks")
 
@@ -39,7 +39,7 @@ class LocalStore:
 
     def _path(self, key: str) -> Path:
         if not key or key.startswith("/") or ".." in key.split("/") or key.split("/")[0] in _RESERVED:
-            raise ValueError(f"bad store key {key!r}")
+            raise StoreArgumentError(f"bad store key {key!r}")
         return self.root / key
 
     def _tmp(self) -> Path:
@@ -72,7 +72,8 @@ class LocalStore:
             raise KeyNotFoundError(key) from None
 
     @contextmanager
-    def open_read(self, key: str) -> Iterator[BinaryIO]:
+    def open_read(self, key: str, *, verify_checksum: bool = False) -> Iterator[BinaryIO]:
+        # A local file has no server-side checksum: callers hash what they read.
         try:
             f = open(self._path(key), "rb", buffering=0)
         except (FileNotFoundError, NotADirectoryError):

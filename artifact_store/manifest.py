@@ -18,8 +18,8 @@ from typing import Any, Callable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from artifact_store.digest import DIGEST_RE, canonical_json, digest_bytes, hash_file
-from artifact_store.errors import ManifestError, UnsafeTreeError
+from buildctl.digest import DIGEST_RE, canonical_json, digest_bytes, digest_json, hash_file
+from buildctl.store.errors import ManifestError, UnsafeTreeError
 
 MANIFEST_SCHEMA_VERSION = 1
 MAX_PATH_LEN = 1024
@@ -101,7 +101,7 @@ class Manifest(_Frozen):
     profile_name: str = Field(..., description="The build profile's name.")
     profile_hash: str = Field(..., description="The profile's build-affecting hash.")
     build_key: str | None = Field(None, description="The build key (profile hash, model digest, compat key, backend version); None for imports without a model digest.")
-    backend: Literal["trtllm", "aoti"] = Field(..., description="The builder backend that made the engine.")
+    backend: str = Field(..., pattern=r"^[a-z0-9][a-z0-9_-]{0,31}$", description="The builder backend that made the engine (a name in the engine registry).")
     compat_key: str = Field(..., description="The builder host's compat key for this backend: where the engine may run.")
     fingerprint: dict[str, Any] = Field(..., description="The builder host's full fingerprint.")
     tool_versions: dict[str, str | None] = Field(default_factory=dict, description="Backend and tool versions (torch, tensorrt_llm, buildctl, ...).")
@@ -243,3 +243,8 @@ def hash_tree(
         return [one(f) for f in files]
     with ThreadPoolExecutor(max_workers=min(workers, len(files))) as pool:
         return list(pool.map(one, files))
+
+
+def tree_digest(root: str | Path) -> str:
+    """The digest of a directory tree (a model checkpoint): every file's path, size, digest and mode."""
+    return digest_json([e.model_dump(mode="json") for e in hash_tree(scan_tree(root))])

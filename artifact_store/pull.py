@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
-from artifact_store.digest import BUFFER_SIZE, Hasher, fsync_dir, hex_of, write_all
-from artifact_store.errors import (
+from buildctl.digest import BUFFER_SIZE, Hasher, fsync_dir, hex_of, write_all
+from buildctl.store.errors import (
     ChannelNotFoundError,
     FileProblem,
     InstallError,
@@ -36,10 +36,12 @@ from artifact_store.errors import (
     RollbackError,
     VerificationError,
 )
-from artifact_store.manifest import FileEntry, Manifest
-from artifact_store.ops import ChannelRecord, get_manifest, read_channel, verify_manifest_signature
-from artifact_store.signing import load_trusted_keys, verify_signature
-from artifact_store.store import ProgressFn, Store, blob_key
+from buildctl.store.manifest import FileEntry, Manifest
+from buildctl.store.backend import ProgressFn, Store
+from buildctl.store.channels import ChannelRecord, read_channel
+from buildctl.store.layout import blob_key
+from buildctl.store.signing import TrustedKeys, verify_manifest_signature, verify_signature
+from buildctl.store.verify import get_manifest
 
 Preflight = Callable[[Manifest, Path], None]
 
@@ -226,7 +228,7 @@ def _record_installed(dest: Path, record: ChannelRecord) -> None:
     os.replace(tmp, Path(dest) / STATE_FILE)
 
 
-def check_trust(store: Store, record: ChannelRecord, dest: Path, trusted: dict) -> None:
+def check_trust(store: Store, record: ChannelRecord, dest: Path, trusted: TrustedKeys) -> None:
     """With trusted keys: the channel record and the manifest must be signed by a trusted key, and
     the record must not be older than what this node installed (rollback protection)."""
     verify_signature(f"channel record {record.channel} #{record.seq}", record.signed_bytes(), record.signature, trusted)
@@ -246,11 +248,11 @@ def pull(
     preflight: Preflight | None = None,
     keep: int = 2,
     on_bytes: ProgressFn | None = None,
-    trusted: dict | None = None,
+    trusted: TrustedKeys | None = None,
 ) -> PullResult:
     """Resolve the channel for this host's compat keys and install its artifact. With ``trusted``
-    keys (default: ``$BUILDCTL_TRUSTED_KEYS``), signatures and rollback protection are enforced."""
-    trusted = trusted if trusted is not None else load_trusted_keys()
+    keys (the CLI loads them from ``BUILDCTL_TRUSTED_KEYS``), signatures and rollback protection
+    are enforced."""
     record = resolve_channel(store, profile, channel, compat_keys)
     dest = Path(dest)
     if trusted is not None:

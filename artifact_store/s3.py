@@ -26,8 +26,8 @@ from awscrt import checksums
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
-from artifact_store.errors import KeyNotFoundError, StoreUnavailableError, StoreUriError
-from artifact_store.store import ProgressFn
+from buildctl.store.errors import KeyNotFoundError, StoreUnavailableError, StoreUriError
+from buildctl.store.backend import ProgressFn
 
 PART_SIZE = 32 * 1024 * 1024
 MULTIPART_THRESHOLD = 64 * 1024 * 1024
@@ -127,9 +127,9 @@ class S3Store:
         except BotoCoreError as err:
             raise self._fail(err, f"head {key}") from None
 
-    def _get(self, key: str) -> dict[str, Any]:
+    def _get(self, key: str, **extra: str) -> dict[str, Any]:
         try:
-            return self.client.get_object(Bucket=self.bucket, Key=self._k(key))
+            return self.client.get_object(Bucket=self.bucket, Key=self._k(key), **extra)
         except ClientError as err:
             if _status(err) == 404 or _code(err) in ("NoSuchKey", "404"):
                 raise KeyNotFoundError(key) from None
@@ -145,8 +145,10 @@ class S3Store:
             raise self._fail(err, f"read {key}") from None
 
     @contextmanager
-    def open_read(self, key: str) -> Iterator[BinaryIO]:
-        body = _Body(self._get(key)["Body"])
+    def open_read(self, key: str, *, verify_checksum: bool = False) -> Iterator[BinaryIO]:
+        # ChecksumMode=ENABLED: botocore validates the object's stored full-object checksum
+        # while the body is read to its end, and raises on a mismatch.
+        body = _Body(self._get(key, **({"ChecksumMode": "ENABLED"} if verify_checksum else {}))["Body"])
         try:
             yield body  # type: ignore[misc]
         finally:
@@ -248,52 +250,6 @@ class S3Store:
             self.client.delete_object(Bucket=self.bucket, Key=self._k(key))
         except (ClientError, BotoCoreError) as err:
             raise self._fail(err, f"delete {key}") from None
-
-    def download_tree(self, prefix: str, dest: Path) -> Path:
-        """Download every object under ``prefix`` into ``dest`` (replaced atomically when complete).
-
-        Each object's size is checked, and its stored checksum (when the server kept one) is
-        validated by botocore (``ChecksumMode=ENABLED``); a bad object fails the whole download.
-        """
-        import shutil
-        import uuid
-
-        from artifact_store.manifest import check_relpath
-
-        dest = Path(dest)
-        marker = dest.parent / f"{dest.name}.complete"
-        if dest.is_dir() and marker.exists():
-            return dest
-        staging = dest.parent / f".{dest.name}-{uuid.uuid4().hex}"
-        staging.mkdir(parents=True)
-        try:
-            for key in self.list(prefix):
-                rel = key[len(prefix):].lstrip("/")
-                try:
-                    check_relpath(rel)
-                except ValueError as err:
-                    raise StoreUnavailableError(self.uri, f"refusing object {key!r}: {err}") from None
-                target = staging / rel
-                target.parent.mkdir(parents=True, exist_ok=True)
-                try:
-                    resp = self.client.get_object(Bucket=self.bucket, Key=self._k(key), ChecksumMode="ENABLED")
-                    expected = int(resp["ContentLength"])
-                    written = 0
-                    with open(target, "wb") as f:
-                        for chunk in resp["Body"].iter_chunks(8 * 1024 * 1024):
-                            f.write(chunk)
-                            written += len(chunk)
-                except (ClientError, BotoCoreError) as err:
-                    raise self._fail(err, f"download {key}") from None
-                if written != expected:
-                    raise StoreUnavailableError(self.uri, f"{key}: got {written} of {expected} bytes")
-            if dest.exists():
-                shutil.rmtree(dest)
-            staging.rename(dest)
-            marker.write_text("")
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
-        return dest
 
     def get_ref(self, key: str) -> tuple[bytes, str] | None:
         try:

@@ -8,15 +8,16 @@ attestations, and nodes configured with trusted public keys accept only what ver
 Keys are raw Ed25519 keys in PEM files (private: PKCS8, mode 0600). A key's id is the first 16
 hex of the xxh3-128 digest of its raw public key. Signatures cover canonical JSON bytes.
 
-* ``BUILDCTL_SIGNING_KEY``: the private key this process signs with (publish, promote, validate).
-* ``BUILDCTL_TRUSTED_KEYS``: a directory of ``*.pub`` files; when set, ``pull`` refuses unsigned
-  or wrongly signed manifests and channel records, and channel records older than the last one
-  this node installed (rollback protection).
+The paths come from :class:`buildctl.settings.Settings` (``BUILDCTL_SIGNING_KEY``: the private
+key this process signs with; ``BUILDCTL_TRUSTED_KEYS``: a directory of ``*.pub`` files, and when
+it is set, ``pull`` refuses unsigned or wrongly signed manifests and channel records, and channel
+records older than the last one this node installed). This module reads no environment.
 """
 
 from __future__ import annotations
 
 import base64
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,11 +26,12 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from artifact_store.digest import digest_bytes, hex_of
-from artifact_store.errors import SignatureError, StoreArgumentError
+from buildctl.digest import canonical_json, digest_bytes, hex_of
+from buildctl.store.backend import Store
+from buildctl.store.errors import SignatureError, StoreArgumentError
+from buildctl.store.layout import manifest_key, manifest_signature_key, manifest_signature_prefix
 
-SIGNING_KEY_ENV = "BUILDCTL_SIGNING_KEY"
-TRUSTED_KEYS_ENV = "BUILDCTL_TRUSTED_KEYS"
+TrustedKeys = dict[str, Ed25519PublicKey]
 
 
 def _raw_public(pub: Ed25519PublicKey) -> bytes:
@@ -68,9 +70,9 @@ def generate(out_dir: str | Path, name: str = "buildctl") -> tuple[Path, Path, s
     return key_path, pub_path, key_id(pub)
 
 
-def load_signing_key(path: str | Path | None = None) -> SigningKey | None:
-    """The signing key from ``path`` or ``$BUILDCTL_SIGNING_KEY``; None when neither is set."""
-    p = path or os.environ.get(SIGNING_KEY_ENV)
+def load_signing_key(path: str | Path | None) -> SigningKey | None:
+    """The signing key at ``path``; None when no path is given."""
+    p = path
     if not p:
         return None
     try:
@@ -82,9 +84,9 @@ def load_signing_key(path: str | Path | None = None) -> SigningKey | None:
     return SigningKey(private, key_id(private.public_key()))
 
 
-def load_trusted_keys(directory: str | Path | None = None) -> dict[str, Ed25519PublicKey] | None:
-    """Trusted public keys by id from ``directory`` or ``$BUILDCTL_TRUSTED_KEYS``; None when unset."""
-    d = directory or os.environ.get(TRUSTED_KEYS_ENV)
+def load_trusted_keys(directory: str | Path | None) -> TrustedKeys | None:
+    """Trusted public keys by id from ``directory``; None when no directory is given."""
+    d = directory
     if not d:
         return None
     keys: dict[str, Ed25519PublicKey] = {}
@@ -100,7 +102,7 @@ def load_trusted_keys(directory: str | Path | None = None) -> dict[str, Ed25519P
     return keys
 
 
-def verify_signature(what: str, data: bytes, signature: dict | None, trusted: dict[str, Ed25519PublicKey]) -> str:
+def verify_signature(what: str, data: bytes, signature: dict | None, trusted: TrustedKeys) -> str:
     """Check ``signature`` over ``data`` against the trusted keys; returns the key id or raises."""
     if not signature:
         raise SignatureError(what, "unsigned")
@@ -112,3 +114,25 @@ def verify_signature(what: str, data: bytes, signature: dict | None, trusted: di
     except (InvalidSignature, ValueError):
         raise SignatureError(what, f"bad signature by key {signature.get('key_id')}") from None
     return str(signature["key_id"])
+
+
+def sign_manifest(store: Store, artifact_id: str, signer: SigningKey, body: bytes | None = None) -> str:
+    """Store ``signer``'s signature of the manifest (create-only); returns the key id."""
+    body = body if body is not None else store.get_bytes(manifest_key(artifact_id))
+    store.put_bytes(manifest_signature_key(artifact_id, signer.key_id), canonical_json(signer.sign(body)))
+    return signer.key_id
+
+
+def verify_manifest_signature(store: Store, artifact_id: str, trusted: TrustedKeys) -> str:
+    """The id of a trusted key whose signature of the manifest verifies, or raise SignatureError."""
+    body = store.get_bytes(manifest_key(artifact_id))
+    sigs = [json.loads(store.get_bytes(k)) for k in store.list(manifest_signature_prefix(artifact_id))]
+    if not sigs:
+        raise SignatureError(f"manifest {artifact_id}", "unsigned")
+    last: SignatureError | None = None
+    for sig in sigs:
+        try:
+            return verify_signature(f"manifest {artifact_id}", body, sig, trusted)
+        except SignatureError as err:
+            last = err
+    raise last  # type: ignore[misc]

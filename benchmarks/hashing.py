@@ -15,8 +15,8 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from artifact_store.digest import BUFFER_SIZE
-from artifact_store.manifest import hash_tree, scan_tree
+from buildctl.digest import BUFFER_SIZE
+from buildctl.store.manifest import hash_tree, scan_tree
 from benchmarks.common import GIB, best_of, drop_caches, finish, make_engine_tree, table, tree_files
 
 

@@ -19,32 +19,30 @@ REPO = Path(__file__).resolve().parent.parent
 
 def main(argv: list[str] | None = None) -> int:
     os.chdir(REPO)
-    from artifact_store.ops import promote
-    from artifact_store.pull import install_artifact
-    from artifact_store.store import open_store
     from buildctl import pipeline
-    from buildctl.pipeline import preflight_for
-    from engines.profile import load_profile
-    from engines.tiny import make_tiny
-    from validators.validate import validate_artifact
+    from buildctl.engines.profile import load_profile
+    from buildctl.engines.tiny import make_tiny
+    from buildctl.settings import load_settings
+    from buildctl.store.backend import open_store
+    from buildctl.store.pull import install_artifact
 
     profile = load_profile(REPO / "build_profiles" / "tiny-llama-cpu.yaml")
     work = Path(tempfile.mkdtemp(prefix="buildctl-bench-pipeline-"))
-    os.environ["BUILDCTL_CACHE_DIR"] = str(work / "cache")  # a cold tiny model, made in this run
+    settings = load_settings(cache_dir=work / "cache")  # a cold tiny model, made in this run
     stages: list[tuple[str, float]] = []
     try:
         t = time.perf_counter()
-        make_tiny(profile.model.tiny)
+        make_tiny(profile.model.tiny, settings.cache_dir)
         stages.append(("model (make + train the tiny Llama)", time.perf_counter() - t))
         store = open_store(str(work / "store"))
         t = time.perf_counter()
-        plan = pipeline.plan_build(store, profile)
+        plan = pipeline.plan_build(settings, store, profile)
         stages.append(("fingerprint + model digest + cache lookup", time.perf_counter() - t))
         t = time.perf_counter()
-        built = pipeline.run_build(plan, workdir=work)
+        built = pipeline.run_build(settings, plan, workdir=work)
         stages.append(("build (aoti compile, subprocess)", time.perf_counter() - t))
         t = time.perf_counter()
-        pub = pipeline.publish_build(store, built)
+        pub = pipeline.publish_build(settings, store, built)
         stages.append(("publish (hash + store)", time.perf_counter() - t))
         shutil.rmtree(built.run_dir, ignore_errors=True)
         marks: list[tuple[str, float]] = [("start", time.perf_counter())]
@@ -54,17 +52,17 @@ def main(argv: list[str] | None = None) -> int:
                 if msg.startswith(key):
                     marks.append((key, time.perf_counter()))
 
-        res = validate_artifact(store, pub.artifact_id, say=say)
+        res = pipeline.validate_artifact(settings, store, pub.artifact_id, say=say)
         marks.append(("end", time.perf_counter()))
         names = {"start": "validate: pull + load the engine", "starting the vLLM reference": "validate: vLLM reference start-up",
                  "parity:": "validate: parity", "speed:": "validate: speed (interleaved)"}
         for (k, a), (_, b) in zip(marks, marks[1:]):
             stages.append((names[k], b - a))
         t = time.perf_counter()
-        promote(store, res.artifact_id, "staging")
+        pipeline.promote_artifact(settings, store, res.artifact_id, "staging")
         stages.append(("promote", time.perf_counter() - t))
         t = time.perf_counter()
-        install_artifact(store, res.artifact_id, work / "node", preflight=preflight_for("aoti"))
+        install_artifact(store, res.artifact_id, work / "node", preflight=pipeline.preflight_for(settings, "aoti"))
         stages.append(("pull (download + verify + preflight + install)", time.perf_counter() - t))
     finally:
         shutil.rmtree(work, ignore_errors=True)

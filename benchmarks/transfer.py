@@ -33,12 +33,13 @@ def main(argv: list[str] | None = None) -> int:
 
     from boto3.s3.transfer import TransferConfig
 
-    from artifact_store import s3 as s3mod
-    from artifact_store.pull import install_artifact
-    from artifact_store.s3 import S3Store
+    from buildctl.store import s3 as s3mod
+    from buildctl.store.pull import install_artifact
+    from buildctl.store.s3 import S3Store
     from buildctl.pipeline import import_engine
-    from engines.fingerprint import detect
-    from engines.profile import load_profile
+    from buildctl.settings import load_settings
+    from buildctl.engines.fingerprint import detect
+    from buildctl.engines.profile import load_profile
     from tests.s3server import SeaweedServer
 
     root = make_engine_tree(args.dir, int(args.size_gib * GIB))
@@ -77,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             notes.append("awscli not available: aws s3 cp not measured")
         store = S3Store(f"s3://{fresh_bucket()}/buildctl")
-        t, res = timed(lambda: import_engine(store, root, profile, fp))
+        t, res = timed(lambda: import_engine(load_settings(), store, root, profile, fp))
         up["buildctl import"] = t
 
         # downloads of the same bytes

@@ -1,5 +1,5 @@
 """``python -m buildctl``: the same CLI as the ``buildctl`` console script."""
 
-from buildctl.cli import main
+from buildctl.cli.main import main
 
 main()

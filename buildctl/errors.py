@@ -2,7 +2,7 @@
 
 Every error raised on purpose by buildctl derives from :class:`BuildctlError`. The direct
 subclasses below are the *categories* that the CLI maps to exit codes (see
-``buildctl.cli.EXIT_CODES``); each package's own ``errors.py`` derives its errors from one
+``buildctl.cli.main.EXIT_CODES``); each package's own ``errors.py`` derives its errors from one
 of them. Details are carried as attributes, never parsed out of messages.
 """
 
@@ -42,3 +42,7 @@ class ConflictError(BuildctlError):
 
 class BuildFailedError(BuildctlError):
     """A builder crashed, timed out or produced incomplete output."""
+
+
+class PreflightRefusedError(BuildctlError):
+    """An engine failed its preflight load on this host, so it was not installed."""

@@ -16,15 +16,17 @@ from typing import Any, Iterable
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from artifact_store.digest import canonical_json
-from artifact_store.errors import CasConflictError, CorruptObjectError, StoreArgumentError
-from artifact_store.manifest import utc_now
-from artifact_store.ops import list_artifacts
-from artifact_store.store import Store
-from engines.fingerprint import Fingerprint
+from buildctl.digest import canonical_json
+from buildctl.engines.fingerprint import Fingerprint
+from buildctl.engines.profile import BuildProfile
+from buildctl.engines.registry import backend_names
+from buildctl.store.backend import Store
+from buildctl.store.errors import CasConflictError, CorruptObjectError, StoreArgumentError
+from buildctl.store.layout import NODES, node_key
+from buildctl.store.manifest import utc_now
+from buildctl.store.verify import list_artifacts
 
 NODE_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")
-BACKENDS = ("trtllm", "aoti")
 
 
 class NodeRecord(BaseModel):
@@ -38,10 +40,6 @@ class NodeRecord(BaseModel):
     profiles: tuple[str, ...] = Field((), description="Profiles the node serves.")
     reported_at: str = Field(..., description="UTC time of the report.")
     reports: int = Field(1, ge=1, description="How many reports this node has made.")
-
-
-def node_key(node_id: str) -> str:
-    return f"inventory/nodes/{node_id}.json"
 
 
 @dataclass
@@ -74,7 +72,7 @@ def report_node(store: Store, node_id: str, fingerprint: Fingerprint, profiles: 
     for _ in range(attempts):
         current = read_node(store, node_id)
         rec = NodeRecord(node_id=node_id, fingerprint=fingerprint.model_dump(mode="json"),
-                         compat_keys={b: fingerprint.compat_key(b) for b in BACKENDS}, profiles=profiles,
+                         compat_keys={b: fingerprint.compat_key(b) for b in backend_names()}, profiles=profiles,
                          reported_at=utc_now(), reports=(current[0].reports + 1) if current else 1)
         if store.cas(node_key(node_id), canonical_json(rec.model_dump(mode="json")), current[1] if current else None):
             return ReportResult(rec, current[0] if current else None)
@@ -82,9 +80,20 @@ def report_node(store: Store, node_id: str, fingerprint: Fingerprint, profiles: 
     raise CasConflictError(node_key(node_id), attempts)
 
 
+def record_reported_fingerprint(store: Store, node_id: str, fingerprint: Fingerprint,
+                                profiles: Iterable[str] | None) -> list[str]:
+    """A node's fingerprint as an event reported it: record it unless the inventory already holds
+    it; returns the profiles the node serves (the event's, else the recorded ones)."""
+    current = read_node(store, node_id)
+    served = list(profiles) if profiles is not None else (list(current[0].profiles) if current else [])
+    if current is None or current[0].fingerprint != fingerprint.model_dump(mode="json"):
+        report_node(store, node_id, fingerprint, served)
+    return served
+
+
 def read_inventory(store: Store) -> list[NodeRecord]:
     out = []
-    for key in store.list("inventory/nodes/"):
+    for key in store.list(NODES):
         got = store.get_ref(key)
         if got is not None:
             out.append(NodeRecord.model_validate_json(got[0]))
@@ -131,29 +140,12 @@ def work_queue_for(compat_key: str) -> str:
     return compat_key
 
 
-def fleet_plan(store: Store, profiles: dict[str, Any], only_profiles: Iterable[str] | None = None) -> list[BuildNeed]:
-    """Read the inventory and the artifacts, and plan. ``profiles``: name -> BuildProfile."""
+def fleet_plan(store: Store, profiles: dict[str, BuildProfile], only_profiles: Iterable[str] | None = None) -> list[BuildNeed]:
+    """Read the inventory and the artifacts, and plan. ``profiles``: name -> profile (``pipeline.load_profiles``)."""
     inventory = read_inventory(store)
     have = existing_pairs(store, {n: p.build_hash() for n, p in profiles.items()})
     return plan_builds(((n.profiles, n.compat_keys) for n in inventory),
                        {n: p.engine.backend for n, p in profiles.items()}, have, only_profiles)
-
-
-def load_profiles(directory: str | None = None) -> dict[str, Any]:
-    """Every profile in the profile directory (``$BUILDCTL_PROFILE_DIR`` or ``build_profiles``), by name."""
-    from engines.profile import load_profile, profile_path
-
-    out = {}
-    for f in sorted(profile_path("*", directory).parent.glob("*.yaml")):
-        p = load_profile(f)
-        out[p.name] = p
-    return out
-
-
-def profile_path(name: str, directory: str | None = None) -> str:
-    from engines.profile import profile_path as path
-
-    return str(path(name, directory))
 
 
 def event_payload(result: ReportResult) -> dict[str, Any]:

@@ -1,4 +1,9 @@
-"""The pipeline steps as plain functions. The CLI and the Prefect flows both call these."""
+"""The pipeline steps as plain functions: every decision of build, validate, promote and pull.
+
+The CLI and the Prefect flows both call these and add only their own concerns (argument
+parsing and printing; retries, concurrency, artifacts and events). Each step takes the
+:class:`~buildctl.settings.Settings` it needs and, where it works on a store, the store.
+"""
 
 from __future__ import annotations
 
@@ -13,23 +18,118 @@ from pathlib import Path
 from typing import Callable
 
 import buildctl
-from artifact_store.digest import is_digest
-from artifact_store.manifest import Manifest
-from artifact_store.errors import VerificationError
-from artifact_store.ops import ManifestDraft, PublishResult, lookup_build_key, publish_tree, verify
-from artifact_store.store import ProgressFn, Store
+from buildctl.digest import is_digest
+from buildctl.engines.backend import Runner
+from buildctl.engines.buildkey import build_key_for
+from buildctl.engines.errors import (
+    EngineBuildError,
+    FieldProblem,
+    IncompatibleTargetError,
+    ModelSourceError,
+    PreflightLoadError,
+    ProfileError,
+)
+from buildctl.engines.fingerprint import Fingerprint, host_fingerprint
+from buildctl.engines.profile import BuildProfile, load_profile, profile_path
+from buildctl.engines.registry import backend_names, backend_of_engine_dir, get_backend
 from buildctl.errors import BadInputError, BuildFailedError
-from engines.backend import get_backend
-from engines.errors import EngineBuildError, EngineLoadError, IncompatibleTargetError
-from engines.model import model_digest, resolve_model
-from engines.buildkey import backend_version, build_key_for
-from engines.fingerprint import Fingerprint, detect, load_fingerprint
-from engines.profile import BuildProfile
+from buildctl.settings import Settings
+from buildctl.store.attestations import StoredAttestation, latest_attestation
+from buildctl.store.backend import ProgressFn, Store, open_store
+from buildctl.store.channels import ChannelRecord, promote
+from buildctl.store.checkpoints import download_checkpoint
+from buildctl.store.errors import StoreArgumentError, VerificationError
+from buildctl.store.manifest import Manifest, tree_digest
+from buildctl.store.publish import ManifestDraft, PublishResult, lookup_build_key, publish_tree
+from buildctl.store.pull import PullResult, pull, resolve_channel
+from buildctl.store.signing import SigningKey, TrustedKeys, load_signing_key, load_trusted_keys
+from buildctl.store.verify import get_manifest, resolve_artifact, verify
+
+Say = Callable[[str], None]
+
+# Channels the flows never promote to: CI promotes to these, through `buildctl promote`.
+PROTECTED_CHANNELS = frozenset({"prod", "production"})
 
 
-def host_fingerprint(fingerprint_file: str | Path | None = None) -> Fingerprint:
-    """This host's fingerprint, or the one saved in ``fingerprint_file``."""
-    return load_fingerprint(fingerprint_file) if fingerprint_file else detect()
+def _quiet(_: str) -> None:
+    return None
+
+
+# --- settings-derived handles ------------------------------------------------------------------
+
+
+def store_of(settings: Settings) -> Store:
+    """The store the settings name."""
+    return open_store(settings.store, endpoint_url=settings.endpoint_url)
+
+
+def signer_of(settings: Settings) -> SigningKey | None:
+    """The key this process signs with, if one is configured."""
+    return load_signing_key(settings.signing_key)
+
+
+def trusted_of(settings: Settings) -> TrustedKeys | None:
+    """The trusted public keys, if configured (then signatures are enforced)."""
+    return load_trusted_keys(settings.trusted_keys)
+
+
+# --- profiles and models ---------------------------------------------------------------------
+
+
+def profile_file(settings: Settings, name: str) -> Path:
+    """Where the profile called ``name`` lives in the profile directory."""
+    return profile_path(name, settings.profile_dir)
+
+
+def profile_by_name(settings: Settings, name: str) -> BuildProfile:
+    """The profile called ``name`` in the profile directory."""
+    return load_profile(profile_file(settings, name))
+
+
+def load_profiles(settings: Settings) -> dict[str, BuildProfile]:
+    """Every profile in the profile directory, by name."""
+    out = {}
+    for f in sorted(Path(settings.profile_dir).glob("*.yaml")):
+        p = load_profile(f)
+        out[p.name] = p
+    return out
+
+
+def find_profile(settings: Settings, name: str, expected_hash: str, path: str | Path | None = None) -> BuildProfile:
+    """An artifact's profile: ``path``, else ``<profile dir>/<name>.yaml``. Its build-affecting hash
+    must equal the artifact's (the gates may differ)."""
+    where = Path(path) if path else profile_file(settings, name)
+    profile = load_profile(where)
+    if profile.name != name or profile.build_hash() != expected_hash:
+        raise ProfileError(str(where), [FieldProblem("", "matches-artifact",
+                           f"profile {profile.name} ({profile.build_hash()}) is not the one the artifact was built "
+                           f"from ({name}, {expected_hash})")])
+    return profile
+
+
+def resolve_model(settings: Settings, profile: BuildProfile, override: str | None = None) -> Path:
+    """A local checkpoint directory for ``profile`` (``override`` replaces the profile's source).
+
+    ``s3://`` checkpoints are downloaded, verified, into the cache first; the tiny model is made or
+    taken from its cache.
+    """
+    src = override or profile.model.path or profile.model.uri
+    if src is None and profile.model.tiny is not None:
+        from buildctl.engines.tiny import make_tiny
+
+        return make_tiny(profile.model.tiny, settings.cache_dir)
+    if src is None:
+        raise ModelSourceError(profile.name, "the profile names no model source")
+    if src.startswith("s3://"):
+        dest = Path(settings.cache_dir) / "models" / src[len("s3://"):].replace("/", "_")
+        return download_checkpoint(open_store(src, endpoint_url=settings.endpoint_url), dest)
+    p = Path(src).expanduser()
+    if not (p / "config.json").is_file():
+        raise ModelSourceError(src, "not an HF checkpoint directory (no config.json)")
+    return p
+
+
+# --- manifests and import --------------------------------------------------------------------
 
 
 def manifest_draft(profile: BuildProfile, fingerprint: Fingerprint, *, model_digest: str | None = None,
@@ -38,7 +138,7 @@ def manifest_draft(profile: BuildProfile, fingerprint: Fingerprint, *, model_dig
     backend = profile.engine.backend
     versions: dict[str, str | None] = {
         "buildctl": buildctl.__version__,
-        "backend": backend_version(fingerprint, backend),
+        "backend": fingerprint.tool_version(backend),
         "torch": fingerprint.torch_version,
         "tensorrt": fingerprint.tensorrt_version,
         "tensorrt_llm": fingerprint.tensorrt_llm_version,
@@ -52,42 +152,51 @@ def manifest_draft(profile: BuildProfile, fingerprint: Fingerprint, *, model_dig
     )
 
 
-def import_engine(store: Store, engine_dir: str | Path, profile: BuildProfile, fingerprint: Fingerprint, *,
-                  model_digest: str | None = None, on_bytes: ProgressFn | None = None) -> PublishResult:
+def import_engine(settings: Settings, store: Store, engine_dir: str | Path, profile: BuildProfile,
+                  fingerprint: Fingerprint, *, model_digest: str | None = None,
+                  on_bytes: ProgressFn | None = None) -> PublishResult:
     """Publish an engine directory built elsewhere (e.g. by hand with ``trtllm-build``)."""
     if model_digest is not None and not is_digest(model_digest):
         raise BadInputError(f"--model-digest {model_digest!r} is not an xxh3-128:<32 hex> digest")
     return publish_tree(store, engine_dir, manifest_draft(profile, fingerprint, model_digest=model_digest),
-                        on_bytes=on_bytes)
+                        on_bytes=on_bytes, signer=signer_of(settings))
 
 
-# --- preflight ------------------------------------------------------------------------------
+# --- preflight and engines -------------------------------------------------------------------
 
 PREFLIGHT_TIMEOUT_S = 900
 
 
-def preflight_for(backend: str) -> Callable[[Manifest, Path], None]:
+def preflight_for(settings: Settings, backend: str) -> Callable[[Manifest, Path], None]:
     """The backend's preflight load for a staged engine, run in a subprocess so that a crash
     while loading (a segfault in a C++ runtime, SIGILL from a foreign ISA) cannot take the
-    caller down. Raises :class:`PreflightFailed` with the output's tail."""
+    caller down. Raises :class:`PreflightLoadError` with the output's tail."""
 
     def run(manifest: Manifest, staged: Path) -> None:
-        cmd = [sys.executable, "-m", "engines.preflight", backend, str(staged)]
+        cmd = [sys.executable, "-m", "buildctl.engines.preflight", backend, str(staged)]
+        if settings.fingerprint_file:
+            cmd += ["--fingerprint-file", str(settings.fingerprint_file)]
         try:
             r = subprocess.run(cmd, capture_output=True, text=True, timeout=PREFLIGHT_TIMEOUT_S,
                                stdin=subprocess.DEVNULL)
         except subprocess.TimeoutExpired:
-            raise PreflightFailed(f"{backend} preflight timed out after {PREFLIGHT_TIMEOUT_S}s") from None
+            raise PreflightLoadError(backend, f"timed out after {PREFLIGHT_TIMEOUT_S}s") from None
         if r.returncode != 0:
             tail = "\n".join((r.stdout + r.stderr).strip().splitlines()[-5:])
             how = f"killed by signal {-r.returncode}" if r.returncode < 0 else f"exit {r.returncode}"
-            raise PreflightFailed(f"{backend} preflight failed ({how}): {tail}")
+            raise PreflightLoadError(backend, f"({how}): {tail}")
 
     return run
 
 
-class PreflightFailed(Exception):
-    """The preflight subprocess could not load the engine."""
+def load_engine(settings: Settings, engine_dir: str | Path) -> Runner:
+    """Load an engine directory with its backend's runner."""
+    return get_backend(backend_of_engine_dir(engine_dir), settings).load(Path(engine_dir))
+
+
+def host_compat_keys(fingerprint: Fingerprint) -> list[str]:
+    """This host's compat key for every registered backend, in registration order."""
+    return [fingerprint.compat_key(b) for b in backend_names()]
 
 
 # --- build with the build cache --------------------------------------------------------------
@@ -134,19 +243,19 @@ class BuiltEngine:
     tool_versions: dict[str, str | None]
 
 
-def plan_build(store: Store, profile: BuildProfile, *, model: str | None = None, target_compat_key: str | None = None,
-               fingerprint: Fingerprint | None = None, endpoint_url: str | None = None,
-               say: Callable[[str], None] = lambda _: None) -> BuildPlan:
+def plan_build(settings: Settings, store: Store, profile: BuildProfile, *, model: str | None = None,
+               target_compat_key: str | None = None, fingerprint: Fingerprint | None = None,
+               say: Say = _quiet) -> BuildPlan:
     """Check the target, resolve the model, compute the build key and look it up in the cache."""
-    fp = fingerprint or detect()
+    fp = fingerprint or host_fingerprint(settings)
     compat = fp.compat_key(profile.engine.backend)
     if target_compat_key and target_compat_key != compat:
         raise IncompatibleTargetError(
             f"this host ({compat}) cannot build for target {target_compat_key}: an engine built here would not "
             "load there", {"compat_key": (target_compat_key, compat)})
     say(f"model: resolving {model or profile.model.path or profile.model.uri or 'tiny ' + str(profile.model.tiny)}")
-    model_dir = resolve_model(profile, model, endpoint_url=endpoint_url)
-    digest = model_digest(model_dir)
+    model_dir = resolve_model(settings, profile, model)
+    digest = tree_digest(model_dir)
     key = build_key_for(profile, digest, fp)
     say(f"build key {key} (model {digest}, compat {compat})")
     cached = lookup_build_key(store, key)
@@ -160,10 +269,10 @@ def plan_build(store: Store, profile: BuildProfile, *, model: str | None = None,
     return BuildPlan(profile, fp, model_dir, digest, key, compat, cached)
 
 
-def run_build(plan: BuildPlan, *, workdir: Path | None = None, say: Callable[[str], None] = lambda _: None) -> BuiltEngine:
+def run_build(settings: Settings, plan: BuildPlan, *, workdir: Path | None = None, say: Say = _quiet) -> BuiltEngine:
     """Run the backend's isolated build; a failure keeps the log and raises ``BuildFailedError``."""
     profile = plan.profile
-    backend = get_backend(profile.engine.backend)
+    backend = get_backend(profile.engine.backend, settings)
     base = Path(workdir) if workdir else Path(tempfile.gettempdir())
     base.mkdir(parents=True, exist_ok=True)
     run_dir = Path(tempfile.mkdtemp(prefix="buildctl-build-", dir=base))
@@ -172,10 +281,10 @@ def run_build(plan: BuildPlan, *, workdir: Path | None = None, say: Callable[[st
     try:
         result = backend.build(profile, plan.model_dir, run_dir / "engine", plan.fingerprint, log_path,
                                model_digest=plan.model_digest)
-    except BuildFailedError:
+    except BuildFailedError as err:
         keep = _keep_log(log_path, base)
         shutil.rmtree(run_dir, ignore_errors=True)
-        raise _with_kept_log(sys.exc_info()[1], keep) from None
+        raise _with_kept_log(err, keep) from None
     except BaseException:
         shutil.rmtree(run_dir, ignore_errors=True)
         raise
@@ -183,18 +292,19 @@ def run_build(plan: BuildPlan, *, workdir: Path | None = None, say: Callable[[st
     return BuiltEngine(plan, run_dir, result.engine_dir, log_path, result.wall_s, result.tool_versions)
 
 
-def publish_build(store: Store, built: BuiltEngine, *, say: Callable[[str], None] = lambda _: None) -> PublishResult:
+def publish_build(settings: Settings, store: Store, built: BuiltEngine, *, say: Say = _quiet) -> PublishResult:
     """Publish a built engine with its log and claim its build key; idempotent, so safe to retry."""
     plan = built.plan
     draft = manifest_draft(plan.profile, plan.fingerprint, model_digest=plan.model_digest,
                            extra_versions=built.tool_versions)
-    pub = publish_tree(store, built.engine_dir, draft, build_log=built.log_path)
+    pub = publish_tree(store, built.engine_dir, draft, build_log=built.log_path, signer=signer_of(settings))
     if pub.build_key_owner and pub.build_key_owner != pub.artifact_id:
         say(f"a concurrent build of the same key won: adopting {pub.build_key_owner}")
     return pub
 
 
 def build(
+    settings: Settings,
     store: Store,
     profile: BuildProfile,
     *,
@@ -202,21 +312,20 @@ def build(
     target_compat_key: str | None = None,
     fingerprint: Fingerprint | None = None,
     workdir: Path | None = None,
-    endpoint_url: str | None = None,
-    say: Callable[[str], None] = lambda _: None,
+    say: Say = _quiet,
 ) -> BuildOutcome:
     """Build the profile for this host and publish it, unless its build key already has an
     artifact that verifies (then no builder runs at all)."""
     t0 = time.monotonic()
-    plan = plan_build(store, profile, model=model, target_compat_key=target_compat_key, fingerprint=fingerprint,
-                      endpoint_url=endpoint_url, say=say)
+    plan = plan_build(settings, store, profile, model=model, target_compat_key=target_compat_key,
+                      fingerprint=fingerprint, say=say)
     if plan.cached is not None:
         return BuildOutcome(plan.cached, plan.build_key, plan.model_digest, plan.compat_key, cache_hit=True,
                             total_s=time.monotonic() - t0)
-    built = run_build(plan, workdir=workdir, say=say)
+    built = run_build(settings, plan, workdir=workdir, say=say)
     try:
         t1 = time.monotonic()
-        pub = publish_build(store, built, say=say)
+        pub = publish_build(settings, store, built, say=say)
         publish_s = time.monotonic() - t1
     finally:
         shutil.rmtree(built.run_dir, ignore_errors=True)
@@ -235,23 +344,69 @@ def _keep_log(log_path: Path, base: Path) -> Path | None:
     return kept
 
 
-def _with_kept_log(err: BaseException | None, kept: Path | None) -> BaseException:
+def _with_kept_log(err: BuildFailedError, kept: Path | None) -> BuildFailedError:
     if isinstance(err, EngineBuildError) and kept is not None:
         return EngineBuildError(err.backend, err.kind, err.detail, returncode=err.returncode, signal=err.signal,
                                 log_path=str(kept), log_tail=err.log_tail)
-    return err if err is not None else RuntimeError("build failed")
+    return err
 
 
-def engine_backend_of(engine_dir: str | Path) -> str:
-    """Which backend an engine directory belongs to, from its files."""
-    d = Path(engine_dir)
-    if (d / "engine.json").is_file() and (d / "model.pt2").is_file():
-        return "aoti"
-    if (d / "config.json").is_file() and (d / "rank0.engine").is_file():
-        return "trtllm"
-    raise EngineLoadError(str(d), "neither an aoti engine (engine.json, model.pt2) nor a trtllm engine (config.json, rank0.engine)")
+# --- validation ------------------------------------------------------------------------------
 
 
-def load_engine(engine_dir: str | Path):
-    """Load an engine directory with its backend's runner."""
-    return get_backend(engine_backend_of(engine_dir)).load(Path(engine_dir))
+def validate_artifact(settings: Settings, store: Store, artifact_ref: str, *, profile_path: str | Path | None = None,
+                      prompts_file: str | Path | None = None, fingerprint: Fingerprint | None = None,
+                      reference: Runner | None = None, wrap_candidate: Callable[[Runner], Runner] | None = None,
+                      say: Say = _quiet):
+    """Validate one artifact on this host against vLLM and store the attestation (see
+    :func:`buildctl.validators.validate.validate_artifact`). Resolves the artifact's profile and
+    model first. A failing verdict raises ``ValidationFailedError`` after the attestation is written."""
+    from buildctl.validators.validate import validate_artifact as run_validation
+
+    artifact_id = resolve_artifact(store, artifact_ref)
+    manifest = get_manifest(store, artifact_id)
+    profile = find_profile(settings, manifest.profile_name, manifest.profile_hash, profile_path)
+    return run_validation(settings, store, artifact_id, profile=profile, model_dir=resolve_model(settings, profile),
+                          prompts_file=prompts_file, fingerprint=fingerprint or host_fingerprint(settings),
+                          reference=reference, wrap_candidate=wrap_candidate, signer=signer_of(settings), say=say)
+
+
+def passing_attestation(store: Store, artifact_id: str, compat_key: str) -> StoredAttestation | None:
+    """The newest attestation of the artifact for ``compat_key``, if it passed: validation is then
+    skipped (unless asked to revalidate), since the same bytes on the same compat key were judged."""
+    stored = latest_attestation(store, artifact_id, compat_key)
+    return stored if stored is not None and stored.attestation.passed else None
+
+
+# --- promotion and pull ----------------------------------------------------------------------
+
+
+def check_automatic_promotion(channel: str) -> None:
+    """Flows promote only to non-production channels; CI promotes to the protected ones."""
+    if channel in PROTECTED_CHANNELS:
+        raise StoreArgumentError(f"the flow promotes to non-production channels only; promote to {channel!r} from CI")
+
+
+def promote_artifact(settings: Settings, store: Store, artifact_ref: str, channel: str, *, force: bool = False,
+                     reason: str | None = None) -> ChannelRecord:
+    """Promote through the gates, signed and attributed as the settings say."""
+    return promote(store, artifact_ref, channel, force=force, reason=reason, who=settings.actor,
+                   signer=signer_of(settings), trusted=trusted_of(settings))
+
+
+def pull_engine(settings: Settings, store: Store, profile: str, channel: str, dest: str | Path, *, keep: int = 2,
+                skip_preflight: bool = False, on_bytes: ProgressFn | None = None,
+                fingerprint: Fingerprint | None = None) -> PullResult:
+    """Install the channel's engine for this host: verify, preflight, swap atomically."""
+    keys = host_compat_keys(fingerprint or host_fingerprint(settings))
+    rec = resolve_channel(store, profile, channel, keys)
+    backend = get_manifest(store, rec.artifact_id).backend
+    return pull(store, profile, channel, dest, keys, preflight=None if skip_preflight else preflight_for(settings, backend),
+                keep=keep, on_bytes=on_bytes, trusted=trusted_of(settings))
+
+
+def channel_target(settings: Settings, store: Store, profile: str, channel: str,
+                   fingerprint: Fingerprint | None = None) -> tuple[ChannelRecord, Manifest]:
+    """The record and manifest a pull on this host would install."""
+    rec = resolve_channel(store, profile, channel, host_compat_keys(fingerprint or host_fingerprint(settings)))
+    return rec, get_manifest(store, rec.artifact_id)

@@ -23,7 +23,7 @@ COPY flows ./flows
 COPY build_profiles ./build_profiles
 # tensorrt-llm comes from the base image; install buildctl without touching it.
 RUN python3 -m pip install --no-deps . \
- && python3 -m pip install "pydantic>=2.7,<3" "PyYAML>=6" "xxhash>=3.4" "boto3[crt]>=1.36" "typer>=0.12" "rich>=13" \
+ && python3 -m pip install "pydantic>=2.7,<3" "pydantic-settings>=2.3" "cryptography>=42" "PyYAML>=6" "xxhash>=3.4" "boto3[crt]>=1.36" "typer>=0.12" "rich>=13" \
         "prefect>=3.4,<4" "nvidia-ml-py>=12" \
  && useradd --create-home --uid 10001 --shell /usr/sbin/nologin buildctl
 

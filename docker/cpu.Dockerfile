@@ -21,7 +21,7 @@ COPY flows ./flows
 # The project itself is a local path; its dependency versions are pinned in pyproject.toml.
 # hadolint ignore=DL3013
 RUN pip install --index-url https://download.pytorch.org/whl/cpu "torch==2.13.0+cpu" \
- && pip install ".[cpu]" \
+ && pip install ".[orchestration,cpu]" \
  && pip uninstall -y torchvision torchaudio torchcodec triton
 
 FROM ${PYTHON_IMAGE}

@@ -24,13 +24,14 @@ import sys
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, ClassVar, Iterator
 
-from engines.backend import BuildResult, Generation, TokenEvent
-from engines.errors import EngineBuildError, EngineLoadError, IncompatibleTargetError
-from engines.fingerprint import Fingerprint, detect
-from engines.isolate import run_step
-from engines.profile import BuildProfile
+from buildctl.engines.backend import BuildResult, Generation, TokenEvent
+from buildctl.engines.errors import EngineBuildError, EngineLoadError, IncompatibleTargetError
+from buildctl.engines.fingerprint import Fingerprint, compiler_major, host_fingerprint
+from buildctl.engines.isolate import run_step
+from buildctl.engines.profile import BuildProfile, EngineSpec, rule_error
+from buildctl.settings import Settings
 
 RECORD_FORMAT = 1
 ENGINE_FILES = ("model.pt2", "engine.json")
@@ -78,9 +79,8 @@ def read_record(engine_dir: Path) -> dict[str, Any]:
     return record
 
 
-def check_compat(engine_dir: Path, record: dict[str, Any], host: Fingerprint | None = None) -> None:
+def check_compat(engine_dir: Path, record: dict[str, Any], host: Fingerprint) -> None:
     """Refuse an engine built for another compat key, naming every differing field."""
-    host = host or detect()
     if record.get("compat_key") == host.compat_key("aoti"):
         return
     mine = host.compat_fields("aoti")
@@ -90,7 +90,42 @@ def check_compat(engine_dir: Path, record: dict[str, Any], host: Fingerprint | N
 
 
 class AotiBackend:
-    name = "aoti"
+    name: ClassVar[str] = "aoti"
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+
+    @staticmethod
+    def tool_version(fingerprint: Fingerprint) -> str | None:
+        return fingerprint.torch_version
+
+    @staticmethod
+    def compat_fields(fingerprint: Fingerprint) -> dict[str, Any]:
+        return {
+            "isa_level": fingerprint.cpu.isa_level,
+            "torch": fingerprint.torch_version,
+            "platform": fingerprint.platform,
+            "compiler_major": compiler_major(fingerprint.compiler_version),
+        }
+
+    @staticmethod
+    def recognises(engine_dir: Path) -> bool:
+        return (engine_dir / "engine.json").is_file() and (engine_dir / "model.pt2").is_file()
+
+    @staticmethod
+    def check_engine_spec(spec: EngineSpec) -> None:
+        """aoti-only rules of a profile's engine section."""
+        if spec.quantization != "none":
+            raise rule_error("quantization", "aoti-no-quantization",
+                             "quantization {q!r} needs backend trtllm; aoti builds only unquantized engines", q=spec.quantization)
+        if spec.kv_cache_dtype not in ("auto",):
+            raise rule_error("kv_cache_dtype", "aoti-no-kv-cache-dtype",
+                             "kv_cache_dtype {k!r} needs backend trtllm; aoti has no KV cache option", k=spec.kv_cache_dtype)
+        if spec.tp_size * spec.pp_size != 1:
+            raise rule_error("tp_size", "aoti-single-rank", "tp_size * pp_size must be 1 for aoti (got {n})",
+                             n=spec.tp_size * spec.pp_size)
+        if spec.plugins is not None:
+            raise rule_error("plugins", "plugins-trtllm-only", "plugins apply to backend trtllm only")
 
     def build(self, profile: BuildProfile, model_dir: Path, out_dir: Path, fingerprint: Fingerprint,
               log_path: Path, *, model_digest: str | None = None) -> BuildResult:
@@ -111,7 +146,7 @@ class AotiBackend:
                         "VLLM_CACHE_ROOT": str(work / "vllm"), "PYTHONUNBUFFERED": "1"})
             start = time.monotonic()
             run_step("aoti", "aoti compile",
-                     [sys.executable, "-m", "engines.aoti_compile", "--model", str(model_dir),
+                     [sys.executable, "-m", "buildctl.engines.aoti_compile", "--model", str(model_dir),
                       "--out", str(work / "out"), "--record", str(work / "record.json")],
                      log_path=log_path, timeout_s=profile.engine.build_timeout_s, env=env,
                      memory_limit_mb=profile.engine.build_memory_limit_mb)
@@ -129,7 +164,7 @@ class AotiBackend:
     def load(self, engine_dir: Path) -> "AotiRunner":
         engine_dir = Path(engine_dir)
         record = read_record(engine_dir)
-        check_compat(engine_dir, record)
+        check_compat(engine_dir, record, host_fingerprint(self.settings))
         return AotiRunner(engine_dir, record)
 
     def preflight(self, engine_dir: Path) -> None:
@@ -151,6 +186,7 @@ class AotiRunner:
 
         self.torch = torch
         self.record = record
+        self.model: Any
         try:
             self.model = aoti_load_package(str(engine_dir / "model.pt2"))
         except Exception as err:
@@ -162,7 +198,7 @@ class AotiRunner:
         self.max_batch = int(record["max_batch_size"])
 
     def _check(self, prompts: list[list[int]], max_tokens: int) -> None:
-        from engines.errors import GenerationRequestError
+        from buildctl.engines.errors import GenerationRequestError
 
         for p in prompts:
             if len(p) < 1 or len(p) + max_tokens > self.max_seq_len:

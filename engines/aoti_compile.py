@@ -1,6 +1,6 @@
 """The aoti build step, run in its own subprocess by :mod:`engines.aoti`.
 
-``python -m engines.aoti_compile --model DIR --out DIR --record FILE`` exports a logits-only
+``python -m buildctl.engines.aoti_compile --model DIR --out DIR --record FILE`` exports a logits-only
 forward (input_ids -> logits) of the HF checkpoint with dynamic batch and sequence dimensions,
 compiles it with AOTInductor into ``model.pt2``, and embeds the build record (read from
 ``--record``) in the package metadata. It prints progress lines to stdout (the build log).

@@ -2,10 +2,13 @@
 
 A backend has three operations:
 
-* ``build(profile, model_dir, out_dir, fingerprint, log_path) -> BuildResult``, always in an
-  isolated subprocess with the profile's timeout;
+* ``build(profile, model_dir, out_dir, fingerprint, log_path, *, model_digest) -> BuildResult``,
+  always in an isolated subprocess with the profile's timeout;
 * ``load(engine_dir) -> Runner``;
-* ``preflight(engine_dir)``: load or deserialize the engine on this host without serving it.
+* ``preflight(engine_dir)``: load or deserialize the engine on this host without serving it;
+
+and three facts it takes from a fingerprint or a directory: ``tool_version``, ``compat_fields``
+and ``recognises``. Backends are constructed with the :class:`~buildctl.settings.Settings`.
 
 A :class:`Runner` generates greedily from token-id prompts. The validators use the same
 interface for the vLLM reference, so comparison code does not care which side is which.
@@ -15,10 +18,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, Protocol, runtime_checkable
+from typing import Any, ClassVar, Iterator, Protocol, runtime_checkable
 
-from engines.fingerprint import Fingerprint
-from engines.profile import BuildProfile
+from buildctl.engines.fingerprint import Fingerprint
+from buildctl.engines.profile import BuildProfile
+from buildctl.settings import Settings
 
 
 @dataclass
@@ -71,27 +75,39 @@ class Runner(Protocol):
 
 @runtime_checkable
 class EngineBackend(Protocol):
-    name: str
+    """One engine backend. Each backend module declares everything about its engines in its class:
+    the tool version and compat-key fields it takes from a fingerprint, how to recognise its engine
+    directory, and build, load and preflight. :mod:`buildctl.engines.registry` lists the classes."""
+
+    name: ClassVar[str]
+
+    def __init__(self, settings: Settings) -> None:
+        ...
+
+    @staticmethod
+    def tool_version(fingerprint: Fingerprint) -> str | None:
+        """The version of the tool that builds this backend's engines on a host (in the build key)."""
+        ...
+
+    @staticmethod
+    def compat_fields(fingerprint: Fingerprint) -> dict[str, Any]:
+        """The fingerprint fields that invalidate this backend's engines, and nothing else."""
+        ...
+
+    @staticmethod
+    def recognises(engine_dir: Path) -> bool:
+        """Whether ``engine_dir`` holds an engine of this backend."""
+        ...
 
     def build(self, profile: BuildProfile, model_dir: Path, out_dir: Path, fingerprint: Fingerprint,
-              log_path: Path) -> BuildResult:
+              log_path: Path, *, model_digest: str | None = None) -> BuildResult:
+        """Build in an isolated subprocess with the profile's timeout; ``out_dir`` must not exist."""
         ...
 
     def load(self, engine_dir: Path) -> Runner:
+        """A runner over the engine; refuses an engine built for another host."""
         ...
 
     def preflight(self, engine_dir: Path) -> None:
+        """Load or deserialize the engine on this host without serving it."""
         ...
-
-
-def get_backend(name: str) -> EngineBackend:
-    """The backend named in a profile or manifest."""
-    if name == "aoti":
-        from engines.aoti import AotiBackend
-
-        return AotiBackend()
-    if name == "trtllm":
-        from engines.trtllm import TrtllmBackend
-
-        return TrtllmBackend()
-    raise ValueError(f"unknown backend {name!r}")

@@ -5,23 +5,14 @@ The key is xxh3-128 over the canonical JSON of exactly four things:
 * the profile's build-affecting hash (``BuildProfile.build_hash``),
 * the model checkpoint's content digest,
 * this host's ``compat_key`` for the profile's backend,
-* the backend's version (TensorRT-LLM for trtllm, torch for aoti).
+* the backend's tool version (``EngineBackend.tool_version``: TensorRT-LLM for trtllm, torch for aoti).
 """
 
 from __future__ import annotations
 
-from artifact_store.digest import digest_json
-from engines.fingerprint import Fingerprint
-from engines.profile import BuildProfile
-
-
-def backend_version(fingerprint: Fingerprint, backend: str) -> str | None:
-    """The version of the tool that builds ``backend``'s engines on this host."""
-    if backend == "trtllm":
-        return fingerprint.tensorrt_llm_version
-    if backend == "aoti":
-        return fingerprint.torch_version
-    raise ValueError(f"unknown backend {backend!r}")
+from buildctl.digest import digest_json
+from buildctl.engines.fingerprint import Fingerprint
+from buildctl.engines.profile import BuildProfile
 
 
 def build_key(profile_hash: str, model_digest: str, compat_key: str, version: str | None) -> str:
@@ -33,4 +24,4 @@ def build_key(profile_hash: str, model_digest: str, compat_key: str, version: st
 def build_key_for(profile: BuildProfile, model_digest: str, fingerprint: Fingerprint) -> str:
     backend = profile.engine.backend
     return build_key(profile.build_hash(), model_digest, fingerprint.compat_key(backend),
-                     backend_version(fingerprint, backend))
+                     fingerprint.tool_version(backend))

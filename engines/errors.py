@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from buildctl.errors import BadInputError, BuildFailedError, NotFoundError
+from buildctl.errors import BadInputError, BuildFailedError, NotFoundError, PreflightRefusedError
 
 
 @dataclass(frozen=True)
@@ -107,3 +107,29 @@ class EngineLoadError(BadInputError):
 
 class GenerationRequestError(BadInputError):
     """A generation request the engine cannot serve (prompt too long for max_seq_len, empty prompt)."""
+
+
+class UnknownBackendError(BadInputError):
+    """A backend name that is not in the registry (``known`` lists the registered names)."""
+
+    def __init__(self, name: str, known: tuple[str, ...]) -> None:
+        self.name = name
+        self.known = tuple(known)
+        super().__init__(f"unknown backend {name!r} (known: {', '.join(known)})")
+
+
+class PreflightLoadError(PreflightRefusedError):
+    """The preflight subprocess could not load the engine (``backend``, ``detail``: how it failed)."""
+
+    def __init__(self, backend: str, detail: str) -> None:
+        self.backend = backend
+        self.detail = detail
+        super().__init__(f"{backend} preflight failed: {detail}")
+
+
+class ProfileCheckFailed(BadInputError):
+    """Several profile files failed; ``errors`` holds each file's error, the message all of them."""
+
+    def __init__(self, errors: list[BadInputError]) -> None:
+        self.errors = list(errors)
+        super().__init__("\n".join(str(e) for e in errors))

@@ -25,11 +25,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from artifact_store.digest import digest_json, hex_of
-from engines.errors import FingerprintError
+from buildctl.digest import digest_json, hex_of
+from buildctl.engines.errors import FingerprintError
+from buildctl.settings import Settings
 
 FINGERPRINT_SCHEMA_VERSION = 1
-FINGERPRINT_ENV = "BUILDCTL_FINGERPRINT_FILE"
 
 # CPU flags that decide which AOTInductor kernels can run.
 RELEVANT_CPU_FLAGS = (
@@ -86,26 +86,16 @@ class Fingerprint(_Frozen):
         return digest_json(self.model_dump(mode="json"))
 
     def compat_fields(self, backend: str) -> dict[str, Any]:
-        """The fields that invalidate ``backend``'s engines, and nothing else."""
-        if backend == "trtllm":
-            return {
-                "backend": "trtllm",
-                "gpu_models": sorted({g.name for g in self.gpus}),
-                "gpu_sm": sorted({g.sm for g in self.gpus}),
-                "tensorrt": self.tensorrt_version,
-                "tensorrt_llm": self.tensorrt_llm_version,
-                "cuda_major": _major(self.cuda_version),
-                "driver_branch": _major(self.driver_version),
-            }
-        if backend == "aoti":
-            return {
-                "backend": "aoti",
-                "isa_level": self.cpu.isa_level,
-                "torch": self.torch_version,
-                "platform": self.platform,
-                "compiler_major": _compiler_major(self.compiler_version),
-            }
-        raise ValueError(f"unknown backend {backend!r}")
+        """The fields that invalidate ``backend``'s engines, and nothing else (the backend declares them)."""
+        from buildctl.engines.registry import backend_class  # the registry imports this module
+
+        return {"backend": backend, **backend_class(backend).compat_fields(self)}
+
+    def tool_version(self, backend: str) -> str | None:
+        """The version of the tool that builds ``backend``'s engines on this host."""
+        from buildctl.engines.registry import backend_class
+
+        return backend_class(backend).tool_version(self)
 
     def compat_key(self, backend: str) -> str:
         """``<backend>-<32 hex>``: equal for hosts whose engines are interchangeable for ``backend``."""
@@ -117,13 +107,13 @@ class Fingerprint(_Frozen):
         return {k: (mine[k], theirs.get(k)) for k in mine if mine[k] != theirs.get(k)}
 
 
-def _major(version: str | None) -> str | None:
+def major(version: str | None) -> str | None:
     if not version:
         return None
     return version.split(".", 1)[0]
 
 
-def _compiler_major(version: str | None) -> str | None:
+def compiler_major(version: str | None) -> str | None:
     if not version:
         return None
     m = re.match(r"(\S+) (\d+)", version)
@@ -220,8 +210,8 @@ def isa_level(machine: str, flags: tuple[str, ...] | set[str]) -> str:
     return "x86-64-v1"
 
 
-def _compiler_version() -> str | None:
-    cxx = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
+def _compiler_version(cxx: str | None = None) -> str | None:
+    cxx = cxx or shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
     if not cxx:
         return None
     try:
@@ -236,11 +226,8 @@ def _compiler_version() -> str | None:
     return f"{family} {m.group(1)}"
 
 
-def detect() -> Fingerprint:
-    """This host's fingerprint. Honours ``BUILDCTL_FINGERPRINT_FILE`` when set (node agents, tests)."""
-    override = os.environ.get(FINGERPRINT_ENV)
-    if override:
-        return load_fingerprint(override)
+def detect(*, cxx: str | None = None) -> Fingerprint:
+    """This host's fingerprint, detected (``cxx``: the C++ compiler to ask, default g++ on PATH)."""
     gpus, driver, driver_cuda = _detect_gpus()
     machine = platform.machine()
     flags = _cpu_flags()
@@ -255,7 +242,7 @@ def detect() -> Fingerprint:
         cpu=CpuInfo(machine=machine, isa_level=isa_level(machine, flags), flags=flags),
         platform=f"{sys.platform}-{machine}",
         glibc_version=libc_version if libc_name == "glibc" and libc_version else None,
-        compiler_version=_compiler_version(),
+        compiler_version=_compiler_version(cxx),
     )
 
 
@@ -277,3 +264,11 @@ def load_fingerprint(path: str | Path) -> Fingerprint:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
         raise FingerprintError(str(path), f"not readable JSON: {err}") from None
     return parse_fingerprint(data, str(path))
+
+
+def host_fingerprint(settings: Settings) -> Fingerprint:
+    """This host's fingerprint: the one in ``settings.fingerprint_file`` when set (node agents
+    that report for another view of the host, tests), else detected."""
+    if settings.fingerprint_file:
+        return load_fingerprint(settings.fingerprint_file)
+    return detect(cxx=settings.cxx)

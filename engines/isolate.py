@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from engines.errors import EngineBuildError
+from buildctl.engines.errors import EngineBuildError
 
 TAIL_LINES = 30
 

@@ -7,18 +7,16 @@ built engine; :data:`HASH_EXCLUDED_FIELDS` names every field it leaves out, and 
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from artifact_store.digest import digest_json
-from engines.errors import FieldProblem, ProfileError, ProfileNotFoundError
+from buildctl.digest import digest_json
+from buildctl.engines.errors import FieldProblem, ProfileError, ProfileNotFoundError
 
-Backend = Literal["trtllm", "aoti"]
 Quantization = Literal["none", "fp8", "int8_sq", "int4_awq", "w4a8_awq", "int8_wo", "int4_wo"]
 KvCacheDtype = Literal["auto", "fp16", "bf16", "fp8", "int8"]
 Dtype = Literal["float32", "float16", "bfloat16"]
@@ -32,7 +30,7 @@ class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
-def _rule(field: str, rule: str, message: str, **ctx: Any) -> PydanticCustomError:
+def rule_error(field: str, rule: str, message: str, **ctx: Any) -> PydanticCustomError:
     """A cross-field rule violation; ``field`` is the dotted path inside the validated model."""
     return PydanticCustomError("rule", message, {"field": field, "rule": rule, **ctx})
 
@@ -56,9 +54,9 @@ class ModelSource(_Frozen):
     def _one_source(self) -> "ModelSource":
         given = [k for k in ("path", "uri", "tiny") if getattr(self, k) is not None]
         if len(given) != 1:
-            raise _rule("path", "model-source", "exactly one of path, uri or tiny must be set (got {got})", got=given or "none")
+            raise rule_error("path", "model-source", "exactly one of path, uri or tiny must be set (got {got})", got=given or "none")
         if self.uri is not None and not self.uri.startswith("s3://"):
-            raise _rule("uri", "model-uri-scheme", "uri must start with s3:// (got {uri!r})", uri=self.uri)
+            raise rule_error("uri", "model-uri-scheme", "uri must start with s3:// (got {uri!r})", uri=self.uri)
         return self
 
 
@@ -86,7 +84,7 @@ class AotiOptions(_Frozen):
 class EngineSpec(_Frozen):
     """The engine to build."""
 
-    backend: Backend = Field(..., description="Builder backend: trtllm (production, GPU) or aoti (torch AOTInductor).")
+    backend: str = Field(..., description="Builder backend, a name in the engine registry: trtllm (production, GPU) or aoti (torch AOTInductor).")
     quantization: Quantization = Field("none", description="Weight/activation quantization format.")
     kv_cache_dtype: KvCacheDtype = Field("auto", description="KV cache dtype; auto follows the model dtype.")
     tp_size: int = Field(1, ge=1, le=64, description="Tensor-parallel ranks.")
@@ -101,37 +99,36 @@ class EngineSpec(_Frozen):
     plugins: TrtllmPlugins | None = Field(None, description="trtllm-only build switches; defaults apply when omitted.")
     aoti: AotiOptions | None = Field(None, description="aoti-only options; defaults apply when omitted.")
 
+    @field_validator("backend")
+    @classmethod
+    def _known_backend(cls, v: str) -> str:
+        from buildctl.engines.registry import backend_names
+
+        if v not in backend_names():
+            raise rule_error("", "known-backend", "unknown backend {b!r} (known: {k})", b=v, k=", ".join(backend_names()))
+        return v
+
     @model_validator(mode="after")
     def _cross_field(self) -> "EngineSpec":
         if self.max_input_len > self.max_seq_len:
-            raise _rule("max_input_len", "max_input_len<=max_seq_len",
+            raise rule_error("max_input_len", "max_input_len<=max_seq_len",
                         "max_input_len ({a}) must be <= max_seq_len ({b})", a=self.max_input_len, b=self.max_seq_len)
         uses_fp8 = self.quantization == "fp8" or self.kv_cache_dtype == "fp8"
-        if self.backend == "aoti":
-            if self.quantization != "none":
-                raise _rule("quantization", "aoti-no-quantization",
-                            "quantization {q!r} needs backend trtllm; aoti builds only unquantized engines", q=self.quantization)
-            if self.kv_cache_dtype not in ("auto",):
-                raise _rule("kv_cache_dtype", "aoti-no-kv-cache-dtype",
-                            "kv_cache_dtype {k!r} needs backend trtllm; aoti has no KV cache option", k=self.kv_cache_dtype)
-            if self.tp_size * self.pp_size != 1:
-                raise _rule("tp_size", "aoti-single-rank", "tp_size * pp_size must be 1 for aoti (got {n})", n=self.tp_size * self.pp_size)
-            if self.plugins is not None:
-                raise _rule("plugins", "plugins-trtllm-only", "plugins apply to backend trtllm only")
-        if self.backend == "trtllm" and self.aoti is not None:
-            raise _rule("aoti", "aoti-options-aoti-only", "aoti options apply to backend aoti only")
+        from buildctl.engines.registry import backend_class  # the backends import this module
+
+        backend_class(self.backend).check_engine_spec(self)
         if uses_fp8 and self.min_sm is not None and self.min_sm < FP8_MIN_SM:
-            raise _rule("min_sm", "fp8-needs-sm89", "fp8 needs SM >= {m} (Ada/Hopper); min_sm is {s}", m=FP8_MIN_SM, s=self.min_sm)
+            raise rule_error("min_sm", "fp8-needs-sm89", "fp8 needs SM >= {m} (Ada/Hopper); min_sm is {s}", m=FP8_MIN_SM, s=self.min_sm)
         plugins = self.plugins
         if plugins is not None:
             if plugins.use_fp8_context_fmha and self.quantization != "fp8":
-                raise _rule("plugins.use_fp8_context_fmha", "fp8-context-fmha-needs-fp8",
+                raise rule_error("plugins.use_fp8_context_fmha", "fp8-context-fmha-needs-fp8",
                             "use_fp8_context_fmha needs quantization fp8 (got {q!r})", q=self.quantization)
             if plugins.use_paged_context_fmha and plugins.kv_cache_type != "paged":
-                raise _rule("plugins.use_paged_context_fmha", "paged-context-fmha-needs-paged-kv",
+                raise rule_error("plugins.use_paged_context_fmha", "paged-context-fmha-needs-paged-kv",
                             "use_paged_context_fmha needs kv_cache_type paged (got {k!r})", k=plugins.kv_cache_type)
         if self.max_num_tokens is not None and self.max_num_tokens < self.max_batch_size:
-            raise _rule("max_num_tokens", "max_num_tokens>=max_batch_size",
+            raise rule_error("max_num_tokens", "max_num_tokens>=max_batch_size",
                         "max_num_tokens ({a}) must be >= max_batch_size ({b})", a=self.max_num_tokens, b=self.max_batch_size)
         return self
 
@@ -206,18 +203,18 @@ class BuildProfile(_Frozen):
     @model_validator(mode="after")
     def _cross_section(self) -> "BuildProfile":
         if self.validation.max_tokens >= self.engine.max_seq_len:
-            raise _rule("validation.max_tokens", "max_tokens<max_seq_len",
+            raise rule_error("validation.max_tokens", "max_tokens<max_seq_len",
                         "max_tokens ({a}) must be < engine.max_seq_len ({b})", a=self.validation.max_tokens, b=self.engine.max_seq_len)
         speed = self.validation.speed
         if speed.input_len > self.engine.max_input_len or speed.input_len + speed.output_len > self.engine.max_seq_len:
-            raise _rule("validation.speed.input_len", "speed-workload-fits-engine",
+            raise rule_error("validation.speed.input_len", "speed-workload-fits-engine",
                         "speed input_len + output_len ({a}) must fit engine.max_input_len/max_seq_len ({b}/{c})",
                         a=speed.input_len + speed.output_len, b=self.engine.max_input_len, c=self.engine.max_seq_len)
         if max(speed.concurrency) > self.engine.max_batch_size:
-            raise _rule("validation.speed.concurrency", "concurrency<=max_batch_size",
+            raise rule_error("validation.speed.concurrency", "concurrency<=max_batch_size",
                         "concurrency {a} exceeds engine.max_batch_size {b}", a=max(speed.concurrency), b=self.engine.max_batch_size)
         if self.reference.max_model_len > self.engine.max_seq_len:
-            raise _rule("reference.max_model_len", "reference-fits-engine",
+            raise rule_error("reference.max_model_len", "reference-fits-engine",
                         "reference.max_model_len ({a}) must be <= engine.max_seq_len ({b}) so both sides see the same prompts",
                         a=self.reference.max_model_len, b=self.engine.max_seq_len)
         return self
@@ -270,7 +267,8 @@ def _problems_from_validation(err: ValidationError) -> list[FieldProblem]:
         loc = [str(p) for p in e["loc"]]
         ctx = e.get("ctx") or {}
         if e["type"] == "rule":
-            loc.append(str(ctx["field"]))
+            if ctx["field"]:  # a field validator's location already names its field
+                loc.append(str(ctx["field"]))
             rule = str(ctx["rule"])
         else:
             rule = e["type"]
@@ -303,9 +301,9 @@ def load_profile_text(text: str, source: str = "<string>") -> BuildProfile:
     return parse_profile(data, source)
 
 
-def profile_path(name: str, directory: str | Path | None = None) -> Path:
-    """``<directory>/<name>.yaml``; the directory defaults to ``$BUILDCTL_PROFILE_DIR`` or ``build_profiles``."""
-    return Path(directory or os.environ.get("BUILDCTL_PROFILE_DIR", "build_profiles")) / f"{name}.yaml"
+def profile_path(name: str, directory: str | Path) -> Path:
+    """``<directory>/<name>.yaml`` (the directory is ``Settings.profile_dir``)."""
+    return Path(directory) / f"{name}.yaml"
 
 
 def load_profile(path: str | Path) -> BuildProfile:

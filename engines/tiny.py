@@ -16,9 +16,9 @@ import shutil
 import uuid
 from pathlib import Path
 
-from artifact_store.digest import digest_json, hex_of
-from engines.errors import ModelSourceError
-from engines.profile import TinyModel
+from buildctl.digest import digest_json, hex_of
+from buildctl.engines.errors import ModelSourceError
+from buildctl.engines.profile import TinyModel
 
 CORPUS = Path(__file__).with_name("data") / "corpus.txt"
 TINY_FORMAT = 1  # bump when the recipe below changes: it is part of the cache key
@@ -30,10 +30,9 @@ TRAIN = dict(lr=3e-3, batch=16, seq=128)
 SPECIALS = ["<unk>", "<s>", "</s>", "<pad>"]
 
 
-def cache_root() -> Path:
-    base = os.environ.get("BUILDCTL_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "buildctl")
-    return Path(base) / "tiny"
+def cache_root(cache_dir: str | Path) -> Path:
+    """Where tiny models are cached under buildctl's cache directory (``Settings.cache_dir``)."""
+    return Path(cache_dir) / "tiny"
 
 
 def recipe_key(spec: TinyModel) -> str:
@@ -87,9 +86,10 @@ def _build(spec: TinyModel, out: Path) -> None:
                                                         "final_loss": float(loss.detach()) if spec.train_steps else None}))
 
 
-def make_tiny(spec: TinyModel, dest: str | Path | None = None) -> Path:
-    """The tiny checkpoint for ``spec``: from the cache, else made and cached. Copied to ``dest`` if given."""
-    cached = cache_root() / recipe_key(spec)
+def make_tiny(spec: TinyModel, cache_dir: str | Path, dest: str | Path | None = None) -> Path:
+    """The tiny checkpoint for ``spec``: from the cache under ``cache_dir``, else made and cached.
+    Copied to ``dest`` if given."""
+    cached = cache_root(cache_dir) / recipe_key(spec)
     if not (cached / "buildctl-tiny.json").exists():
         cached.parent.mkdir(parents=True, exist_ok=True)
         tmp = cached.parent / f".{cached.name}-{uuid.uuid4().hex}"

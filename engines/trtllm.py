@@ -11,9 +11,9 @@ Both run as isolated subprocesses with the profile's timeout. The output must be
 ``config.json`` plus one non-empty ``rank{r}.engine`` per rank of its mapping, or the build is
 incomplete (a half-failed TP build is a known cause of "Failed to deserialize cuda engine").
 
-The scripts are not installed by the wheel; their paths come from the environment
-(``BUILDCTL_TRTLLM_CONVERT``, ``BUILDCTL_TRTLLM_QUANTIZE``, ``BUILDCTL_TRTLLM_BUILD``) with
-defaults for NVIDIA's TensorRT-LLM release container.
+The scripts are not installed by the wheel; their paths come from the settings
+(``BUILDCTL_TRTLLM_CONVERT``, ``BUILDCTL_TRTLLM_QUANTIZE``, ``BUILDCTL_TRTLLM_BUILD``,
+``BUILDCTL_TRTLLM_PYTHON``) with defaults for NVIDIA's TensorRT-LLM release container.
 
 Here (no GPU) this module has run only against the fake executables in ``tests/fakes/``; the
 runner and the preflight need a GPU and TensorRT-LLM 1.2.x and have not run in this project's CI.
@@ -28,16 +28,16 @@ import sys
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Iterator
+from dataclasses import dataclass
+from typing import Any, ClassVar, Iterator
 
-from engines.backend import BuildResult, Generation, TokenEvent
-from engines.errors import EngineBuildError, EngineLoadError, IncompatibleTargetError
-from engines.fingerprint import Fingerprint
-from engines.isolate import run_step
-from engines.profile import FP8_MIN_SM, BuildProfile
+from buildctl.engines.backend import BuildResult, Generation, TokenEvent
+from buildctl.engines.errors import EngineBuildError, EngineLoadError, IncompatibleTargetError
+from buildctl.engines.fingerprint import Fingerprint, major
+from buildctl.engines.isolate import run_step
+from buildctl.engines.profile import FP8_MIN_SM, BuildProfile, EngineSpec, rule_error
+from buildctl.settings import Settings
 
-DEFAULT_CONVERT = "/app/tensorrt_llm/examples/models/core/llama/convert_checkpoint.py"
-DEFAULT_QUANTIZE = "/app/tensorrt_llm/examples/quantization/quantize.py"
 DTYPES = {"float32": "float32", "float16": "float16", "bfloat16": "bfloat16"}
 
 
@@ -45,38 +45,44 @@ def _onoff(flag: bool) -> str:
     return "enable" if flag else "disable"
 
 
-def tools() -> dict[str, str]:
-    return {
-        "convert": os.environ.get("BUILDCTL_TRTLLM_CONVERT", DEFAULT_CONVERT),
-        "quantize": os.environ.get("BUILDCTL_TRTLLM_QUANTIZE", DEFAULT_QUANTIZE),
-        "build": os.environ.get("BUILDCTL_TRTLLM_BUILD", "trtllm-build"),
-        "python": os.environ.get("BUILDCTL_TRTLLM_PYTHON", sys.executable),
-    }
+@dataclass(frozen=True)
+class TrtllmTools:
+    """Where TensorRT-LLM's scripts and ``trtllm-build`` are (``Settings.trtllm_*``)."""
+
+    convert: str
+    quantize: str
+    build: str
+    python: str
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> "TrtllmTools":
+        return cls(convert=settings.trtllm_convert, quantize=settings.trtllm_quantize, build=settings.trtllm_build,
+                   python=settings.trtllm_python or sys.executable)
 
 
-def convert_command(profile: BuildProfile, model_dir: Path, ckpt_dir: Path) -> list[str]:
+def convert_command(profile: BuildProfile, model_dir: Path, ckpt_dir: Path, tools: TrtllmTools) -> list[str]:
     """The checkpoint conversion (or fp8 quantization) command for ``profile``."""
-    e, t = profile.engine, tools()
+    e, t = profile.engine, tools
     common = ["--model_dir", str(model_dir), "--output_dir", str(ckpt_dir), "--dtype", DTYPES[profile.model.dtype],
               "--tp_size", str(e.tp_size), "--pp_size", str(e.pp_size)]
     if e.quantization == "fp8":
-        cmd = [t["python"], t["quantize"], *common, "--qformat", "fp8", "--calib_size", "512"]
+        cmd = [t.python, t.quantize, *common, "--qformat", "fp8", "--calib_size", "512"]
         if e.kv_cache_dtype == "fp8":
             cmd += ["--kv_cache_dtype", "fp8"]
         return cmd
     if e.quantization == "none":
-        cmd = [t["python"], t["convert"], *common]
+        cmd = [t.python, t.convert, *common]
         if e.kv_cache_dtype == "int8":
             cmd += ["--int8_kv_cache"]
         return cmd
     # int4_awq, w4a8_awq, int8_sq, int8_wo, int4_wo: ModelOpt's quantize.py names them the same way
-    return [t["python"], t["quantize"], *common, "--qformat", e.quantization, "--calib_size", "512"]
+    return [t.python, t.quantize, *common, "--qformat", e.quantization, "--calib_size", "512"]
 
 
-def build_command(profile: BuildProfile, ckpt_dir: Path, out_dir: Path) -> list[str]:
+def build_command(profile: BuildProfile, ckpt_dir: Path, out_dir: Path, tools: TrtllmTools) -> list[str]:
     """The ``trtllm-build`` command for ``profile``."""
     e, p = profile.engine, profile.engine.resolved_plugins
-    cmd = [tools()["build"], "--checkpoint_dir", str(ckpt_dir), "--output_dir", str(out_dir),
+    cmd = [tools.build, "--checkpoint_dir", str(ckpt_dir), "--output_dir", str(out_dir),
            "--max_batch_size", str(e.max_batch_size), "--max_input_len", str(e.max_input_len),
            "--max_seq_len", str(e.max_seq_len)]
     if e.max_num_tokens is not None:
@@ -123,7 +129,36 @@ def check_complete(engine_dir: Path, world_size: int) -> list[str]:
 
 
 class TrtllmBackend:
-    name = "trtllm"
+    name: ClassVar[str] = "trtllm"
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.tools = TrtllmTools.from_settings(settings)
+
+    @staticmethod
+    def tool_version(fingerprint: Fingerprint) -> str | None:
+        return fingerprint.tensorrt_llm_version
+
+    @staticmethod
+    def compat_fields(fingerprint: Fingerprint) -> dict[str, Any]:
+        return {
+            "gpu_models": sorted({g.name for g in fingerprint.gpus}),
+            "gpu_sm": sorted({g.sm for g in fingerprint.gpus}),
+            "tensorrt": fingerprint.tensorrt_version,
+            "tensorrt_llm": fingerprint.tensorrt_llm_version,
+            "cuda_major": major(fingerprint.cuda_version),
+            "driver_branch": major(fingerprint.driver_version),
+        }
+
+    @staticmethod
+    def recognises(engine_dir: Path) -> bool:
+        return (engine_dir / "config.json").is_file() and (engine_dir / "rank0.engine").is_file()
+
+    @staticmethod
+    def check_engine_spec(spec: EngineSpec) -> None:
+        """trtllm-only rules of a profile's engine section."""
+        if spec.aoti is not None:
+            raise rule_error("aoti", "aoti-options-aoti-only", "aoti options apply to backend aoti only")
 
     def build(self, profile: BuildProfile, model_dir: Path, out_dir: Path, fingerprint: Fingerprint,
               log_path: Path, *, model_digest: str | None = None) -> BuildResult:
@@ -146,15 +181,15 @@ class TrtllmBackend:
         env.update({"TMPDIR": str(work / "tmp"), "PYTHONUNBUFFERED": "1"})
         start = time.monotonic()
         try:
-            run_step("trtllm", "checkpoint conversion", convert_command(profile, model_dir, work / "ckpt"),
+            run_step("trtllm", "checkpoint conversion", convert_command(profile, model_dir, work / "ckpt", self.tools),
                      log_path=log_path, timeout_s=max(1.0, deadline - time.monotonic()), env=env,
                      memory_limit_mb=e.build_memory_limit_mb)
-            run_step("trtllm", "trtllm-build", build_command(profile, work / "ckpt", work / "engine"),
+            run_step("trtllm", "trtllm-build", build_command(profile, work / "ckpt", work / "engine", self.tools),
                      log_path=log_path, timeout_s=max(1.0, deadline - time.monotonic()), env=env,
                      memory_limit_mb=e.build_memory_limit_mb)
             problems = check_complete(work / "engine", e.world_size)
             if problems:
-                from engines.isolate import log_tail
+                from buildctl.engines.isolate import log_tail
 
                 raise EngineBuildError("trtllm", "incomplete", "; ".join(problems), log_path=str(log_path),
                                        log_tail=log_tail(log_path))

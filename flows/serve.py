@@ -1,4 +1,4 @@
-"""``python -m flows.serve``: serve the three deployments from this process (no work pool needed).
+"""``python -m buildctl.flows.serve``: serve the three deployments from this process (no work pool needed).
 
 The local alternative to ``prefect deploy --all`` + ``prefect worker start``: the deployments,
 the driver-upgrade trigger (read from prefect.yaml) and the build limit are created on the
@@ -12,12 +12,13 @@ import sys
 
 from prefect import serve
 
-from flows.pipeline import build_validate_publish, on_driver_upgrade, reconcile_fleet
-from flows.setup import deployment_triggers, ensure_build_limit
+from buildctl.flows.pipeline import build_validate_publish, on_driver_upgrade, reconcile_fleet
+from buildctl.settings import load_settings
+from buildctl.flows.setup import deployment_triggers, ensure_build_limit
 
 
 def main() -> int:
-    ensure_build_limit()
+    ensure_build_limit(load_settings())
     serve(
         build_validate_publish.to_deployment(name="build-validate-publish"),
         reconcile_fleet.to_deployment(name="reconcile-fleet", cron="0 2 * * *"),

@@ -3,24 +3,22 @@
 from __future__ import annotations
 
 import asyncio
-import os
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from buildctl.settings import Settings
+
 REPO = Path(__file__).resolve().parent.parent
 
 
-def ensure_build_limit(name: str | None = None, slots: int | None = None) -> str:
+def ensure_build_limit(settings: Settings) -> str:
     """Create the builds' global concurrency limit if it does not exist (builds acquire it strictly)."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
 
-    from flows.pipeline import build_limit_name
-
-    name = name or build_limit_name()
-    slots = slots or int(os.environ.get("BUILDCTL_BUILD_SLOTS", "1"))
+    name, slots = settings.build_limit, settings.build_slots
 
     async def go() -> None:
         async with get_client() as client:

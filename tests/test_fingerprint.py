@@ -4,8 +4,9 @@ import json
 
 import pytest
 
-from engines.errors import FingerprintError
-from engines.fingerprint import CpuInfo, Fingerprint, GpuInfo, detect, isa_level, load_fingerprint
+from buildctl.engines.errors import FingerprintError
+from .conftest import settings
+from buildctl.engines.fingerprint import CpuInfo, Fingerprint, GpuInfo, detect, host_fingerprint, isa_level, load_fingerprint
 
 
 def h100_host(**over) -> Fingerprint:
@@ -110,4 +111,4 @@ def test_env_override(tmp_path, monkeypatch):
     f = tmp_path / "fp.json"
     f.write_text(json.dumps(h100_host().model_dump(mode="json")))
     monkeypatch.setenv("BUILDCTL_FINGERPRINT_FILE", str(f))
-    assert detect() == h100_host()
+    assert host_fingerprint(settings()) == h100_host()

@@ -6,7 +6,7 @@ import random
 import time
 
 from buildctl import fleet
-from engines.fingerprint import detect
+from buildctl.engines.fingerprint import detect
 
 
 def synthetic_fleet(n_nodes: int, n_fps: int, n_profiles: int, seed: int = 7):

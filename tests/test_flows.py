@@ -9,7 +9,7 @@ import time
 import pytest
 import yaml
 
-from .conftest import REPO
+from .conftest import REPO, settings
 
 pytestmark = pytest.mark.slow
 
@@ -45,7 +45,7 @@ def read_artifact(key: str):
 
 
 def test_build_validate_publish_end_to_end_then_cache_hit(prefect_api, in_repo, tmp_path, monkeypatch):
-    from flows.pipeline import artifact_key, build_validate_publish
+    from buildctl.flows.pipeline import artifact_key, build_validate_publish
 
     monkeypatch.setenv("BUILDCTL_BUILD_LIMIT", "test-builds")
     ensure_limit("test-builds", 1)
@@ -63,7 +63,7 @@ def test_build_validate_publish_end_to_end_then_cache_hit(prefect_api, in_repo, 
 
 
 def test_production_channels_are_refused_by_the_flow(prefect_api, in_repo):
-    from flows.pipeline import build_validate_publish
+    from buildctl.flows.pipeline import build_validate_publish
 
     from buildctl.errors import BadInputError
 
@@ -74,14 +74,14 @@ def test_production_channels_are_refused_by_the_flow(prefect_api, in_repo):
 def test_build_slots_honour_the_limit_and_are_strict(prefect_api, monkeypatch):
     from prefect import flow
 
-    from flows.pipeline import build_slot
+    from buildctl.flows.pipeline import build_slot
 
     monkeypatch.setenv("BUILDCTL_BUILD_LIMIT", "slot-test")
     ensure_limit("slot-test", 1)
     spans: list[tuple[float, float]] = []
 
     def hold():
-        with build_slot():
+        with build_slot(settings()):
             start = time.monotonic()
             time.sleep(0.6)
             spans.append((start, time.monotonic()))
@@ -99,7 +99,7 @@ def test_build_slots_honour_the_limit_and_are_strict(prefect_api, monkeypatch):
     assert b0 >= a1 - 0.05, f"builds overlapped: {spans}"
     monkeypatch.setenv("BUILDCTL_BUILD_LIMIT", "no-such-limit")
     with pytest.raises(Exception) as exc:
-        with build_slot():
+        with build_slot(settings()):
             pass
     assert "no-such-limit" in str(exc.value) or "not found" in str(exc.value).lower()
 
@@ -108,9 +108,9 @@ def test_driver_upgrade_trigger_creates_a_run_with_mapped_parameters(prefect_api
     from prefect.client.orchestration import get_client
     from prefect.events import DeploymentEventTrigger
 
-    from engines.fingerprint import detect
-    from flows.events import emit_driver_upgraded
-    from flows.pipeline import on_driver_upgrade
+    from buildctl.engines.fingerprint import detect
+    from buildctl.flows.events import emit_driver_upgraded
+    from buildctl.flows.pipeline import on_driver_upgrade
 
     spec = next(d for d in yaml.safe_load((REPO / "prefect.yaml").read_text())["deployments"]
                 if d["name"] == "on-driver-upgrade")

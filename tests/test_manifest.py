@@ -6,9 +6,9 @@ import posixpath
 import pytest
 from hypothesis import given, strategies as st
 
-from artifact_store.digest import digest_bytes, hash_file
-from artifact_store.errors import ManifestError
-from artifact_store.manifest import MANIFEST_SCHEMA_VERSION, check_relpath, parse_manifest
+from buildctl.digest import digest_bytes, hash_file
+from buildctl.store.errors import ManifestError
+from buildctl.store.manifest import MANIFEST_SCHEMA_VERSION, check_relpath, parse_manifest
 
 D = "xxh3-128:" + "a" * 32
 

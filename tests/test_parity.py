@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from engines.backend import Generation
-from validators.parity import check_parity, compare
+from buildctl.engines.backend import Generation
+from buildctl.validators.parity import check_parity, compare
 
 
 def G(tokens, tops=None):

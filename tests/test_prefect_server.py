@@ -1,6 +1,6 @@
 """From a driver upgrade to a completed rebuild, through a real Prefect server on 127.0.0.1.
 
-``prefect server start`` on loopback; ``python -m flows.serve`` serving the deployments with the
+``prefect server start`` on loopback; ``python -m buildctl.flows.serve`` serving the deployments with the
 trigger from prefect.yaml; ``buildctl node report`` after the node's fingerprint file changes;
 the build-validate-publish run the trigger leads to must reach Completed.
 """
@@ -17,7 +17,7 @@ import urllib.request
 
 import pytest
 
-from engines.fingerprint import detect
+from buildctl.engines.fingerprint import detect
 
 from .conftest import REPO
 from .s3server import free_ports
@@ -73,7 +73,7 @@ def test_driver_upgrade_to_completed_rebuild(tmp_path):
     try:
         wait_healthy(url, server)
         serve_log = open(tmp_path / "serve.log", "wb")
-        served = subprocess.Popen([sys.executable, "-m", "flows.serve"], env=env, cwd=REPO, stdout=serve_log,
+        served = subprocess.Popen([sys.executable, "-m", "buildctl.flows.serve"], env=env, cwd=REPO, stdout=serve_log,
                                   stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline:

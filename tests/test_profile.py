@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from engines.errors import ProfileError
-from engines.profile import HASH_EXCLUDED_FIELDS, BuildProfile, load_profile, load_profile_text, parse_profile
+from buildctl.engines.errors import ProfileError
+from buildctl.engines.profile import HASH_EXCLUDED_FIELDS, BuildProfile, load_profile, load_profile_text, parse_profile
 
 from .conftest import PROFILES
 

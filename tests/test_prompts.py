@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from validators.prompts import LONG_MIN, build_prompt_sets
+from buildctl.validators.prompts import LONG_MIN, build_prompt_sets
 
 
 def test_builtin_sets_are_deterministic_and_fit():

@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from artifact_store import ops
-from artifact_store.errors import PreflightError, VerificationError
-from artifact_store.manifest import FileEntry
-from artifact_store.pull import current_artifact, install_artifact, pull
-from artifact_store.store import blob_key, manifest_key
-from engines.fingerprint import detect
+import buildctl.store as ops
+from buildctl.store.errors import PreflightError, VerificationError
+from buildctl.store.manifest import FileEntry
+from buildctl.store.pull import current_artifact, install_artifact, pull
+from buildctl.store.layout import blob_key, manifest_key
+from buildctl.engines.fingerprint import detect
 
-from .conftest import REPO, make_tree
+from .conftest import REPO, make_tree, write_attestation
 
 BIG = 4 * 1024 * 1024 + 123
 
@@ -27,8 +27,7 @@ def tree_bytes(root: Path) -> dict[str, bytes]:
 
 def publish_and_promote(store, root: Path, draft) -> str:
     res = ops.publish_tree(store, root, draft)
-    ops.write_attestation(store, res.artifact_id, {"verdict": "pass", "compat_key": draft.compat_key,
-                                                   "created_at": ops.utc_now()})
+    write_attestation(store, res.artifact_id, draft.compat_key, "pass", ops.utc_now())
     ops.promote(store, res.artifact_id, "prod")
     return res.artifact_id
 
@@ -162,7 +161,7 @@ def test_preflight_failure_never_becomes_current(store, installed, draft):
 WRITE_LIMITED_PULL = r"""
 import resource, sys
 resource.setrlimit(resource.RLIMIT_FSIZE, (1024 * 1024, 1024 * 1024))
-from buildctl.cli import main
+from buildctl.cli.main import main
 main(sys.argv[1:])
 """
 

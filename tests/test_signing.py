@@ -8,10 +8,12 @@ import stat
 
 import pytest
 
-from artifact_store import ops
-from artifact_store.store import channel_key, history_key, open_store
+import buildctl.store as ops
+from buildctl.pipeline import signer_of
+from buildctl.store.backend import open_store
+from buildctl.store.layout import channel_key, history_key
 
-from .conftest import PROFILES, make_tree
+from .conftest import PROFILES, make_tree, settings, write_attestation
 
 TINY = str(PROFILES / "tiny-llama-cpu.yaml")
 
@@ -59,8 +61,7 @@ def publish(env: Env, cli, store_dir, tree, role="builder") -> str:
     aid = json.loads(out)["artifact_id"]
     env.as_("validator", trust=False)
     m = ops.get_manifest(open_store(str(store_dir)), aid)
-    ops.write_attestation(open_store(str(store_dir)), aid, {"verdict": "pass", "compat_key": m.compat_key,
-                                                            "created_at": ops.utc_now()})
+    write_attestation(open_store(str(store_dir)), aid, m.compat_key, "pass", ops.utc_now(), signer=signer_of(settings()))
     return aid
 
 
@@ -142,8 +143,8 @@ def test_promote_refuses_an_attestation_signed_by_an_untrusted_key(keys, cli, tm
     aid = json.loads(out)["artifact_id"]
     store = open_store(str(store_dir))
     env.as_("intruder", trust=False)
-    ops.write_attestation(store, aid, {"verdict": "pass", "compat_key": ops.get_manifest(store, aid).compat_key,
-                                       "created_at": ops.utc_now()})
+    write_attestation(store, aid, ops.get_manifest(store, aid).compat_key, "pass", ops.utc_now(),
+                      signer=signer_of(settings()))
     env.as_("promoter")
     code, _, err = cli("--store", store_dir, "promote", aid, "--channel", "prod")
     assert code == 5 and "attestation signature: signed by untrusted key" in err

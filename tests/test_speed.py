@@ -6,9 +6,9 @@ import time
 
 import pytest
 
-from engines.backend import TokenEvent
-from engines.profile import SpeedGate
-from validators.speed import measure, metrics_from_events, percentile
+from buildctl.engines.backend import TokenEvent
+from buildctl.engines.profile import SpeedGate
+from buildctl.validators.speed import measure, metrics_from_events, percentile
 
 
 def test_percentile_matches_linear_interpolation():

@@ -7,11 +7,11 @@ import sys
 
 import pytest
 
-from artifact_store import ops
-from artifact_store.errors import KeyNotFoundError
-from artifact_store.store import manifest_key
+import buildctl.store as ops
+from buildctl.store.errors import KeyNotFoundError
+from buildctl.store.layout import manifest_key
 
-from .conftest import REPO, make_tree
+from .conftest import REPO, make_tree, write_attestation
 
 
 def test_create_only_refuses_overwrite(store, tmp_path):
@@ -69,7 +69,7 @@ def test_manifest_verified_on_read(store, engine_tree, draft):
     other = ops.publish_tree(store, make_tree(engine_tree.parent / "other", {"a": b"a"}), draft)
     # a manifest stored under the wrong id is detected, not trusted
     store.put_bytes(manifest_key("xxh3-128:" + "0" * 32), store.get_bytes(manifest_key(res.artifact_id)))
-    from artifact_store.errors import CorruptObjectError
+    from buildctl.store.errors import CorruptObjectError
 
     with pytest.raises(CorruptObjectError):
         ops.get_manifest(store, "xxh3-128:" + "0" * 32)
@@ -106,7 +106,7 @@ class CrashAfter:
 def test_publish_killed_at_every_write_then_rerun(store_uri, engine_tree, draft):
     """Kill publish at each of its writes in turn, on a fresh store each time: nothing partial is
     ever visible, and a re-run finishes the job with one complete artifact."""
-    from artifact_store.store import open_store
+    from buildctl.store.backend import open_store
 
     n = 1
     while True:
@@ -127,8 +127,8 @@ def test_publish_killed_at_every_write_then_rerun(store_uri, engine_tree, draft)
 
 PROMOTER = r"""
 import sys
-from artifact_store.store import open_store
-from artifact_store import ops
+from buildctl.store.backend import open_store
+import buildctl.store as ops
 store = open_store(sys.argv[1])
 rec = ops.promote(store, sys.argv[2], "staging", attempts=200)
 print(rec.seq)
@@ -139,8 +139,7 @@ def test_eight_concurrent_promoters_lose_no_record(store, store_uri, tmp_path, d
     artifacts = []
     for i in range(8):
         res = ops.publish_tree(store, make_tree(tmp_path / f"t{i}", {"rank0.engine": f"engine {i}".encode()}), draft)
-        ops.write_attestation(store, res.artifact_id, {"verdict": "pass", "compat_key": draft.compat_key,
-                                                       "created_at": "2026-01-01T00:00:00.000000Z"})
+        write_attestation(store, res.artifact_id, draft.compat_key, "pass", "2026-01-01T00:00:00.000000Z")
         artifacts.append(res.artifact_id)
     procs = [subprocess.Popen([sys.executable, "-c", PROMOTER, store_uri, a], cwd=REPO, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for a in artifacts]
@@ -175,17 +174,16 @@ class AlwaysLoses:
 
 def test_lost_races_exit_6(store, store_uri, engine_tree, draft, cli, s3_env_if_needed):
     res = ops.publish_tree(store, engine_tree, draft)
-    ops.write_attestation(store, res.artifact_id, {"verdict": "pass", "compat_key": draft.compat_key,
-                                                   "created_at": "2026-01-01T00:00:00.000000Z"})
+    write_attestation(store, res.artifact_id, draft.compat_key, "pass", "2026-01-01T00:00:00.000000Z")
     loser = AlwaysLoses(store)
-    from artifact_store.errors import CasConflictError
+    from buildctl.store.errors import CasConflictError
 
     slept = []
     with pytest.raises(CasConflictError) as exc:
         ops.set_channel(loser, res.artifact_id, res.manifest, "prod", attempts=5, sleep=slept.append)
     assert exc.value.attempts == 5 and loser.cas_calls == 5 and len(slept) == 5
     assert all(0 <= s <= 1 for s in slept)
-    from buildctl.cli import exit_code_for
+    from buildctl.cli.main import exit_code_for
 
     assert exit_code_for(exc.value) == 6
     assert ops.read_channel(store, draft.profile_name, "prod", draft.compat_key) is None
@@ -193,8 +191,8 @@ def test_lost_races_exit_6(store, store_uri, engine_tree, draft, cli, s3_env_if_
 
 RACER = r"""
 import sys
-from artifact_store.store import open_store
-from artifact_store import ops
+from buildctl.store.backend import open_store
+import buildctl.store as ops
 store = open_store(sys.argv[1])
 draft = ops.ManifestDraft(profile_name="p", profile_hash="xxh3-128:" + "1" * 32, backend="aoti", compat_key="aoti-x",
                           fingerprint={}, build_key="xxh3-128:" + "2" * 32)
@@ -217,8 +215,7 @@ def test_two_builds_of_one_key_end_with_one_owner(store, store_uri, tmp_path, s3
 
 def test_promoting_the_current_artifact_again_is_a_no_op(store, engine_tree, draft):
     res = ops.publish_tree(store, engine_tree, draft)
-    ops.write_attestation(store, res.artifact_id, {"verdict": "pass", "compat_key": draft.compat_key,
-                                                   "created_at": "2026-01-01T00:00:00.000000Z"})
+    write_attestation(store, res.artifact_id, draft.compat_key, "pass", "2026-01-01T00:00:00.000000Z")
     first = ops.promote(store, res.artifact_id, "staging")
     again = ops.promote(store, res.artifact_id, "staging")
     assert again == first and [r.seq for r in ops.history(store, draft.profile_name, "staging")] == [1]

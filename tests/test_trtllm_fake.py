@@ -14,13 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from artifact_store import ops
-from engines.errors import EngineBuildError, IncompatibleTargetError
-from engines.fingerprint import CpuInfo, Fingerprint, GpuInfo
-from engines.profile import load_profile, parse_profile
-from engines.trtllm import TrtllmBackend, build_command, check_complete, convert_command
+import buildctl.store as ops
+from buildctl.engines.errors import EngineBuildError, IncompatibleTargetError
+from buildctl.engines.fingerprint import CpuInfo, Fingerprint, GpuInfo
+from buildctl.engines.profile import load_profile, parse_profile
+from buildctl.engines.trtllm import TrtllmBackend, TrtllmTools, build_command, check_complete, convert_command
 
-from .conftest import PROFILES, REPO
+from .conftest import PROFILES, REPO, settings
 
 FAKES = REPO / "tests" / "fakes"
 PROD = PROFILES / "llama-3-70b-instruct-fp8-tp8.yaml"
@@ -32,6 +32,11 @@ def h100x8(sm: str = "9.0") -> Fingerprint:
         driver_version="550.54.15", cuda_version="12.4", tensorrt_version="10.11.0", tensorrt_llm_version="1.2.1",
         torch_version="2.7.1", cpu=CpuInfo(machine="x86_64", isa_level="x86-64-v4"),
         platform="linux-x86_64", glibc_version="2.35", compiler_version="gcc 11.4.0")
+
+
+def tools() -> TrtllmTools:
+    """The tool paths the settings name (the fake_tools fixture points them at the fakes)."""
+    return TrtllmTools.from_settings(settings())
 
 
 @pytest.fixture
@@ -66,21 +71,21 @@ def expected_args(model: Path, ckpt: str, out: str) -> dict:
 
 def test_commands_map_the_profile(hf_model, fake_tools):
     p = load_profile(PROD)
-    conv = convert_command(p, hf_model, Path("/w/ckpt"))
+    conv = convert_command(p, hf_model, Path("/w/ckpt"), tools())
     assert conv[0] == sys.executable and conv[1].endswith("fake_convert.py")
     exp = expected_args(hf_model, "/w/ckpt", "/w/engine")
     assert conv[2:] == exp["convert"]
-    assert build_command(p, Path("/w/ckpt"), Path("/w/engine"))[1:] == exp["build"]
+    assert build_command(p, Path("/w/ckpt"), Path("/w/engine"), tools())[1:] == exp["build"]
     plain = parse_profile({"name": "x", "model": {"path": "/m"}, "engine": {"backend": "trtllm", "tp_size": 2}})
-    assert "--qformat" not in convert_command(plain, hf_model, Path("/c")) and convert_command(plain, hf_model, Path("/c"))[1].endswith("fake_convert.py")
-    assert "--max_num_tokens" not in build_command(plain, Path("/c"), Path("/o"))
+    assert "--qformat" not in convert_command(plain, hf_model, Path("/c"), tools()) and convert_command(plain, hf_model, Path("/c"), tools())[1].endswith("fake_convert.py")
+    assert "--max_num_tokens" not in build_command(plain, Path("/c"), Path("/o"), tools())
 
 
 def test_successful_build_checks_exact_arguments(hf_model, fake_tools, tmp_path, monkeypatch):
     out = tmp_path / "out" / "engine"
     out.parent.mkdir()
     # The build's work dir name is random: record the calls once, then re-run with strict expectations.
-    res = TrtllmBackend().build(load_profile(PROD), hf_model, out, h100x8(), tmp_path / "build.log")
+    res = TrtllmBackend(settings()).build(load_profile(PROD), hf_model, out, h100x8(), tmp_path / "build.log")
     assert sorted(res.files) == sorted(["config.json"] + [f"rank{r}.engine" for r in range(8)])
     calls = {t: json.loads((fake_tools / f"{t}.jsonl").read_text().splitlines()[0]) for t in ("convert", "build")}
     ckpt = calls["convert"][calls["convert"].index("--output_dir") + 1]
@@ -95,7 +100,7 @@ def test_fake_fails_a_build_given_wrong_arguments(hf_model, fake_tools, tmp_path
     expect.write_text(json.dumps({"build": ["--checkpoint_dir", "somewhere-else"]}))
     monkeypatch.setenv("FAKE_TRTLLM_EXPECT", str(expect))
     with pytest.raises(EngineBuildError) as exc:
-        TrtllmBackend().build(load_profile(PROD), hf_model, tmp_path / "engine", h100x8(), tmp_path / "build.log")
+        TrtllmBackend(settings()).build(load_profile(PROD), hf_model, tmp_path / "engine", h100x8(), tmp_path / "build.log")
     assert exc.value.kind == "exit" and exc.value.returncode == 3 and "unexpected arguments" in exc.value.log_tail
 
 
@@ -114,7 +119,7 @@ def test_failures_map_to_build_failed(hf_model, fake_tools, tmp_path, monkeypatc
     out.parent.mkdir()
     log = tmp_path / "build.log"
     with pytest.raises(EngineBuildError) as exc:
-        TrtllmBackend().build(prof, hf_model, out, h100x8(), log)
+        TrtllmBackend(settings()).build(prof, hf_model, out, h100x8(), log)
     err = exc.value
     assert err.kind == kind and needle in str(err)
     assert err.log_path == str(log) and f"[fake build] starting, mode={mode}" in log.read_text()
@@ -140,11 +145,11 @@ def test_incomplete_check_rules(tmp_path):
 
 def test_host_checks_before_building(hf_model, fake_tools, tmp_path):
     with pytest.raises(IncompatibleTargetError) as exc:
-        TrtllmBackend().build(load_profile(PROD), hf_model, tmp_path / "e", h100x8(sm="8.0"), tmp_path / "l")
+        TrtllmBackend(settings()).build(load_profile(PROD), hf_model, tmp_path / "e", h100x8(sm="8.0"), tmp_path / "l")
     assert "gpu_sm" in exc.value.differences
     fp = h100x8().model_copy(update={"gpus": h100x8().gpus[:4]})
     with pytest.raises(IncompatibleTargetError) as exc:
-        TrtllmBackend().build(load_profile(PROD), hf_model, tmp_path / "e", fp, tmp_path / "l")
+        TrtllmBackend(settings()).build(load_profile(PROD), hf_model, tmp_path / "e", fp, tmp_path / "l")
     assert exc.value.differences == {"gpu_count": (8, 4)}
     assert not (fake_tools / "build.jsonl").exists(), "no builder ran"
 
@@ -162,7 +167,7 @@ def test_cli_build_publishes_and_caches(cli, hf_model, fake_tools, tmp_path, mon
     assert code == 0, err
     res = json.loads(out)
     assert not res["cache_hit"]
-    from artifact_store.store import open_store
+    from buildctl.store.backend import open_store
 
     m = ops.get_manifest(open_store(str(store)), res["artifact_id"])
     assert m.backend == "trtllm" and m.build_key == res["build_key"] and m.build_log is not None
@@ -201,10 +206,10 @@ def test_trtllm_preflight_deserializes_every_rank(tmp_path):
     (d / "rank0.engine").write_bytes(b"plan 0")
     (d / "rank1.engine").write_bytes(b"plan 1")
     env = {**os.environ, "PYTHONPATH": f"{FAKES / 'pymods'}{os.pathsep}{REPO}"}
-    ok = subprocess.run([sys.executable, "-m", "engines.preflight", "trtllm", str(d)], env=env, capture_output=True,
+    ok = subprocess.run([sys.executable, "-m", "buildctl.engines.preflight", "trtllm", str(d)], env=env, capture_output=True,
                         text=True, cwd=REPO)
     assert ok.returncode == 0, ok.stderr
     (d / "rank1.engine").write_bytes(b"plan 1 WRONG-DEVICE")
-    bad = subprocess.run([sys.executable, "-m", "engines.preflight", "trtllm", str(d)], env=env, capture_output=True,
+    bad = subprocess.run([sys.executable, "-m", "buildctl.engines.preflight", "trtllm", str(d)], env=env, capture_output=True,
                          text=True, cwd=REPO)
     assert bad.returncode == 2 and "could not deserialize rank1.engine" in bad.stderr

@@ -11,15 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from artifact_store import ops
-from artifact_store.store import open_store
+import buildctl.store as ops
+from buildctl.store.backend import open_store
 from buildctl import pipeline
-from engines.aoti import AotiBackend
-from engines.fingerprint import detect
-from validators.errors import ModelMismatchError, ValidationFailedError
-from validators.validate import validate_artifact
+from buildctl.engines.aoti import AotiBackend
+from buildctl.engines.fingerprint import detect
+from buildctl.validators.errors import ModelMismatchError, ValidationFailedError
 
-from .conftest import PROFILES
+from .conftest import PROFILES, settings
 
 pytestmark = pytest.mark.slow
 TINY = str(PROFILES / "tiny-llama-cpu.yaml")
@@ -30,22 +29,22 @@ def fresh_store(tiny_build, tmp_path, engine_dir: Path | None = None, model_dige
     store = open_store(str(tmp_path / "store"))
     fp = detect()
     digest = tiny_build["outcome"].model_digest if model_digest == "same" else model_digest
-    res = pipeline.import_engine(store, engine_dir or tiny_build["engine"], tiny_build["profile"], fp, model_digest=digest)
+    res = pipeline.import_engine(settings(), store, engine_dir or tiny_build["engine"], tiny_build["profile"], fp, model_digest=digest)
     return store, res.artifact_id
 
 
 def test_aoti_engine_passes_against_vllm_and_can_be_promoted(tiny_build, vllm_reference, tmp_path, cli):
     store, aid = fresh_store(tiny_build, tmp_path)
-    res = validate_artifact(store, aid, profile_file=TINY, reference=vllm_reference)
+    res = pipeline.validate_artifact(settings(), store, aid, profile_path=TINY, reference=vllm_reference)
     att = res.attestation
-    assert res.passed and att["verdict"] == "pass" and att["reasons"] == []
-    assert att["parity"]["failed"] == 0 and att["parity"]["identical"] == att["parity"]["prompts"] >= 16
-    assert att["parity"]["max_abs_logprob_diff"] < 1e-3
-    assert att["prompt_set"]["skipped"] == [] and att["prompt_set"]["sets"] == ["mixed", "short"]
-    assert att["versions"]["vllm"].startswith("vllm") and att["model_digest_verified"]
-    assert [lv["concurrency"] for lv in att["speed"]["levels"]] == [1, 4]
-    assert att["compat_key"] == detect().compat_key("aoti") and att["thresholds"]["min_throughput_ratio"] == 0.2
-    assert ops.list_attestations(store, aid)[-1]["created_at"] == att["created_at"]
+    assert res.passed and att.verdict == "pass" and att.reasons == ()
+    assert att.parity.failed == 0 and att.parity.identical == att.parity.prompts >= 16
+    assert att.parity.max_abs_logprob_diff < 1e-3
+    assert att.prompt_set.skipped == () and att.prompt_set.sets == ("mixed", "short")
+    assert att.versions["vllm"].startswith("vllm") and att.model_digest_verified
+    assert [lv.concurrency for lv in att.speed.levels] == [1, 4]
+    assert att.compat_key == detect().compat_key("aoti") and att.thresholds.min_throughput_ratio == 0.2
+    assert ops.list_attestations(store, aid)[-1].attestation.created_at == att.created_at
     code, out, err = cli("--store", store.uri, "--json", "promote", aid, "--channel", "staging")
     assert code == 0 and not json.loads(out)["forced"], err
     code, out, _ = cli("--store", store.uri, "--json", "show", aid)
@@ -74,11 +73,11 @@ class SlowRunner:
 def test_slow_candidate_fails_the_speed_gate_and_blocks_promotion(tiny_build, vllm_reference, tmp_path, cli):
     store, aid = fresh_store(tiny_build, tmp_path)
     with pytest.raises(ValidationFailedError) as exc:
-        validate_artifact(store, aid, profile_file=TINY, reference=vllm_reference,
+        pipeline.validate_artifact(settings(), store, aid, profile_path=TINY, reference=vllm_reference,
                           wrap_candidate=lambda r: SlowRunner(r, 0.01))
     assert any("throughput ratio" in r for r in exc.value.reasons)
-    att = ops.list_attestations(store, aid)[-1]
-    assert att["verdict"] == "fail" and att["parity"]["passed"] and not att["speed"]["passed"]
+    att = ops.list_attestations(store, aid)[-1].attestation
+    assert att.verdict == "fail" and att.parity.passed and not att.speed.passed
     code, _, err = cli("--store", store.uri, "promote", aid, "--channel", "staging")
     assert code == 5 and "did not pass" in err
 
@@ -93,7 +92,7 @@ def perturbed_engine(tiny_build, tmp_path) -> Path:
     weights["model.layers.1.mlp.down_proj.weight"] = weights["model.layers.1.mlp.down_proj.weight"] * 8.0
     save_file(weights, model / "model.safetensors", metadata={"format": "pt"})
     out = tmp_path / "perturbed-engine"
-    AotiBackend().build(tiny_build["profile"], model, out, detect(), tmp_path / "build.log")
+    AotiBackend(settings()).build(tiny_build["profile"], model, out, detect(), tmp_path / "build.log")
     return out
 
 
@@ -107,10 +106,10 @@ def test_perturbed_weights_fail_parity_exit_5(tiny_build, tmp_path, cli):
     code, out, err = r.returncode, r.stdout, r.stderr
     assert code == 5, err[-3000:]
     assert "diverged at position" in err and "outside the top-k" in err
-    att = ops.list_attestations(store, aid)[-1]
-    failed = [p for p in att["parity"]["per_prompt"] if p["status"] == "failed"]
-    assert failed and all(isinstance(p["position"], int) for p in failed)
-    assert att["verdict"] == "fail" and not att["model_digest_verified"]
+    att = ops.list_attestations(store, aid)[-1].attestation
+    failed = [p for p in att.parity.per_prompt if p.status == "failed"]
+    assert failed and all(isinstance(p.position, int) for p in failed)
+    assert att.verdict == "fail" and not att.model_digest_verified
     assert "FAIL" in out  # the table is still printed
     code, _, err = cli("--store", store.uri, "promote", aid, "--channel", "staging")
     assert code == 5
@@ -119,7 +118,7 @@ def test_perturbed_weights_fail_parity_exit_5(tiny_build, tmp_path, cli):
 def test_engine_from_other_weights_is_refused_before_running(tiny_build, tmp_path):
     store, aid = fresh_store(tiny_build, tmp_path, model_digest="xxh3-128:" + "e" * 32)
     with pytest.raises(ModelMismatchError):
-        validate_artifact(store, aid, profile_file=TINY, reference=object())  # never used
+        pipeline.validate_artifact(settings(), store, aid, profile_path=TINY, reference=object())  # never used
     assert ops.list_attestations(store, aid) == []
 
 
@@ -128,15 +127,15 @@ def test_user_prompt_file(tiny_build, vllm_reference, tmp_path):
     f = tmp_path / "prompts.jsonl"
     f.write_text('{"prompt_token_ids": [1, 5, 9, 13]}\n\n{"prompt": "Channels point at"}\n')
     try:
-        validate_artifact(store, aid, profile_file=TINY, prompts_file=f, reference=vllm_reference)
+        pipeline.validate_artifact(settings(), store, aid, profile_path=TINY, prompts_file=f, reference=vllm_reference)
     except ValidationFailedError:
         pass  # this test is about the prompt set; the verdict's speed part depends on machine noise
-    att = ops.list_attestations(store, aid)[-1]
-    assert att["prompt_set"]["count"] == 16 + 2 and "file:prompts.jsonl" in att["prompt_set"]["sets"]
-    assert att["parity"]["prompts"] == 18 and att["parity"]["failed"] == 0
+    att = ops.list_attestations(store, aid)[-1].attestation
+    assert att.prompt_set.count == 16 + 2 and "file:prompts.jsonl" in att.prompt_set.sets
+    assert att.parity.prompts == 18 and att.parity.failed == 0
     f.write_text('{"prompt_token_ids": "nope"}\n')
-    from validators.errors import PromptFileError
+    from buildctl.validators.errors import PromptFileError
 
     with pytest.raises(PromptFileError) as exc:
-        validate_artifact(store, aid, profile_file=TINY, prompts_file=f, reference=vllm_reference)
+        pipeline.validate_artifact(settings(), store, aid, profile_path=TINY, prompts_file=f, reference=vllm_reference)
     assert exc.value.line == 1

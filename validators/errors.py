@@ -2,18 +2,24 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from buildctl.errors import BadInputError, BuildctlError, GateRefusedError
+
+if TYPE_CHECKING:
+    from buildctl.store.attestations import Attestation
 
 
 class ValidationFailedError(GateRefusedError):
-    """The verdict was fail. The attestation was still written (``attestation_id``)."""
+    """The verdict was fail. The attestation was still written (``attestation_id``, ``attestation``)."""
 
-    def __init__(self, artifact_id: str, attestation_id: str, reasons: list[str]) -> None:
+    def __init__(self, artifact_id: str, attestation_id: str, attestation: "Attestation") -> None:
         self.artifact_id = artifact_id
         self.attestation_id = attestation_id
-        self.reasons = list(reasons)
+        self.attestation = attestation
+        self.reasons = list(attestation.reasons)
         super().__init__(f"validation of {artifact_id} failed (attestation {attestation_id} recorded): "
-                         + "; ".join(reasons))
+                         + "; ".join(self.reasons))
 
 
 class PromptFileError(BadInputError):
@@ -27,6 +33,15 @@ class PromptFileError(BadInputError):
         super().__init__(f"{where}: {detail}")
 
 
+class UnknownPromptSetError(BadInputError):
+    """A prompt set name that is not built in (``known`` lists the built-in ones)."""
+
+    def __init__(self, name: str, known: tuple[str, ...]) -> None:
+        self.name = name
+        self.known = tuple(known)
+        super().__init__(f"unknown prompt set {name!r} (known: {', '.join(known)})")
+
+
 class ModelMismatchError(BadInputError):
     """The reference would run other weights than the engine was built from."""
 
@@ -38,9 +53,12 @@ class ModelMismatchError(BadInputError):
 
 
 class ValidatorProcessError(BuildctlError):
-    """``buildctl validate`` in a child process ended without an attestation (``returncode``, ``tail``)."""
+    """The validation child process ended without an attestation (``returncode``, ``tail``: its
+    output's last lines, ``error``: the error it reported, if any)."""
 
-    def __init__(self, returncode: int, tail: str) -> None:
+    def __init__(self, returncode: int, tail: str, error: str | None = None) -> None:
         self.returncode = returncode
         self.tail = tail
-        super().__init__(f"buildctl validate exited {returncode} without an attestation:\n{tail}")
+        self.error = error
+        what = f": {error}" if error else ""
+        super().__init__(f"the validation process exited {returncode} without an attestation{what}\n{tail}".rstrip())

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Literal
 
-from engines.backend import Generation
+from buildctl.engines.backend import Generation
 
 Status = Literal["identical", "close", "failed"]
 

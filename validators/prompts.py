@@ -18,9 +18,11 @@ import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from artifact_store.digest import digest_json
-from engines.tiny import CORPUS
-from validators.errors import PromptFileError
+from buildctl.digest import digest_json
+from buildctl.engines.tiny import CORPUS
+from buildctl.validators.errors import PromptFileError, UnknownPromptSetError
+
+KNOWN_SETS = ("short", "mixed", "long")
 
 LONG_MIN = 4097
 SEED = 20260101
@@ -75,7 +77,7 @@ def build_prompt_sets(sets: list[str] | tuple[str, ...], *, max_input_len: int, 
                 continue
             lengths = [rng.randint(LONG_MIN, min(limit, LONG_MIN + 2000)) for _ in range(4)]
         else:
-            raise ValueError(f"unknown prompt set {name!r}")
+            raise UnknownPromptSetError(name, KNOWN_SETS)
         for n in lengths:
             out.prompts.append(window(min(n, limit)))
             out.sources.append(name)

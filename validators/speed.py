@@ -15,8 +15,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from engines.backend import Runner, TokenEvent
-from engines.profile import SpeedGate
+from buildctl.engines.backend import Runner, TokenEvent
+from buildctl.engines.profile import SpeedGate
 
 
 def percentile(values: list[float], q: float) -> float:

@@ -21,70 +21,58 @@ from pathlib import Path
 from typing import Any, Callable
 
 import buildctl
-from artifact_store.ops import get_manifest, resolve_artifact, utc_now, write_attestation
-from artifact_store.pull import install_artifact
-from artifact_store.store import Store
-from engines.backend import Runner, get_backend
-from engines.errors import ProfileError
-from engines.fingerprint import Fingerprint, detect
-from engines.model import model_digest, resolve_model
-from engines.profile import BuildProfile, load_profile, profile_path
-from validators.errors import ModelMismatchError, ValidationFailedError, ValidatorProcessError
-from validators.parity import ParityReport, check_parity
-from validators.prompts import PromptSet, build_prompt_sets, load_prompt_file
-from validators.speed import SpeedReport, measure
-
-ATTESTATION_SCHEMA = 1
-
-
-def find_profile(name: str, expected_hash: str, profile_file: str | Path | None = None) -> BuildProfile:
-    """The artifact's profile: ``profile_file``, else ``$BUILDCTL_PROFILE_DIR`` or ``./build_profiles``
-    ``/<name>.yaml``. Its build-affecting hash must equal the artifact's (gates may differ)."""
-    path = Path(profile_file) if profile_file else profile_path(name)
-    profile = load_profile(path)
-    if profile.name != name or profile.build_hash() != expected_hash:
-        from engines.errors import FieldProblem
-
-        raise ProfileError(str(path), [FieldProblem("", "matches-artifact",
-                           f"profile {profile.name} ({profile.build_hash()}) is not the one the artifact was built "
-                           f"from ({name}, {expected_hash})")])
-    return profile
+from buildctl.engines.backend import Runner
+from buildctl.engines.fingerprint import Fingerprint
+from buildctl.engines.profile import BuildProfile
+from buildctl.engines.registry import get_backend
+from buildctl.settings import Settings
+from buildctl.store.attestations import ATTESTATION_SCHEMA, Attestation, write_attestation
+from buildctl.store.backend import Store
+from buildctl.store.manifest import tree_digest, utc_now
+from buildctl.store.pull import install_artifact
+from buildctl.store.signing import SigningKey
+from buildctl.store.verify import get_manifest
+from buildctl.validators.errors import ModelMismatchError, ValidationFailedError
+from buildctl.validators.parity import ParityReport, check_parity
+from buildctl.validators.prompts import PromptSet, build_prompt_sets, load_prompt_file
+from buildctl.validators.speed import SpeedReport, measure
 
 
 @dataclass
 class ValidationResult:
     artifact_id: str
     attestation_id: str
-    attestation: dict[str, Any]
+    attestation: Attestation
     parity: ParityReport
     speed: SpeedReport
 
     @property
     def passed(self) -> bool:
-        return self.attestation["verdict"] == "pass"
+        return self.attestation.passed
 
 
 def validate_artifact(
+    settings: Settings,
     store: Store,
-    artifact_ref: str,
+    artifact_id: str,
     *,
-    profile_file: str | Path | None = None,
+    profile: BuildProfile,
+    model_dir: Path,
+    fingerprint: Fingerprint,
     prompts_file: str | Path | None = None,
-    fingerprint: Fingerprint | None = None,
     reference: Runner | None = None,
     wrap_candidate: Callable[[Runner], Runner] | None = None,
+    signer: SigningKey | None = None,
     say: Callable[[str], None] = lambda _: None,
 ) -> ValidationResult:
-    """Validate one artifact on this host and store the attestation. ``reference`` lets a caller
+    """Validate one artifact on this host (``fingerprint``) against the vLLM reference on
+    ``model_dir`` and store the attestation, signed by ``signer``. ``reference`` lets a caller
     reuse a running vLLM runner (tests, long-lived validators); ``wrap_candidate`` is a hook for
     fault injection."""
     t0 = time.monotonic()
-    artifact_id = resolve_artifact(store, artifact_ref)
     manifest = get_manifest(store, artifact_id)
-    profile = find_profile(manifest.profile_name, manifest.profile_hash, profile_file)
-    fp = fingerprint or detect()
-    model_dir = resolve_model(profile)
-    digest = model_digest(model_dir)
+    fp = fingerprint
+    digest = tree_digest(model_dir)
     if manifest.model_digest is not None and manifest.model_digest != digest:
         raise ModelMismatchError(artifact_id, manifest.model_digest, digest)
     v = profile.validation
@@ -94,12 +82,12 @@ def validate_artifact(
     try:
         say(f"pulling {artifact_id} with verification")
         install_artifact(store, artifact_id, work / "engine")
-        candidate = get_backend(manifest.backend).load(work / "engine" / "current")
+        candidate = get_backend(manifest.backend, settings).load(work / "engine" / "current")
         if wrap_candidate is not None:
             candidate = wrap_candidate(candidate)
         if reference is None:
             say("starting the vLLM reference")
-            from validators.reference import VllmRunner
+            from buildctl.validators.reference import VllmRunner
 
             reference = VllmRunner(model_dir, profile.reference)
         config = _read_config(model_dir)
@@ -122,7 +110,7 @@ def validate_artifact(
                         reference_gpus=profile.reference.tensor_parallel_size, on_progress=say)
         reasons = parity.reasons() + speed.reasons()
         verdict = "pass" if not reasons else "fail"
-        attestation = {
+        attestation = Attestation.model_validate({
             "schema_version": ATTESTATION_SCHEMA,
             "artifact_id": artifact_id,
             "verdict": verdict,
@@ -144,8 +132,8 @@ def validate_artifact(
             "parity": parity.to_dict(),
             "speed": speed.to_dict(),
             "duration_s": round(time.monotonic() - t0, 3),
-        }
-        att_id = write_attestation(store, artifact_id, attestation)
+        })
+        att_id = write_attestation(store, attestation, signer=signer)
         result = ValidationResult(artifact_id, att_id, attestation, parity, speed)
     finally:
         if candidate is not None:
@@ -154,7 +142,7 @@ def validate_artifact(
             reference.close()
         shutil.rmtree(work, ignore_errors=True)
     if not result.passed:
-        raise ValidationFailedError(artifact_id, att_id, attestation["reasons"])
+        raise ValidationFailedError(artifact_id, att_id, attestation)
     return result
 
 
@@ -171,35 +159,8 @@ def _speed_workload(model_dir: Path, config: dict[str, Any], input_len: int, n: 
     """``n`` fixed-seed prompts of exactly ``input_len`` tokens: the same workload on both sides."""
     import random
 
-    from validators.prompts import SEED, token_source
+    from buildctl.validators.prompts import SEED, token_source
 
     source = token_source(model_dir, config.get("vocab_size", 32000), need=input_len * 2 + 1)
     rng = random.Random(SEED + 1)
     return [source[s:s + input_len] for s in (rng.randrange(0, len(source) - input_len) for _ in range(n))]
-
-
-def validate_in_subprocess(store_uri: str | None, artifact_id: str, *, profile_file: str | None = None,
-                           timeout_s: float = 3600) -> dict[str, Any]:
-    """Run ``buildctl validate`` in its own process and return the attestation.
-
-    vLLM keeps per-process global state (one engine per process), so long-lived callers (a
-    Prefect worker, a test session) validate in a child process. A failing verdict (exit 5) still
-    returns its attestation; any other failure raises with the output's tail.
-    """
-    import json
-    import subprocess
-    import sys
-
-    cmd = [sys.executable, "-m", "buildctl", "--json"]
-    if store_uri:
-        cmd += ["--store", store_uri]
-    cmd += ["validate", artifact_id]
-    if profile_file:
-        cmd += ["--profile", str(profile_file)]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL)
-    if r.returncode in (0, 5):
-        try:
-            return json.loads(r.stdout)
-        except json.JSONDecodeError:
-            pass
-    raise ValidatorProcessError(r.returncode, "\n".join(r.stderr.strip().splitlines()[-15:]))

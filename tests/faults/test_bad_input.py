@@ -12,10 +12,10 @@ import unicodedata
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from artifact_store.errors import ManifestError, UnsafeTreeError
-from artifact_store.manifest import check_relpath, check_unique_paths, parse_manifest, scan_tree
-from engines.errors import ProfileError
-from engines.profile import parse_profile
+from buildctl.store.errors import ManifestError, UnsafeTreeError
+from buildctl.store.manifest import check_relpath, check_unique_paths, parse_manifest, scan_tree
+from buildctl.engines.errors import ProfileError
+from buildctl.engines.profile import parse_profile
 
 from ..conftest import PROFILES, REPO
 from .conftest import scale

@@ -7,13 +7,13 @@ import json
 
 import pytest
 
-from artifact_store import ops
-from artifact_store.store import open_store
+import buildctl.store as ops
+from buildctl.store.backend import open_store
 from buildctl import pipeline
 from buildctl.errors import BuildFailedError
-from engines.profile import load_profile, parse_profile
+from buildctl.engines.profile import load_profile, parse_profile
 
-from ..conftest import PROFILES
+from ..conftest import PROFILES, settings
 from ..test_trtllm_fake import fake_tools, h100x8, hf_model  # noqa: F401  (fixtures)
 
 PROD = PROFILES / "llama-3-70b-instruct-fp8-tp8.yaml"
@@ -29,7 +29,7 @@ def test_build_faults_publish_nothing(mode, kind, fake_tools, hf_model, tmp_path
     profile = parse_profile(data)
     store = open_store(f"file://{tmp_path}/store")
     with pytest.raises(BuildFailedError) as exc:
-        pipeline.build(store, profile, model=str(hf_model), fingerprint=h100x8(), workdir=tmp_path / "work")
+        pipeline.build(settings(), store, profile, model=str(hf_model), fingerprint=h100x8(), workdir=tmp_path / "work")
     assert exc.value.kind == kind
     if mode == "oom":
         assert "MemoryError" in exc.value.log_tail
@@ -37,7 +37,7 @@ def test_build_faults_publish_nothing(mode, kind, fake_tools, hf_model, tmp_path
     assert [p.name for p in (tmp_path / "work").iterdir() if not p.name.startswith("buildctl-failed-")] == []
     # the orchestrator (this process) carries on: the next build works
     monkeypatch.setenv("FAKE_TRTLLM_MODE", "ok")
-    ok = pipeline.build(store, profile, model=str(hf_model), fingerprint=h100x8(), workdir=tmp_path / "work")
+    ok = pipeline.build(settings(), store, profile, model=str(hf_model), fingerprint=h100x8(), workdir=tmp_path / "work")
     assert not ok.cache_hit and len(ops.list_artifacts(store)) == 1
     record_fault(f"builder {mode}", f"fake trtllm-build: {mode}" + (" past RLIMIT_AS 1 GiB" if mode == "oom" else ""), 1,
                  outcome=f"ok (BuildFailedError {kind}, nothing published, next build fine)")

@@ -11,18 +11,19 @@ from pathlib import Path
 
 import pytest
 
-from artifact_store import ops
-from artifact_store.errors import VerificationError
-from artifact_store.pull import current_artifact, install_artifact
-from artifact_store.store import blob_key, open_store
+import buildctl.store as ops
+from buildctl.store.errors import VerificationError
+from buildctl.store.pull import current_artifact, install_artifact
+from buildctl.store.backend import open_store
+from buildctl.store.layout import blob_key
 
 from ..conftest import REPO, make_tree
 from .conftest import kill_at_random_point, scale
 
 PULLER = r"""
 import sys
-from artifact_store.store import open_store
-from artifact_store.pull import install_artifact
+from buildctl.store.backend import open_store
+from buildctl.store.pull import install_artifact
 store = open_store(sys.argv[1])
 print("ready", flush=True)
 sys.stdin.readline()
@@ -79,9 +80,9 @@ def test_disk_full_during_pull(tmp_path, two_versions, record_fault):
     code = r"""
 import resource, sys
 resource.setrlimit(resource.RLIMIT_FSIZE, (1_000_000, 1_000_000))
-from artifact_store.store import open_store
-from artifact_store.pull import install_artifact
-from artifact_store.errors import InstallError
+from buildctl.store.backend import open_store
+from buildctl.store.pull import install_artifact
+from buildctl.store.errors import InstallError
 try:
     install_artifact(open_store(sys.argv[1]), sys.argv[2], sys.argv[3])
 except InstallError as err:

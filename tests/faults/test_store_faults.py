@@ -10,17 +10,17 @@ import time
 
 import pytest
 
-from artifact_store import ops
-from artifact_store.store import open_store
+import buildctl.store as ops
+from buildctl.store.backend import open_store
 
-from ..conftest import REPO, make_tree
+from ..conftest import REPO, make_tree, write_attestation
 from .conftest import kill_at_random_point, scale
 from .proxy import FaultProxy
 
 PUBLISHER = r"""
 import sys
-from artifact_store.store import open_store
-from artifact_store import ops
+from buildctl.store.backend import open_store
+import buildctl.store as ops
 store = open_store(sys.argv[1])
 draft = ops.ManifestDraft(profile_name="p", profile_hash="xxh3-128:" + "1" * 32, backend="aoti",
                           compat_key="aoti-x", fingerprint={}, build_key="xxh3-128:" + "3" * 32)
@@ -106,7 +106,7 @@ def test_throttling_and_5xx_are_retried(tmp_path, draft, seaweed, s3_env, monkey
         tree = make_tree(tmp_path / "tree", {f"f{i}": 20_000 + i for i in range(20)})
         res = ops.publish_tree(store, tree, draft)
         ops.verify(store, res.artifact_id, deep=True)
-        from artifact_store.pull import install_artifact
+        from buildctl.store.pull import install_artifact
 
         install_artifact(store, res.artifact_id, tmp_path / "node")
         assert proxy.injected > 5, proxy.injected
@@ -119,13 +119,12 @@ def test_sixteen_concurrent_promoters_over_rounds(store, store_uri, tmp_path, dr
     artifacts = []
     for i in range(per_round):
         res = ops.publish_tree(store, make_tree(tmp_path / f"t{i}", {"e": f"engine {i}".encode()}), draft)
-        ops.write_attestation(store, res.artifact_id, {"verdict": "pass", "compat_key": draft.compat_key,
-                                                       "created_at": "2026-01-01T00:00:00.000000Z"})
+        write_attestation(store, res.artifact_id, draft.compat_key, "pass", "2026-01-01T00:00:00.000000Z")
         artifacts.append(res.artifact_id)
     promoter = r"""
 import sys
-from artifact_store.store import open_store
-from artifact_store import ops
+from buildctl.store.backend import open_store
+import buildctl.store as ops
 ops.promote(open_store(sys.argv[1]), sys.argv[2], "staging", attempts=400)
 """
     for r in range(rounds):

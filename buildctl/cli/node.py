@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import typer
 
-from buildctl.cli import app, emit_json, open_store_for, out, want_json
+from buildctl.cli._common import emit_json, open_store_for, out, settings, want_json
 
 node_app = typer.Typer(help="Node agent commands.", no_args_is_help=True)
-app.add_typer(node_app, name="node")
 
 
 @node_app.command("report")
@@ -22,13 +21,15 @@ def report_cmd(
     """Record this host's fingerprint in the store's inventory; emit buildctl.node.driver-upgraded
     when its compat key changed since the last report."""
     from buildctl import fleet
-    from buildctl.pipeline import host_fingerprint
+    from buildctl.engines.fingerprint import host_fingerprint
 
     names = sorted({p.strip() for item in profiles for p in item.split(",") if p.strip()})
-    res = fleet.report_node(open_store_for(ctx), node_id, host_fingerprint(), names)
+    res = fleet.report_node(open_store_for(ctx), node_id, host_fingerprint(settings(ctx)), names)
     event_id = None
     if res.compat_changed and not no_event:
-        from flows.events import emit_driver_upgraded
+        # The one place the CLI reaches the flows package, lazily: without Prefect installed
+        # (a node agent's slim install) it records and says no event was emitted.
+        from buildctl.flows.events import emit_driver_upgraded
 
         event_id = emit_driver_upgraded(node_id, fleet.event_payload(res))
     summary = {"node_id": node_id, "profiles": names, "first_report": res.previous is None,

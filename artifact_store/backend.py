@@ -1,7 +1,7 @@
 """The Store protocol: one small interface, two backends (local directory, S3).
 
 Like restic's backend interface, it knows only keys and bytes. Everything else (manifests,
-channels, verification) is built on top in :mod:`artifact_store.ops`, and one contract test
+channels, verification) is built on top in the modules beside it, and one contract test
 suite runs against every backend.
 
 Two kinds of write exist:
@@ -15,13 +15,11 @@ Two kinds of write exist:
 
 from __future__ import annotations
 
-import os
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import BinaryIO, Callable, Iterator, Protocol, runtime_checkable
 
-from artifact_store.digest import hex_of
-from artifact_store.errors import StoreUriError
+from buildctl.store.errors import StoreUriError
 
 ProgressFn = Callable[[int], None]
 
@@ -40,8 +38,9 @@ class Store(Protocol):
         """The whole object; raises ``KeyNotFoundError``."""
         ...
 
-    def open_read(self, key: str) -> AbstractContextManager[BinaryIO]:
-        """A streaming reader; raises ``KeyNotFoundError``."""
+    def open_read(self, key: str, *, verify_checksum: bool = False) -> AbstractContextManager[BinaryIO]:
+        """A streaming reader; raises ``KeyNotFoundError``. ``verify_checksum``: have the backend
+        check the checksum the server stored with the object, where it keeps one (S3)."""
         ...
 
     def put_bytes(self, key: str, data: bytes) -> bool:
@@ -69,55 +68,16 @@ class Store(Protocol):
         ...
 
 
-# --- key layout (docs/store-layout.md) -------------------------------------------------------
-
-
-def blob_key(digest: str) -> str:
-    h = hex_of(digest)
-    return f"blobs/{h[:2]}/{h}"
-
-
-def manifest_key(artifact_id: str) -> str:
-    return f"manifests/{hex_of(artifact_id)}.json"
-
-
-def identity_key(identity: str) -> str:
-    return f"index/identity/{hex_of(identity)}.json"
-
-
-def build_index_key(build_key: str) -> str:
-    return f"index/build-keys/{hex_of(build_key)}.json"
-
-
-def attestation_prefix(artifact_id: str) -> str:
-    return f"attestations/{hex_of(artifact_id)}/"
-
-
-def channel_key(profile: str, channel: str, compat_key: str) -> str:
-    return f"channels/{profile}/{channel}/{compat_key}.json"
-
-
-def history_prefix(profile: str, channel: str, compat_key: str) -> str:
-    return f"history/{profile}/{channel}/{compat_key}/"
-
-
-def history_key(profile: str, channel: str, compat_key: str, seq: int) -> str:
-    return f"{history_prefix(profile, channel, compat_key)}{seq:012d}.json"
-
-
 # --- opening -------------------------------------------------------------------------------
 
 
-def default_store_uri() -> str:
-    base = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
-    return "file://" + os.path.join(base, "buildctl", "store")
-
-
-def open_store(uri: str | None = None, *, endpoint_url: str | None = None) -> Store:
-    """Open ``file:///dir`` (or a plain path) or ``s3://bucket/prefix``."""
-    uri = uri or default_store_uri()
+def open_store(uri: str, *, endpoint_url: str | None = None) -> Store:
+    """Open ``file:///dir`` (or a plain path) or ``s3://bucket/prefix``. The default URI comes
+    from :class:`buildctl.settings.Settings`, never from here."""
+    if not uri:
+        raise StoreUriError(str(uri), "no store given (--store or BUILDCTL_STORE)")
     if uri.startswith("s3://"):
-        from artifact_store.s3 import S3Store  # the only boto3 importer
+        from buildctl.store.s3 import S3Store  # the only boto3 importer
 
         return S3Store(uri, endpoint_url=endpoint_url)
     if uri.startswith("file://"):
@@ -128,6 +88,6 @@ def open_store(uri: str | None = None, *, endpoint_url: str | None = None) -> St
         path = uri
     if not path:
         raise StoreUriError(uri, "empty path")
-    from artifact_store.local import LocalStore
+    from buildctl.store.local import LocalStore
 
     return LocalStore(Path(path).expanduser().resolve())

@@ -7,13 +7,11 @@ from typing import Optional
 
 import typer
 
-from buildctl.cli import app, emit_json, open_store_for, out, settings, want_json
+from buildctl.cli._common import emit_json, open_store_for, out, settings, want_json
 
 model_app = typer.Typer(help="Model checkpoints.", no_args_is_help=True)
-app.add_typer(model_app, name="model")
 
 
-@app.command("build")
 def build_cmd(
     ctx: typer.Context,
     profile: Path = typer.Argument(..., help="Build profile YAML."),
@@ -23,14 +21,14 @@ def build_cmd(
     json_out: bool = typer.Option(False, "--json", help="JSON output."),
 ) -> None:
     """Build, publish and print an artifact id; a build key that already has an artifact is a cache hit."""
+    from buildctl.engines.profile import load_profile
     from buildctl.pipeline import build
-    from engines.profile import load_profile
 
     prof = load_profile(profile)
     quiet = want_json(ctx, json_out)
     say = (lambda m: None) if quiet else (lambda m: typer.echo(f"[build] {m}", err=True))
-    res = build(open_store_for(ctx), prof, model=model, target_compat_key=target_compat_key, workdir=workdir,
-                endpoint_url=settings(ctx).endpoint_url, say=say)
+    res = build(settings(ctx), open_store_for(ctx), prof, model=model, target_compat_key=target_compat_key,
+                workdir=workdir, say=say)
     if quiet:
         emit_json({"artifact_id": res.artifact_id, "cache_hit": res.cache_hit, "adopted": res.adopted,
                    "build_key": res.build_key, "model_digest": res.model_digest, "compat_key": res.compat_key,
@@ -55,19 +53,18 @@ def make_tiny_cmd(
     json_out: bool = typer.Option(False, "--json", help="JSON output."),
 ) -> None:
     """Create the tiny Llama locally and deterministically (no download); cached by its parameters."""
-    from engines.model import model_digest
-    from engines.profile import TinyModel
-    from engines.tiny import make_tiny
+    from buildctl.engines.profile import TinyModel
+    from buildctl.engines.tiny import make_tiny
+    from buildctl.store.manifest import tree_digest
 
-    path = make_tiny(TinyModel(seed=seed, train_steps=train_steps), dest)
-    digest = model_digest(path)
+    path = make_tiny(TinyModel(seed=seed, train_steps=train_steps), settings(ctx).cache_dir, dest)
+    digest = tree_digest(path)
     if want_json(ctx, json_out):
         emit_json({"path": str(path), "model_digest": digest})
     else:
         out().print(f"{path}  {digest}")
 
 
-@app.command("generate")
 def generate_cmd(
     ctx: typer.Context,
     engine: Path = typer.Argument(..., help="An engine directory, e.g. DIR/current after a pull."),
@@ -95,7 +92,7 @@ def generate_cmd(
         ids = tok(prompt)["input_ids"]
     else:
         raise BadInputError("give --prompt-ids, or --prompt with --tokenizer")
-    runner = load_engine(engine)
+    runner = load_engine(settings(ctx), engine)
     try:
         gen = runner.generate([ids], max_tokens, top_logprobs=1)[0]
     finally:

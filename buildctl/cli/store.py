@@ -8,25 +8,20 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from buildctl.cli import app, emit_json, open_store_for, out, want_json
-from buildctl.progress import byte_progress
+from buildctl.cli._common import JSON_OPT, emit_json, open_store_for, out, settings, short_id, want_json
+from buildctl.cli.progress import byte_progress
 
-JSON_OPT = typer.Option(False, "--json", help="JSON output.")
+key_app = typer.Typer(help="Signing keys.", no_args_is_help=True)
 
 
 def _quiet(ctx: typer.Context, json_out: bool) -> bool:
     return want_json(ctx, json_out)
 
 
-def _short(artifact_id: str | None) -> str:
-    return artifact_id[len("xxh3-128:"):][:16] if artifact_id else "-"
-
-
 def _tree_size(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink())
 
 
-@app.command("import")
 def import_cmd(
     ctx: typer.Context,
     directory: Path = typer.Argument(..., help="An already-built engine directory."),
@@ -36,16 +31,17 @@ def import_cmd(
     json_out: bool = JSON_OPT,
 ) -> None:
     """Checksum and publish an engine directory built elsewhere; print its artifact id."""
-    from buildctl.pipeline import host_fingerprint, import_engine
-    from engines.profile import load_profile
+    from buildctl.engines.fingerprint import host_fingerprint, load_fingerprint
+    from buildctl.engines.profile import load_profile
+    from buildctl.pipeline import import_engine
 
     prof = load_profile(profile)
-    fp = host_fingerprint(fingerprint_file)
+    fp = load_fingerprint(fingerprint_file) if fingerprint_file else host_fingerprint(settings(ctx))
     store = open_store_for(ctx)
     quiet = _quiet(ctx, json_out)
     total = _tree_size(directory) if directory.is_dir() else None
     with byte_progress("hashing + uploading", total, enabled=not quiet) as on_bytes:
-        res = import_engine(store, directory, prof, fp, model_digest=model_digest, on_bytes=on_bytes)
+        res = import_engine(settings(ctx), store, directory, prof, fp, model_digest=model_digest, on_bytes=on_bytes)
     if quiet:
         emit_json({"artifact_id": res.artifact_id, "existed": res.existed, "uploaded_blobs": res.uploaded_blobs,
                    "skipped_blobs": res.skipped_blobs, "uploaded_bytes": res.uploaded_bytes,
@@ -57,14 +53,13 @@ def import_cmd(
                f"uploaded {res.uploaded_blobs} blobs ({res.uploaded_bytes} bytes), skipped {res.skipped_blobs}", err=True)
 
 
-@app.command("ls")
 def ls_cmd(
     ctx: typer.Context,
     profile: Optional[str] = typer.Option(None, "--profile", help="Only this profile's artifacts."),
     json_out: bool = JSON_OPT,
 ) -> None:
     """List artifacts, newest first."""
-    from artifact_store.ops import list_artifacts
+    from buildctl.store.verify import list_artifacts
 
     arts = list_artifacts(open_store_for(ctx), profile)
     if _quiet(ctx, json_out):
@@ -75,15 +70,16 @@ def ls_cmd(
     for c in ("artifact", "profile", "backend", "compat key", "created", "files", "bytes"):
         t.add_column(c)
     for a, m in arts:
-        t.add_row(_short(a), m.profile_name, m.backend, m.compat_key, m.created_at, str(len(m.files)), str(m.total_size))
+        t.add_row(short_id(a), m.profile_name, m.backend, m.compat_key, m.created_at, str(len(m.files)), str(m.total_size))
     out().print(t)
 
 
-@app.command("show")
 def show_cmd(ctx: typer.Context, artifact: str = typer.Argument(..., help="Artifact id or unique hex prefix."),
              json_out: bool = JSON_OPT) -> None:
     """Show an artifact's manifest, attestations, and the channels pointing at it."""
-    from artifact_store.ops import channels_pointing_at, get_manifest, list_attestations, resolve_artifact
+    from buildctl.store.attestations import list_attestations
+    from buildctl.store.channels import channels_pointing_at
+    from buildctl.store.verify import get_manifest, resolve_artifact
 
     store = open_store_for(ctx)
     aid = resolve_artifact(store, artifact)
@@ -91,7 +87,8 @@ def show_cmd(ctx: typer.Context, artifact: str = typer.Argument(..., help="Artif
     atts = list_attestations(store, aid)
     chans = channels_pointing_at(store, aid)
     if _quiet(ctx, json_out):
-        emit_json({"artifact_id": aid, "manifest": m.model_dump(mode="json"), "attestations": atts,
+        emit_json({"artifact_id": aid, "manifest": m.model_dump(mode="json"),
+                   "attestations": [{"attestation_id": a.attestation_id, **a.attestation.model_dump(mode="json")} for a in atts],
                    "channels": [c.model_dump(mode="json") for c in chans]})
         return
     con = out()
@@ -106,20 +103,20 @@ def show_cmd(ctx: typer.Context, artifact: str = typer.Argument(..., help="Artif
     for f in m.files:
         t.add_row(f.path, str(f.size), f.digest, "x" if f.executable else "")
     con.print(t)
-    con.print("attestations: " + (", ".join(f"{a.get('created_at')} {a.get('verdict')} ({a.get('compat_key')})" for a in atts) or "none"),
+    con.print("attestations: " + (", ".join(f"{a.attestation.created_at} {a.attestation.verdict} ({a.attestation.compat_key})"
+                                            for a in atts) or "none"),
               highlight=False)
     con.print("channels:     " + (", ".join(f"{c.channel} #{c.seq}" for c in chans) or "none"), highlight=False)
 
 
-@app.command("verify")
 def verify_cmd(
     ctx: typer.Context,
     artifact: str = typer.Argument(..., help="Artifact id or unique hex prefix."),
     deep: bool = typer.Option(False, "--deep", help="Re-hash every byte from the store."),
     json_out: bool = JSON_OPT,
 ) -> None:
-    """Check every blob exists with the right size (``--deep``: and the right digest)."""
-    from artifact_store.ops import get_manifest, resolve_artifact, verify
+    """Check every blob exists with the right size (with --deep: and the right digest)."""
+    from buildctl.store.verify import get_manifest, resolve_artifact, verify
 
     store = open_store_for(ctx)
     aid = resolve_artifact(store, artifact)
@@ -136,7 +133,6 @@ def _record_json(rec) -> dict:
     return rec.model_dump(mode="json")
 
 
-@app.command("promote")
 def promote_cmd(
     ctx: typer.Context,
     artifact: str = typer.Argument(..., help="Artifact id or unique hex prefix."),
@@ -146,9 +142,9 @@ def promote_cmd(
     json_out: bool = JSON_OPT,
 ) -> None:
     """Move a channel to an artifact that verifies and passed validation."""
-    from artifact_store.ops import promote
+    from buildctl.pipeline import promote_artifact
 
-    rec = promote(open_store_for(ctx), artifact, channel, force=force, reason=reason)
+    rec = promote_artifact(settings(ctx), open_store_for(ctx), artifact, channel, force=force, reason=reason)
     if _quiet(ctx, json_out):
         emit_json(_record_json(rec))
     else:
@@ -161,12 +157,11 @@ def _history_table(records) -> Table:
     for c in ("seq", "compat key", "action", "artifact", "previous", "who", "when", "reason"):
         t.add_column(c)
     for r in records:
-        t.add_row(str(r.seq), r.compat_key, r.action + (" (forced)" if r.forced else ""), _short(r.artifact_id),
-                  _short(r.previous), r.who, r.when, r.reason or "")
+        t.add_row(str(r.seq), r.compat_key, r.action + (" (forced)" if r.forced else ""), short_id(r.artifact_id),
+                  short_id(r.previous), r.who, r.when, r.reason or "")
     return t
 
 
-@app.command("history")
 def history_cmd(
     ctx: typer.Context,
     profile: str = typer.Option(..., "--profile", help="Profile name."),
@@ -175,8 +170,8 @@ def history_cmd(
     json_out: bool = JSON_OPT,
 ) -> None:
     """The channel's promotion history, oldest first."""
-    from artifact_store.errors import ChannelNotFoundError
-    from artifact_store.ops import history
+    from buildctl.store.errors import ChannelNotFoundError
+    from buildctl.store.channels import history
 
     recs = history(open_store_for(ctx), profile, channel, compat_key)
     if not recs:
@@ -187,7 +182,6 @@ def history_cmd(
         out().print(_history_table(recs))
 
 
-@app.command("rollback")
 def rollback_cmd(
     ctx: typer.Context,
     profile: str = typer.Option(..., "--profile", help="Profile name."),
@@ -198,16 +192,18 @@ def rollback_cmd(
     json_out: bool = JSON_OPT,
 ) -> None:
     """Point the channel back at an earlier artifact (recorded as a new promotion)."""
-    from artifact_store.ops import rollback
+    from buildctl.pipeline import signer_of
+    from buildctl.store.channels import rollback
 
-    rec = rollback(open_store_for(ctx), profile, channel, to=to, compat_key=compat_key, reason=reason)
+    st = settings(ctx)
+    rec = rollback(open_store_for(ctx), profile, channel, to=to, compat_key=compat_key, reason=reason,
+                   who=st.actor, signer=signer_of(st))
     if _quiet(ctx, json_out):
         emit_json(_record_json(rec))
     else:
         out().print(f"{rec.channel} #{rec.seq}: rolled back to {rec.artifact_id} (was {rec.previous})", highlight=False)
 
 
-@app.command("pull")
 def pull_cmd(
     ctx: typer.Context,
     profile: str = typer.Option(..., "--profile", help="Profile name."),
@@ -218,19 +214,16 @@ def pull_cmd(
     json_out: bool = JSON_OPT,
 ) -> None:
     """Install the channel's engine for this host: verify, preflight, swap atomically."""
-    from artifact_store.ops import get_manifest
-    from artifact_store.pull import pull, resolve_channel
-    from buildctl.pipeline import host_fingerprint, preflight_for
+    from buildctl.engines.fingerprint import host_fingerprint
+    from buildctl.pipeline import channel_target, pull_engine
 
-    store = open_store_for(ctx)
-    fp = host_fingerprint()
-    keys = [fp.compat_key("trtllm"), fp.compat_key("aoti")]
-    rec = resolve_channel(store, profile, channel, keys)
-    manifest = get_manifest(store, rec.artifact_id)
+    st, store = settings(ctx), open_store_for(ctx)
+    fp = host_fingerprint(st)
+    rec, manifest = channel_target(st, store, profile, channel, fp)
     quiet = _quiet(ctx, json_out)
     with byte_progress("downloading + verifying", manifest.total_size, enabled=not quiet) as on_bytes:
-        res = pull(store, profile, channel, dest, keys, preflight=None if skip_preflight else preflight_for(manifest.backend),
-                   keep=keep, on_bytes=on_bytes)
+        res = pull_engine(st, store, profile, channel, dest, keep=keep, skip_preflight=skip_preflight,
+                          on_bytes=on_bytes, fingerprint=fp)
     rec = res.record or rec
     if quiet:
         emit_json({"artifact_id": res.artifact_id, "installed": res.installed, "path": str(res.path),
@@ -244,7 +237,6 @@ def pull_cmd(
         out().print(f"already installed: {res.artifact_id} ({channel} #{rec.seq}) is current in {dest}", highlight=False)
 
 
-@app.command("gc")
 def gc_cmd(
     ctx: typer.Context,
     keep: int = typer.Option(3, "--keep", min=0, help="Newest unreferenced artifacts to keep per profile."),
@@ -252,7 +244,7 @@ def gc_cmd(
     json_out: bool = JSON_OPT,
 ) -> None:
     """Remove artifacts no channel references, beyond the newest N per profile."""
-    from artifact_store.ops import gc
+    from buildctl.store.gc import gc
 
     res = gc(open_store_for(ctx), keep=keep, dry_run=dry_run)
     if _quiet(ctx, json_out):
@@ -266,10 +258,6 @@ def gc_cmd(
             out().print(f"  {a}", highlight=False)
 
 
-key_app = typer.Typer(help="Signing keys.", no_args_is_help=True)
-app.add_typer(key_app, name="key")
-
-
 @key_app.command("generate")
 def key_generate_cmd(
     ctx: typer.Context,
@@ -278,7 +266,7 @@ def key_generate_cmd(
     json_out: bool = JSON_OPT,
 ) -> None:
     """Make an Ed25519 key pair for signing manifests, channel records or attestations."""
-    from artifact_store.signing import generate
+    from buildctl.store.signing import generate
 
     key, pub, kid = generate(out_dir, name)
     if _quiet(ctx, json_out):

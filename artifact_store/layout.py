@@ -1,0 +1,85 @@
+"""Every key the store uses, named in one place (docs/store-layout.md describes them).
+
+No other module builds a key string: they call these functions.
+"""
+
+from __future__ import annotations
+
+from buildctl.digest import hex_of
+
+BLOBS = "blobs/"
+MANIFESTS = "manifests/"
+CHANNELS = "channels/"
+HISTORY = "history/"
+NODES = "inventory/nodes/"
+
+
+def blob_key(digest: str) -> str:
+    h = hex_of(digest)
+    return f"{BLOBS}{h[:2]}/{h}"
+
+
+def manifest_key(artifact_id: str) -> str:
+    return f"{MANIFESTS}{hex_of(artifact_id)}.json"
+
+
+def manifest_prefix(hex_prefix: str) -> str:
+    """Manifests whose artifact hex starts with ``hex_prefix`` (for id prefixes)."""
+    return f"{MANIFESTS}{hex_prefix}"
+
+
+def artifact_of_manifest_key(key: str) -> str:
+    """The artifact id a ``manifests/<hex>.json`` key names."""
+    return "xxh3-128:" + key[len(MANIFESTS):-len(".json")]
+
+
+def identity_key(identity: str) -> str:
+    return f"index/identity/{hex_of(identity)}.json"
+
+
+def build_index_key(build_key: str) -> str:
+    return f"index/build-keys/{hex_of(build_key)}.json"
+
+
+def attestation_prefix(artifact_id: str) -> str:
+    return f"attestations/{hex_of(artifact_id)}/"
+
+
+def attestation_key(artifact_id: str, created_at: str, attestation_id: str) -> str:
+    return f"{attestation_prefix(artifact_id)}{created_at}-{hex_of(attestation_id)}.json"
+
+
+def manifest_signature_prefix(artifact_id: str) -> str:
+    return f"signatures/manifests/{hex_of(artifact_id)}/"
+
+
+def manifest_signature_key(artifact_id: str, key_id: str) -> str:
+    return f"{manifest_signature_prefix(artifact_id)}{key_id}.json"
+
+
+def channel_prefix(profile: str, channel: str) -> str:
+    return f"{CHANNELS}{profile}/{channel}/"
+
+
+def channel_key(profile: str, channel: str, compat_key: str) -> str:
+    return f"{channel_prefix(profile, channel)}{compat_key}.json"
+
+
+def compat_key_of_channel_key(key: str) -> str:
+    return key.rsplit("/", 1)[1][:-len(".json")]
+
+
+def history_channel_prefix(profile: str, channel: str) -> str:
+    return f"{HISTORY}{profile}/{channel}/"
+
+
+def history_prefix(profile: str, channel: str, compat_key: str) -> str:
+    return f"{history_channel_prefix(profile, channel)}{compat_key}/"
+
+
+def history_key(profile: str, channel: str, compat_key: str, seq: int) -> str:
+    return f"{history_prefix(profile, channel, compat_key)}{seq:012d}.json"
+
+
+def node_key(node_id: str) -> str:
+    return f"{NODES}{node_id}.json"

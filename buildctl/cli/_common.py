@@ -1,0 +1,57 @@
+"""What every command module shares: the global options' state, output helpers, the store."""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+import typer
+from rich.console import Console
+
+from buildctl.settings import Settings, load_settings
+from buildctl.store.backend import Store
+
+JSON_OPT = typer.Option(False, "--json", help="JSON output.")
+
+
+@dataclass(frozen=True)
+class CliState:
+    """The global options, shared with every command through the click context."""
+
+    settings: Settings
+    json: bool = False
+    verbose: int = 0
+
+
+def state(ctx: typer.Context) -> CliState:
+    obj = ctx.find_root().obj
+    return obj if isinstance(obj, CliState) else CliState(load_settings())
+
+
+def settings(ctx: typer.Context) -> Settings:
+    return state(ctx).settings
+
+
+def open_store_for(ctx: typer.Context) -> Store:
+    from buildctl.pipeline import store_of
+
+    return store_of(settings(ctx))
+
+
+def want_json(ctx: typer.Context, local: bool) -> bool:
+    return local or state(ctx).json
+
+
+def emit_json(data: Any) -> None:
+    sys.stdout.write(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
+
+
+def out() -> Console:
+    """Plain stdout console: no markup (ids and keys contain brackets), wide when piped."""
+    return Console(soft_wrap=True, markup=False, highlight=False, width=None if sys.stdout.isatty() else 200)
+
+
+def short_id(artifact_id: str | None) -> str:
+    return artifact_id[len("xxh3-128:"):][:16] if artifact_id else "-"

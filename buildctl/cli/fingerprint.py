@@ -1,0 +1,38 @@
+"""``buildctl fingerprint``: this host's fingerprint and its compat key per backend."""
+
+from __future__ import annotations
+
+import typer
+from rich.table import Table
+
+from buildctl.cli._common import emit_json, out, settings, want_json
+
+
+def fingerprint_cmd(
+    ctx: typer.Context,
+    json_out: bool = typer.Option(False, "--json", help="Print the fingerprint as JSON (loadable with --fingerprint-file)."),
+) -> None:
+    """Print this host's fingerprint and its compat key per backend."""
+    from buildctl.engines.fingerprint import host_fingerprint
+    from buildctl.engines.registry import backend_names
+
+    fp = host_fingerprint(settings(ctx))
+    if want_json(ctx, json_out):
+        emit_json(fp.model_dump(mode="json"))
+        return
+    t = Table(title="host fingerprint", show_header=False)
+    t.add_column("field")
+    t.add_column("value")
+    gpus = ", ".join(f"{g.name} (SM {g.sm}, {g.memory_mib} MiB)" for g in fp.gpus) or "none"
+    rows = [
+        ("gpus", f"{fp.gpu_count}: {gpus}"),
+        ("driver", fp.driver_version), ("cuda", fp.cuda_version),
+        ("tensorrt", fp.tensorrt_version), ("tensorrt-llm", fp.tensorrt_llm_version),
+        ("torch", fp.torch_version), ("cpu", f"{fp.cpu.machine} {fp.cpu.isa_level}"),
+        ("platform", fp.platform), ("glibc", fp.glibc_version), ("compiler", fp.compiler_version),
+        ("digest", fp.digest()),
+        *((f"compat key ({b})", fp.compat_key(b)) for b in backend_names()),
+    ]
+    for k, v in rows:
+        t.add_row(k, "-" if v is None else str(v))
+    out().print(t)

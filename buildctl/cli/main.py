@@ -1,0 +1,153 @@
+"""The ``buildctl`` entry point: builds the typer app and registers every command module.
+
+Like huggingface_hub's ``cli/hf.py``: the command modules (``build``, ``store``, ``validate``,
+``node``, ``profile``, ``fingerprint``) define their commands and import only
+:mod:`buildctl.cli._common`; this module imports them and registers them, so there is no import
+loop. Errors are reported by :func:`run`, which maps error *types* to exit codes with the one
+table :data:`EXIT_CODES`. Commands never pick exit codes themselves.
+"""
+
+from __future__ import annotations
+
+import sys
+import traceback
+from typing import Optional
+
+import typer
+from rich.console import Console
+from typer.core import TyperOption
+
+from buildctl.cli import build, fingerprint, node, profile, store, validate
+from buildctl.cli._common import CliState
+from buildctl.errors import (
+    BadInputError,
+    BuildctlError,
+    BuildFailedError,
+    ConflictError,
+    GateRefusedError,
+    IntegrityError,
+    NotFoundError,
+    PreflightRefusedError,
+)
+from buildctl.settings import load_settings
+
+EXIT_OK = 0
+# The one table from error type to exit code, documented in the README. The first matching row
+# wins (most specific first); no other module holds an exit-code literal.
+EXIT_CODES: tuple[tuple[type[BaseException], int, str], ...] = (
+    (BadInputError, 2, "bad input"),
+    (NotFoundError, 3, "not found"),
+    (IntegrityError, 4, "integrity failure"),
+    (GateRefusedError, 5, "gate refused"),
+    (ConflictError, 6, "conflict"),
+    (BuildFailedError, 7, "build failed"),
+    (PreflightRefusedError, 8, "engine refused by its preflight load on this host (not installed)"),
+    (BuildctlError, 1, "error"),
+    (typer.TyperException, 2, "usage error"),
+    (KeyboardInterrupt, 130, "interrupted"),
+    (typer.Abort, 130, "aborted"),
+    (BaseException, 1, "unexpected error"),
+)
+
+
+def exit_code_for(err: BaseException) -> int:
+    return next(code for kind, code, _ in EXIT_CODES if isinstance(err, kind))
+
+
+def _flag_shows_no_type(original):
+    """typer (0.2x) prints a ``<bool>`` type beside every on/off flag in ``--help``, its own
+    ``--help`` included; a flag takes no value, so show none (other options keep theirs)."""
+
+    def display_type_rich(self, ctx):
+        return None if getattr(self, "is_bool_flag", False) else original(self, ctx)
+
+    return display_type_rich
+
+
+if hasattr(TyperOption, "display_type_rich"):
+    TyperOption.display_type_rich = _flag_shows_no_type(TyperOption.display_type_rich)
+
+app = typer.Typer(
+    name="buildctl",
+    help="Build, checksum, publish, validate, promote and pull inference engines.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+
+
+@app.callback()
+def _global(
+    ctx: typer.Context,
+    store_uri: Optional[str] = typer.Option(None, "--store", help="Artifact store URI: file:///dir or s3://bucket/prefix "
+                                            "(env BUILDCTL_STORE; default ~/.local/share/buildctl/store)."),
+    json_out: bool = typer.Option(False, "--json", help="Machine-readable JSON output."),
+    verbose: int = typer.Option(0, "-v", "--verbose", count=True, help="More detail (repeatable)."),
+    endpoint_url: Optional[str] = typer.Option(None, "--endpoint-url", help="S3 endpoint (env BUILDCTL_ENDPOINT_URL; default: boto3's, e.g. AWS_ENDPOINT_URL)."),
+) -> None:
+    ctx.obj = CliState(load_settings(store=store_uri, endpoint_url=endpoint_url), json=json_out, verbose=verbose)
+
+
+# --- registration: one line per command ------------------------------------------------------
+
+app.command("fingerprint")(fingerprint.fingerprint_cmd)
+app.add_typer(profile.profile_app, name="profile")
+app.command("build")(build.build_cmd)
+app.command("generate")(build.generate_cmd)
+app.add_typer(build.model_app, name="model")
+app.command("import")(store.import_cmd)
+app.command("ls")(store.ls_cmd)
+app.command("show")(store.show_cmd)
+app.command("verify")(store.verify_cmd)
+app.command("promote")(store.promote_cmd)
+app.command("history")(store.history_cmd)
+app.command("rollback")(store.rollback_cmd)
+app.command("pull")(store.pull_cmd)
+app.command("gc")(store.gc_cmd)
+app.add_typer(store.key_app, name="key")
+app.command("validate")(validate.validate_cmd)
+app.add_typer(node.node_app, name="node")
+
+_err = Console(stderr=True, soft_wrap=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the CLI; map errors to the exit-code table. Returns (and exits with) the code."""
+    code = run(argv)
+    sys.exit(code)
+
+
+def _debug() -> bool:
+    try:
+        return load_settings().debug
+    except BuildctlError:
+        return False
+
+
+def run(argv: list[str] | None = None) -> int:
+    """Run the CLI without exiting; the return value is the process exit code."""
+    try:
+        app(args=argv, prog_name="buildctl", standalone_mode=False)
+        return EXIT_OK
+    except typer.Exit as e:
+        return e.exit_code
+    except typer.TyperException as e:  # usage errors: typer's vendored click exceptions
+        show = getattr(e, "show", None)
+        if callable(show):
+            show()
+        return exit_code_for(e)
+    except (typer.Abort, KeyboardInterrupt) as e:
+        _err.print("interrupted", style="red")
+        return exit_code_for(e)
+    except BuildctlError as e:
+        if _debug():
+            traceback.print_exc()
+        _err.print(f"error: {e}", style="red", highlight=False, markup=False)
+        return exit_code_for(e)
+    except Exception as e:  # noqa: BLE001 - the CLI's last resort
+        if _debug():
+            traceback.print_exc()
+        else:
+            _err.print(f"unexpected error: {type(e).__name__}: {e} (set BUILDCTL_DEBUG=1 for a traceback)",
+                       style="red", highlight=False, markup=False)
+        return exit_code_for(e)

@@ -1,0 +1,96 @@
+"""One frozen settings object, built once from flags and the environment, then passed down.
+
+This is the only module that reads environment variables. The CLI builds :class:`Settings`
+from its flags (which win) and ``BUILDCTL_*`` variables; the flows build it from their
+parameters and the worker's environment. Library code takes what it needs as arguments.
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+import socket
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field, ValidationError
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from buildctl.errors import BadInputError
+
+DEFAULT_BUILD_LIMIT = "buildctl-builds"
+
+
+def _data_home() -> str:
+    return os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
+
+
+def _cache_home() -> str:
+    return os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+
+
+def default_store_uri() -> str:
+    return "file://" + os.path.join(_data_home(), "buildctl", "store")
+
+
+def default_cache_dir() -> Path:
+    return Path(_cache_home()) / "buildctl"
+
+
+def detect_actor() -> str:
+    """Who is acting: the CI identity when in CI, else user@host."""
+    env = os.environ
+    if env.get("GITHUB_ACTIONS"):
+        return (f"github:{env.get('GITHUB_REPOSITORY', '?')}#{env.get('GITHUB_RUN_ID', '?')} "
+                f"({env.get('GITHUB_ACTOR', '?')})")
+    if env.get("GITLAB_CI"):
+        return (f"gitlab:{env.get('CI_PROJECT_PATH', '?')}#{env.get('CI_PIPELINE_ID', '?')} "
+                f"({env.get('GITLAB_USER_LOGIN', '?')})")
+    try:
+        user = getpass.getuser()
+    except Exception:  # noqa: BLE001 - no passwd entry in a container
+        user = str(os.getuid())
+    who = f"{user}@{socket.gethostname()}"
+    return f"ci:{who}" if env.get("CI") else who
+
+
+def _cxx() -> str | None:
+    return os.environ.get("CXX") or None
+
+
+class Settings(BaseSettings):
+    """Everything buildctl is configured with. Environment: ``BUILDCTL_<FIELD>`` (upper case)."""
+
+    model_config = SettingsConfigDict(env_prefix="BUILDCTL_", frozen=True, extra="forbid", case_sensitive=False)
+
+    store: str = Field(default_factory=default_store_uri, description="Artifact store URI: file:///dir or s3://bucket/prefix.")
+    endpoint_url: str | None = Field(None, description="S3 endpoint (default: boto3's own, e.g. AWS_ENDPOINT_URL).")
+    signing_key: Path | None = Field(None, description="Ed25519 private key this process signs manifests, records and attestations with.")
+    trusted_keys: Path | None = Field(None, description="Directory of trusted *.pub keys; when set, pull enforces signatures.")
+    profile_dir: Path = Field(Path("build_profiles"), description="Where profiles are found by name.")
+    cache_dir: Path = Field(default_factory=default_cache_dir, description="Cache for tiny models and downloaded checkpoints.")
+    fingerprint_file: Path | None = Field(None, description="Use this fingerprint JSON instead of detecting the host.")
+    debug: bool = Field(False, description="Print tracebacks for errors.")
+    build_limit: str = Field(DEFAULT_BUILD_LIMIT, description="Prefect global concurrency limit that builds take a slot of.")
+    build_slots: int = Field(1, ge=1, description="Slots of the build limit when buildctl creates it.")
+    trtllm_convert: str = Field("/app/tensorrt_llm/examples/models/core/llama/convert_checkpoint.py",
+                                description="TensorRT-LLM's llama convert_checkpoint.py.")
+    trtllm_quantize: str = Field("/app/tensorrt_llm/examples/quantization/quantize.py",
+                                 description="TensorRT-LLM's (ModelOpt) quantize.py.")
+    trtllm_build: str = Field("trtllm-build", description="The trtllm-build executable.")
+    trtllm_python: str | None = Field(None, description="Python that runs the convert/quantize scripts (default: this one).")
+    actor: str = Field(default_factory=detect_actor, description="Who is acting, recorded in channel history.")
+    cxx: str | None = Field(default_factory=_cxx, description="C++ compiler to fingerprint (CXX; default: g++ on PATH).")
+
+    def with_flags(self, **flags: Any) -> "Settings":
+        """A copy with the given flags set; ``None`` flags are left as they are."""
+        return self.model_copy(update={k: v for k, v in flags.items() if v is not None})
+
+
+def load_settings(**flags: Any) -> Settings:
+    """Settings from the environment with ``flags`` (``None`` = not given) on top."""
+    try:
+        return Settings(**{k: v for k, v in flags.items() if v is not None})
+    except ValidationError as err:
+        detail = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or '<root>'}: {e['msg']}" for e in err.errors())
+        raise BadInputError(f"invalid settings: {detail}") from None

@@ -1,0 +1,105 @@
+"""Validation in a child process, as a library call that returns the typed attestation.
+
+vLLM keeps per-process global state (one engine per process), so long-lived callers (a Prefect
+worker, a test session) validate in a child. The parent hands the child its settings and the
+request as JSON; the child runs :func:`buildctl.pipeline.validate_artifact` and writes a
+:class:`ChildResult` (the attestation, or the error it hit) to a file the parent reads back. The
+child's exit status is not interpreted: the result file is the answer.
+
+``python -m buildctl.validate_process REQUEST RESULT`` is the child's entry point.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from buildctl.settings import Settings
+from buildctl.store.attestations import Attestation
+from buildctl.validators.errors import ValidationFailedError, ValidatorProcessError
+
+
+class ChildRequest(BaseModel):
+    """What the child validates, with whose settings."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    settings: dict = Field(..., description="The parent's settings, as JSON.")
+    artifact_id: str = Field(..., description="The artifact to validate.")
+    profile_path: str | None = Field(None, description="The profile file, when not found by name.")
+
+
+class ChildResult(BaseModel):
+    """What the child reports: an attestation (pass or fail), or the error that prevented one."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    attestation_id: str | None = Field(None, description="The stored attestation's id.")
+    attestation: Attestation | None = Field(None, description="The attestation written.")
+    error: str | None = Field(None, description="Type and message of the error that prevented an attestation.")
+
+
+@dataclass(frozen=True)
+class ValidationOutcome:
+    """A finished validation: its stored attestation (pass or fail)."""
+
+    attestation_id: str
+    attestation: Attestation
+
+    @property
+    def passed(self) -> bool:
+        return self.attestation.passed
+
+
+def validate_in_subprocess(settings: Settings, artifact_id: str, *, profile_path: str | Path | None = None,
+                           timeout_s: float = 3600) -> ValidationOutcome:
+    """Validate ``artifact_id`` in a child process; returns its attestation, passing or failing.
+    Raises :class:`ValidatorProcessError` when the child produced none."""
+    with tempfile.TemporaryDirectory(prefix="buildctl-validate-") as tmp:
+        request, result = Path(tmp) / "request.json", Path(tmp) / "result.json"
+        request.write_text(ChildRequest(settings=settings.model_dump(mode="json"), artifact_id=artifact_id,
+                                        profile_path=str(profile_path) if profile_path else None).model_dump_json())
+        cmd = [sys.executable, "-m", "buildctl.validate_process", str(request), str(result)]
+        try:
+            r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL)
+        except subprocess.TimeoutExpired:
+            raise ValidatorProcessError(-1, "", f"timed out after {timeout_s:.0f}s") from None
+        tail = "\n".join(r.stderr.strip().splitlines()[-15:])
+        try:
+            got = ChildResult.model_validate_json(result.read_text())
+        except (OSError, ValidationError):
+            raise ValidatorProcessError(r.returncode, tail) from None
+    if got.attestation is None or got.attestation_id is None:
+        raise ValidatorProcessError(r.returncode, tail, got.error)
+    return ValidationOutcome(got.attestation_id, got.attestation)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The child: validate, write the result file. Any error is reported in the file."""
+    args = sys.argv[1:] if argv is None else argv
+    request_path, result_path = Path(args[0]), Path(args[1])
+    from buildctl import pipeline
+    from buildctl.errors import BuildctlError
+
+    req = ChildRequest.model_validate_json(request_path.read_text())
+    settings = Settings(**req.settings)
+    try:
+        res = pipeline.validate_artifact(settings, pipeline.store_of(settings), req.artifact_id,
+                                         profile_path=req.profile_path,
+                                         say=lambda m: sys.stderr.write(f"[validate] {m}\n"))
+        out = ChildResult(attestation_id=res.attestation_id, attestation=res.attestation)
+    except ValidationFailedError as err:
+        out = ChildResult(attestation_id=err.attestation_id, attestation=err.attestation)
+    except BuildctlError as err:
+        out = ChildResult(error=f"{type(err).__name__}: {err}")
+    result_path.write_text(out.model_dump_json())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,56 @@
+"""The engine backends by name: one registration line per backend.
+
+Everything a backend knows lives in its own module (its class implements
+:class:`~buildctl.engines.backend.EngineBackend`). To add a backend, write that module and add
+one line to :data:`BACKENDS`. The classes are imported on first use; importing a backend module
+imports no heavy runtime (torch, TensorRT): those load inside build, load and preflight.
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from typing import TYPE_CHECKING, cast
+
+from buildctl.engines.backend import EngineBackend
+from buildctl.engines.errors import EngineLoadError, UnknownBackendError
+from buildctl.settings import Settings
+
+BACKENDS: dict[str, str] = {
+    "trtllm": "buildctl.engines.trtllm:TrtllmBackend",
+    "aoti": "buildctl.engines.aoti:AotiBackend",
+}
+
+if TYPE_CHECKING:  # mypy checks each registered class against the protocol (tests/test_architecture.py)
+    from buildctl.engines.aoti import AotiBackend
+    from buildctl.engines.trtllm import TrtllmBackend
+
+    _REGISTERED: tuple[type[EngineBackend], ...] = (TrtllmBackend, AotiBackend)
+
+
+def backend_names() -> tuple[str, ...]:
+    """Every registered backend name, in registration order."""
+    return tuple(BACKENDS)
+
+
+def backend_class(name: str) -> type[EngineBackend]:
+    """The class of backend ``name``; an unknown name is a :class:`UnknownBackendError`."""
+    target = BACKENDS.get(name)
+    if target is None:
+        raise UnknownBackendError(name, backend_names())
+    module, _, attr = target.partition(":")
+    return cast("type[EngineBackend]", getattr(importlib.import_module(module), attr))
+
+
+def get_backend(name: str, settings: Settings) -> EngineBackend:
+    """Backend ``name``, configured with ``settings``."""
+    return backend_class(name)(settings)
+
+
+def backend_of_engine_dir(engine_dir: str | Path) -> str:
+    """Which backend an engine directory belongs to, from its files."""
+    d = Path(engine_dir)
+    for name in BACKENDS:
+        if backend_class(name).recognises(d):
+            return name
+    raise EngineLoadError(str(d), f"not an engine directory of any backend ({', '.join(BACKENDS)})")
