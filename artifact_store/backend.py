@@ -51,6 +51,12 @@ class Store(Protocol):
         """Create-only upload of a local file. ``False`` if the key already existed."""
         ...
 
+    def replace_object(self, key: str, path: Path, *, size: int) -> None:
+        """Replace an immutable object's bytes: repair only, with bytes the caller has checked are
+        the ones the key names (a blob's digest). Local: a temp file renamed over the old one.
+        S3: delete, then a create-only put (with versioning, the bad version stays readable)."""
+        ...
+
     def list(self, prefix: str) -> Iterator[str]:
         """Keys starting with ``prefix``, in lexicographic order."""
         ...

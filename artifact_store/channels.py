@@ -22,7 +22,6 @@ from buildctl.store.errors import (
     SignatureError,
     StoreArgumentError,
     StoreUnavailableError,
-    VerificationError,
 )
 from buildctl.store.layout import (
     CHANNELS,
@@ -35,7 +34,8 @@ from buildctl.store.layout import (
 )
 from buildctl.store.manifest import Manifest, utc_now
 from buildctl.store.signing import SigningKey, TrustedKeys, verify_signature
-from buildctl.store.verify import get_manifest, resolve_artifact, verify
+from buildctl.store.integrity import DEFAULT_VERIFY_WINDOW_S, check_integrity
+from buildctl.store.verify import get_manifest, resolve_artifact
 
 CHANNEL_RE = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
 UNKNOWN_ACTOR = "unknown"
@@ -57,6 +57,8 @@ class ChannelRecord(BaseModel):
     reason: str | None = Field(None, description="Why (required for forced promotions and rollbacks).")
     forced: bool = Field(False, description="Whether the promotion gates were overridden.")
     action: str = Field("promote", description="promote or rollback.")
+    verified_at: str | None = Field(None, description="When the deep verify this move relied on ran (every blob re-hashed).")
+    verify_window_s: float | None = Field(None, description="How old that deep verify was allowed to be, in seconds.")
     signature: dict[str, str] | None = Field(None, description="Ed25519 signature over the record without this field.")
 
     def signed_bytes(self) -> bytes:
@@ -95,6 +97,8 @@ def set_channel(
     action: str = "promote",
     who: str = UNKNOWN_ACTOR,
     signer: SigningKey | None = None,
+    verified_at: str | None = None,
+    verify_window_s: float | None = None,
     attempts: int = 30,
     sleep: Callable[[float], None] = time.sleep,
 ) -> ChannelRecord:
@@ -113,7 +117,8 @@ def set_channel(
         rec = ChannelRecord(
             seq=(current[0].seq + 1) if current else 1, profile=profile, channel=channel, compat_key=compat,
             artifact_id=artifact_id, previous=current[0].artifact_id if current else None,
-            who=who, when=utc_now(), reason=reason, forced=forced, action=action,
+            who=who, when=utc_now(), reason=reason, forced=forced, action=action, verified_at=verified_at,
+            verify_window_s=verify_window_s,
         )
         if signer is not None:
             rec = rec.model_copy(update={"signature": signer.sign(rec.signed_bytes())})
@@ -126,19 +131,19 @@ def set_channel(
 
 def promote(store: Store, artifact_ref: str, channel: str, *, force: bool = False, reason: str | None = None,
             who: str = UNKNOWN_ACTOR, signer: SigningKey | None = None, trusted: TrustedKeys | None = None,
-            attempts: int = 30) -> ChannelRecord:
-    """Promote after the gates: the artifact verifies and its latest attestation for its compat key
-    passed (and, with ``trusted`` keys, is signed by one of them)."""
+            verify_window_s: float = DEFAULT_VERIFY_WINDOW_S, attempts: int = 30) -> ChannelRecord:
+    """Promote after the gates: the artifact is not quarantined and deep-verifies (every blob
+    re-hashed, or a deep verify within ``verify_window_s``: a mismatch quarantines it and raises
+    :class:`VerificationError`, exit 4), and its latest attestation for its compat key passed (and,
+    with ``trusted`` keys, is signed by one of them). ``force`` overrides only the attestation
+    gates: bytes that do not verify are never promoted."""
     artifact_id = resolve_artifact(store, artifact_ref)
     if force and not reason:
         raise StoreArgumentError("--force needs --reason: a break-glass promotion is recorded with why")
     reasons: list[str] = []
-    try:
-        manifest = verify(store, artifact_id)
-    except VerificationError as err:
-        if not force:
-            raise PromotionRefusedError(artifact_id, channel, [f"artifact does not verify: {p.render()}" for p in err.problems]) from None
-        manifest = get_manifest(store, artifact_id)
+    verified_at = check_integrity(store, artifact_id, detector=f"promote to {channel}", who=who, signer=signer,
+                                  window_s=verify_window_s)
+    manifest = get_manifest(store, artifact_id)
     stored = latest_attestation(store, artifact_id, manifest.compat_key)
     if stored is not None and trusted is not None:
         try:
@@ -153,7 +158,8 @@ def promote(store: Store, artifact_ref: str, channel: str, *, force: bool = Fals
     if reasons and not force:
         raise PromotionRefusedError(artifact_id, channel, reasons)
     return set_channel(store, artifact_id, manifest, channel, reason=reason, forced=bool(reasons) and force,
-                       who=who, signer=signer, attempts=attempts)
+                       who=who, signer=signer, verified_at=verified_at, verify_window_s=verify_window_s,
+                       attempts=attempts)
 
 
 def channel_compat_keys(store: Store, profile: str, channel: str) -> list[str]:
@@ -180,7 +186,8 @@ def history(store: Store, profile: str, channel: str, compat_key: str | None = N
 
 
 def rollback(store: Store, profile: str, channel: str, *, to: str | None = None, compat_key: str | None = None,
-             reason: str | None = None, who: str = UNKNOWN_ACTOR, signer: SigningKey | None = None) -> ChannelRecord:
+             reason: str | None = None, who: str = UNKNOWN_ACTOR, signer: SigningKey | None = None,
+             verify_window_s: float = DEFAULT_VERIFY_WINDOW_S) -> ChannelRecord:
     """Point the channel at an earlier artifact, recorded as a new, higher history record."""
     keys = [compat_key] if compat_key else channel_compat_keys(store, profile, channel)
     if not keys or (compat_key and read_channel(store, profile, channel, compat_key) is None):
@@ -201,11 +208,13 @@ def rollback(store: Store, profile: str, channel: str, *, to: str | None = None,
                 break
         if target is None:
             raise ArtifactNotFoundError("<previous>", f"channel {channel!r} has no earlier artifact to roll back to")
-    manifest = verify(store, target)
+    manifest = get_manifest(store, target)
     if manifest.profile_name != profile or manifest.compat_key != compat:
         raise StoreArgumentError(f"artifact {target} is for {manifest.profile_name}/{manifest.compat_key}, not {profile}/{compat}")
+    verified_at = check_integrity(store, target, detector=f"rollback of {channel}", who=who, signer=signer,
+                                  window_s=verify_window_s)
     return set_channel(store, target, manifest, channel, reason=reason or "rollback", action="rollback",
-                       who=who, signer=signer)
+                       who=who, signer=signer, verified_at=verified_at, verify_window_s=verify_window_s)
 
 
 def all_channel_records(store: Store) -> list[ChannelRecord]:

@@ -95,13 +95,17 @@ class FileProblem:
 
 
 class VerificationError(IntegrityError):
-    """Bytes do not match the manifest. ``problems`` lists every bad file."""
+    """Bytes do not match the manifest. ``problems`` lists every bad file; ``quarantine_key`` names
+    the quarantine record written on detection, when the caller could write one."""
 
-    def __init__(self, artifact: str, problems: list[FileProblem]) -> None:
+    def __init__(self, artifact: str, problems: list[FileProblem], quarantine_key: str | None = None) -> None:
         self.artifact = artifact
         self.problems = list(problems)
+        self.quarantine_key = quarantine_key
         lines = [f"artifact {artifact} failed verification ({len(problems)} problem(s))"]
         lines += [f"  {p.render()}" for p in problems]
+        if quarantine_key:
+            lines.append(f"  quarantined: {quarantine_key}")
         super().__init__("\n".join(lines))
 
 
@@ -173,3 +177,22 @@ class RollbackError(IntegrityError):
         self.installed_seq = installed_seq
         super().__init__(f"channel {channel} record #{seq} is older than #{installed_seq} already installed here: "
                          "refusing a rollback (a legitimate rollback is a new, higher record: buildctl rollback)")
+
+
+class QuarantinedError(GateRefusedError):
+    """The artifact is quarantined: never a cache hit, never promoted, never pulled (``record_key``
+    names the quarantine record, ``reason`` says why)."""
+
+    def __init__(self, artifact: str, record_key: str, reason: str, what: str = "refusing it") -> None:
+        self.artifact = artifact
+        self.record_key = record_key
+        self.reason = reason
+        super().__init__(f"artifact {artifact} is quarantined ({record_key}: {reason}); {what}")
+
+
+class ScrubFoundCorruptionError(IntegrityError):
+    """A scrub found artifacts whose stored bytes are wrong (each now quarantined)."""
+
+    def __init__(self, artifacts: list[str]) -> None:
+        self.artifacts = list(artifacts)
+        super().__init__(f"scrub found {len(artifacts)} corrupt artifact(s), quarantined: {', '.join(artifacts)}")

@@ -9,13 +9,14 @@ from buildctl.store.channels import all_channel_records
 from buildctl.store.layout import (
     attestation_prefix,
     blob_key,
-    build_index_key,
     identity_key,
     manifest_key,
     manifest_signature_prefix,
+    quarantine_prefix,
+    verification_prefix,
 )
 from buildctl.store.manifest import Manifest
-from buildctl.store.publish import build_key_owner
+from buildctl.store.publish import build_key_owners
 from buildctl.store.verify import list_artifacts
 
 
@@ -55,9 +56,12 @@ def gc(store: Store, *, keep: int = 3, dry_run: bool = False) -> GcResult:
             continue
         store.delete(manifest_key(artifact))
         store.delete(identity_key(m.identity()))
-        if m.build_key and build_key_owner(store, m.build_key) == artifact:
-            store.delete(build_index_key(m.build_key))
-        for key in [*store.list(attestation_prefix(artifact)), *store.list(manifest_signature_prefix(artifact))]:
+        if m.build_key:
+            for key, owner in build_key_owners(store, m.build_key):
+                if owner == artifact:
+                    store.delete(key)
+        for key in [*store.list(attestation_prefix(artifact)), *store.list(manifest_signature_prefix(artifact)),
+                    *store.list(verification_prefix(artifact)), *store.list(quarantine_prefix(artifact))]:
             store.delete(key)
     for digest in sorted(candidate_blobs - live_blobs):
         size = store.stat(blob_key(digest))

@@ -37,8 +37,15 @@ def identity_key(identity: str) -> str:
     return f"index/identity/{hex_of(identity)}.json"
 
 
-def build_index_key(build_key: str) -> str:
-    return f"index/build-keys/{hex_of(build_key)}.json"
+def build_index_key(build_key: str, generation: int = 0) -> str:
+    """The build-key record; a later generation is claimed when the earlier owner is quarantined."""
+    suffix = f".{generation}" if generation else ""
+    return f"index/build-keys/{hex_of(build_key)}{suffix}.json"
+
+
+def build_index_prefix(build_key: str) -> str:
+    """Every generation of one build key's record."""
+    return f"index/build-keys/{hex_of(build_key)}"
 
 
 def attestation_prefix(artifact_id: str) -> str:
@@ -47,6 +54,22 @@ def attestation_prefix(artifact_id: str) -> str:
 
 def attestation_key(artifact_id: str, created_at: str, attestation_id: str) -> str:
     return f"{attestation_prefix(artifact_id)}{created_at}-{hex_of(attestation_id)}.json"
+
+
+def quarantine_prefix(artifact_id: str) -> str:
+    return f"quarantine/{hex_of(artifact_id)}/"
+
+
+def quarantine_key(artifact_id: str, when: str, record_id: str) -> str:
+    return f"{quarantine_prefix(artifact_id)}{when}-{hex_of(record_id)}.json"
+
+
+def verification_prefix(artifact_id: str) -> str:
+    return f"verifications/{hex_of(artifact_id)}/"
+
+
+def verification_key(artifact_id: str, when: str, record_id: str) -> str:
+    return f"{verification_prefix(artifact_id)}{when}-{hex_of(record_id)}.json"
 
 
 def manifest_signature_prefix(artifact_id: str) -> str:

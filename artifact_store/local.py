@@ -119,6 +119,27 @@ class LocalStore:
             raise StoreUnavailableError(self.uri, f"{path} changed during upload ({size} -> {written} bytes)")
         return self._publish_create_only(tmp, final)
 
+    def replace_object(self, key: str, path: Path, *, size: int) -> None:
+        final = self._path(key)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self._tmp()
+        buf = bytearray(BUFFER_SIZE)
+        view = memoryview(buf)
+        written = 0
+        try:
+            with open(path, "rb", buffering=0) as src, open(tmp, "xb", buffering=0) as dst:
+                while n := src.readinto(buf):
+                    write_all(dst, view[:n])
+                    written += n
+                os.fsync(dst.fileno())
+            if written != size:
+                raise StoreUnavailableError(self.uri, f"{path} changed during repair ({size} -> {written} bytes)")
+            os.chmod(tmp, 0o444)
+            os.replace(tmp, final)  # atomic: readers see the old bytes or the new, never a mix
+        finally:
+            tmp.unlink(missing_ok=True)
+        fsync_dir(final.parent)
+
     def list(self, prefix: str) -> Iterator[str]:
         base = prefix.rsplit("/", 1)[0] if "/" in prefix else ""
         start = self.root / base if base else self.root

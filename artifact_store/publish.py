@@ -17,8 +17,10 @@ from typing import Any
 from buildctl.digest import canonical_json, digest_bytes, hash_file, is_digest
 from buildctl.store.backend import ProgressFn, Store
 from buildctl.store.errors import CorruptObjectError, KeyNotFoundError
-from buildctl.store.layout import blob_key, build_index_key, identity_key, manifest_key
+from buildctl.store.layout import blob_key, build_index_key, build_index_prefix, identity_key, manifest_key
 from buildctl.store.manifest import Manifest, hash_tree, scan_tree, utc_now
+from buildctl.store.quarantine import active_quarantine
+from buildctl.store.repair import repair, tree_source
 from buildctl.store.signing import SigningKey, sign_manifest
 from buildctl.store.verify import parse_verified_manifest
 
@@ -34,6 +36,7 @@ class PublishResult:
     uploaded_bytes: int = 0
     existed: bool = False
     build_key_owner: str | None = None  # artifact that holds the build key (may differ on a lost race)
+    repaired: list[str] = field(default_factory=list)  # files whose rotted blobs this publish put back
 
 
 @dataclass
@@ -59,9 +62,14 @@ def publish_tree(
     workers: int = 4,
     on_bytes: ProgressFn | None = None,
     signer: SigningKey | None = None,
+    who: str = "unknown",
 ) -> PublishResult:
     """Checksum every file under ``source`` and publish it as one immutable artifact; with
-    ``signer``, also store its signature of the manifest."""
+    ``signer``, also store its signature of the manifest.
+
+    Publishing the same content as a quarantined artifact (a deterministic rebuild of a rotted
+    one) yields the same artifact id; its bad blobs are then replaced from ``source``, whose
+    digests prove it right, and the quarantine is lifted once the artifact deep-verifies."""
     files = scan_tree(source)  # refuses unsafe trees before anything is written
     entries = hash_tree(files, on_bytes=on_bytes)
     by_path = {f.path: f for f in files}
@@ -114,36 +122,65 @@ def publish_tree(
     result.existed = not store.put_bytes(manifest_key(artifact_id), body)
     if signer is not None:
         sign_manifest(store, artifact_id, signer, body)
+    if result.existed and active_quarantine(store, artifact_id) is not None:
+        fixed = repair(store, artifact_id, tree_source(source), who=who, signer=signer,
+                       reason="republished with identical content")
+        result.repaired = fixed.replaced
     if manifest.build_key:
         result.build_key_owner = claim_build_key(store, manifest.build_key, artifact_id)
     return result
 
 
+def _in_service(store: Store, artifact_id: str) -> bool:
+    return store.stat(manifest_key(artifact_id)) is not None and active_quarantine(store, artifact_id) is None
+
+
 def claim_build_key(store: Store, build_key: str, artifact_id: str) -> str:
-    """Record build key -> artifact (create-only). Returns the artifact that holds the key."""
+    """Record build key -> artifact (create-only). Returns the artifact that holds the key.
+
+    A key whose owner was quarantined (or removed) is claimed again in its next generation
+    (``index/build-keys/<k>.<n>.json``), so a rebuild of a rotted artifact becomes the cache entry;
+    every generation is create-only, so concurrent builds still end with one owner."""
     record = canonical_json({"build_key": build_key, "artifact_id": artifact_id, "created_at": utc_now()})
-    if store.put_bytes(build_index_key(build_key), record):
-        return artifact_id
-    return lookup_build_key(store, build_key) or artifact_id
+    generation = 0
+    while True:
+        key = build_index_key(build_key, generation)
+        if store.put_bytes(key, record):
+            return artifact_id
+        owner = _owner_at(store, key)
+        if owner == artifact_id or (owner is not None and _in_service(store, owner)):
+            return owner or artifact_id
+        generation += 1
 
 
-def build_key_owner(store: Store, build_key: str) -> str | None:
-    """The artifact recorded for a build key (whether or not its manifest still exists)."""
+def _owner_at(store: Store, key: str) -> str | None:
     try:
-        data = json.loads(store.get_bytes(build_index_key(build_key)))
+        data = json.loads(store.get_bytes(key))
     except KeyNotFoundError:
         return None
     except ValueError:
-        raise CorruptObjectError(build_index_key(build_key), "malformed build-key record") from None
+        raise CorruptObjectError(key, "malformed build-key record") from None
     artifact = data.get("artifact_id") if isinstance(data, dict) else None
     if not isinstance(artifact, str) or not is_digest(artifact):
-        raise CorruptObjectError(build_index_key(build_key), "malformed build-key record")
+        raise CorruptObjectError(key, "malformed build-key record")
     return artifact
+
+
+def _generation(key: str) -> int:
+    parts = key.rsplit("/", 1)[1].split(".")  # <hex>.json or <hex>.<n>.json
+    return int(parts[1]) if len(parts) == 3 and parts[1].isdigit() else 0
+
+
+def build_key_owners(store: Store, build_key: str) -> list[tuple[str, str]]:
+    """Every generation's (record key, artifact) for a build key, oldest generation first."""
+    keys = sorted(store.list(build_index_prefix(build_key)), key=_generation)
+    return [(k, owner) for k in keys if (owner := _owner_at(store, k)) is not None]
 
 
 def lookup_build_key(store: Store, build_key: str) -> str | None:
-    """The artifact recorded for a build key, if its manifest still exists."""
-    artifact = build_key_owner(store, build_key)
-    if artifact is None or store.stat(manifest_key(artifact)) is None:
-        return None
-    return artifact
+    """The artifact that serves a build key: the oldest generation whose artifact still exists and
+    is not quarantined."""
+    for _, artifact in build_key_owners(store, build_key):
+        if _in_service(store, artifact):
+            return artifact
+    return None

@@ -9,7 +9,8 @@ Layout under the destination directory::
     DIR/.lock                                   (one pull at a time per DIR)
 
 ``current`` only ever changes after every file's size and digest matched the manifest and the
-backend's preflight load succeeded. On any failure it is untouched and staging is removed.
+backend's preflight load succeeded. On any failure it is untouched and staging is removed. A
+quarantined artifact is refused before anything is downloaded, even when a channel points at it.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from buildctl.store.manifest import FileEntry, Manifest
 from buildctl.store.backend import ProgressFn, Store
 from buildctl.store.channels import ChannelRecord, read_channel
 from buildctl.store.layout import blob_key
+from buildctl.store.quarantine import check_not_quarantined
 from buildctl.store.signing import TrustedKeys, verify_manifest_signature, verify_signature
 from buildctl.store.verify import get_manifest
 
@@ -146,6 +148,7 @@ def install_artifact(
             return PullResult(artifact_id, installed=False, path=final, previous=previous)
         for stale in dest.glob(".staging-*"):  # left by a crashed pull
             shutil.rmtree(stale, ignore_errors=True)
+        check_not_quarantined(store, artifact_id, "not installing it; the current engine stays")
         manifest = get_manifest(store, artifact_id)
         staging = dest / f".staging-{uuid.uuid4().hex}"
         staging.mkdir()

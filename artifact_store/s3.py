@@ -168,6 +168,14 @@ class S3Store:
             return created
         return self._multipart(key, Path(path), size, on_bytes)
 
+    def replace_object(self, key: str, path: Path, *, size: int) -> None:
+        # Immutable keys are written create-only, so a repair deletes first. In a versioned bucket
+        # the delete leaves the bad version behind a delete marker (kept for forensics); under
+        # Object Lock it needs the repair role's bypass permission (docs/production.md).
+        self.delete(key)
+        if not self.put_file(key, path, size=size):
+            raise StoreUnavailableError(self.uri, f"repair of {key}: another writer recreated it first")
+
     def _multipart(self, key: str, path: Path, size: int, on_bytes: ProgressFn | None) -> bool:
         k = self._k(key)
         try:

@@ -29,6 +29,23 @@ from buildctl.store.verify import list_artifacts
 NODE_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")
 
 
+class PullFailure(BaseModel):
+    """A pull this node refused: the artifact stays out of ``current``, and the report says why."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    artifact_id: str = Field(..., description="The artifact the channel pointed at.")
+    profile: str = Field(..., description="Profile pulled.")
+    channel: str = Field(..., description="Channel pulled.")
+    compat_key: str = Field(..., description="The channel ref's compat key.")
+    files: tuple[str, ...] = Field((), description="The files that failed, when the bytes were wrong.")
+    error: str = Field(..., description="The error's type and message.")
+    when: str = Field(..., description="UTC ISO-8601 time.")
+
+
+MAX_PULL_FAILURES = 10
+
+
 class NodeRecord(BaseModel):
     """What one node reported."""
 
@@ -40,6 +57,7 @@ class NodeRecord(BaseModel):
     profiles: tuple[str, ...] = Field((), description="Profiles the node serves.")
     reported_at: str = Field(..., description="UTC time of the report.")
     reports: int = Field(1, ge=1, description="How many reports this node has made.")
+    pull_failures: tuple[PullFailure, ...] = Field((), description=f"The node's latest refused pulls, newest last (at most {MAX_PULL_FAILURES}).")
 
 
 @dataclass
@@ -73,9 +91,30 @@ def report_node(store: Store, node_id: str, fingerprint: Fingerprint, profiles: 
         current = read_node(store, node_id)
         rec = NodeRecord(node_id=node_id, fingerprint=fingerprint.model_dump(mode="json"),
                          compat_keys={b: fingerprint.compat_key(b) for b in backend_names()}, profiles=profiles,
-                         reported_at=utc_now(), reports=(current[0].reports + 1) if current else 1)
+                         reported_at=utc_now(), reports=(current[0].reports + 1) if current else 1,
+                         pull_failures=current[0].pull_failures if current else ())
         if store.cas(node_key(node_id), canonical_json(rec.model_dump(mode="json")), current[1] if current else None):
             return ReportResult(rec, current[0] if current else None)
+        time.sleep(0.05)
+    raise CasConflictError(node_key(node_id), attempts)
+
+
+def record_pull_failure(store: Store, node_id: str, fingerprint: Fingerprint, failure: PullFailure, *,
+                        attempts: int = 20) -> NodeRecord:
+    """Append a refused pull to the node's inventory record (compare-and-swap; the node role may
+    write only its inventory record, so this is how a node reports a bad artifact)."""
+    if not NODE_ID_RE.match(node_id):
+        raise StoreArgumentError(f"bad node id {node_id!r}: letters, digits, '.', '_' and '-'")
+    for _ in range(attempts):
+        current = read_node(store, node_id)
+        if current is not None:
+            rec = current[0].model_copy(update={"pull_failures": (*current[0].pull_failures, failure)[-MAX_PULL_FAILURES:]})
+        else:
+            rec = NodeRecord(node_id=node_id, fingerprint=fingerprint.model_dump(mode="json"),
+                             compat_keys={b: fingerprint.compat_key(b) for b in backend_names()},
+                             profiles=(failure.profile,), reported_at=utc_now(), pull_failures=(failure,))
+        if store.cas(node_key(node_id), canonical_json(rec.model_dump(mode="json")), current[1] if current else None):
+            return rec
         time.sleep(0.05)
     raise CasConflictError(node_key(node_id), attempts)
 

@@ -13,7 +13,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -32,18 +32,20 @@ from buildctl.engines.errors import (
 from buildctl.engines.fingerprint import Fingerprint, host_fingerprint
 from buildctl.engines.profile import BuildProfile, load_profile, profile_path
 from buildctl.engines.registry import backend_names, backend_of_engine_dir, get_backend
-from buildctl.errors import BadInputError, BuildFailedError
+from buildctl.fleet import PullFailure, record_pull_failure
+from buildctl.errors import BadInputError, BuildctlError, BuildFailedError
 from buildctl.settings import Settings
 from buildctl.store.attestations import StoredAttestation, latest_attestation
 from buildctl.store.backend import ProgressFn, Store, open_store
 from buildctl.store.channels import ChannelRecord, promote
 from buildctl.store.checkpoints import download_checkpoint
 from buildctl.store.errors import StoreArgumentError, VerificationError
-from buildctl.store.manifest import Manifest, tree_digest
+from buildctl.store.manifest import Manifest, tree_digest, utc_now
 from buildctl.store.publish import ManifestDraft, PublishResult, lookup_build_key, publish_tree
 from buildctl.store.pull import PullResult, pull, resolve_channel
 from buildctl.store.signing import SigningKey, TrustedKeys, load_signing_key, load_trusted_keys
-from buildctl.store.verify import get_manifest, resolve_artifact, verify
+from buildctl.store.integrity import check_integrity, deep_check
+from buildctl.store.verify import get_manifest, resolve_artifact
 
 Say = Callable[[str], None]
 
@@ -229,6 +231,7 @@ class BuildPlan:
     build_key: str
     compat_key: str
     cached: str | None
+    quarantined: list[str] = field(default_factory=list)  # cached artifacts the deep check took out of service
 
 
 @dataclass
@@ -259,14 +262,19 @@ def plan_build(settings: Settings, store: Store, profile: BuildProfile, *, model
     key = build_key_for(profile, digest, fp)
     say(f"build key {key} (model {digest}, compat {compat})")
     cached = lookup_build_key(store, key)
+    quarantined = []
     if cached is not None:
+        # A cache hit is a hit only when every blob re-hashes right: seconds, against a build of
+        # minutes to hours. A rotted artifact is quarantined (so it is never a hit again) and built anew.
         try:
-            verify(store, cached)
-            say(f"cache hit: {cached}")
+            deep_check(store, cached, detector="build cache check", who=settings.actor, signer=signer_of(settings))
+            say(f"cache hit: {cached} (deep-verified)")
         except VerificationError as err:
-            say(f"cached artifact {cached} does not verify ({len(err.problems)} problem(s)); rebuilding")
+            say(f"cached artifact {cached} does not verify ({len(err.problems)} problem(s)); quarantined "
+                f"({err.quarantine_key}); rebuilding")
+            quarantined.append(cached)
             cached = None
-    return BuildPlan(profile, fp, model_dir, digest, key, compat, cached)
+    return BuildPlan(profile, fp, model_dir, digest, key, compat, cached, quarantined)
 
 
 def run_build(settings: Settings, plan: BuildPlan, *, workdir: Path | None = None, say: Say = _quiet) -> BuiltEngine:
@@ -297,7 +305,10 @@ def publish_build(settings: Settings, store: Store, built: BuiltEngine, *, say: 
     plan = built.plan
     draft = manifest_draft(plan.profile, plan.fingerprint, model_digest=plan.model_digest,
                            extra_versions=built.tool_versions)
-    pub = publish_tree(store, built.engine_dir, draft, build_log=built.log_path, signer=signer_of(settings))
+    pub = publish_tree(store, built.engine_dir, draft, build_log=built.log_path, signer=signer_of(settings),
+                       who=settings.actor)
+    if pub.repaired:
+        say(f"the rebuild has the quarantined artifact's content: put back {', '.join(pub.repaired)}")
     if pub.build_key_owner and pub.build_key_owner != pub.artifact_id:
         say(f"a concurrent build of the same key won: adopting {pub.build_key_owner}")
     return pub
@@ -368,14 +379,25 @@ def validate_artifact(settings: Settings, store: Store, artifact_ref: str, *, pr
     profile = find_profile(settings, manifest.profile_name, manifest.profile_hash, profile_path)
     return run_validation(settings, store, artifact_id, profile=profile, model_dir=resolve_model(settings, profile),
                           prompts_file=prompts_file, fingerprint=fingerprint or host_fingerprint(settings),
-                          reference=reference, wrap_candidate=wrap_candidate, signer=signer_of(settings), say=say)
+                          reference=reference, wrap_candidate=wrap_candidate, signer=signer_of(settings),
+                          who=settings.actor, say=say)
 
 
 def passing_attestation(store: Store, artifact_id: str, compat_key: str) -> StoredAttestation | None:
-    """The newest attestation of the artifact for ``compat_key``, if it passed: validation is then
-    skipped (unless asked to revalidate), since the same bytes on the same compat key were judged."""
+    """The newest attestation of the artifact for ``compat_key``, if it passed."""
     stored = latest_attestation(store, artifact_id, compat_key)
     return stored if stored is not None and stored.attestation.passed else None
+
+
+def reusable_attestation(settings: Settings, store: Store, artifact_id: str, compat_key: str) -> StoredAttestation | None:
+    """A passing attestation that lets validation be skipped: the same bytes on the same compat
+    key were judged, and the bytes are still those (a deep verify within the settings' window, or
+    now; a mismatch quarantines the artifact and raises)."""
+    stored = passing_attestation(store, artifact_id, compat_key)
+    if stored is not None:
+        check_integrity(store, artifact_id, detector="validation skip check", who=settings.actor,
+                        signer=signer_of(settings), window_s=settings.verify_window_s)
+    return stored
 
 
 # --- promotion and pull ----------------------------------------------------------------------
@@ -391,7 +413,7 @@ def promote_artifact(settings: Settings, store: Store, artifact_ref: str, channe
                      reason: str | None = None) -> ChannelRecord:
     """Promote through the gates, signed and attributed as the settings say."""
     return promote(store, artifact_ref, channel, force=force, reason=reason, who=settings.actor,
-                   signer=signer_of(settings), trusted=trusted_of(settings))
+                   signer=signer_of(settings), trusted=trusted_of(settings), verify_window_s=settings.verify_window_s)
 
 
 def pull_engine(settings: Settings, store: Store, profile: str, channel: str, dest: str | Path, *, keep: int = 2,
@@ -410,3 +432,18 @@ def channel_target(settings: Settings, store: Store, profile: str, channel: str,
     """The record and manifest a pull on this host would install."""
     rec = resolve_channel(store, profile, channel, host_compat_keys(fingerprint or host_fingerprint(settings)))
     return rec, get_manifest(store, rec.artifact_id)
+
+
+def report_pull_failure(settings: Settings, store: Store, node_id: str, fingerprint: Fingerprint,
+                        record: ChannelRecord, err: BuildctlError) -> PullFailure | None:
+    """Record a refused pull in the node's inventory record (the node cannot write anything else);
+    ``None`` when even that write failed (the error is what the operator sees either way)."""
+    failure = PullFailure(artifact_id=record.artifact_id, profile=record.profile, channel=record.channel,
+                          compat_key=record.compat_key,
+                          files=tuple(p.path for p in err.problems) if isinstance(err, VerificationError) else (),
+                          error=f"{type(err).__name__}: {str(err).splitlines()[0]}", when=utc_now())
+    try:
+        record_pull_failure(store, node_id, fingerprint, failure)
+    except BuildctlError:
+        return None
+    return failure

@@ -71,6 +71,7 @@ class Settings(BaseSettings):
     cache_dir: Path = Field(default_factory=default_cache_dir, description="Cache for tiny models and downloaded checkpoints.")
     fingerprint_file: Path | None = Field(None, description="Use this fingerprint JSON instead of detecting the host.")
     debug: bool = Field(False, description="Print tracebacks for errors.")
+    verify_window_s: float = Field(24 * 3600.0, ge=0, description="How old a deep verify promote and rollback may trust; older ones are re-run (0: always re-hash).")
     build_limit: str = Field(DEFAULT_BUILD_LIMIT, description="Prefect global concurrency limit that builds take a slot of.")
     build_slots: int = Field(1, ge=1, description="Slots of the build limit when buildctl creates it.")
     trtllm_convert: str = Field("/app/tensorrt_llm/examples/models/core/llama/convert_checkpoint.py",

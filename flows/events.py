@@ -1,25 +1,71 @@
-"""Prefect events emitted by node agents: the only flows module the CLI imports (lazily)."""
+"""Prefect events: what node agents and the scrub report. The only flows module the CLI imports
+(lazily); without Prefect installed (a node's slim install) every emitter returns ``None`` and the
+report stays recorded in the store, where the nightly flows find it."""
 
 from __future__ import annotations
 
 from typing import Any
 
 DRIVER_UPGRADED = "buildctl.node.driver-upgraded"
+PULL_FAILED = "buildctl.node.pull-failed"
+ARTIFACT_CORRUPTED = "buildctl.artifact.corrupted"
 
 
 def resource_id(node_id: str) -> str:
     return f"buildctl.node.{node_id}"
 
 
-def emit_driver_upgraded(node_id: str, payload: dict[str, Any]) -> str | None:
-    """Emit ``buildctl.node.driver-upgraded`` for the node; returns the event id, or None when no
-    Prefect API is configured to receive it, or Prefect is not installed (a node agent's slim
-    install: the report is recorded in the store all the same, and the nightly reconcile finds it)."""
+def artifact_resource_id(artifact_id: str) -> str:
+    return f"buildctl.artifact.{artifact_id.removeprefix('xxh3-128:')}"
+
+
+def related_resources(artifact_id: str | None = None, profile: str | None = None,
+                      compat_key: str | None = None) -> list[dict[str, str]]:
+    """Related resources, so the UI links an event to the artifact, profile and compat key."""
+    out = []
+    if artifact_id:
+        out.append({"prefect.resource.id": artifact_resource_id(artifact_id), "prefect.resource.role": "artifact",
+                    "prefect.resource.name": artifact_id})
+    if profile:
+        out.append({"prefect.resource.id": f"buildctl.profile.{profile}", "prefect.resource.role": "profile",
+                    "prefect.resource.name": profile})
+    if compat_key:
+        out.append({"prefect.resource.id": f"buildctl.compat-key.{compat_key}", "prefect.resource.role": "compat-key",
+                    "prefect.resource.name": compat_key})
+    return out
+
+
+def _emit(event: str, resource: dict[str, str], payload: dict[str, Any],
+          related: list[dict[str, str]] | None = None) -> str | None:
     try:
         from prefect.events import emit_event
+        from prefect.settings import PREFECT_API_URL
     except ImportError:
         return None
+    if not PREFECT_API_URL.value():  # no server to receive it (emitting would start a temporary one)
+        return None
+    sent = emit_event(event=event, resource=resource, payload=payload, related=related or None)
+    return str(sent.id) if sent is not None else None
 
-    event = emit_event(event=DRIVER_UPGRADED, resource={"prefect.resource.id": resource_id(node_id),
-                                                        "prefect.resource.name": node_id}, payload=payload)
-    return str(event.id) if event is not None else None
+
+def emit_driver_upgraded(node_id: str, payload: dict[str, Any]) -> str | None:
+    """Emit ``buildctl.node.driver-upgraded`` for the node; returns the event id, or None when no
+    Prefect API (``PREFECT_API_URL``) is configured to receive it, or Prefect is not installed."""
+    return _emit(DRIVER_UPGRADED, {"prefect.resource.id": resource_id(node_id), "prefect.resource.name": node_id},
+                 payload)
+
+
+def emit_pull_failed(node_id: str, payload: dict[str, Any]) -> str | None:
+    """Emit ``buildctl.node.pull-failed`` (payload: the pull failure), related to the artifact,
+    profile and compat key."""
+    return _emit(PULL_FAILED, {"prefect.resource.id": resource_id(node_id), "prefect.resource.name": node_id},
+                 {"node_id": node_id, **payload},
+                 related_resources(payload.get("artifact_id"), payload.get("profile"), payload.get("compat_key")))
+
+
+def emit_artifact_corrupted(artifact_id: str, payload: dict[str, Any]) -> str | None:
+    """Emit ``buildctl.artifact.corrupted`` for an artifact the scrub found bad."""
+    return _emit(ARTIFACT_CORRUPTED, {"prefect.resource.id": artifact_resource_id(artifact_id),
+                                      "prefect.resource.name": artifact_id},
+                 {"artifact_id": artifact_id, **payload},
+                 related_resources(None, payload.get("profile"), payload.get("compat_key")))

@@ -25,10 +25,12 @@ from prefect.cache_policies import NONE
 from prefect.concurrency.sync import concurrency
 from prefect.deployments import run_deployment
 
-from buildctl import fleet, pipeline
+from buildctl import fleet, healing, pipeline
 from buildctl.engines.fingerprint import parse_fingerprint
 from buildctl.settings import Settings, load_settings
 from buildctl.store.attestations import Attestation
+from buildctl.flows.events import emit_artifact_corrupted
+from buildctl.store.verify import get_manifest
 from buildctl.validate_process import ValidationOutcome, validate_in_subprocess
 from buildctl.validators.errors import ValidationFailedError
 from buildctl.validators.render import headline, metric_rows
@@ -74,7 +76,8 @@ def publish_task(settings: Settings, built: pipeline.BuiltEngine) -> str:
 
 @task(cache_policy=NONE)
 def validate_task(settings: Settings, artifact_id: str, compat_key: str, revalidate: bool) -> ValidationOutcome:
-    previous = None if revalidate else pipeline.passing_attestation(pipeline.store_of(settings), artifact_id, compat_key)
+    previous = None if revalidate else pipeline.reusable_attestation(settings, pipeline.store_of(settings), artifact_id,
+                                                                      compat_key)
     if previous is not None:
         get_run_logger().info(f"already validated on {compat_key} ({previous.attestation.created_at}): not re-running")
         return ValidationOutcome(previous.attestation_id, previous.attestation)
@@ -84,6 +87,17 @@ def validate_task(settings: Settings, artifact_id: str, compat_key: str, revalid
 @task(retries=3, retry_delay_seconds=[2, 5, 10], cache_policy=NONE)
 def promote_task(settings: Settings, artifact_id: str, channel: str) -> dict[str, Any]:
     return pipeline.promote_artifact(settings, pipeline.store_of(settings), artifact_id, channel).model_dump(mode="json")
+
+
+@task(retries=3, retry_delay_seconds=[2, 5, 10], cache_policy=NONE)
+def recover_task(settings: Settings, artifact_id: str) -> list[dict[str, Any]]:
+    """Roll channels off a quarantined artifact (each a history record naming the quarantine)."""
+    recs = healing.recover_channels(settings, pipeline.store_of(settings), artifact_id)
+    for r in recs:
+        get_run_logger().warning(f"{r.profile}/{r.channel} [{r.compat_key}] pointed at quarantined {artifact_id}: "
+                                 + (f"rolled back to {r.rolled_back_to} (#{r.seq})" if r.rolled_back_to else r.detail))
+    return [{"artifact_id": artifact_id, "profile": r.profile, "channel": r.channel, "compat_key": r.compat_key,
+             "rolled_back_to": r.rolled_back_to, "seq": r.seq} for r in recs]
 
 
 def _publish_prefect_artifacts(profile: str, plan: pipeline.BuildPlan, artifact_id: str, cache_hit: bool,
@@ -110,6 +124,7 @@ def build_validate_publish(profile: str, model: str | None = None, target_compat
         pipeline.check_automatic_promotion(promote_to)
     settings = run_settings(store)
     plan = plan_task(settings, profile, model, target_compat_key)
+    recovered = [r for aid in plan.quarantined for r in recover_task(settings, aid)]
     cache_hit = plan.cached is not None
     build_s = 0.0
     if plan.cached is not None:
@@ -131,7 +146,8 @@ def build_validate_publish(profile: str, model: str | None = None, target_compat
         raise ValidationFailedError(artifact_id, outcome.attestation_id, attestation)
     return {"artifact_id": artifact_id, "cache_hit": cache_hit, "build_key": plan.build_key,
             "compat_key": plan.compat_key, "verdict": attestation.verdict, "promoted": promoted, "build_s": build_s,
-            "attestation_id": outcome.attestation_id, "attestation": attestation.model_dump(mode="json")}
+            "attestation_id": outcome.attestation_id, "attestation": attestation.model_dump(mode="json"),
+            "quarantined": plan.quarantined, "recovered": recovered}
 
 
 @flow(name="reconcile-fleet", log_prints=True)
@@ -172,3 +188,56 @@ def on_driver_upgrade(node_id: str, fingerprint: dict[str, Any], profiles: list[
     fp = parse_fingerprint(fingerprint, f"event for {node_id}")
     served = fleet.record_reported_fingerprint(pipeline.store_of(settings), node_id, fp, profiles)
     return reconcile_fleet(profiles=served, store=settings.store)
+
+
+@flow(name="scrub-store", log_prints=True)
+def scrub_store(sample: float = 1.0, channels_only: bool = False, budget_gib: float | None = None,
+                store: str | None = None) -> dict[str, Any]:
+    """Deep-verify the store, channel-referenced artifacts first; quarantine and report every failure
+    as a ``buildctl.artifact.corrupted`` event (an automation heals it)."""
+    settings = run_settings(store)
+    s = pipeline.store_of(settings)
+    report = healing.scrub(settings, s, sample=sample, channels_only=channels_only,
+                           budget_bytes=int(budget_gib * 2**30) if budget_gib is not None else None)
+    events = []
+    for row in report.corrupt:
+        m = get_manifest(s, row.artifact_id)
+        events.append(emit_artifact_corrupted(row.artifact_id, {"profile": m.profile_name, "compat_key": m.compat_key,
+                                                                "problems": row.problems,
+                                                                "quarantine_record": row.quarantine_key}))
+    rows = [{"artifact": r.artifact_id, "profile": r.profile, "channels": ", ".join(r.channels), "bytes": r.bytes,
+             "status": r.status, "problems": "; ".join(r.problems)} for r in report.rows]
+    if rows:
+        create_table_artifact(key="scrub-store", table=rows, description="scrub: every artifact checked")
+    return {"checked_bytes": report.checked_bytes, "corrupt": [r.artifact_id for r in report.corrupt],
+            "rows": rows, "events": events}
+
+
+@flow(name="heal-artifact", log_prints=True)
+def heal_artifact(artifact_id: str, node_id: str | None = None, repair_from: str | None = None,
+                  rebuild: bool = True, store: str | None = None) -> dict[str, Any]:
+    """Deep verify the store's copy -> quarantine -> roll channels back -> repair or rebuild.
+
+    Started by ``buildctl.node.pull-failed`` and ``buildctl.artifact.corrupted``. Only a failing
+    store copy is quarantined: a node whose own disk is bad does not take a good artifact out of
+    service. The rebuild takes the normal path (build, publish, validate, promote to staging);
+    prod stays on the rolled-back artifact until CI promotes again."""
+    settings = run_settings(store)
+    logger = get_run_logger()
+    rep = healing.heal_artifact(settings, pipeline.store_of(settings), artifact_id, repair_source=repair_from)
+    if rep.store_copy_ok:
+        logger.info(f"{artifact_id}: the store's copy deep-verifies" + (f"; {node_id}'s own copy was bad" if node_id else ""))
+        return {"artifact_id": artifact_id, "store_copy_ok": True, "rebuilt": []}
+    logger.warning(f"{artifact_id}: quarantined ({rep.quarantine_key}): {'; '.join(rep.problems)}")
+    rebuilt = []
+    if rebuild:
+        for profile, compat_key in rep.rebuild:
+            rebuilt.append(build_validate_publish(profile=profile, target_compat_key=compat_key, promote_to="staging",
+                                                  store=settings.store))
+    return {"artifact_id": artifact_id, "store_copy_ok": False, "quarantine_record": rep.quarantine_key,
+            "problems": rep.problems,
+            "recovered": [{"profile": r.profile, "channel": r.channel, "compat_key": r.compat_key,
+                           "rolled_back_to": r.rolled_back_to, "seq": r.seq} for r in rep.recoveries],
+            "repaired": rep.repair.replaced if rep.repair else [],
+            "rebuilt": [{"artifact_id": b["artifact_id"], "verdict": b["verdict"], "promoted": b["promoted"]}
+                        for b in rebuilt]}

@@ -1,4 +1,4 @@
-"""``python -m buildctl.flows.serve``: serve the three deployments from this process (no work pool needed).
+"""``python -m buildctl.flows.serve``: serve the five deployments from this process (no work pool needed).
 
 The local alternative to ``prefect deploy --all`` + ``prefect worker start``: the deployments,
 the driver-upgrade trigger (read from prefect.yaml) and the build limit are created on the
@@ -12,7 +12,7 @@ import sys
 
 from prefect import serve
 
-from buildctl.flows.pipeline import build_validate_publish, on_driver_upgrade, reconcile_fleet
+from buildctl.flows.pipeline import build_validate_publish, heal_artifact, on_driver_upgrade, reconcile_fleet, scrub_store
 from buildctl.settings import load_settings
 from buildctl.flows.setup import deployment_triggers, ensure_build_limit
 
@@ -23,6 +23,8 @@ def main() -> int:
         build_validate_publish.to_deployment(name="build-validate-publish"),
         reconcile_fleet.to_deployment(name="reconcile-fleet", cron="0 2 * * *"),
         on_driver_upgrade.to_deployment(name="on-driver-upgrade", triggers=deployment_triggers("on-driver-upgrade")),
+        scrub_store.to_deployment(name="scrub-store", cron="30 3 * * *"),
+        heal_artifact.to_deployment(name="heal-artifact", triggers=deployment_triggers("heal-artifact")),
     )
     return 0
 

@@ -27,7 +27,8 @@ echo "== 3-6. build the aoti engine, checksum and publish it, validate against v
 echo "         (the build-validate-publish flow, in Prefect's local mode; PREFECT_HOME=$PREFECT_HOME)"
 python -m buildctl.flows.local tiny-llama-cpu --promote-to staging --out "$J/flow.json" 2> "$DEMO_DIR/flow.log" \
   || { tail -30 "$DEMO_DIR/flow.log"; exit 1; }
-grep -E "Finished in state|cache hit|built in|already validated" "$DEMO_DIR/flow.log" | sed 's/^/   /' || true
+grep -E "Finished in state|cache hit|built in|already validated|does not verify|quarantined|rolled back|put back" \
+  "$DEMO_DIR/flow.log" | sed 's/^/   /' || true
 ARTIFACT=$(py "$J/flow.json" <<'PY'
 import json, sys; print(json.load(open(sys.argv[1]))["artifact_id"])
 PY
@@ -67,6 +68,12 @@ rows = [
     ("channel", f"staging #{f['promoted']['seq']}" if f.get("promoted") else "-"),
     ("installed at", p["current"] + (" (new)" if p["installed"] else " (already current)")),
 ]
+if f.get("quarantined"):
+    rolled = [f"{r['channel']} -> {r['rolled_back_to'] or 'none qualified'}" for r in f.get("recovered", [])]
+    rows.insert(1, ("healed", f"cached {', '.join(f['quarantined'])} did not deep-verify: quarantined, "
+                              + (f"channels rolled back ({'; '.join(rolled)}), " if rolled else "")
+                              + ("rebuilt with identical bytes (blobs put back, quarantine lifted)"
+                                 if f["artifact_id"] in f["quarantined"] else "rebuilt as a new artifact")))
 w = max(len(k) for k, _ in rows)
 for k, v in rows:
     print(f"  {k:<{w}}  {v}")

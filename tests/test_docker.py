@@ -112,14 +112,15 @@ def resources(stmt: dict) -> list[str]:
     return stmt["Resource"] if isinstance(stmt["Resource"], list) else [stmt["Resource"]]
 
 
-IMMUTABLE = ["blobs", "manifests", "index", "attestations", "history"]
+IMMUTABLE = ["blobs", "manifests", "index", "attestations", "history", "quarantine", "verifications"]
 
 
 def test_iam_roles_are_least_privilege():
     builder, promoter, node = load_policy("builder.json"), load_policy("promoter.json"), load_policy("node.json")
     b_writes = {r for s in statements(builder, "Allow", "s3:PutObject") for r in resources(s)}
     assert not any("/channels/" in r or "/history/" in r for r in b_writes), "builders cannot move channels"
-    assert {f"arn:aws:s3:::BUCKET/PREFIX/{p}/*" for p in ["blobs", "manifests", "index", "attestations"]} == b_writes
+    assert {f"arn:aws:s3:::BUCKET/PREFIX/{p}/*"
+            for p in ["blobs", "manifests", "index", "attestations", "quarantine", "verifications"]} == b_writes
     assert statements(builder, "Deny", "s3:PutObject")[0]["Condition"]["Null"] == {"s3:if-none-match": "true"}
     p_writes = {r for s in statements(promoter, "Allow", "s3:PutObject") for r in resources(s)}
     assert "arn:aws:s3:::BUCKET/PREFIX/channels/*" in p_writes and "arn:aws:s3:::BUCKET/PREFIX/history/*" in p_writes
@@ -127,6 +128,18 @@ def test_iam_roles_are_least_privilege():
     assert n_writes == {"arn:aws:s3:::BUCKET/PREFIX/inventory/nodes/*"}
     for policy in (builder, promoter, node):
         assert not statements(policy, "Allow", "s3:DeleteObject")
+
+
+def test_repair_role_replaces_blobs_and_nothing_else_immutable():
+    repair = load_policy("repair.json")
+    deletes = {r for s in statements(repair, "Allow", "s3:DeleteObject") for r in resources(s)}
+    assert deletes == {"arn:aws:s3:::BUCKET/PREFIX/blobs/*"}, "repair deletes only blobs (to put them back)"
+    writes = {r for s in statements(repair, "Allow", "s3:PutObject") for r in resources(s)}
+    assert not any(f"/{p}/" in r for r in writes for p in ("manifests", "index", "attestations"))
+    bucket = load_policy("bucket-policy.json")
+    (blob_deletes,) = [s for s in bucket["Statement"] if s["Sid"] == "OnlyGcAndRepairDeleteBlobs"]
+    assert resources(blob_deletes) == ["arn:aws:s3:::BUCKET/PREFIX/blobs/*"]
+    assert any("buildctl-repair" in a for a in blob_deletes["Condition"]["ArnNotEquals"]["aws:PrincipalArn"])
 
 
 def test_bucket_policy_enforces_conditional_creates_and_guards_deletes():

@@ -29,7 +29,9 @@ from buildctl.settings import Settings
 from buildctl.store.attestations import ATTESTATION_SCHEMA, Attestation, write_attestation
 from buildctl.store.backend import Store
 from buildctl.store.manifest import tree_digest, utc_now
+from buildctl.store.errors import VerificationError
 from buildctl.store.pull import install_artifact
+from buildctl.store.quarantine import try_quarantine
 from buildctl.store.signing import SigningKey
 from buildctl.store.verify import get_manifest
 from buildctl.validators.errors import ModelMismatchError, ValidationFailedError
@@ -63,6 +65,7 @@ def validate_artifact(
     reference: Runner | None = None,
     wrap_candidate: Callable[[Runner], Runner] | None = None,
     signer: SigningKey | None = None,
+    who: str = "unknown",
     say: Callable[[str], None] = lambda _: None,
 ) -> ValidationResult:
     """Validate one artifact on this host (``fingerprint``) against the vLLM reference on
@@ -81,7 +84,12 @@ def validate_artifact(
     candidate: Runner | None = None
     try:
         say(f"pulling {artifact_id} with verification")
-        install_artifact(store, artifact_id, work / "engine")
+        try:
+            install_artifact(store, artifact_id, work / "engine")
+        except VerificationError as err:  # the store's copy is bad: take it out of service
+            key = try_quarantine(store, artifact_id, f"validation: {len(err.problems)} bad file(s) in the store",
+                                 problems=[p.render() for p in err.problems], who=who, signer=signer)
+            raise VerificationError(artifact_id, err.problems, quarantine_key=key) from None
         candidate = get_backend(manifest.backend, settings).load(work / "engine" / "current")
         if wrap_candidate is not None:
             candidate = wrap_candidate(candidate)

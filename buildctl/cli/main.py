@@ -17,7 +17,7 @@ import typer
 from rich.console import Console
 from typer.core import TyperOption
 
-from buildctl.cli import build, fingerprint, node, profile, store, validate
+from buildctl.cli import build, fingerprint, heal, node, profile, store, validate
 from buildctl.cli._common import CliState
 from buildctl.errors import (
     BadInputError,
@@ -105,6 +105,10 @@ app.command("rollback")(store.rollback_cmd)
 app.command("pull")(store.pull_cmd)
 app.command("gc")(store.gc_cmd)
 app.add_typer(store.key_app, name="key")
+app.command("quarantine")(heal.quarantine_cmd)
+app.command("repair")(heal.repair_cmd)
+app.command("scrub")(heal.scrub_cmd)
+app.command("heal")(heal.heal_cmd)
 app.command("validate")(validate.validate_cmd)
 app.add_typer(node.node_app, name="node")
 

@@ -59,18 +59,22 @@ def ls_cmd(
     json_out: bool = JSON_OPT,
 ) -> None:
     """List artifacts, newest first."""
+    from buildctl.store.quarantine import active_quarantine
     from buildctl.store.verify import list_artifacts
 
-    arts = list_artifacts(open_store_for(ctx), profile)
+    store = open_store_for(ctx)
+    arts = [(a, m, active_quarantine(store, a)) for a, m in list_artifacts(store, profile)]
     if _quiet(ctx, json_out):
         emit_json([{"artifact_id": a, "profile": m.profile_name, "backend": m.backend, "compat_key": m.compat_key,
-                    "created_at": m.created_at, "files": len(m.files), "bytes": m.total_size} for a, m in arts])
+                    "created_at": m.created_at, "files": len(m.files), "bytes": m.total_size,
+                    "quarantined": q is not None, "quarantine_record": q[0] if q else None} for a, m, q in arts])
         return
     t = Table()
-    for c in ("artifact", "profile", "backend", "compat key", "created", "files", "bytes"):
+    for c in ("artifact", "profile", "backend", "compat key", "created", "files", "bytes", "state"):
         t.add_column(c)
-    for a, m in arts:
-        t.add_row(short_id(a), m.profile_name, m.backend, m.compat_key, m.created_at, str(len(m.files)), str(m.total_size))
+    for a, m, q in arts:
+        t.add_row(short_id(a), m.profile_name, m.backend, m.compat_key, m.created_at, str(len(m.files)), str(m.total_size),
+                  "QUARANTINED" if q else "ok")
     out().print(t)
 
 
@@ -79,6 +83,7 @@ def show_cmd(ctx: typer.Context, artifact: str = typer.Argument(..., help="Artif
     """Show an artifact's manifest, attestations, and the channels pointing at it."""
     from buildctl.store.attestations import list_attestations
     from buildctl.store.channels import channels_pointing_at
+    from buildctl.store.quarantine import quarantine_records
     from buildctl.store.verify import get_manifest, resolve_artifact
 
     store = open_store_for(ctx)
@@ -86,13 +91,21 @@ def show_cmd(ctx: typer.Context, artifact: str = typer.Argument(..., help="Artif
     m = get_manifest(store, aid)
     atts = list_attestations(store, aid)
     chans = channels_pointing_at(store, aid)
+    qrecs = quarantine_records(store, aid)
+    quarantined = bool(qrecs) and qrecs[-1][1].action == "quarantine"
     if _quiet(ctx, json_out):
         emit_json({"artifact_id": aid, "manifest": m.model_dump(mode="json"),
                    "attestations": [{"attestation_id": a.attestation_id, **a.attestation.model_dump(mode="json")} for a in atts],
-                   "channels": [c.model_dump(mode="json") for c in chans]})
+                   "channels": [c.model_dump(mode="json") for c in chans], "quarantined": quarantined,
+                   "quarantine": [{"key": k, **r.model_dump(mode="json")} for k, r in qrecs]})
         return
     con = out()
     con.print(f"artifact   {aid}", highlight=False)
+    if quarantined:
+        key, rec = qrecs[-1]
+        con.print(f"QUARANTINED {rec.when} by {rec.who}: {rec.reason} ({key})", highlight=False)
+        for p in rec.problems:
+            con.print(f"  {p}", highlight=False)
     con.print(f"profile    {m.profile_name} ({m.profile_hash})", highlight=False)
     con.print(f"backend    {m.backend}   compat key {m.compat_key}", highlight=False)
     con.print(f"build key  {m.build_key or '-'}   model {m.model_digest or '-'}", highlight=False)
@@ -107,6 +120,8 @@ def show_cmd(ctx: typer.Context, artifact: str = typer.Argument(..., help="Artif
                                             for a in atts) or "none"),
               highlight=False)
     con.print("channels:     " + (", ".join(f"{c.channel} #{c.seq}" for c in chans) or "none"), highlight=False)
+    con.print("quarantine:   " + (", ".join(f"{r.action} {r.when} ({r.reason})" for _, r in qrecs) or "none"),
+              highlight=False)
 
 
 def verify_cmd(
@@ -115,14 +130,20 @@ def verify_cmd(
     deep: bool = typer.Option(False, "--deep", help="Re-hash every byte from the store."),
     json_out: bool = JSON_OPT,
 ) -> None:
-    """Check every blob exists with the right size (with --deep: and the right digest)."""
+    """Check every blob exists with the right size (with --deep: and the right digest; a mismatch
+    then quarantines the artifact, where this caller may write)."""
+    from buildctl.pipeline import signer_of
+    from buildctl.store.integrity import deep_check
     from buildctl.store.verify import get_manifest, resolve_artifact, verify
 
-    store = open_store_for(ctx)
+    st, store = settings(ctx), open_store_for(ctx)
     aid = resolve_artifact(store, artifact)
     total = get_manifest(store, aid).total_size if deep else None
     with byte_progress("re-hashing", total, enabled=deep and not _quiet(ctx, json_out)) as on_bytes:
-        m = verify(store, aid, deep=deep, on_bytes=on_bytes)
+        if deep:
+            m, _ = deep_check(store, aid, detector="verify --deep", who=st.actor, signer=signer_of(st), on_bytes=on_bytes)
+        else:
+            m = verify(store, aid, on_bytes=on_bytes)
     if _quiet(ctx, json_out):
         emit_json({"artifact_id": aid, "ok": True, "deep": deep, "files": len(m.files), "bytes": m.total_size})
     else:
@@ -211,19 +232,33 @@ def pull_cmd(
     dest: Path = typer.Option(..., "--dest", help="Install directory; DIR/current points at the engine."),
     keep: int = typer.Option(2, "--keep", min=2, help="Installed versions to keep (current and previous at least)."),
     skip_preflight: bool = typer.Option(False, "--skip-preflight", help="Install after byte verification only, without a test load (e.g. staging a cache on a host without the GPU)."),
+    node_id: Optional[str] = typer.Option(None, "--node-id", help="This node's id: a refused pull (exit 4 or 5) is recorded in its inventory record and emitted as buildctl.node.pull-failed."),
     json_out: bool = JSON_OPT,
 ) -> None:
     """Install the channel's engine for this host: verify, preflight, swap atomically."""
     from buildctl.engines.fingerprint import host_fingerprint
-    from buildctl.pipeline import channel_target, pull_engine
+    from buildctl.errors import GateRefusedError, IntegrityError
+    from buildctl.pipeline import channel_target, pull_engine, report_pull_failure
 
     st, store = settings(ctx), open_store_for(ctx)
     fp = host_fingerprint(st)
     rec, manifest = channel_target(st, store, profile, channel, fp)
     quiet = _quiet(ctx, json_out)
-    with byte_progress("downloading + verifying", manifest.total_size, enabled=not quiet) as on_bytes:
-        res = pull_engine(st, store, profile, channel, dest, keep=keep, skip_preflight=skip_preflight,
-                          on_bytes=on_bytes, fingerprint=fp)
+    try:
+        with byte_progress("downloading + verifying", manifest.total_size, enabled=not quiet) as on_bytes:
+            res = pull_engine(st, store, profile, channel, dest, keep=keep, skip_preflight=skip_preflight,
+                              on_bytes=on_bytes, fingerprint=fp)
+    except (IntegrityError, GateRefusedError) as err:
+        if node_id:
+            failure = report_pull_failure(st, store, node_id, fp, rec, err)
+            if failure is not None:
+                # The one place besides node report that reaches the flows package, lazily.
+                from buildctl.flows.events import emit_pull_failed
+
+                event_id = emit_pull_failed(node_id, failure.model_dump(mode="json"))
+                typer.echo(f"recorded in inventory/nodes/{node_id}.json"
+                           + (f"; emitted buildctl.node.pull-failed ({event_id})" if event_id else ""), err=True)
+        raise
     rec = res.record or rec
     if quiet:
         emit_json({"artifact_id": res.artifact_id, "installed": res.installed, "path": str(res.path),

@@ -1,0 +1,114 @@
+"""When an artifact rots: quarantine, repair, scrub and heal."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+from rich.table import Table
+
+from buildctl.cli._common import JSON_OPT, emit_json, open_store_for, out, settings, short_id, want_json
+
+GIB = 1 << 30
+
+
+def quarantine_cmd(
+    ctx: typer.Context,
+    artifact: str = typer.Argument(..., help="Artifact id or unique hex prefix."),
+    reason: str = typer.Option(..., "--reason", help="Why; recorded (and signed, when a key is configured)."),
+    json_out: bool = JSON_OPT,
+) -> None:
+    """Take an artifact out of service: never a cache hit, never promoted, never pulled."""
+    from buildctl.healing import quarantine_artifact
+
+    aid, key = quarantine_artifact(settings(ctx), open_store_for(ctx), artifact, reason)
+    if want_json(ctx, json_out):
+        emit_json({"artifact_id": aid, "quarantine_record": key})
+    else:
+        out().print(f"quarantined {aid}: {key}")
+
+
+def repair_cmd(
+    ctx: typer.Context,
+    artifact: str = typer.Argument(..., help="Artifact id or unique hex prefix."),
+    source: str = typer.Option(..., "--from", help="A verified copy: a node's DIR/versions/<id> directory, or a store URI."),
+    json_out: bool = JSON_OPT,
+) -> None:
+    """Put back exactly the blobs whose digests match the manifest, then lift the quarantine."""
+    from buildctl.healing import repair_artifact
+    from buildctl.store.verify import verify
+
+    st, store = settings(ctx), open_store_for(ctx)
+    res = repair_artifact(st, store, artifact, source)
+    if want_json(ctx, json_out):
+        emit_json({"artifact_id": res.artifact_id, "replaced": res.replaced, "unrepaired": res.unrepaired,
+                   "healthy": res.healthy, "lift_record": res.lifted})
+    else:
+        out().print(f"{res.artifact_id}: replaced {len(res.replaced)} blob(s) ({', '.join(res.replaced) or 'none'})"
+                    + (f"; lifted the quarantine ({res.lifted})" if res.lifted else ""))
+    if not res.healthy:
+        verify(store, res.artifact_id, deep=True)  # raises, naming each file still wrong (exit 4)
+
+
+def scrub_cmd(
+    ctx: typer.Context,
+    sample: float = typer.Option(1.0, "--sample", help="Fraction of the artifacts no channel references to check (0-1]."),
+    channels_only: bool = typer.Option(False, "--channels-only", help="Only artifacts a channel points at."),
+    budget_gib: Optional[float] = typer.Option(None, "--budget-gib", min=0, help="Stop after re-hashing this many GiB."),
+    seed: Optional[int] = typer.Option(None, "--seed", help="Seed of the sample (default: a new sample each run)."),
+    json_out: bool = JSON_OPT,
+) -> None:
+    """Deep-verify artifacts, channel-referenced first; quarantine every failure; exit 4 if any."""
+    from buildctl.healing import scrub
+    from buildctl.store.errors import ScrubFoundCorruptionError
+
+    report = scrub(settings(ctx), open_store_for(ctx), sample=sample, channels_only=channels_only,
+                   budget_bytes=int(budget_gib * GIB) if budget_gib is not None else None, seed=seed)
+    if want_json(ctx, json_out):
+        emit_json({"checked_bytes": report.checked_bytes, "artifacts": [
+            {"artifact_id": r.artifact_id, "profile": r.profile, "channels": r.channels, "bytes": r.bytes,
+             "status": r.status, "problems": r.problems, "quarantine_record": r.quarantine_key} for r in report.rows]})
+    else:
+        t = Table(title=f"scrub: {len(report.rows)} artifacts, {report.checked_bytes} bytes re-hashed")
+        for c in ("artifact", "profile", "channels", "bytes", "status", "problems"):
+            t.add_column(c)
+        for r in report.rows:
+            t.add_row(short_id(r.artifact_id), r.profile, ", ".join(r.channels) or "-", str(r.bytes),
+                      r.status.upper() if r.status == "corrupt" else r.status, "; ".join(r.problems))
+        out().print(t)
+    if report.corrupt:
+        raise ScrubFoundCorruptionError([r.artifact_id for r in report.corrupt])
+
+
+def heal_cmd(
+    ctx: typer.Context,
+    artifact: str = typer.Argument(..., help="Artifact id or unique hex prefix."),
+    source: Optional[str] = typer.Option(None, "--from", help="A verified copy to repair from (directory or store URI)."),
+    json_out: bool = JSON_OPT,
+) -> None:
+    """Deep verify; if the store's copy is bad: quarantine, roll channels back, repair or say what to rebuild."""
+    from buildctl.healing import heal_artifact
+
+    rep = heal_artifact(settings(ctx), open_store_for(ctx), artifact, repair_source=source)
+    data = {"artifact_id": rep.artifact_id, "store_copy_ok": rep.store_copy_ok, "quarantine_record": rep.quarantine_key,
+            "problems": rep.problems,
+            "channels": [{"profile": r.profile, "channel": r.channel, "compat_key": r.compat_key,
+                          "rolled_back_to": r.rolled_back_to, "seq": r.seq, "detail": r.detail} for r in rep.recoveries],
+            "repaired": rep.repair.replaced if rep.repair else [], "healthy_after_repair": bool(rep.repair and rep.repair.healthy),
+            "rebuild": [{"profile": p, "compat_key": k} for p, k in rep.rebuild]}
+    if want_json(ctx, json_out):
+        emit_json(data)
+        return
+    con = out()
+    if rep.store_copy_ok:
+        con.print(f"{rep.artifact_id}: the store's copy deep-verifies; nothing quarantined (a node's own copy was bad)")
+        return
+    con.print(f"{rep.artifact_id}: quarantined ({rep.quarantine_key}): {'; '.join(rep.problems)}")
+    for r in rep.recoveries:
+        con.print(f"  {r.profile}/{r.channel} [{r.compat_key}]: " + (f"rolled back to {r.rolled_back_to} (#{r.seq})"
+                                                                   if r.rolled_back_to else r.detail))
+    if rep.repair is not None:
+        con.print(f"  repair: replaced {', '.join(rep.repair.replaced) or 'nothing'}; "
+                  + ("healthy, quarantine lifted" if rep.repair.healthy else f"still bad: {', '.join(rep.repair.unrepaired)}"))
+    for profile, key in rep.rebuild:
+        con.print(f"  rebuild: buildctl build <profile file of {profile}> on a host with compat key {key}")

@@ -1,0 +1,185 @@
+"""Healing: what the pipeline does when an artifact's stored bytes rot.
+
+* :func:`heal_artifact`: deep-verify the store's copy; only a failing store copy is quarantined
+  (one node's bad disk never takes a good artifact out of service); roll every channel that
+  points at it back to the newest earlier artifact that deep-verifies, is not quarantined and
+  (for protected channels) has a passing attestation; repair it from a verified copy when one is
+  given; otherwise say which (profile, compat key) pairs need a rebuild.
+* :func:`scrub`: deep-verify artifacts, channel-referenced ones first, within a sample and a
+  byte budget (like ``restic check --read-data-subset``), quarantining every failure.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+from buildctl.pipeline import PROTECTED_CHANNELS, passing_attestation, signer_of, store_of
+from buildctl.settings import Settings
+from buildctl.store.backend import Store
+from buildctl.store.channels import all_channel_records, channels_pointing_at, history, rollback
+from buildctl.store.errors import ArtifactNotFoundError, QuarantinedError, StoreArgumentError, VerificationError
+from buildctl.store.integrity import check_integrity, deep_check
+from buildctl.store.quarantine import active_quarantine, quarantine
+from buildctl.store.repair import RepairResult, repair_from
+from buildctl.store.verify import get_manifest, list_artifacts, resolve_artifact
+
+
+@dataclass
+class ChannelRecovery:
+    """What recovery did to one channel ref that pointed at a quarantined artifact."""
+
+    profile: str
+    channel: str
+    compat_key: str
+    rolled_back_to: str | None  # None: no earlier artifact qualified; the ref still points at the bad one
+    seq: int | None = None
+    detail: str = ""
+
+
+@dataclass
+class HealReport:
+    artifact_id: str
+    store_copy_ok: bool
+    quarantine_key: str | None = None
+    problems: list[str] = field(default_factory=list)
+    recoveries: list[ChannelRecovery] = field(default_factory=list)
+    repair: RepairResult | None = None
+    rebuild: list[tuple[str, str]] = field(default_factory=list)  # (profile, compat key) still to rebuild
+
+
+def quarantine_artifact(settings: Settings, store: Store, artifact_ref: str, reason: str) -> tuple[str, str]:
+    """Quarantine by hand (``buildctl quarantine``); returns (artifact id, record key)."""
+    if not reason.strip():
+        raise StoreArgumentError("--reason must say why the artifact is quarantined")
+    artifact_id = resolve_artifact(store, artifact_ref)
+    key, _ = quarantine(store, artifact_id, reason, who=settings.actor, signer=signer_of(settings))
+    return artifact_id, key
+
+
+def recover_channels(settings: Settings, store: Store, artifact_id: str) -> list[ChannelRecovery]:
+    """Roll every channel ref that points at the (quarantined) artifact back to its newest earlier
+    artifact that is not quarantined, deep-verifies and, on a protected channel, passed validation
+    for the compat key. Each rollback is a new history record whose reason names the quarantine."""
+    active = active_quarantine(store, artifact_id)
+    why = f"quarantine of {artifact_id}" + (f": {active[1].reason}" if active else "")
+    out = []
+    for rec in channels_pointing_at(store, artifact_id):
+        target, detail = None, "no earlier artifact deep-verifies and qualifies"
+        tried: set[str] = {artifact_id}
+        for past in reversed(history(store, rec.profile, rec.channel, rec.compat_key)):
+            cand = past.artifact_id
+            if cand in tried:
+                continue
+            tried.add(cand)
+            if rec.channel in PROTECTED_CHANNELS and passing_attestation(store, cand, rec.compat_key) is None:
+                continue
+            try:
+                check_integrity(store, cand, detector=f"recovery of {rec.channel}", who=settings.actor,
+                                signer=signer_of(settings), window_s=0)
+            except (VerificationError, QuarantinedError, ArtifactNotFoundError):
+                continue
+            target = cand
+            break
+        if target is None:
+            out.append(ChannelRecovery(rec.profile, rec.channel, rec.compat_key, None, detail=detail))
+            continue
+        new = rollback(store, rec.profile, rec.channel, to=target, compat_key=rec.compat_key, reason=why,
+                       who=settings.actor, signer=signer_of(settings), verify_window_s=settings.verify_window_s)
+        out.append(ChannelRecovery(rec.profile, rec.channel, rec.compat_key, target, new.seq, "rolled back"))
+    return out
+
+
+def heal_artifact(settings: Settings, store: Store, artifact_ref: str, *, repair_source: str | None = None) -> HealReport:
+    """Deep verify -> quarantine -> roll channels back -> repair (from ``repair_source``) or name the rebuilds."""
+    artifact_id = resolve_artifact(store, artifact_ref)
+    report = HealReport(artifact_id, store_copy_ok=False)
+    active = active_quarantine(store, artifact_id)
+    if active is None:
+        try:
+            deep_check(store, artifact_id, detector="heal", who=settings.actor, signer=signer_of(settings))
+            report.store_copy_ok = True  # the reporter's own copy was bad: nothing to do in the store
+            return report
+        except VerificationError as err:
+            report.problems = [p.render() for p in err.problems]
+            report.quarantine_key = err.quarantine_key
+    else:
+        report.quarantine_key, report.problems = active[0], list(active[1].problems)
+    report.recoveries = recover_channels(settings, store, artifact_id)
+    if repair_source:
+        report.repair = repair_from(store, artifact_id, repair_source, open_store=lambda u: store_of(settings.with_flags(store=u)),
+                                    who=settings.actor, signer=signer_of(settings))
+    if report.repair is None or not report.repair.healthy:
+        m = get_manifest(store, artifact_id)
+        report.rebuild = [(m.profile_name, m.compat_key)]
+    return report
+
+
+def repair_artifact(settings: Settings, store: Store, artifact_ref: str, source: str) -> RepairResult:
+    """``buildctl repair ARTIFACT --from DIR|STORE-URI``."""
+    artifact_id = resolve_artifact(store, artifact_ref)
+    return repair_from(store, artifact_id, source, open_store=lambda u: store_of(settings.with_flags(store=u)),
+                       who=settings.actor, signer=signer_of(settings))
+
+
+@dataclass
+class ScrubRow:
+    artifact_id: str
+    profile: str
+    channels: list[str]
+    bytes: int
+    status: str  # ok, corrupt, quarantined (already), skipped (budget)
+    problems: list[str] = field(default_factory=list)
+    quarantine_key: str | None = None
+
+
+@dataclass
+class ScrubReport:
+    rows: list[ScrubRow]
+
+    @property
+    def corrupt(self) -> list[ScrubRow]:
+        return [r for r in self.rows if r.status == "corrupt"]
+
+    @property
+    def checked_bytes(self) -> int:
+        return sum(r.bytes for r in self.rows if r.status in ("ok", "corrupt"))
+
+
+def scrub(settings: Settings, store: Store, *, sample: float = 1.0, channels_only: bool = False,
+          budget_bytes: int | None = None, seed: int | None = None) -> ScrubReport:
+    """Deep-verify artifacts, those a channel points at first, then a ``sample`` fraction of the
+    rest; stop at ``budget_bytes``. Every failure is quarantined."""
+    if not 0 < sample <= 1:
+        raise StoreArgumentError(f"--sample {sample}: a fraction in (0, 1]")
+    referenced: dict[str, list[str]] = {}
+    for rec in channels_pointing_at_all(store):
+        referenced.setdefault(rec[0], []).append(rec[1])
+    artifacts = list_artifacts(store)
+    first = [(a, m) for a, m in artifacts if a in referenced]
+    rest = [(a, m) for a, m in artifacts if a not in referenced]
+    rng = random.Random(seed)
+    rng.shuffle(rest)
+    sampled = [] if channels_only or not rest else rest[:max(1, round(len(rest) * sample))]
+    chosen = first + sampled
+    rows, spent = [], 0
+    for aid, m in chosen:
+        row = ScrubRow(aid, m.profile_name, sorted(referenced.get(aid, [])), m.total_size, "ok")
+        rows.append(row)
+        if active_quarantine(store, aid) is not None:
+            row.status = "quarantined"
+            continue
+        if budget_bytes is not None and spent + m.total_size > budget_bytes:
+            row.status = "skipped"
+            continue
+        spent += m.total_size
+        try:
+            deep_check(store, aid, detector="scrub", who=settings.actor, signer=signer_of(settings))
+        except VerificationError as err:
+            row.status, row.problems, row.quarantine_key = "corrupt", [p.render() for p in err.problems], err.quarantine_key
+    return ScrubReport(rows)
+
+
+def channels_pointing_at_all(store: Store) -> list[tuple[str, str]]:
+    """(artifact, "profile/channel/compat key") for every channel ref."""
+    return [(r.artifact_id, f"{r.profile}/{r.channel}/{r.compat_key}") for r in all_channel_records(store)]
