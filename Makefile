@@ -73,6 +73,7 @@ bench: install
 	$(PY) -m benchmarks.cache
 	$(PY) -m benchmarks.reconcile
 	$(PY) -m benchmarks.pipeline
+	$(PY) -m benchmarks.deep_verify
 	$(PY) -m benchmarks.install_sizes
 	$(PY) -m benchmarks.report
 

@@ -110,7 +110,56 @@ def test_driver_upgrade_to_completed_rebuild(tmp_path):
         assert bvp[0]["state_type"] == "COMPLETED", (tmp_path / "serve.log").read_text()[-4000:]
         trigger_runs = [r for r in runs if r["parameters"].get("node_id") == "gpu-node-1"]
         assert trigger_runs and trigger_runs[0]["state_type"] == "COMPLETED"
+        heal_through_the_automation(url, env, tmp_path, upgraded.compat_key("aoti"))
     finally:
         if served is not None:
             stop(served)
         stop(server)
+
+
+def heal_through_the_automation(url: str, env: dict, tmp_path, compat_key: str) -> None:
+    """The rebuilt artifact rots in the store; a node's pull of it fails and emits
+    buildctl.node.pull-failed; the heal-artifact automation quarantines it and, in that one run,
+    rebuilds, validates and promotes a good artifact to staging."""
+    import buildctl.store as ops
+    from buildctl.store.integrity import deep_check
+    from buildctl.store.quarantine import active_quarantine
+
+    store = ops.open_store(env["BUILDCTL_STORE"])
+    (aid,) = [a for a, m in ops.list_artifacts(store) if m.compat_key == compat_key]
+    cli = [sys.executable, "-m", "buildctl"]
+    r = subprocess.run([*cli, "promote", aid, "--channel", "staging"], env=env, cwd=REPO, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    blob = next(f for f in ops.get_manifest(store, aid).files if f.path == "model.pt2")
+    path = store.root / f"blobs/{blob.digest[9:11]}/{blob.digest[9:]}"
+    os.chmod(path, 0o644)
+    with open(path, "r+b") as f:  # 4 bytes flipped in the middle, the size kept
+        f.seek(blob.size // 2)
+        four = f.read(4)
+        f.seek(blob.size // 2)
+        f.write(bytes(b ^ 0xFF for b in four))
+    t0 = time.monotonic()
+    r = subprocess.run([*cli, "pull", "--profile", "tiny-llama-cpu", "--channel", "staging", "--dest",
+                        str(tmp_path / "node"), "--node-id", "gpu-node-1"], env=env, cwd=REPO, capture_output=True,
+                       text=True)
+    assert r.returncode == 4 and "model.pt2: digest mismatch" in r.stderr, r.stderr
+    assert "emitted buildctl.node.pull-failed" in r.stderr, r.stderr
+    deadline = time.monotonic() + 420
+    heal = []
+    while time.monotonic() < deadline:
+        heal = [x for x in api(url, "/flow_runs/filter", {}) if x["parameters"].get("artifact_id") == aid]
+        if heal and heal[0]["state_type"] in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED"):
+            break
+        time.sleep(2)
+    assert heal, "the pull-failed event started no heal-artifact run: " + (tmp_path / "serve.log").read_text()[-3000:]
+    assert heal[0]["state_type"] == "COMPLETED", (tmp_path / "serve.log").read_text()[-4000:]
+    assert heal[0]["parameters"]["node_id"] == "gpu-node-1"
+    assert active_quarantine(store, aid) is not None
+    rec = ops.read_channel(store, "tiny-llama-cpu", "staging", compat_key)[0]
+    assert rec.artifact_id != aid and active_quarantine(store, rec.artifact_id) is None
+    deep_check(store, rec.artifact_id, detector="test", who="test")  # staging is on bytes that verify
+    att = ops.latest_attestation(store, rec.artifact_id, compat_key)
+    assert att is not None and att.attestation.passed  # the rebuild was validated
+    node = json.loads(store.get_bytes("inventory/nodes/gpu-node-1.json"))
+    assert node["pull_failures"][-1]["artifact_id"] == aid
+    (tmp_path / "time-to-recovery.txt").write_text(f"{time.monotonic() - t0:.1f}\n")
