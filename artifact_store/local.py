@@ -92,36 +92,8 @@ class LocalStore:
             os.fsync(f.fileno())
         return self._publish_create_only(tmp, final)
 
-    def put_file(self, key: str, path: Path, *, size: int, on_bytes: ProgressFn | None = None) -> bool:
-        final = self._path(key)
-        if final.exists():
-            return False
-        tmp = self._tmp()
-        buf = bytearray(BUFFER_SIZE)
-        view = memoryview(buf)
-        written = 0
-        try:
-            with open(path, "rb", buffering=0) as src, open(tmp, "xb", buffering=0) as dst:
-                while True:
-                    n = src.readinto(buf)
-                    if not n:
-                        break
-                    write_all(dst, view[:n])
-                    written += n
-                    if on_bytes:
-                        on_bytes(n)
-                os.fsync(dst.fileno())
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
-        if written != size:
-            tmp.unlink(missing_ok=True)
-            raise StoreUnavailableError(self.uri, f"{path} changed during upload ({size} -> {written} bytes)")
-        return self._publish_create_only(tmp, final)
-
-    def replace_object(self, key: str, path: Path, *, size: int) -> None:
-        final = self._path(key)
-        final.parent.mkdir(parents=True, exist_ok=True)
+    def _copy_to_tmp(self, path: Path, size: int, on_bytes: ProgressFn | None, what: str) -> Path:
+        """Copy a local file into a fsynced temp file of this store; it must have ``size`` bytes."""
         tmp = self._tmp()
         buf = bytearray(BUFFER_SIZE)
         view = memoryview(buf)
@@ -131,9 +103,27 @@ class LocalStore:
                 while n := src.readinto(buf):
                     write_all(dst, view[:n])
                     written += n
+                    if on_bytes:
+                        on_bytes(n)
                 os.fsync(dst.fileno())
             if written != size:
-                raise StoreUnavailableError(self.uri, f"{path} changed during repair ({size} -> {written} bytes)")
+                raise StoreUnavailableError(self.uri, f"{path} changed during {what} ({size} -> {written} bytes)")
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        return tmp
+
+    def put_file(self, key: str, path: Path, *, size: int, on_bytes: ProgressFn | None = None) -> bool:
+        final = self._path(key)
+        if final.exists():
+            return False
+        return self._publish_create_only(self._copy_to_tmp(path, size, on_bytes, "upload"), final)
+
+    def replace_object(self, key: str, path: Path, *, size: int) -> None:
+        final = self._path(key)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self._copy_to_tmp(path, size, None, "repair")
+        try:
             os.chmod(tmp, 0o444)
             os.replace(tmp, final)  # atomic: readers see the old bytes or the new, never a mix
         finally:

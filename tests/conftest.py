@@ -209,3 +209,37 @@ def prefect_api():
 
     with prefect_test_harness(server_startup_timeout=60):
         yield
+
+
+def rot(store, digest: str, kind: str, rng=None) -> None:
+    """Damage one stored blob the way a disk or a bad copy does: ``flip`` (4 bytes in the middle, or
+    one random bit with ``rng``; the size kept), ``truncate`` (to half, or a random length with
+    ``rng``) or ``missing``. In place on a local store; on S3 the object's bytes are replaced
+    behind the store's back (no create-only condition)."""
+    import os
+
+    from buildctl.store.layout import blob_key
+    from buildctl.store.local import LocalStore
+
+    key = blob_key(digest)
+    if kind == "missing":
+        store.delete(key)
+        return
+    data = bytearray(store.get_bytes(key))
+    if kind == "flip" and rng is None:
+        mid = len(data) // 2
+        data[mid:mid + 4] = bytes(b ^ 0xFF for b in data[mid:mid + 4])
+    elif kind == "flip":
+        data[rng.randrange(len(data))] ^= 1 << rng.randrange(8)
+    else:
+        data = data[: (rng.randrange(len(data)) if rng is not None else len(data) // 2)]
+    if isinstance(store, LocalStore):
+        path = store.root / key
+        os.chmod(path, 0o644)
+        with open(path, "r+b") as f:
+            f.truncate(len(data))
+            f.seek(0)
+            f.write(data)
+        os.chmod(path, 0o444)
+    else:
+        store.client.put_object(Bucket=store.bucket, Key=store._k(key), Body=bytes(data))

@@ -4,44 +4,17 @@ scrub, on both stores, with the corruption made the way a disk or a bad copy mak
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
 
 import buildctl.store as ops
-from buildctl.store.layout import blob_key
-from buildctl.store.local import LocalStore
 
-from .conftest import PROFILES, make_tree, settings, write_attestation
+from .conftest import PROFILES, make_tree, rot, settings, write_attestation
 from .test_trtllm_fake import fake_tools, h100x8, hf_model  # noqa: F401  (fixtures)
 
 KINDS = ("flip", "truncate", "missing")
 PROD = PROFILES / "llama-3-70b-instruct-fp8-tp8.yaml"
-
-
-def rot(store, digest: str, kind: str) -> None:
-    """Damage one stored blob: 4 bytes flipped in the middle (size kept), truncated, or gone."""
-    key = blob_key(digest)
-    if kind == "missing":
-        store.delete(key)
-        return
-    data = bytearray(store.get_bytes(key))
-    if kind == "flip":
-        mid = len(data) // 2
-        data[mid:mid + 4] = bytes(b ^ 0xFF for b in data[mid:mid + 4])
-    else:
-        data = data[: len(data) // 2]
-    if isinstance(store, LocalStore):  # in place, as a bad disk does it
-        path = store.root / key
-        os.chmod(path, 0o644)
-        with open(path, "r+b") as f:
-            f.truncate(len(data))
-            f.seek(0)
-            f.write(data)
-        os.chmod(path, 0o444)
-    else:  # the object's bytes replaced behind the store's back (no create-only condition)
-        store.client.put_object(Bucket=store.bucket, Key=store._k(key), Body=bytes(data))
 
 
 def digest_of(store, aid: str, path: str) -> str:

@@ -19,7 +19,7 @@ import pytest
 
 from buildctl.engines.fingerprint import detect
 
-from .conftest import REPO
+from .conftest import REPO, rot
 from .s3server import free_ports
 
 pytestmark = pytest.mark.slow
@@ -131,13 +131,7 @@ def heal_through_the_automation(url: str, env: dict, tmp_path, compat_key: str) 
     r = subprocess.run([*cli, "promote", aid, "--channel", "staging"], env=env, cwd=REPO, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     blob = next(f for f in ops.get_manifest(store, aid).files if f.path == "model.pt2")
-    path = store.root / f"blobs/{blob.digest[9:11]}/{blob.digest[9:]}"
-    os.chmod(path, 0o644)
-    with open(path, "r+b") as f:  # 4 bytes flipped in the middle, the size kept
-        f.seek(blob.size // 2)
-        four = f.read(4)
-        f.seek(blob.size // 2)
-        f.write(bytes(b ^ 0xFF for b in four))
+    rot(store, blob.digest, "flip")  # 4 bytes flipped in the middle, the size kept
     t0 = time.monotonic()
     r = subprocess.run([*cli, "pull", "--profile", "tiny-llama-cpu", "--channel", "staging", "--dest",
                         str(tmp_path / "node"), "--node-id", "gpu-node-1"], env=env, cwd=REPO, capture_output=True,

@@ -14,37 +14,11 @@ import buildctl.store as ops
 from buildctl.healing import heal_artifact
 from buildctl.store.errors import QuarantinedError
 from buildctl.store.integrity import deep_check
-from buildctl.store.layout import blob_key
-from buildctl.store.local import LocalStore
 from buildctl.store.pull import install_artifact
 from buildctl.store.quarantine import active_quarantine
 
-from ..conftest import make_tree, settings, write_attestation
+from ..conftest import make_tree, rot, settings, write_attestation
 from .conftest import scale
-
-
-def rot_at(store, digest: str, kind: str, rng: random.Random) -> None:
-    key = blob_key(digest)
-    if kind == "missing":
-        store.delete(key)
-        return
-    data = bytearray(store.get_bytes(key))
-    if kind == "flip":
-        at = rng.randrange(0, len(data))
-        data[at] ^= 1 << rng.randrange(8)  # one bit, anywhere
-    else:
-        data = data[: rng.randrange(0, len(data))]
-    if isinstance(store, LocalStore):
-        import os
-
-        path = store.root / key
-        os.chmod(path, 0o644)
-        with open(path, "r+b") as f:
-            f.truncate(len(data))
-            f.seek(0)
-            f.write(data)
-    else:
-        store.client.put_object(Bucket=store.bucket, Key=store._k(key), Body=bytes(data))
 
 
 @pytest.mark.parametrize("kind", ["flip", "truncate", "missing"])
@@ -64,7 +38,7 @@ def test_rot_in_place_is_detected_quarantined_and_recovered(store, draft, tmp_pa
             write_attestation(store, a, draft.compat_key)
             ops.promote(store, a, "prod", verify_window_s=0)
         victim = rng.choice([f for f in ops.get_manifest(store, bad).files])
-        rot_at(store, victim.digest, kind, rng)
+        rot(store, victim.digest, kind, rng)
         t0 = time.monotonic()
         rep = heal_artifact(st, store, bad)  # one pipeline run
         seconds.append(time.monotonic() - t0)
