@@ -137,3 +137,22 @@ def test_driver_upgrade_trigger_creates_a_run_with_mapped_parameters(prefect_api
     params = found[0].parameters
     assert params["node_id"] == "gpu-node-7" and params["profiles"] == ["tiny-llama-cpu"]
     assert params["fingerprint"] == fp  # templated parameters arrive typed
+
+
+def test_scrub_store_flow_quarantines_and_emits_an_event_per_corrupt_artifact(prefect_api, tmp_path, draft):
+    import buildctl.store as ops
+    from buildctl.flows.pipeline import scrub_store
+    from buildctl.store.quarantine import active_quarantine
+
+    from .conftest import make_tree, rot
+
+    uri = "file://" + str(tmp_path / "store")
+    store = ops.open_store(uri)
+    ids = [ops.publish_tree(store, make_tree(tmp_path / f"t{i}", {"rank0.engine": 20_000}, seed=i), draft).artifact_id
+           for i in range(3)]
+    digest = ops.get_manifest(store, ids[1]).files[0].digest
+    rot(store, digest, "flip")
+    result = scrub_store(store=uri)
+    assert result["corrupt"] == [ids[1]] and len(result["events"]) == 1 and result["events"][0]
+    assert active_quarantine(store, ids[1]) is not None and active_quarantine(store, ids[0]) is None
+    assert {r["status"] for r in result["rows"]} == {"ok", "corrupt"}

@@ -231,3 +231,22 @@ def test_cache_check_quarantines_a_rotted_hit_and_rebuilds(store_uri, hf_model, 
     third = j(cli(*build))
     assert third["cache_hit"] and third["artifact_id"] == second["artifact_id"]
     assert len((fake_tools / "build.jsonl").read_text().splitlines()) == 2, "the third build was a cache hit"
+
+
+@pytest.mark.slow
+def test_validation_quarantines_an_artifact_whose_store_copy_is_bad(tmp_path, draft):
+    """The validator pulls the artifact with verification first: bad bytes quarantine it before
+    any engine or reference runs (the reference given here would fail if it were used)."""
+    from buildctl import pipeline
+    from buildctl.store.errors import VerificationError
+    from buildctl.store.quarantine import active_quarantine
+
+    store = ops.open_store(str(tmp_path / "store"))
+    aid = ops.publish_tree(store, make_tree(tmp_path / "e", {"engine.json": b"{}", "model.pt2": 50_000}), draft).artifact_id
+    rot(store, digest_of(store, aid, "model.pt2"), "flip")
+    with pytest.raises(VerificationError) as exc:
+        pipeline.validate_artifact(settings(), store, aid, profile_path=PROFILES / "tiny-llama-cpu.yaml",
+                                   reference=object())
+    assert "model.pt2" in str(exc.value) and exc.value.quarantine_key
+    assert "validation" in active_quarantine(store, aid)[1].reason
+    assert ops.list_attestations(store, aid) == []
