@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import ctypes
 import json
-import os
 import platform
 import re
 import shutil
