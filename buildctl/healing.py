@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
+from typing import Callable
 
 from buildctl.pipeline import PROTECTED_CHANNELS, passing_attestation, signer_of, store_of
 from buildctl.settings import Settings
@@ -107,7 +108,7 @@ def heal_artifact(settings: Settings, store: Store, artifact_ref: str, *, repair
         report.quarantine_key, report.problems = active[0], list(active[1].problems)
     report.recoveries = recover_channels(settings, store, artifact_id)
     if repair_source:
-        report.repair = repair_from(store, artifact_id, repair_source, open_store=lambda u: store_of(settings.with_flags(store=u)),
+        report.repair = repair_from(store, artifact_id, repair_source, open_store=_opener(settings),
                                     who=settings.actor, signer=signer_of(settings))
     if report.repair is None or not report.repair.healthy:
         m = get_manifest(store, artifact_id)
@@ -118,8 +119,13 @@ def heal_artifact(settings: Settings, store: Store, artifact_ref: str, *, repair
 def repair_artifact(settings: Settings, store: Store, artifact_ref: str, source: str) -> RepairResult:
     """``buildctl repair ARTIFACT --from DIR|STORE-URI``."""
     artifact_id = resolve_artifact(store, artifact_ref)
-    return repair_from(store, artifact_id, source, open_store=lambda u: store_of(settings.with_flags(store=u)),
-                       who=settings.actor, signer=signer_of(settings))
+    return repair_from(store, artifact_id, source, open_store=_opener(settings), who=settings.actor,
+                       signer=signer_of(settings))
+
+
+def _opener(settings: Settings) -> Callable[[str], Store]:
+    """Open another store (a repair source) with these settings' endpoint and credentials."""
+    return lambda uri: store_of(settings.with_flags(store=uri))
 
 
 @dataclass
