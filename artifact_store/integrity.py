@@ -18,7 +18,7 @@ from buildctl.store.backend import ProgressFn, Store
 from buildctl.store.errors import StoreUnavailableError, VerificationError
 from buildctl.store.layout import verification_key, verification_prefix
 from buildctl.store.manifest import Manifest, utc_now
-from buildctl.store.quarantine import active_quarantine, check_not_quarantined, try_quarantine
+from buildctl.store.quarantine import check_not_quarantined, try_quarantine
 from buildctl.store.signing import SigningKey
 from buildctl.store.verify import verify
 
@@ -101,7 +101,3 @@ def check_integrity(store: Store, artifact_id: str, *, detector: str, who: str, 
             _checked(store, artifact_id, deep=False, detector=detector, who=who, signer=signer)
             return rec.when
     return deep_check(store, artifact_id, detector=detector, who=who, signer=signer)[1].when
-
-
-def is_quarantined(store: Store, artifact_id: str) -> bool:
-    return active_quarantine(store, artifact_id) is not None
