@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
         pipeline.promote_artifact(settings, store, res.artifact_id, "staging")
         stages.append(("promote", time.perf_counter() - t))
         t = time.perf_counter()
-        install_artifact(store, res.artifact_id, work / "node", preflight=pipeline.preflight_for(settings, "aoti"))
+        install_artifact(store, res.artifact_id, work / "node", preflight=pipeline.preflight_for(settings))
         stages.append(("pull (download + verify + preflight + install)", time.perf_counter() - t))
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -169,12 +169,13 @@ def import_engine(settings: Settings, store: Store, engine_dir: str | Path, prof
 PREFLIGHT_TIMEOUT_S = 900
 
 
-def preflight_for(settings: Settings, backend: str) -> Callable[[Manifest, Path], None]:
-    """The backend's preflight load for a staged engine, run in a subprocess so that a crash
-    while loading (a segfault in a C++ runtime, SIGILL from a foreign ISA) cannot take the
-    caller down. Raises :class:`PreflightLoadError` with the output's tail."""
+def preflight_for(settings: Settings) -> Callable[[Manifest, Path], None]:
+    """The preflight load of a staged engine by its manifest's backend, run in a subprocess so
+    that a crash while loading (a segfault in a C++ runtime, SIGILL from a foreign ISA) cannot take
+    the caller down. Raises :class:`PreflightLoadError` with the output's tail."""
 
     def run(manifest: Manifest, staged: Path) -> None:
+        backend = manifest.backend
         cmd = [sys.executable, "-m", "buildctl.engines.preflight", backend, str(staged)]
         if settings.fingerprint_file:
             cmd += ["--fingerprint-file", str(settings.fingerprint_file)]
@@ -421,9 +422,7 @@ def pull_engine(settings: Settings, store: Store, profile: str, channel: str, de
                 fingerprint: Fingerprint | None = None) -> PullResult:
     """Install the channel's engine for this host: verify, preflight, swap atomically."""
     keys = host_compat_keys(fingerprint or host_fingerprint(settings))
-    rec = resolve_channel(store, profile, channel, keys)
-    backend = get_manifest(store, rec.artifact_id).backend
-    return pull(store, profile, channel, dest, keys, preflight=None if skip_preflight else preflight_for(settings, backend),
+    return pull(store, profile, channel, dest, keys, preflight=None if skip_preflight else preflight_for(settings),
                 keep=keep, on_bytes=on_bytes, trusted=trusted_of(settings))
 
 

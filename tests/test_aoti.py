@@ -148,7 +148,7 @@ def test_pull_installs_an_engine_that_loads_and_generates(tiny_build, cli, tmp_p
 def test_preflight_keeps_a_foreign_engine_from_becoming_current(tiny_build, tmp_path, monkeypatch):
     store, aid = tiny_build["store"], tiny_build["outcome"].artifact_id
     dest = tmp_path / "node"
-    install_artifact(store, aid, dest, preflight=pipeline.preflight_for(settings(), "aoti"))
+    install_artifact(store, aid, dest, preflight=pipeline.preflight_for(settings()))
     assert current_artifact(dest) == aid
     other = detect().model_copy(update={"torch_version": "2.99.0"})
     fp = tmp_path / "other-host.json"
@@ -156,6 +156,6 @@ def test_preflight_keeps_a_foreign_engine_from_becoming_current(tiny_build, tmp_
     monkeypatch.setenv("BUILDCTL_FINGERPRINT_FILE", str(fp))  # the preflight subprocess sees "another host"
     dest2 = tmp_path / "node2"
     with pytest.raises(PreflightError) as exc:
-        install_artifact(store, aid, dest2, preflight=pipeline.preflight_for(settings(), "aoti"))
+        install_artifact(store, aid, dest2, preflight=pipeline.preflight_for(settings()))
     assert "torch" in str(exc.value) and "2.99.0" in str(exc.value)
     assert current_artifact(dest2) is None and not list(dest2.glob(".staging-*"))
