@@ -58,12 +58,17 @@ def quarantine_records(store: Store, artifact_id: str) -> list[tuple[str, Quaran
     return out
 
 
-def active_quarantine(store: Store, artifact_id: str) -> tuple[str, QuarantineRecord] | None:
-    """The record that quarantines the artifact now (its newest record, if that is a quarantine)."""
-    records = quarantine_records(store, artifact_id)
+def active_of(records: list[tuple[str, QuarantineRecord]]) -> tuple[str, QuarantineRecord] | None:
+    """Of an artifact's records (oldest first), the one that quarantines it now: the newest, if
+    that is a quarantine."""
     if records and records[-1][1].action == "quarantine":
         return records[-1]
     return None
+
+
+def active_quarantine(store: Store, artifact_id: str) -> tuple[str, QuarantineRecord] | None:
+    """The record that quarantines the artifact now, if any."""
+    return active_of(quarantine_records(store, artifact_id))
 
 
 def check_not_quarantined(store: Store, artifact_id: str, what: str = "refusing it") -> None:

@@ -83,7 +83,7 @@ def show_cmd(ctx: typer.Context, artifact: str = typer.Argument(..., help="Artif
     """Show an artifact's manifest, attestations, and the channels pointing at it."""
     from buildctl.store.attestations import list_attestations
     from buildctl.store.channels import channels_pointing_at
-    from buildctl.store.quarantine import quarantine_records
+    from buildctl.store.quarantine import active_of, quarantine_records
     from buildctl.store.verify import get_manifest, resolve_artifact
 
     store = open_store_for(ctx)
@@ -92,17 +92,17 @@ def show_cmd(ctx: typer.Context, artifact: str = typer.Argument(..., help="Artif
     atts = list_attestations(store, aid)
     chans = channels_pointing_at(store, aid)
     qrecs = quarantine_records(store, aid)
-    quarantined = bool(qrecs) and qrecs[-1][1].action == "quarantine"
+    active = active_of(qrecs)
     if _quiet(ctx, json_out):
         emit_json({"artifact_id": aid, "manifest": m.model_dump(mode="json"),
                    "attestations": [{"attestation_id": a.attestation_id, **a.attestation.model_dump(mode="json")} for a in atts],
-                   "channels": [c.model_dump(mode="json") for c in chans], "quarantined": quarantined,
+                   "channels": [c.model_dump(mode="json") for c in chans], "quarantined": active is not None,
                    "quarantine": [{"key": k, **r.model_dump(mode="json")} for k, r in qrecs]})
         return
     con = out()
     con.print(f"artifact   {aid}", highlight=False)
-    if quarantined:
-        key, rec = qrecs[-1]
+    if active is not None:
+        key, rec = active
         con.print(f"QUARANTINED {rec.when} by {rec.who}: {rec.reason} ({key})", highlight=False)
         for p in rec.problems:
             con.print(f"  {p}", highlight=False)
