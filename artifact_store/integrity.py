@@ -69,15 +69,22 @@ def last_verification(store: Store, artifact_id: str) -> VerificationRecord | No
     return None
 
 
+def quarantine_on(store: Store, err: VerificationError, *, detector: str, who: str,
+                  signer: SigningKey | None = None) -> VerificationError:
+    """Quarantine the artifact ``err`` found bad in the store (where the caller may write); returns
+    the error to raise, naming the record."""
+    problems = [p.render() for p in err.problems]
+    key = try_quarantine(store, err.artifact, f"{detector}: {len(problems)} bad file(s) in the store",
+                         problems=problems, who=who, signer=signer)
+    return VerificationError(err.artifact, err.problems, quarantine_key=key)
+
+
 def _checked(store: Store, artifact_id: str, *, deep: bool, detector: str, who: str, signer: SigningKey | None,
              on_bytes: ProgressFn | None = None) -> Manifest:
     try:
         return verify(store, artifact_id, deep=deep, on_bytes=on_bytes)
     except VerificationError as err:
-        problems = [p.render() for p in err.problems]
-        key = try_quarantine(store, artifact_id, f"{detector}: {len(problems)} bad file(s) in the store",
-                             problems=problems, who=who, signer=signer)
-        raise VerificationError(artifact_id, err.problems, quarantine_key=key) from None
+        raise quarantine_on(store, err, detector=detector, who=who, signer=signer) from None
 
 
 def deep_check(store: Store, artifact_id: str, *, detector: str, who: str, signer: SigningKey | None = None,

@@ -31,7 +31,7 @@ from buildctl.store.backend import Store
 from buildctl.store.manifest import tree_digest, utc_now
 from buildctl.store.errors import VerificationError
 from buildctl.store.pull import install_artifact
-from buildctl.store.quarantine import try_quarantine
+from buildctl.store.integrity import quarantine_on
 from buildctl.store.signing import SigningKey
 from buildctl.store.verify import get_manifest
 from buildctl.validators.errors import ModelMismatchError, ValidationFailedError
@@ -87,9 +87,7 @@ def validate_artifact(
         try:
             install_artifact(store, artifact_id, work / "engine")
         except VerificationError as err:  # the store's copy is bad: take it out of service
-            key = try_quarantine(store, artifact_id, f"validation: {len(err.problems)} bad file(s) in the store",
-                                 problems=[p.render() for p in err.problems], who=who, signer=signer)
-            raise VerificationError(artifact_id, err.problems, quarantine_key=key) from None
+            raise quarantine_on(store, err, detector="validation", who=who, signer=signer) from None
         candidate = get_backend(manifest.backend, settings).load(work / "engine" / "current")
         if wrap_candidate is not None:
             candidate = wrap_candidate(candidate)
