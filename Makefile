@@ -66,6 +66,7 @@ demo: install
 
 BENCH_HASH_GIB ?= 2
 BENCH_TRANSFER_GIB ?= 1
+BENCH_SPEEDGATE_RUNS ?= 5
 
 bench: install
 	$(PY) -m benchmarks.hashing --size-gib $(BENCH_HASH_GIB)
@@ -75,15 +76,18 @@ bench: install
 	$(PY) -m benchmarks.pipeline
 	$(PY) -m benchmarks.deep_verify
 	$(PY) -m benchmarks.install_sizes
+	$(PY) -m benchmarks.speedgate --runs $(BENCH_SPEEDGATE_RUNS)
 	$(PY) -m benchmarks.report
 
 FAULTS_SCALE ?= 3
 
 # The fault matrix and fuzzing, longer than in CI; regenerates docs/reliability.md from what ran.
 faults: install test-deps
-	rm -f .faults.jsonl
+	rm -f .faults.jsonl .speedgate-busy.xml
 	FAULTS_SCALE=$(FAULTS_SCALE) FAULTS_REPORT=$(CURDIR)/.faults.jsonl $(PY) -m pytest tests/faults -q -p no:warnings
-	$(PY) tests/faults/report.py .faults.jsonl docs/reliability.md $(FAULTS_SCALE)
+	@# the speed gate's verdicts must not change on a busy machine: again, with a busy loop per core
+	$(PY) -m pytest -m speedgate --hog -q -p no:warnings --junitxml=.speedgate-busy.xml tests/test_speed.py tests/test_validate.py
+	$(PY) tests/faults/report.py .faults.jsonl docs/reliability.md $(FAULTS_SCALE) .speedgate-busy.xml
 
 COMPOSE := $(shell docker compose version >/dev/null 2>&1 && echo "docker compose" || echo docker-compose)
 

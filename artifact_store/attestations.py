@@ -19,7 +19,9 @@ from buildctl.store.errors import CorruptObjectError
 from buildctl.store.layout import attestation_key, attestation_prefix
 from buildctl.store.signing import SigningKey
 
-ATTESTATION_SCHEMA = 1
+# Schema 2 (paired ratios with intervals, an inconclusive verdict, the noise record) adds fields
+# only: schema-1 records still read, their new fields at their defaults.
+ATTESTATION_SCHEMA = 2
 
 
 class _Frozen(BaseModel):
@@ -69,7 +71,8 @@ class ParitySummary(_Frozen):
 
 
 class SideSpeed(_Frozen):
-    """One side's speed at one concurrency level (medians over repetitions, pooled percentiles)."""
+    """One side's speed at one concurrency level: each figure is the median over repetitions of that
+    repetition's value (schema 1: percentiles of all repetitions' requests pooled)."""
 
     output_tok_s: float = Field(..., description="Median output tokens/s.")
     output_tok_s_per_gpu: float = Field(..., description="Median output tokens/s per GPU.")
@@ -86,28 +89,73 @@ class SideSpeed(_Frozen):
     repetitions: int = Field(..., ge=0, description="Repetitions measured.")
 
 
+class RatioEstimate(_Frozen):
+    """One metric's candidate/reference ratio: the median of the paired repetitions' ratios, its
+    order-statistic confidence interval and, where gated, its verdict."""
+
+    metric: Literal["throughput", "ttft_p50", "ttft_p99", "tpot_p50"] = Field(..., description="The metric compared.")
+    median: float = Field(..., description="Median of the paired ratios.")
+    low: float | None = Field(..., description="Interval's low end (null: too few repetitions for the level).")
+    high: float | None = Field(..., description="Interval's high end (null: too few repetitions for the level).")
+    confidence: float = Field(..., description="The interval's confidence level.")
+    samples: tuple[float, ...] = Field(..., description="Each repetition's paired ratio, in measurement order.")
+    threshold: float | None = Field(None, description="The gate's threshold; null when not gated.")
+    bound: Literal["min", "max"] = Field(..., description="min: the ratio must be at least the threshold; max: at most.")
+    verdict: Literal["pass", "fail", "inconclusive", "not gated"] = Field(..., description="This metric's verdict.")
+
+
 class SpeedLevel(_Frozen):
     """Candidate and reference side by side at one concurrency level."""
 
     concurrency: int = Field(..., ge=1, description="Requests in flight.")
     candidate: SideSpeed = Field(..., description="The engine under test.")
     reference: SideSpeed = Field(..., description="The vLLM reference.")
-    throughput_ratio: float = Field(..., description="candidate / reference output tokens/s.")
-    p99_ttft_ratio: float = Field(..., description="candidate / reference p99 TTFT.")
+    throughput_ratio: float = Field(..., description="Median paired candidate / reference output tokens/s.")
+    p99_ttft_ratio: float = Field(..., description="Median paired candidate / reference p99 TTFT.")
     passed: bool = Field(..., description="Whether this level passed the gate.")
-    reasons: tuple[str, ...] = Field((), description="Why it failed, if it did.")
+    reasons: tuple[str, ...] = Field((), description="Why it failed or is inconclusive, if it is.")
+    verdict: Literal["pass", "fail", "inconclusive"] | None = Field(None, description="The level's verdict (schema 1: see passed).")
+    ratios: tuple[RatioEstimate, ...] = Field((), description="Each metric's paired ratio with its interval (schema >= 2).")
+
+
+class NoiseRecord(_Frozen):
+    """What the machine was doing while speed was measured."""
+
+    cpu_count: int = Field(..., ge=1, description="Logical CPUs.")
+    load_avg_1m_before: float | None = Field(..., description="1-minute load average before measuring.")
+    load_avg_1m_after: float | None = Field(..., description="1-minute load average after measuring.")
+    cpu_steal_fraction: float | None = Field(..., description="CPU time stolen by the hypervisor while measuring; null: unreadable.")
+    calibration_before_ms: float = Field(..., description="A fixed calibration loop's time before measuring.")
+    calibration_after_ms: float = Field(..., description="The same loop's time after measuring.")
+
+
+class SpeedBudget(_Frozen):
+    """How much measuring the verdict took, against the profile's budget."""
+
+    scale: float = Field(..., gt=0, description="Budget multiplier of this run (2 on the flow's retry).")
+    max_repetitions: int = Field(..., description="Most repetitions per level allowed.")
+    max_seconds: float = Field(..., description="Wall-clock budget for added repetitions.")
+    seconds: float = Field(..., description="Wall-clock time the speed measurement took.")
+    exhausted: bool = Field(..., description="Whether a level stopped inconclusive because the budget ran out.")
 
 
 class SpeedGateRecord(_Frozen):
     """The speed gate as it was applied."""
 
     min_throughput_ratio: float = Field(..., description="Lowest allowed throughput ratio.")
-    max_p99_ttft_ratio: float = Field(..., description="Highest allowed p99 TTFT ratio.")
+    max_p99_ttft_ratio: float | None = Field(..., description="Highest allowed p99 TTFT ratio; null: not gated.")
+    max_p50_ttft_ratio: float | None = Field(None, description="Highest allowed p50 TTFT ratio; null: not gated.")
+    max_tpot_ratio: float | None = Field(None, description="Highest allowed median TPOT ratio; null: not gated.")
+    levels: dict[int, dict[str, float | None]] = Field(default_factory=dict, description="Per-concurrency threshold overrides.")
     concurrency: tuple[int, ...] = Field(..., description="Concurrency levels measured.")
     input_len: int = Field(..., description="Prompt length of the speed workload.")
     output_len: int = Field(..., description="Output length of the speed workload.")
     num_prompts: int = Field(..., description="Requests per repetition.")
-    repetitions: int = Field(..., description="Interleaved repetitions.")
+    repetitions: int = Field(..., description="Paired repetitions before the first verdict.")
+    max_repetitions: int | None = Field(None, description="Most paired repetitions per level (schema >= 2).")
+    max_seconds: float | None = Field(None, description="Budget for added repetitions (schema >= 2).")
+    confidence: float | None = Field(None, description="Confidence level of the intervals (schema >= 2).")
+    cpu_threads: int | None = Field(None, description="Intra-op CPU threads while measuring; null: the default.")
     warmup: int = Field(..., description="Unmeasured warm-up requests per side and level.")
 
 
@@ -117,6 +165,9 @@ class SpeedSummary(_Frozen):
     passed: bool = Field(..., description="Whether every level passed.")
     gate: SpeedGateRecord = Field(..., description="The gate applied.")
     levels: tuple[SpeedLevel, ...] = Field(..., description="One entry per concurrency level.")
+    verdict: Literal["pass", "fail", "inconclusive"] | None = Field(None, description="Speed verdict over all levels (schema 1: see passed).")
+    noise: NoiseRecord | None = Field(None, description="What the machine was doing while measuring (schema >= 2).")
+    budget: SpeedBudget | None = Field(None, description="The measuring budget and its use (schema >= 2).")
 
 
 class Thresholds(SpeedGateRecord):
@@ -131,10 +182,10 @@ class Thresholds(SpeedGateRecord):
 class Attestation(_Frozen):
     """The immutable record of one validation of one artifact on one host."""
 
-    schema_version: Literal[1] = Field(ATTESTATION_SCHEMA, description="Attestation schema version.")
+    schema_version: Literal[1, 2] = Field(ATTESTATION_SCHEMA, description="Attestation schema version.")
     artifact_id: str = Field(..., description="The artifact validated.")
-    verdict: Literal["pass", "fail"] = Field(..., description="pass or fail.")
-    reasons: tuple[str, ...] = Field((), description="Every reason for a fail.")
+    verdict: Literal["pass", "fail", "inconclusive"] = Field(..., description="pass, fail, or inconclusive (a speed interval straddles a threshold).")
+    reasons: tuple[str, ...] = Field((), description="Every reason for a fail or an inconclusive verdict.")
     compat_key: str = Field(..., description="The validating host's compat key for the artifact's backend.")
     created_at: str = Field(..., description="UTC ISO-8601 time of the validation.")
     profile: ProfileRef = Field(..., description="The profile validated against.")

@@ -8,7 +8,7 @@ import time
 
 from benchmarks.common import RESULTS, machine
 
-ORDER = ["hashing", "transfer", "cache", "reconcile", "pipeline", "deep_verify", "install_sizes"]
+ORDER = ["hashing", "transfer", "cache", "reconcile", "pipeline", "deep_verify", "install_sizes", "speedgate"]
 
 
 def chart(hashing: dict, transfer: dict | None) -> str | None:

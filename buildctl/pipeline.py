@@ -369,10 +369,12 @@ def _with_kept_log(err: BuildFailedError, kept: Path | None) -> BuildFailedError
 def validate_artifact(settings: Settings, store: Store, artifact_ref: str, *, profile_path: str | Path | None = None,
                       prompts_file: str | Path | None = None, fingerprint: Fingerprint | None = None,
                       reference: Runner | None = None, wrap_candidate: Callable[[Runner], Runner] | None = None,
-                      say: Say = _quiet):
+                      speed_budget: float = 1.0, say: Say = _quiet):
     """Validate one artifact on this host against vLLM and store the attestation (see
     :func:`buildctl.validators.validate.validate_artifact`). Resolves the artifact's profile and
-    model first. A failing verdict raises ``ValidationFailedError`` after the attestation is written."""
+    model first. A failing verdict raises ``ValidationFailedError`` after the attestation is written
+    (``ValidationInconclusiveError`` when the speed gate could not decide within its budget, which
+    ``speed_budget`` scales)."""
     from buildctl.validators.validate import validate_artifact as run_validation
 
     artifact_id = resolve_artifact(store, artifact_ref)
@@ -381,7 +383,7 @@ def validate_artifact(settings: Settings, store: Store, artifact_ref: str, *, pr
     return run_validation(settings, store, artifact_id, profile=profile, model_dir=resolve_model(settings, profile),
                           prompts_file=prompts_file, fingerprint=fingerprint or host_fingerprint(settings),
                           reference=reference, wrap_candidate=wrap_candidate, signer=signer_of(settings),
-                          who=settings.actor, say=say)
+                          who=settings.actor, speed_budget=speed_budget, say=say)
 
 
 def passing_attestation(store: Store, artifact_id: str, compat_key: str) -> StoredAttestation | None:

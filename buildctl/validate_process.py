@@ -32,6 +32,7 @@ class ChildRequest(BaseModel):
     settings: dict = Field(..., description="The parent's settings, as JSON.")
     artifact_id: str = Field(..., description="The artifact to validate.")
     profile_path: str | None = Field(None, description="The profile file, when not found by name.")
+    speed_budget: float = Field(1.0, gt=0, description="Multiplier of the speed gate's budget.")
 
 
 class ChildResult(BaseModel):
@@ -57,13 +58,14 @@ class ValidationOutcome:
 
 
 def validate_in_subprocess(settings: Settings, artifact_id: str, *, profile_path: str | Path | None = None,
-                           timeout_s: float = 3600) -> ValidationOutcome:
-    """Validate ``artifact_id`` in a child process; returns its attestation, passing or failing.
-    Raises :class:`ValidatorProcessError` when the child produced none."""
+                           speed_budget: float = 1.0, timeout_s: float = 3600) -> ValidationOutcome:
+    """Validate ``artifact_id`` in a child process; returns its attestation, passing, failing or
+    inconclusive. Raises :class:`ValidatorProcessError` when the child produced none."""
     with tempfile.TemporaryDirectory(prefix="buildctl-validate-") as tmp:
         request, result = Path(tmp) / "request.json", Path(tmp) / "result.json"
         request.write_text(ChildRequest(settings=settings.model_dump(mode="json"), artifact_id=artifact_id,
-                                        profile_path=str(profile_path) if profile_path else None).model_dump_json())
+                                        profile_path=str(profile_path) if profile_path else None,
+                                        speed_budget=speed_budget).model_dump_json())
         cmd = [sys.executable, "-m", "buildctl.validate_process", str(request), str(result)]
         try:
             r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL)
@@ -90,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     settings = Settings(**req.settings)
     try:
         res = pipeline.validate_artifact(settings, pipeline.store_of(settings), req.artifact_id,
-                                         profile_path=req.profile_path,
+                                         profile_path=req.profile_path, speed_budget=req.speed_budget,
                                          say=lambda m: sys.stderr.write(f"[validate] {m}\n"))
         out = ChildResult(attestation_id=res.attestation_id, attestation=res.attestation)
     except ValidationFailedError as err:

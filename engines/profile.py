@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic_core import PydanticCustomError
 
 from buildctl.digest import digest_json
+from buildctl.stats import min_samples
 from buildctl.engines.errors import FieldProblem, ProfileError, ProfileNotFoundError
 
 Quantization = Literal["none", "fp8", "int8_sq", "int4_awq", "w4a8_awq", "int8_wo", "int4_wo"]
@@ -167,17 +168,75 @@ class ParityRule(_Frozen):
     min_identical_fraction: float = Field(0.0, ge=0, le=1, description="Share of prompts whose sequences must be fully identical.")
 
 
-class SpeedGate(_Frozen):
-    """Speed workload and gate, candidate versus reference on the same host."""
+class LevelThresholds(_Frozen):
+    """Thresholds for one concurrency level; a field left out takes the gate's default."""
 
-    min_throughput_ratio: float = Field(1.0, gt=0, description="Candidate/reference output tok/s must be at least this.")
-    max_p99_ttft_ratio: float = Field(1.5, gt=0, description="Candidate/reference p99 TTFT must be at most this.")
+    min_throughput_ratio: float | None = Field(None, gt=0, description="Lowest allowed candidate/reference output tok/s at this level.")
+    max_p99_ttft_ratio: float | None = Field(None, gt=0, description="Highest allowed candidate/reference p99 TTFT at this level.")
+    max_p50_ttft_ratio: float | None = Field(None, gt=0, description="Highest allowed candidate/reference p50 TTFT at this level.")
+    max_tpot_ratio: float | None = Field(None, gt=0, description="Highest allowed candidate/reference median TPOT at this level.")
+
+
+# Ratio metrics of the speed gate: (metric, threshold field, bound). Each repetition yields one
+# candidate/reference ratio per metric; a metric is gated where its threshold is set.
+GATED_METRICS: tuple[tuple[str, str, Literal["min", "max"]], ...] = (
+    ("throughput", "min_throughput_ratio", "min"),
+    ("ttft_p50", "max_p50_ttft_ratio", "max"),
+    ("ttft_p99", "max_p99_ttft_ratio", "max"),
+    ("tpot_p50", "max_tpot_ratio", "max"),
+)
+# p99 of fewer values is the maximum of a handful: one scheduling hiccup.
+MIN_REQUESTS_FOR_P99 = 100
+
+
+class SpeedGate(_Frozen):
+    """Speed workload and gate: paired candidate/reference repetitions, a confidence interval per
+    ratio, and a pass/fail/inconclusive verdict per level."""
+
+    min_throughput_ratio: float = Field(1.0, gt=0, description="Candidate/reference output tok/s must be at least this (whole interval).")
+    max_p99_ttft_ratio: float | None = Field(1.5, gt=0, description="Candidate/reference p99 TTFT must be at most this (whole interval); null: not gated.")
+    max_p50_ttft_ratio: float | None = Field(None, gt=0, description="Candidate/reference p50 TTFT must be at most this; null: reported, not gated.")
+    max_tpot_ratio: float | None = Field(None, gt=0, description="Candidate/reference median TPOT must be at most this; null: reported, not gated.")
+    levels: dict[int, LevelThresholds] = Field(default_factory=dict, description="Per-concurrency overrides of the thresholds above.")
     concurrency: tuple[int, ...] = Field((1, 4), min_length=1, description="Concurrency levels to measure.")
     input_len: int = Field(128, ge=1, description="Prompt length in tokens for the speed workload.")
     output_len: int = Field(64, ge=2, description="Output length in tokens for the speed workload.")
-    num_prompts: int = Field(16, ge=1, description="Requests per concurrency level and repetition.")
-    repetitions: int = Field(3, ge=1, description="Interleaved A/B repetitions per level.")
+    num_prompts: int = Field(128, ge=1, description="Requests per concurrency level and repetition (>= 100 when p99 is gated).")
+    repetitions: int = Field(6, ge=1, description="Paired repetitions per level before the first verdict.")
+    max_repetitions: int = Field(20, ge=1, description="Most paired repetitions per level while a verdict is inconclusive.")
+    max_seconds: float = Field(600.0, gt=0, description="Wall-clock budget for adding repetitions, over all levels.")
+    confidence: float = Field(0.95, gt=0.5, lt=1.0, description="Confidence level of each ratio's interval.")
     warmup: int = Field(1, ge=0, description="Warm-up requests per side before measuring.")
+    cpu_threads: int | None = Field(None, ge=1, description="Intra-op CPU threads for both sides while validating on a CPU host; null: the libraries' default.")
+
+    @model_validator(mode="after")
+    def _statistics(self) -> "SpeedGate":
+        need = min_samples(self.confidence)
+        if self.repetitions < need:
+            raise rule_error("repetitions", "repetitions-for-confidence",
+                             "repetitions ({a}) is too few for a {c} order-statistic interval: need >= {b}",
+                             a=self.repetitions, b=need, c=f"{self.confidence:.0%}")
+        if self.max_repetitions < self.repetitions:
+            raise rule_error("max_repetitions", "max_repetitions>=repetitions",
+                             "max_repetitions ({a}) must be >= repetitions ({b})", a=self.max_repetitions, b=self.repetitions)
+        unknown = sorted(set(self.levels) - set(self.concurrency))
+        if unknown:
+            raise rule_error("levels", "levels-are-measured", "thresholds for concurrency {a} which is not measured ({b})",
+                             a=unknown, b=list(self.concurrency))
+        if self.num_prompts < MIN_REQUESTS_FOR_P99 and any(t["max_p99_ttft_ratio"] is not None
+                                                          for t in map(self.thresholds_at, self.concurrency)):
+            raise rule_error("num_prompts", "p99-needs-100-requests",
+                             "p99 TTFT is gated but num_prompts is {a}: p99 of fewer than {b} requests is one sample; "
+                             "raise num_prompts or gate on max_p50_ttft_ratio", a=self.num_prompts, b=MIN_REQUESTS_FOR_P99)
+        return self
+
+    def thresholds_at(self, concurrency: int) -> dict[str, float | None]:
+        """The thresholds that apply at one level: the gate's, overridden by ``levels``."""
+        base = {f: getattr(self, f) for _, f, _ in GATED_METRICS}
+        over = self.levels.get(concurrency)
+        if over is not None:
+            base.update({k: v for k, v in over.model_dump().items() if v is not None})
+        return base
 
 
 class ValidationSpec(_Frozen):

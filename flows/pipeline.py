@@ -32,7 +32,7 @@ from buildctl.store.attestations import Attestation
 from buildctl.flows.events import emit_artifact_corrupted
 from buildctl.store.verify import get_manifest
 from buildctl.validate_process import ValidationOutcome, validate_in_subprocess
-from buildctl.validators.errors import ValidationFailedError
+from buildctl.validators.errors import ValidationFailedError, ValidationInconclusiveError
 from buildctl.validators.render import headline, metric_rows
 
 BVP_DEPLOYMENT = "build-validate-publish/build-validate-publish"
@@ -74,14 +74,32 @@ def publish_task(settings: Settings, built: pipeline.BuiltEngine) -> str:
     return res.build_key_owner or res.artifact_id
 
 
+# An inconclusive speed verdict (the machine was too noisy to decide within the budget) is
+# retried once with this multiple of the budget before the run fails.
+INCONCLUSIVE_RETRY_BUDGET = 2.0
+
+
 @task(cache_policy=NONE)
-def validate_task(settings: Settings, artifact_id: str, compat_key: str, revalidate: bool) -> ValidationOutcome:
+def validate_task(settings: Settings, artifact_id: str, compat_key: str, revalidate: bool,
+                  speed_budget: float = 1.0) -> ValidationOutcome:
     previous = None if revalidate else pipeline.reusable_attestation(settings, pipeline.store_of(settings), artifact_id,
                                                                       compat_key)
     if previous is not None:
         get_run_logger().info(f"already validated on {compat_key} ({previous.attestation.created_at}): not re-running")
         return ValidationOutcome(previous.attestation_id, previous.attestation)
-    return validate_in_subprocess(settings, artifact_id)
+    return validate_in_subprocess(settings, artifact_id, speed_budget=speed_budget)
+
+
+def validate_with_retry(settings: Settings, artifact_id: str, compat_key: str, revalidate: bool) -> ValidationOutcome:
+    """Validate; an inconclusive verdict is retried once with :data:`INCONCLUSIVE_RETRY_BUDGET`
+    times the speed budget (both attestations stay on record)."""
+    outcome = validate_task(settings, artifact_id, compat_key, revalidate)
+    if outcome.attestation.verdict == "inconclusive":
+        get_run_logger().warning(f"validation of {artifact_id} inconclusive ({'; '.join(outcome.attestation.reasons)}); "
+                                 f"retrying once with {INCONCLUSIVE_RETRY_BUDGET:g}x the speed budget")
+        outcome = validate_task.with_options(task_run_name="validate-task-retry")(
+            settings, artifact_id, compat_key, True, INCONCLUSIVE_RETRY_BUDGET)
+    return outcome
 
 
 @task(retries=3, retry_delay_seconds=[2, 5, 10], cache_policy=NONE)
@@ -136,14 +154,15 @@ def build_validate_publish(profile: str, model: str | None = None, target_compat
             artifact_id = publish_task(settings, built)
         finally:
             shutil.rmtree(built.run_dir, ignore_errors=True)
-    outcome = validate_task(settings, artifact_id, plan.compat_key, revalidate)
+    outcome = validate_with_retry(settings, artifact_id, plan.compat_key, revalidate)
     attestation = outcome.attestation
     promoted = None
     if promote_to and outcome.passed:
         promoted = promote_task(settings, artifact_id, promote_to)
     _publish_prefect_artifacts(profile, plan, artifact_id, cache_hit, attestation, promoted)
     if not outcome.passed:
-        raise ValidationFailedError(artifact_id, outcome.attestation_id, attestation)
+        error = ValidationInconclusiveError if attestation.verdict == "inconclusive" else ValidationFailedError
+        raise error(artifact_id, outcome.attestation_id, attestation)
     return {"artifact_id": artifact_id, "cache_hit": cache_hit, "build_key": plan.build_key,
             "compat_key": plan.compat_key, "verdict": attestation.verdict, "promoted": promoted, "build_s": build_s,
             "attestation_id": outcome.attestation_id, "attestation": attestation.model_dump(mode="json"),

@@ -56,14 +56,23 @@ f = json.load(open(os.path.join(d, "flow.json")))
 p = json.load(open(os.path.join(d, "pull.json")))
 att = f["attestation"]
 levels = att["speed"]["levels"]
+def ratio(level, metric):
+    """The median paired ratio with its interval and gate, e.g. 0.95 [0.92, 0.97] pass."""
+    r = next((x for x in level.get("ratios") or [] if x["metric"] == metric), None)
+    if r is None:
+        return f"{level['throughput_ratio' if metric == 'throughput' else 'p99_ttft_ratio']:.2f}"
+    iv = f" [{r['low']:.2f}, {r['high']:.2f}]" if r["low"] is not None else ""
+    return f"{r['median']:.2f}{iv} {r['verdict']}"
+
+
 print()
 print("== summary")
 rows = [
     ("artifact", f["artifact_id"]),
     ("build", "cache hit (no builder ran)" if f["cache_hit"] else f"built in {f['build_s']:.1f}s"),
     ("parity", f"{att['parity']['identical']}/{att['parity']['prompts']} identical, max |dlogprob| {att['parity']['max_abs_logprob_diff']:.1e}"),
-    ("throughput ratio", ", ".join(f"c={l['concurrency']}: {l['throughput_ratio']:.2f}" for l in levels)),
-    ("p99 TTFT ratio", ", ".join(f"c={l['concurrency']}: {l['p99_ttft_ratio']:.2f}" for l in levels)),
+    ("throughput ratio", ", ".join(f"c={l['concurrency']}: {ratio(l, 'throughput')}" for l in levels)),
+    ("p99 TTFT ratio", ", ".join(f"c={l['concurrency']}: {ratio(l, 'ttft_p99')}" for l in levels)),
     ("verdict", att["verdict"] + f" (attested {att['created_at']}, attestation {f['attestation_id']})"),
     ("channel", f"staging #{f['promoted']['seq']}" if f.get("promoted") else "-"),
     ("installed at", p["current"] + (" (new)" if p["installed"] else " (already current)")),

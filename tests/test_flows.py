@@ -156,3 +156,31 @@ def test_scrub_store_flow_quarantines_and_emits_an_event_per_corrupt_artifact(pr
     assert result["corrupt"] == [ids[1]] and len(result["events"]) == 1 and result["events"][0]
     assert active_quarantine(store, ids[1]) is not None and active_quarantine(store, ids[0]) is None
     assert {r["status"] for r in result["rows"]} == {"ok", "corrupt"}
+
+
+@pytest.mark.parametrize("second", ["pass", "inconclusive"])
+def test_an_inconclusive_validation_is_retried_once_with_double_the_budget(prefect_api, in_repo, tiny_build,
+                                                                          monkeypatch, second):
+    """The flow's retry rule, with the validation child replaced by recorded verdicts (the real
+    child's inconclusive path is tested in test_validate)."""
+    import buildctl.flows.pipeline as fp
+    from buildctl.validate_process import ValidationOutcome
+    from buildctl.validators.errors import ValidationInconclusiveError
+
+    from .conftest import attestation
+
+    calls = []
+
+    def fake_child(settings, artifact_id, *, speed_budget=1.0, **_):
+        calls.append(speed_budget)
+        verdict = "inconclusive" if len(calls) == 1 else second
+        return ValidationOutcome(f"att-{len(calls)}", attestation(artifact_id, "ck", verdict))
+
+    monkeypatch.setattr(fp, "validate_in_subprocess", fake_child)
+    if second == "pass":
+        out = fp.build_validate_publish(profile="tiny-llama-cpu", store=tiny_build["uri"], revalidate=True)
+        assert out["verdict"] == "pass" and out["attestation_id"] == "att-2"
+    else:
+        with pytest.raises(ValidationInconclusiveError):
+            fp.build_validate_publish(profile="tiny-llama-cpu", store=tiny_build["uri"], revalidate=True)
+    assert calls == [1.0, 2.0]  # once, then once more with twice the budget; never a third time

@@ -93,6 +93,40 @@ def test_exactly_one_model_source():
     assert problems(data) == [("model.path", "model-source")]
 
 
+def test_speed_gate_statistics_rules():
+    # too few pairs for the interval's level (6 for 95%, 8 for 99%)
+    assert problems(set_path(base(), "validation.speed.repetitions", 5)) == [
+        ("validation.speed.repetitions", "repetitions-for-confidence")]
+    data = set_path(base(), "validation.speed.confidence", 0.99)
+    assert problems(data) == [("validation.speed.repetitions", "repetitions-for-confidence")]
+    assert parse_profile(set_path(data, "validation.speed.repetitions", 8)).validation.speed.repetitions == 8
+    assert problems(set_path(base(), "validation.speed.max_repetitions", 4)) == [
+        ("validation.speed.max_repetitions", "max_repetitions>=repetitions")]
+    # p99 of fewer than 100 requests is one sample
+    assert problems(set_path(base(), "validation.speed.num_prompts", 99)) == [
+        ("validation.speed.num_prompts", "p99-needs-100-requests")]
+    data = set_path(base(), "validation.speed.num_prompts", 20)
+    data = set_path(data, "validation.speed.max_p99_ttft_ratio", None)
+    data["validation"]["speed"]["levels"] = {1: {"min_throughput_ratio": 0.5}, 4: {"max_p50_ttft_ratio": 2.0}}
+    assert parse_profile(data).validation.speed.num_prompts == 20  # p99 not gated anywhere: fewer requests are fine
+    data["validation"]["speed"]["levels"][8] = {"min_throughput_ratio": 0.5}
+    assert problems(data) == [("validation.speed.levels", "levels-are-measured")]
+
+
+def test_speed_thresholds_per_level_override_the_defaults():
+    gate = parse_profile(base()).validation.speed
+    assert gate.thresholds_at(1)["min_throughput_ratio"] == 0.75 and gate.thresholds_at(4)["min_throughput_ratio"] == 0.25
+    assert gate.thresholds_at(4)["max_p99_ttft_ratio"] == 1.5 and gate.thresholds_at(4)["max_tpot_ratio"] is None
+
+
+def test_production_speed_gates_keep_the_seeds_scale():
+    for name in ("llama-3-8b-instruct-fp8-tp1", "llama-3-70b-instruct-fp8-tp8"):
+        gate = load_profile(PROFILES / f"{name}.yaml").validation.speed
+        assert gate.concurrency == (1, 16, 64, 256)
+        assert all(gate.thresholds_at(c)["min_throughput_ratio"] == 1.0 and gate.thresholds_at(c)["max_p99_ttft_ratio"] == 1.0
+                   for c in gate.concurrency)
+
+
 def test_bad_name():
     assert problems(set_path(base(), "name", "Tiny_Llama")) == [("name", "string_pattern_mismatch")]
 

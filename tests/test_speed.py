@@ -1,13 +1,19 @@
-"""Speed metrics from streamed events, and the gate, on synthetic and scripted runners."""
+"""The speed gate: metrics from streamed events, the interval statistics, the three-way verdict and
+the adaptive repetitions, on synthetic and scripted runners."""
 
 from __future__ import annotations
 
+import itertools
+import math
+import random
 import time
 
 import pytest
 
 from buildctl.engines.backend import TokenEvent
 from buildctl.engines.profile import SpeedGate
+from buildctl.stats import Interval, combine, gate_verdict, median_interval, min_samples, order_statistic_rank
+from buildctl.store.attestations import SpeedSummary
 from buildctl.validators.speed import measure, metrics_from_events, percentile
 
 
@@ -27,6 +33,164 @@ def test_metrics_follow_vllm_bench_definitions():
     assert m.tpot_s == pytest.approx([(0.5 - 0.1) / 2, (0.4 - 0.3) / 1])
     assert sorted(m.itl_s) == pytest.approx(sorted([0.1, 0.3, 0.1]))
     assert m.output_tokens == 5 and m.output_tok_s == pytest.approx(10.0) and m.request_s == pytest.approx(4.0)
+
+
+# --- statistics ------------------------------------------------------------------------------
+
+
+def test_order_statistic_ranks_match_the_binomial_tables():
+    # coverage of [x(k), x(n-k+1)] is 1 - 2 P(Bin(n, 1/2) <= k-1)
+    assert order_statistic_rank(5, 0.95) is None  # [min, max] of 5 covers 93.75% only
+    assert order_statistic_rank(6, 0.95) == 1  # 96.9%
+    assert order_statistic_rank(9, 0.95) == 2  # 1 - 2*10/512 = 96.1%
+    assert order_statistic_rank(16, 0.95) == 4  # 1 - 2*697/65536 = 97.9%; k=5 gives 92.3%
+    assert order_statistic_rank(20, 0.95) == 6
+    assert min_samples(0.95) == 6 and min_samples(0.99) == 8 and min_samples(0.9) == 5
+
+
+def test_synthetic_paired_sample_gives_the_expected_interval():
+    samples = [0.7, 0.3, 1.0, 0.1, 0.5, 0.9, 0.2, 0.6, 0.4, 0.8]  # 0.1..1.0, shuffled
+    iv = median_interval(samples, 0.95)
+    assert iv == Interval(median=0.55, low=0.2, high=0.9, confidence=0.95, n=10)  # k=2 at n=10
+    few = median_interval([1.0, 2.0, 3.0], 0.95)
+    assert not few.bounded and few.median == 2.0 and gate_verdict(few, 0.1, "min") == "inconclusive"
+    assert not median_interval([], 0.95).bounded
+
+
+def test_interval_covers_the_true_median_at_its_level():
+    # Lognormal ratios with a known median of 1.0; n=10 gives the exact coverage 1 - 2*11/1024 = 97.85%.
+    rng = random.Random(7)
+    trials, covered = 4000, 0
+    for _ in range(trials):
+        iv = median_interval([math.exp(rng.gauss(0, 0.3)) for _ in range(10)], 0.95)
+        covered += iv.low <= 1.0 <= iv.high
+    assert 0.97 <= covered / trials <= 0.987
+
+
+@pytest.mark.parametrize("low,high,threshold,bound,expected", [
+    (1.0, 1.2, 1.0, "min", "pass"),           # low exactly at the minimum: the whole interval is >= it
+    (0.99, 1.2, 1.0, "min", "inconclusive"),  # straddles
+    (0.8, 1.0, 1.0, "min", "inconclusive"),   # high exactly at the minimum: not wholly below it
+    (0.8, 0.99, 1.0, "min", "fail"),
+    (0.8, 1.0, 1.0, "max", "pass"),           # high exactly at the maximum
+    (0.8, 1.01, 1.0, "max", "inconclusive"),
+    (1.0, 1.2, 1.0, "max", "inconclusive"),   # low exactly at the maximum: not wholly above it
+    (1.01, 1.2, 1.0, "max", "fail"),
+])
+def test_verdicts_at_the_boundaries(low, high, threshold, bound, expected):
+    assert gate_verdict(Interval((low + high) / 2, low, high, 0.95, 6), threshold, bound) == expected
+
+
+def test_verdicts_combine_fail_over_inconclusive_over_pass():
+    assert combine(["pass", "inconclusive", "fail"]) == "fail"
+    assert combine(["pass", "inconclusive"]) == "inconclusive"
+    assert combine(["pass", "pass"]) == "pass"
+    assert gate_verdict(Interval(math.nan, math.nan, math.nan, 0.95, 6), 1.0, "min") == "inconclusive"
+
+
+# --- the gate on synthetic runners ----------------------------------------------------------
+
+
+class Synthetic:
+    """A runner whose TTFT on each call is the next value of ``ttfts_s`` (fabricated timestamps,
+    no sleeping): the p50 TTFT ratio of every repetition is chosen by the test."""
+
+    name = "synthetic"
+
+    def __init__(self, ttfts_s) -> None:
+        self.ttfts = itertools.cycle(ttfts_s) if isinstance(ttfts_s, list) else ttfts_s
+        self.calls = 0
+
+    def stream(self, prompts, max_tokens, concurrency):
+        self.calls += 1
+        ttft = next(self.ttfts)
+        for i in range(len(prompts)):
+            yield TokenEvent(i, None, 100.0)
+            for t in range(max_tokens):
+                yield TokenEvent(i, 1, 100.0 + ttft + 0.001 * t)
+
+
+def ttft_gate(**kw) -> SpeedGate:
+    """A gate on p50 TTFT only (throughput and p99 not gated), so synthetic timestamps decide it."""
+    return SpeedGate(**{"min_throughput_ratio": 1e-9, "max_p99_ttft_ratio": None, "max_p50_ttft_ratio": 1.0,
+                        "concurrency": (1,), "input_len": 4, "output_len": 2, "num_prompts": 3, "repetitions": 6,
+                        "max_repetitions": 10, "max_seconds": 1e6, "warmup": 0, **kw})
+
+
+def cand_ref(cand_ttfts, ref_ttft=0.010):
+    return Synthetic([x * ref_ttft for x in cand_ttfts]), Synthetic([ref_ttft])
+
+
+def test_clear_ratios_decide_after_the_initial_repetitions():
+    c, r = cand_ref([0.5])
+    rep = measure(c, r, ttft_gate(), [[1]] * 3)
+    lv = rep.levels[0]
+    assert rep.verdict == "pass" and lv.repetitions == 6 and c.calls == r.calls == 6
+    assert lv.ratio("ttft_p50").interval.median == pytest.approx(0.5)
+    assert lv.ratio("ttft_p99").verdict == "not gated"
+    c, r = cand_ref([2.0])
+    rep = measure(c, r, ttft_gate(), [[1]] * 3)
+    assert rep.verdict == "fail" and rep.levels[0].repetitions == 6
+    assert "p50 TTFT ratio 2.000 [2.000, 2.000] (95%, n=6) fails the gate <= 1.0" in rep.reasons()[0]
+
+
+def test_an_outlier_is_outvoted_by_added_repetitions():
+    # one 1.3 among 0.9s: [min, max] of 6 and 8 straddle 1.0; at 10 pairs the interval drops it
+    c, r = cand_ref(iter([1.3] + [0.9] * 40))
+    progress = []
+    rep = measure(c, r, ttft_gate(), [[1]] * 3, on_progress=progress.append)
+    lv = rep.levels[0]
+    assert rep.verdict == "pass" and lv.repetitions == 10
+    assert lv.ratio("ttft_p50").interval.high == pytest.approx(0.9)
+    assert sum("inconclusive after" in m for m in progress) == 2  # after 6 and after 8
+    assert not rep.budget["exhausted"]
+
+
+def test_adaptive_repetitions_stop_when_the_repetition_budget_runs_out():
+    c, r = cand_ref([0.8, 1.2])  # ratios alternate around the threshold forever
+    rep = measure(c, r, ttft_gate(), [[1]] * 3)
+    assert rep.verdict == "inconclusive" and rep.levels[0].repetitions == 10
+    assert rep.budget["exhausted"] and rep.budget["max_repetitions"] == 10
+    assert "straddles the gate <= 1.0: inconclusive" in rep.reasons()[0]
+    c, r = cand_ref([0.8, 1.2])
+    doubled = measure(c, r, ttft_gate(), [[1]] * 3, budget_scale=2.0)
+    assert doubled.levels[0].repetitions == 20 and doubled.budget["scale"] == 2.0
+
+
+def test_adaptive_repetitions_stop_when_the_time_budget_runs_out():
+    ticks = itertools.count(0, 30.0)  # every clock reading is 30 s later
+    c, r = cand_ref([0.8, 1.2])
+    rep = measure(c, r, ttft_gate(max_seconds=100, max_repetitions=40, concurrency=(1, 2)), [[1]] * 3,
+                  clock=lambda: next(ticks))
+    # the first level reads the clock at 30 s (< 100: add 2), then 60, 90, 120: stop; the second
+    # level finds the budget spent and stops after its initial repetitions
+    assert [lv.repetitions for lv in rep.levels] == [12, 6]
+    assert rep.verdict == "inconclusive" and rep.budget["exhausted"]
+
+
+def test_a_failed_level_stops_the_others_from_adding_repetitions():
+    c = Synthetic([2.0 * 0.01] * 6 + [0.8 * 0.01, 1.2 * 0.01] * 20)  # level 1 fails, level 2 straddles
+    r = Synthetic([0.01])
+    rep = measure(c, r, ttft_gate(concurrency=(1, 2)), [[1]] * 3)
+    assert [lv.verdict for lv in rep.levels] == ["fail", "inconclusive"]
+    assert [lv.repetitions for lv in rep.levels] == [6, 6] and rep.verdict == "fail"
+
+
+def test_the_report_is_a_typed_attestation_section_with_intervals_and_noise():
+    c, r = cand_ref([0.5])
+    rep = measure(c, r, ttft_gate(levels={1: {"max_p50_ttft_ratio": 0.6}}), [[1]] * 3)
+    s = SpeedSummary.model_validate(rep.to_dict())
+    lv = s.levels[0]
+    assert s.verdict == "pass" and lv.verdict == "pass"
+    p50 = next(x for x in lv.ratios if x.metric == "ttft_p50")
+    assert p50.threshold == 0.6 and p50.low == pytest.approx(0.5) and len(p50.samples) == 6
+    assert s.gate.levels == {1: {"min_throughput_ratio": None, "max_p99_ttft_ratio": None,
+                                 "max_p50_ttft_ratio": 0.6, "max_tpot_ratio": None}}
+    n = s.noise
+    assert n is not None and n.cpu_count >= 1 and n.calibration_before_ms > 0 and n.calibration_after_ms > 0
+
+
+# --- the gate on scripted runners that take real time ---------------------------------------
 
 
 class Scripted:
@@ -54,32 +218,33 @@ class Scripted:
 
 
 def gate(**kw) -> SpeedGate:
-    return SpeedGate(**{"min_throughput_ratio": 0.8, "max_p99_ttft_ratio": 2.0, "concurrency": (1, 2),
-                        "input_len": 4, "output_len": 4, "num_prompts": 4, "repetitions": 2, "warmup": 1, **kw})
+    return SpeedGate(**{"min_throughput_ratio": 0.5, "max_p99_ttft_ratio": None, "max_p50_ttft_ratio": 2.0,
+                        "concurrency": (1, 2), "input_len": 4, "output_len": 4, "num_prompts": 4, "repetitions": 6,
+                        "max_repetitions": 6, "warmup": 1, **kw})
 
 
-def test_equal_runners_pass_and_the_sides_interleave():
+@pytest.mark.speedgate
+def test_the_sides_interleave_a_b_then_b_a():
     a, b = Scripted(0.002), Scripted(0.002)
     order = []
-    rep = measure(a, b, gate(), [[1]] * 4, on_progress=order.append)
-    assert rep.passed
-    assert all(0.5 < lv.throughput_ratio < 2.0 for lv in rep.levels)
-    sides = [m.split(", ")[2].split(":")[0] for m in order]
-    assert sides[:4] == ["candidate", "reference", "reference", "candidate"]
-    assert a.calls == b.calls == 2 * (1 + 2)  # warm-up + repetitions, per level
+    measure(a, b, gate(min_throughput_ratio=1e-3, max_p50_ttft_ratio=None), [[1]] * 4, on_progress=order.append)
+    assert [m.split("(")[1].split(")")[0] for m in order if "repetition" in m][:4] == ["C/R", "R/C", "C/R", "R/C"]
+    assert a.calls == b.calls == 2 * (1 + 6)  # warm-up + repetitions, per level
 
 
+@pytest.mark.speedgate
 def test_slow_candidate_fails_throughput_gate():
-    rep = measure(Scripted(0.008), Scripted(0.001), gate(), [[1]] * 4)
-    assert not rep.passed
+    rep = measure(Scripted(0.008), Scripted(0.001), gate(max_p50_ttft_ratio=None), [[1]] * 4)
+    assert rep.verdict == "fail"
     assert any("throughput ratio" in r for r in rep.reasons())
-    assert all(lv.throughput_ratio < 0.5 for lv in rep.levels)
+    assert all(lv.ratio("throughput").interval.high < 0.5 for lv in rep.levels)
 
 
+@pytest.mark.speedgate
 def test_slow_first_token_fails_ttft_gate():
-    rep = measure(Scripted(0.001, first_s=0.03), Scripted(0.001), gate(min_throughput_ratio=0.01), [[1]] * 4)
-    assert not rep.passed and all("p99 TTFT ratio" in r for r in rep.reasons())
+    rep = measure(Scripted(0.001, first_s=0.03), Scripted(0.001), gate(min_throughput_ratio=1e-3), [[1]] * 4)
+    assert rep.verdict == "fail" and all("p50 TTFT ratio" in r for r in rep.reasons())
     d = rep.to_dict()
-    assert d["levels"][0]["candidate"]["ttft_p99_ms"] > d["levels"][0]["reference"]["ttft_p99_ms"]
+    assert d["levels"][0]["candidate"]["ttft_p50_ms"] > d["levels"][0]["reference"]["ttft_p50_ms"]
     assert {"output_tok_s_min", "output_tok_s_max", "output_tok_s_cv", "tpot_p50_ms", "itl_p99_ms",
             "request_throughput", "output_tok_s_per_gpu"} <= set(d["levels"][0]["candidate"])

@@ -16,7 +16,7 @@ from buildctl.store.backend import open_store
 from buildctl import pipeline
 from buildctl.engines.aoti import AotiBackend
 from buildctl.engines.fingerprint import detect
-from buildctl.validators.errors import ModelMismatchError, ValidationFailedError
+from buildctl.validators.errors import ModelMismatchError, ValidationFailedError, ValidationInconclusiveError
 
 from .conftest import PROFILES, settings
 
@@ -33,17 +33,23 @@ def fresh_store(tiny_build, tmp_path, engine_dir: Path | None = None, model_dige
     return store, res.artifact_id
 
 
+@pytest.mark.speedgate
 def test_aoti_engine_passes_against_vllm_and_can_be_promoted(tiny_build, vllm_reference, tmp_path, cli):
     store, aid = fresh_store(tiny_build, tmp_path)
     res = pipeline.validate_artifact(settings(), store, aid, profile_path=TINY, reference=vllm_reference)
     att = res.attestation
-    assert res.passed and att.verdict == "pass" and att.reasons == ()
+    assert res.passed and att.verdict == "pass" and att.reasons == () and att.schema_version == 2
     assert att.parity.failed == 0 and att.parity.identical == att.parity.prompts >= 16
     assert att.parity.max_abs_logprob_diff < 1e-3
     assert att.prompt_set.skipped == () and att.prompt_set.sets == ("mixed", "short")
     assert att.versions["vllm"].startswith("vllm") and att.model_digest_verified
     assert [lv.concurrency for lv in att.speed.levels] == [1, 4]
-    assert att.compat_key == detect().compat_key("aoti") and att.thresholds.min_throughput_ratio == 0.2
+    assert att.compat_key == detect().compat_key("aoti") and att.thresholds.levels[4]["min_throughput_ratio"] == 0.25
+    for lv in att.speed.levels:  # every gated ratio's whole interval is on the good side
+        gated = [r for r in lv.ratios if r.verdict != "not gated"]
+        assert {r.metric for r in gated} == {"throughput", "ttft_p99"} and all(r.verdict == "pass" for r in gated)
+        assert all(r.low <= r.median <= r.high for r in lv.ratios) and lv.candidate.repetitions >= 6
+    assert att.speed.noise is not None and att.speed.budget is not None and att.thresholds.cpu_threads == 1
     assert ops.list_attestations(store, aid)[-1].attestation.created_at == att.created_at
     code, out, err = cli("--store", store.uri, "--json", "promote", aid, "--channel", "staging")
     assert code == 0 and not json.loads(out)["forced"], err
@@ -51,35 +57,63 @@ def test_aoti_engine_passes_against_vllm_and_can_be_promoted(tiny_build, vllm_re
     assert json.loads(out)["attestations"][0]["verdict"] == "pass"
 
 
-class SlowRunner:
-    """The real candidate, made slower on purpose: every streamed token waits a little."""
+@pytest.mark.speedgate
+def test_slow_candidate_fails_the_speed_gate_and_blocks_promotion(tiny_build, vllm_reference, tmp_path, cli):
+    from benchmarks.load import SlowedRunner
 
-    def __init__(self, inner, delay_s: float) -> None:
-        self.inner, self.delay_s, self.name = inner, delay_s, "slow-" + inner.name
+    store, aid = fresh_store(tiny_build, tmp_path)
+    with pytest.raises(ValidationFailedError) as exc:
+        pipeline.validate_artifact(settings(), store, aid, profile_path=TINY, reference=vllm_reference,
+                                   wrap_candidate=lambda r: SlowedRunner(r, 1.5))
+    assert not isinstance(exc.value, ValidationInconclusiveError)
+    assert any("throughput ratio" in r and "fails the gate" in r for r in exc.value.reasons)
+    att = ops.list_attestations(store, aid)[-1].attestation
+    assert att.verdict == "fail" and att.parity.passed and att.speed.verdict == "fail"
+    code, _, err = cli("--store", store.uri, "promote", aid, "--channel", "staging")
+    assert code == 5 and "did not pass" in err
+
+
+class Alternating:
+    """The real candidate, slowed 3x on every other stream call: its paired throughput ratios
+    alternate between about r and r/3, so no interval can settle on either side of a threshold
+    between them."""
+
+    def __init__(self, inner) -> None:
+        from benchmarks.load import SlowedRunner
+
+        self.inner, self.slow, self.name, self.calls = inner, SlowedRunner(inner, 3.0), "alternating", 0
 
     def generate(self, *a, **k):
         return self.inner.generate(*a, **k)
 
     def stream(self, prompts, max_tokens, concurrency):
-        for ev in self.inner.stream(prompts, max_tokens, concurrency):
-            if ev.token_id is not None:
-                time.sleep(self.delay_s)
-            yield ev
+        self.calls += 1
+        return (self.slow if self.calls % 2 else self.inner).stream(prompts, max_tokens, concurrency)
 
     def close(self):
         self.inner.close()
 
 
-def test_slow_candidate_fails_the_speed_gate_and_blocks_promotion(tiny_build, vllm_reference, tmp_path, cli):
+def test_an_undecidable_speed_gate_records_inconclusive_and_promote_refuses_it(tiny_build, vllm_reference, tmp_path, cli):
+    import yaml
+
+    doc = yaml.safe_load(Path(TINY).read_text())
+    doc["validation"]["speed"].update({"concurrency": [1], "levels": {}, "min_throughput_ratio": 0.55,
+                                       "max_p99_ttft_ratio": None, "num_prompts": 20, "max_repetitions": 8,
+                                       "warmup": 0})
+    profile = tmp_path / "tiny-llama-cpu.yaml"
+    profile.write_text(yaml.safe_dump(doc))
     store, aid = fresh_store(tiny_build, tmp_path)
-    with pytest.raises(ValidationFailedError) as exc:
-        pipeline.validate_artifact(settings(), store, aid, profile_path=TINY, reference=vllm_reference,
-                          wrap_candidate=lambda r: SlowRunner(r, 0.01))
-    assert any("throughput ratio" in r for r in exc.value.reasons)
+    with pytest.raises(ValidationInconclusiveError) as exc:
+        pipeline.validate_artifact(settings(), store, aid, profile_path=profile, reference=vllm_reference,
+                                   wrap_candidate=Alternating)
+    assert "inconclusive" in str(exc.value) and "--speed-budget 2" in str(exc.value)
+    assert "straddles the gate >= 0.55" in str(exc.value)  # the interval is in the message
     att = ops.list_attestations(store, aid)[-1].attestation
-    assert att.verdict == "fail" and att.parity.passed and not att.speed.passed
+    assert att.verdict == "inconclusive" and att.speed.budget.exhausted
+    assert att.speed.levels[0].candidate.repetitions == 8
     code, _, err = cli("--store", store.uri, "promote", aid, "--channel", "staging")
-    assert code == 5 and "did not pass" in err
+    assert code == 5 and "verdict 'inconclusive'" in err
 
 
 def perturbed_engine(tiny_build, tmp_path) -> Path:

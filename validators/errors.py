@@ -22,6 +22,18 @@ class ValidationFailedError(GateRefusedError):
                          + "; ".join(self.reasons))
 
 
+class ValidationInconclusiveError(ValidationFailedError):
+    """The speed gate could not decide within its budget: an interval straddles a threshold. The
+    attestation (verdict ``inconclusive``) was written; promote refuses it like a fail."""
+
+    def __init__(self, artifact_id: str, attestation_id: str, attestation: "Attestation") -> None:
+        super().__init__(artifact_id, attestation_id, attestation)
+        self.message = (f"validation of {artifact_id} was inconclusive (attestation {attestation_id} recorded): "
+                        + "; ".join(self.reasons)
+                        + f". The machine was too noisy to decide within the budget; rerun with a larger one "
+                        f"(buildctl validate {artifact_id} --speed-budget 2) or on a quieter host.")
+
+
 class PromptFileError(BadInputError):
     """A JSONL prompt file that cannot be read."""
 

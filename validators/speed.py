@@ -1,10 +1,21 @@
-"""Speed, side by side: the same workload on candidate and reference, interleaved A B A B.
+"""Speed, side by side: paired repetitions of the same workload on candidate and reference, a
+confidence interval per ratio, and a pass / fail / inconclusive verdict.
 
 Metrics follow ``vllm bench serve``: TTFT; TPOT = (latency - TTFT) / (output_len - 1); ITL =
-all inter-token gaps pooled; output tokens/s (and per GPU); request throughput. Each is taken
-per repetition; the report gives medians, p50/p99 of the pooled per-request values, and the
-dispersion (min-max and coefficient of variation) of throughput across repetitions so that a
-noisy run is visible. Warm-up requests run first on each side and are not measured.
+all inter-token gaps; output tokens/s (and per GPU); request throughput.
+
+The unit of measurement is a *pair*: one repetition runs candidate and reference back to back
+(A B, then B A on the next, so drift in either direction cancels) and yields one ratio per metric
+(throughput, p50 and p99 TTFT, median TPOT). The two halves of a pair share the machine's state,
+so the ratio cancels most of it. The gate analyses the pairs' ratios, never pooled samples: the
+median ratio with a distribution-free confidence interval (:mod:`buildctl.stats`), and a verdict
+that is ``pass`` only when the whole interval is on the good side of the threshold, ``fail`` only
+when it is wholly on the bad side, and ``inconclusive`` otherwise.
+
+While a level is inconclusive (and nothing has failed), repetitions are added two at a time (one
+A B, one B A) up to the profile's ``max_repetitions`` or ``max_seconds``, both scaled by
+``budget_scale`` (the flow's retry doubles them). Warm-up requests run first on each side and are
+not measured.
 """
 
 from __future__ import annotations
@@ -13,10 +24,12 @@ import math
 import statistics
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable, Iterator
 
 from buildctl.engines.backend import Runner, TokenEvent
-from buildctl.engines.profile import SpeedGate
+from buildctl.engines.profile import GATED_METRICS, SpeedGate
+from buildctl.stats import Interval, Verdict, combine, gate_verdict, median_interval
+from buildctl.validators.noise import NoiseProbe
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -48,6 +61,18 @@ class RunMetrics:
     def request_s(self) -> float:
         return self.requests / self.wall_s if self.wall_s > 0 else math.inf
 
+    def value(self, metric: str) -> float:
+        """This repetition's figure for a gated metric."""
+        if metric == "throughput":
+            return self.output_tok_s
+        if metric == "ttft_p50":
+            return percentile(self.ttft_s, 50)
+        if metric == "ttft_p99":
+            return percentile(self.ttft_s, 99)
+        if metric == "tpot_p50":
+            return percentile(self.tpot_s, 50)
+        raise ValueError(f"unknown metric {metric!r}")
+
 
 def metrics_from_events(events: list[TokenEvent], n_requests: int, wall_s: float) -> RunMetrics:
     starts: dict[int, float] = {}
@@ -78,86 +103,206 @@ def run_once(runner: Runner, prompts: list[list[int]], max_tokens: int, concurre
     return metrics_from_events(events, len(prompts), time.perf_counter() - t0)
 
 
-def _summary(runs: list[RunMetrics], gpus: int) -> dict[str, Any]:
+def _side(runs: list[RunMetrics], gpus: int) -> dict[str, Any]:
+    """One side's figures: the median over repetitions of each repetition's value."""
+    def med(f: Callable[[RunMetrics], float]) -> float:
+        return statistics.median(f(r) for r in runs)
+
     tps = [r.output_tok_s for r in runs]
-    ttft = [x for r in runs for x in r.ttft_s]
-    tpot = [x for r in runs for x in r.tpot_s]
-    itl = [x for r in runs for x in r.itl_s]
     mean = statistics.fmean(tps)
     return {
-        "output_tok_s": statistics.median(tps),
-        "output_tok_s_per_gpu": statistics.median(tps) / max(1, gpus),
-        "request_throughput": statistics.median([r.request_s for r in runs]),
-        "ttft_p50_ms": percentile(ttft, 50) * 1e3, "ttft_p99_ms": percentile(ttft, 99) * 1e3,
-        "tpot_p50_ms": percentile(tpot, 50) * 1e3, "tpot_p99_ms": percentile(tpot, 99) * 1e3,
-        "itl_p50_ms": percentile(itl, 50) * 1e3, "itl_p99_ms": percentile(itl, 99) * 1e3,
+        "output_tok_s": med(lambda r: r.output_tok_s),
+        "output_tok_s_per_gpu": med(lambda r: r.output_tok_s) / max(1, gpus),
+        "request_throughput": med(lambda r: r.request_s),
+        "ttft_p50_ms": med(lambda r: percentile(r.ttft_s, 50)) * 1e3,
+        "ttft_p99_ms": med(lambda r: percentile(r.ttft_s, 99)) * 1e3,
+        "tpot_p50_ms": med(lambda r: percentile(r.tpot_s, 50)) * 1e3,
+        "tpot_p99_ms": med(lambda r: percentile(r.tpot_s, 99)) * 1e3,
+        "itl_p50_ms": med(lambda r: percentile(r.itl_s, 50)) * 1e3,
+        "itl_p99_ms": med(lambda r: percentile(r.itl_s, 99)) * 1e3,
         "output_tok_s_min": min(tps), "output_tok_s_max": max(tps),
         "output_tok_s_cv": (statistics.pstdev(tps) / mean) if mean and len(tps) > 1 else 0.0,
         "repetitions": len(runs),
     }
 
 
+LABELS = {"throughput": "throughput ratio", "ttft_p50": "p50 TTFT ratio", "ttft_p99": "p99 TTFT ratio",
+          "tpot_p50": "TPOT ratio"}
+
+
+@dataclass
+class Ratio:
+    """One metric's paired ratios at one level, with interval and verdict."""
+
+    metric: str
+    samples: list[float]
+    interval: Interval
+    threshold: float | None
+    bound: str
+    verdict: str  # pass | fail | inconclusive | not gated
+
+    def reason(self, concurrency: int) -> str | None:
+        if self.verdict in ("pass", "not gated"):
+            return None
+        op = (">=" if self.bound == "min" else "<=")
+        what = "fails" if self.verdict == "fail" else "straddles"
+        return (f"concurrency {concurrency}: {LABELS[self.metric]} {self.interval.describe()} {what} "
+                f"the gate {op} {self.threshold}" + ("" if self.verdict == "fail" else ": inconclusive"))
+
+    def to_dict(self) -> dict[str, Any]:
+        iv = self.interval
+        return {"metric": self.metric, "median": iv.median, "low": iv.low if iv.bounded else None,
+                "high": iv.high if iv.bounded else None, "confidence": iv.confidence,
+                "samples": list(self.samples), "threshold": self.threshold, "bound": self.bound,
+                "verdict": self.verdict}
+
+
+def _safe_ratio(a: float, b: float) -> float:
+    if b == 0 or math.isnan(a) or math.isnan(b):
+        return math.nan if a == 0 or math.isnan(a) or math.isnan(b) else math.inf
+    return a / b
+
+
 @dataclass
 class LevelResult:
     concurrency: int
-    candidate: dict[str, Any]
-    reference: dict[str, Any]
-    throughput_ratio: float
-    p99_ttft_ratio: float
-    passed: bool
-    reasons: list[str] = field(default_factory=list)
+    candidate_runs: list[RunMetrics]
+    reference_runs: list[RunMetrics]
+    ratios: list[Ratio]
+    candidate_gpus: int = 1
+    reference_gpus: int = 1
+
+    @property
+    def verdict(self) -> Verdict:
+        return combine([r.verdict for r in self.ratios if r.verdict != "not gated"])  # type: ignore[misc]
+
+    @property
+    def passed(self) -> bool:
+        return self.verdict == "pass"
+
+    @property
+    def repetitions(self) -> int:
+        return len(self.candidate_runs)
+
+    @property
+    def reasons(self) -> list[str]:
+        return [r for r in (x.reason(self.concurrency) for x in self.ratios) if r]
+
+    def ratio(self, metric: str) -> Ratio:
+        return next(r for r in self.ratios if r.metric == metric)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"concurrency": self.concurrency,
+                "candidate": _side(self.candidate_runs, self.candidate_gpus),
+                "reference": _side(self.reference_runs, self.reference_gpus),
+                "throughput_ratio": self.ratio("throughput").interval.median,
+                "p99_ttft_ratio": self.ratio("ttft_p99").interval.median,
+                "passed": self.passed, "verdict": self.verdict, "reasons": self.reasons,
+                "ratios": [r.to_dict() for r in self.ratios]}
+
+
+def evaluate_level(concurrency: int, candidate_runs: list[RunMetrics], reference_runs: list[RunMetrics],
+                   gate: SpeedGate, *, candidate_gpus: int = 1, reference_gpus: int = 1) -> LevelResult:
+    """The paired ratios of one level, their intervals and verdicts under ``gate``."""
+    thresholds = gate.thresholds_at(concurrency)
+    ratios = []
+    for metric, field_name, bound in GATED_METRICS:
+        samples = [_safe_ratio(c.value(metric), r.value(metric)) for c, r in zip(candidate_runs, reference_runs)]
+        iv = median_interval(samples, gate.confidence)
+        threshold = thresholds[field_name]
+        verdict = "not gated" if threshold is None else gate_verdict(iv, threshold, bound)
+        ratios.append(Ratio(metric, samples, iv, threshold, bound, verdict))
+    return LevelResult(concurrency, candidate_runs, reference_runs, ratios, candidate_gpus, reference_gpus)
 
 
 @dataclass
 class SpeedReport:
     levels: list[LevelResult]
     gate: dict[str, Any]
+    noise: dict[str, Any] = field(default_factory=dict)
+    budget: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def verdict(self) -> Verdict:
+        return combine([lv.verdict for lv in self.levels])
 
     @property
     def passed(self) -> bool:
-        return all(level.passed for level in self.levels)
+        return self.verdict == "pass"
 
     def reasons(self) -> list[str]:
         return [r for level in self.levels for r in level.reasons]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"passed": self.passed, "gate": self.gate,
-                "levels": [{"concurrency": lv.concurrency, "candidate": lv.candidate, "reference": lv.reference,
-                            "throughput_ratio": lv.throughput_ratio, "p99_ttft_ratio": lv.p99_ttft_ratio,
-                            "passed": lv.passed, "reasons": lv.reasons} for lv in self.levels]}
+        return {"passed": self.passed, "verdict": self.verdict, "gate": self.gate,
+                "levels": [lv.to_dict() for lv in self.levels], "noise": self.noise or None,
+                "budget": self.budget or None}
+
+
+def gate_record(gate: SpeedGate) -> dict[str, Any]:
+    """The gate as the attestation records it."""
+    return {"min_throughput_ratio": gate.min_throughput_ratio, "max_p99_ttft_ratio": gate.max_p99_ttft_ratio,
+            "max_p50_ttft_ratio": gate.max_p50_ttft_ratio, "max_tpot_ratio": gate.max_tpot_ratio,
+            "levels": {c: t.model_dump() for c, t in gate.levels.items()},
+            "concurrency": list(gate.concurrency), "input_len": gate.input_len, "output_len": gate.output_len,
+            "num_prompts": gate.num_prompts, "repetitions": gate.repetitions,
+            "max_repetitions": gate.max_repetitions, "max_seconds": gate.max_seconds,
+            "confidence": gate.confidence, "cpu_threads": gate.cpu_threads, "warmup": gate.warmup}
+
+
+def _pairs(candidate: Runner, reference: Runner, prompts: list[list[int]], gate: SpeedGate, concurrency: int,
+           start: int, count: int, on_progress: Callable[[str], None] | None) -> Iterator[tuple[RunMetrics, RunMetrics]]:
+    """``count`` paired repetitions, numbered from ``start``: even ones A B, odd ones B A."""
+    for rep in range(start, start + count):
+        order = [("candidate", candidate), ("reference", reference)]
+        if rep % 2:
+            order.reverse()
+        got: dict[str, RunMetrics] = {}
+        for side, runner in order:
+            got[side] = run_once(runner, prompts, gate.output_len, concurrency)
+        if on_progress:
+            c, r = got["candidate"], got["reference"]
+            on_progress(f"concurrency {concurrency}, repetition {rep + 1} ({'/'.join(s[0].upper() for s, _ in order)}): "
+                        f"candidate {c.output_tok_s:.0f} tok/s, reference {r.output_tok_s:.0f} tok/s, "
+                        f"ratio {_safe_ratio(c.output_tok_s, r.output_tok_s):.3f}")
+        yield got["candidate"], got["reference"]
 
 
 def measure(candidate: Runner, reference: Runner, gate: SpeedGate, prompts: list[list[int]], *,
-            candidate_gpus: int = 1, reference_gpus: int = 1,
-            on_progress: Any = None) -> SpeedReport:
-    """Run the workload at each concurrency level, interleaving the sides, and apply the gate."""
-    levels = []
+            candidate_gpus: int = 1, reference_gpus: int = 1, budget_scale: float = 1.0,
+            on_progress: Callable[[str], None] | None = None,
+            clock: Callable[[], float] = time.monotonic) -> SpeedReport:
+    """Measure every level with paired repetitions, adding repetitions while a level is
+    inconclusive and the budget (``max_repetitions``, ``max_seconds``, times ``budget_scale``) lasts."""
+    max_reps = max(gate.repetitions, math.ceil(gate.max_repetitions * budget_scale))
+    max_seconds = gate.max_seconds * budget_scale
+    probe = NoiseProbe.start()
+    t0 = clock()
+    exhausted = False
+    levels: list[LevelResult] = []
     for c in gate.concurrency:
         if gate.warmup:
             warm = prompts[: max(gate.warmup, 1)]
             run_once(candidate, warm, gate.output_len, c)
             run_once(reference, warm, gate.output_len, c)
-        runs: dict[str, list[RunMetrics]] = {"candidate": [], "reference": []}
-        for rep in range(gate.repetitions):
-            order = [("candidate", candidate), ("reference", reference)]
-            if rep % 2:
-                order.reverse()  # A B, B A: drift in either direction cancels
-            for side, runner in order:
-                runs[side].append(run_once(runner, prompts, gate.output_len, c))
-                if on_progress:
-                    on_progress(f"concurrency {c}, repetition {rep + 1}/{gate.repetitions}, {side}: "
-                                f"{runs[side][-1].output_tok_s:.0f} tok/s")
-        cand, ref = _summary(runs["candidate"], candidate_gpus), _summary(runs["reference"], reference_gpus)
-        tp_ratio = cand["output_tok_s"] / ref["output_tok_s"] if ref["output_tok_s"] else math.inf
-        ttft_ratio = cand["ttft_p99_ms"] / ref["ttft_p99_ms"] if ref["ttft_p99_ms"] else math.inf
-        reasons = []
-        if tp_ratio < gate.min_throughput_ratio:
-            reasons.append(f"concurrency {c}: throughput ratio {tp_ratio:.2f} < {gate.min_throughput_ratio}")
-        if ttft_ratio > gate.max_p99_ttft_ratio:
-            reasons.append(f"concurrency {c}: p99 TTFT ratio {ttft_ratio:.2f} > {gate.max_p99_ttft_ratio}")
-        levels.append(LevelResult(c, cand, ref, tp_ratio, ttft_ratio, not reasons, reasons))
-    return SpeedReport(levels, {"min_throughput_ratio": gate.min_throughput_ratio,
-                                "max_p99_ttft_ratio": gate.max_p99_ttft_ratio, "concurrency": list(gate.concurrency),
-                                "input_len": gate.input_len, "output_len": gate.output_len,
-                                "num_prompts": gate.num_prompts, "repetitions": gate.repetitions,
-                                "warmup": gate.warmup})
+        cand: list[RunMetrics] = []
+        ref: list[RunMetrics] = []
+        want = gate.repetitions
+        while True:
+            for a, b in _pairs(candidate, reference, prompts, gate, c, len(cand), want - len(cand), on_progress):
+                cand.append(a)
+                ref.append(b)
+            level = evaluate_level(c, cand, ref, gate, candidate_gpus=candidate_gpus, reference_gpus=reference_gpus)
+            if level.verdict != "inconclusive" or any(lv.verdict == "fail" for lv in levels):
+                break
+            if len(cand) >= max_reps or clock() - t0 >= max_seconds:
+                exhausted = True
+                break
+            want = min(max_reps, len(cand) + 2)
+            if on_progress:
+                on_progress(f"concurrency {c}: inconclusive after {len(cand)} repetitions "
+                            f"({'; '.join(level.reasons)}); adding repetitions")
+        levels.append(level)
+    return SpeedReport(levels, gate_record(gate), probe.finish(),
+                       {"scale": budget_scale, "max_repetitions": max_reps, "max_seconds": max_seconds,
+                        "seconds": round(clock() - t0, 3), "exhausted": exhausted})

@@ -8,7 +8,8 @@
    thresholds, every metric and the verdict.
 
 A failing verdict raises :class:`ValidationFailedError` (exit 5) *after* the attestation is
-written, so the failure is on record.
+written, so the failure is on record; an inconclusive one (a speed interval straddles its
+threshold when the budget ran out) raises its subclass :class:`ValidationInconclusiveError`.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from buildctl.engines.backend import Runner
 from buildctl.engines.fingerprint import Fingerprint
 from buildctl.engines.profile import BuildProfile
 from buildctl.engines.registry import get_backend
+from buildctl.engines.threads import intra_op_threads
 from buildctl.settings import Settings
 from buildctl.store.attestations import ATTESTATION_SCHEMA, Attestation, write_attestation
 from buildctl.store.backend import Store
@@ -34,7 +36,7 @@ from buildctl.store.pull import install_artifact
 from buildctl.store.integrity import quarantine_on
 from buildctl.store.signing import SigningKey
 from buildctl.store.verify import get_manifest
-from buildctl.validators.errors import ModelMismatchError, ValidationFailedError
+from buildctl.validators.errors import ModelMismatchError, ValidationFailedError, ValidationInconclusiveError
 from buildctl.validators.parity import ParityReport, check_parity
 from buildctl.validators.prompts import PromptSet, build_prompt_sets, load_prompt_file
 from buildctl.validators.speed import SpeedReport, measure
@@ -66,12 +68,13 @@ def validate_artifact(
     wrap_candidate: Callable[[Runner], Runner] | None = None,
     signer: SigningKey | None = None,
     who: str = "unknown",
+    speed_budget: float = 1.0,
     say: Callable[[str], None] = lambda _: None,
 ) -> ValidationResult:
     """Validate one artifact on this host (``fingerprint``) against the vLLM reference on
     ``model_dir`` and store the attestation, signed by ``signer``. ``reference`` lets a caller
     reuse a running vLLM runner (tests, long-lived validators); ``wrap_candidate`` is a hook for
-    fault injection."""
+    fault injection; ``speed_budget`` scales the speed gate's repetition and time budget."""
     t0 = time.monotonic()
     manifest = get_manifest(store, artifact_id)
     fp = fingerprint
@@ -105,17 +108,20 @@ def validate_artifact(
             extra = load_prompt_file(prompts_file or v.prompts_file, model_dir=model_dir,  # type: ignore[arg-type]
                                      limit=profile.engine.max_input_len)
             prompts = PromptSet(prompts.prompts + extra.prompts, prompts.sources + extra.sources, prompts.skipped)
-        say(f"parity: {len(prompts.prompts)} prompts, {v.max_tokens} tokens, top-{v.top_logprobs}")
-        cand_out = candidate.generate(prompts.prompts, v.max_tokens, v.top_logprobs)
-        ref_out = reference.generate(prompts.prompts, v.max_tokens, v.top_logprobs)
-        parity = check_parity(ref_out, cand_out, v.parity.min_identical_fraction)
-        workload = _speed_workload(model_dir, config, v.speed.input_len, v.speed.num_prompts)
-        say(f"speed: concurrency {list(v.speed.concurrency)}, {v.speed.num_prompts} requests, "
-            f"{v.speed.input_len} in / {v.speed.output_len} out, {v.speed.repetitions} interleaved repetitions")
-        speed = measure(candidate, reference, v.speed, workload, candidate_gpus=profile.engine.world_size,
-                        reference_gpus=profile.reference.tensor_parallel_size, on_progress=say)
+        with intra_op_threads(v.speed.cpu_threads):
+            say(f"parity: {len(prompts.prompts)} prompts, {v.max_tokens} tokens, top-{v.top_logprobs}")
+            cand_out = candidate.generate(prompts.prompts, v.max_tokens, v.top_logprobs)
+            ref_out = reference.generate(prompts.prompts, v.max_tokens, v.top_logprobs)
+            parity = check_parity(ref_out, cand_out, v.parity.min_identical_fraction)
+            workload = _speed_workload(model_dir, config, v.speed.input_len, v.speed.num_prompts)
+            say(f"speed: concurrency {list(v.speed.concurrency)}, {v.speed.num_prompts} requests, "
+                f"{v.speed.input_len} in / {v.speed.output_len} out, {v.speed.repetitions} paired repetitions "
+                f"(up to {v.speed.max_repetitions} x {speed_budget:g} while inconclusive)")
+            speed = measure(candidate, reference, v.speed, workload, candidate_gpus=profile.engine.world_size,
+                            reference_gpus=profile.reference.tensor_parallel_size, budget_scale=speed_budget,
+                            on_progress=say)
         reasons = parity.reasons() + speed.reasons()
-        verdict = "pass" if not reasons else "fail"
+        verdict = "fail" if not parity.passed or speed.verdict == "fail" else speed.verdict
         attestation = Attestation.model_validate({
             "schema_version": ATTESTATION_SCHEMA,
             "artifact_id": artifact_id,
@@ -147,6 +153,8 @@ def validate_artifact(
         if own_reference and reference is not None:
             reference.close()
         shutil.rmtree(work, ignore_errors=True)
+    if attestation.verdict == "inconclusive":
+        raise ValidationInconclusiveError(artifact_id, att_id, attestation)
     if not result.passed:
         raise ValidationFailedError(artifact_id, att_id, attestation)
     return result

@@ -34,9 +34,10 @@ def validate_cmd(
     artifact: str = typer.Argument(..., help="Artifact id or unique hex prefix."),
     prompts: Optional[Path] = typer.Option(None, "--prompts", help="Extra JSONL prompts: {\"prompt_token_ids\": [...]} or {\"prompt\": \"...\"} per line."),
     profile: Optional[Path] = typer.Option(None, "--profile", help="The artifact's profile file (default: <profile dir>/<name>.yaml)."),
+    speed_budget: float = typer.Option(1.0, "--speed-budget", min=0.1, max=100.0, help="Multiply the speed gate's budget (max_repetitions, max_seconds) while a verdict is inconclusive."),
     json_out: bool = typer.Option(False, "--json", help="JSON output (the attestation)."),
 ) -> None:
-    """Validate an artifact against vLLM (parity and speed); write an attestation; exit 5 on fail."""
+    """Validate an artifact against vLLM (parity and speed); write an attestation; exit 5 on fail or inconclusive."""
     from buildctl.pipeline import validate_artifact
     from buildctl.validators.errors import ValidationFailedError
 
@@ -44,7 +45,7 @@ def validate_cmd(
     say = (lambda m: None) if quiet else (lambda m: typer.echo(f"[validate] {m}", err=True))
     try:
         res = validate_artifact(settings(ctx), open_store_for(ctx), artifact, profile_path=profile,
-                                prompts_file=prompts, say=say)
+                                prompts_file=prompts, speed_budget=speed_budget, say=say)
         att, att_id, failure = res.attestation, res.attestation_id, None
     except ValidationFailedError as err:  # the attestation this run wrote, failing
         att, att_id, failure = err.attestation, err.attestation_id, err
