@@ -19,7 +19,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from buildctl.digest import canonical_json
 from buildctl.engines.fingerprint import Fingerprint
 from buildctl.engines.profile import BuildProfile
-from buildctl.engines.registry import backend_names
+from buildctl.engines.registry import backend_names, get_backend
+from buildctl.settings import Settings
 from buildctl.store.backend import Store
 from buildctl.store.errors import CasConflictError, CorruptObjectError, StoreArgumentError
 from buildctl.store.layout import NODES, node_key
@@ -177,6 +178,16 @@ def existing_pairs(store: Store, profile_hashes: dict[str, str]) -> set[tuple[st
 def work_queue_for(compat_key: str) -> str:
     """The work queue that serves a compat key: one queue per compat key, named after it."""
     return compat_key
+
+
+def serving_queues(settings: Settings, fingerprint: Fingerprint) -> dict[str, str]:
+    """The work queues a worker on this host can serve, by backend: one per backend whose build tool
+    this host has (its ``tool_version`` is known), named after the host's compat key for it."""
+    out = {}
+    for name in backend_names():
+        if get_backend(name, settings).tool_version(fingerprint) is not None:
+            out[name] = work_queue_for(fingerprint.compat_key(name))
+    return out
 
 
 def fleet_plan(store: Store, profiles: dict[str, BuildProfile], only_profiles: Iterable[str] | None = None) -> list[BuildNeed]:

@@ -28,6 +28,7 @@ from buildctl.engines.errors import (
     ModelSourceError,
     PreflightLoadError,
     ProfileError,
+    ProfileNotFoundError,
 )
 from buildctl.engines.fingerprint import Fingerprint, host_fingerprint
 from buildctl.engines.profile import BuildProfile, load_profile, profile_path
@@ -84,8 +85,12 @@ def profile_file(settings: Settings, name: str) -> Path:
 
 
 def profile_by_name(settings: Settings, name: str) -> BuildProfile:
-    """The profile called ``name`` in the profile directory."""
-    return load_profile(profile_file(settings, name))
+    """The profile called ``name`` in the profile directory; a missing one lists those that exist."""
+    path = profile_file(settings, name)
+    if not path.is_file():
+        known = tuple(sorted(f.stem for f in Path(settings.profile_dir).glob("*.yaml")))
+        raise ProfileNotFoundError(str(path), known)
+    return load_profile(path)
 
 
 def load_profiles(settings: Settings) -> dict[str, BuildProfile]:

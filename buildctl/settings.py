@@ -13,7 +13,7 @@ import socket
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field, ValidationError
+from pydantic import AliasChoices, Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from buildctl.errors import BadInputError
@@ -82,6 +82,8 @@ class Settings(BaseSettings):
     trtllm_python: str | None = Field(None, description="Python that runs the convert/quantize scripts (default: this one).")
     actor: str = Field(default_factory=detect_actor, description="Who is acting, recorded in channel history.")
     cxx: str | None = Field(default_factory=_cxx, description="C++ compiler to fingerprint (CXX; default: g++ on PATH).")
+    prefect_api_url: str | None = Field(None, validation_alias=AliasChoices("BUILDCTL_PREFECT_API_URL", "PREFECT_API_URL"),
+                                        description="The Prefect API (PREFECT_API_URL) that `buildctl worker` commands talk to.")
 
     def with_flags(self, **flags: Any) -> "Settings":
         """A copy with the given flags set; ``None`` flags are left as they are."""

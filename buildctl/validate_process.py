@@ -51,6 +51,7 @@ class ValidationOutcome:
 
     attestation_id: str
     attestation: Attestation
+    reused: bool = False  # an earlier attestation reused, not a new validation
 
     @property
     def passed(self) -> bool:

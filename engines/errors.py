@@ -35,11 +35,13 @@ class ProfileError(BadInputError):
 
 
 class ProfileNotFoundError(NotFoundError):
-    """A build profile file does not exist."""
+    """A build profile file does not exist (``known``: the profiles that do, where looked up by name)."""
 
-    def __init__(self, source: str) -> None:
+    def __init__(self, source: str, known: tuple[str, ...] = ()) -> None:
         self.source = source
-        super().__init__(f"{source}: build profile not found")
+        self.known = tuple(known)
+        where = f" (profiles that exist: {', '.join(self.known)})" if self.known else ""
+        super().__init__(f"{source}: build profile not found{where}")
 
 
 class FingerprintError(BadInputError):

@@ -9,6 +9,7 @@ from typing import Any
 DRIVER_UPGRADED = "buildctl.node.driver-upgraded"
 PULL_FAILED = "buildctl.node.pull-failed"
 ARTIFACT_CORRUPTED = "buildctl.artifact.corrupted"
+ARTIFACT_VALIDATED = "buildctl.artifact.validated"
 
 
 def resource_id(node_id: str) -> str:
@@ -20,9 +21,20 @@ def artifact_resource_id(artifact_id: str) -> str:
 
 
 def related_resources(artifact_id: str | None = None, profile: str | None = None,
-                      compat_key: str | None = None) -> list[dict[str, str]]:
-    """Related resources, so the UI links an event to the artifact, profile and compat key."""
+                      compat_key: str | None = None, node_id: str | None = None,
+                      profiles: list[str] | None = None, compat_keys: list[str] | None = None) -> list[dict[str, str]]:
+    """Related resources, so the UI links an event to the artifact, profiles, compat keys and node
+    (an event emitted inside a flow run also carries the run, added by Prefect)."""
     out = []
+    if node_id:
+        out.append({"prefect.resource.id": resource_id(node_id), "prefect.resource.role": "node",
+                    "prefect.resource.name": node_id})
+    for name in profiles or []:
+        out.append({"prefect.resource.id": f"buildctl.profile.{name}", "prefect.resource.role": "profile",
+                    "prefect.resource.name": name})
+    for key in compat_keys or []:
+        out.append({"prefect.resource.id": f"buildctl.compat-key.{key}", "prefect.resource.role": "compat-key",
+                    "prefect.resource.name": key})
     if artifact_id:
         out.append({"prefect.resource.id": artifact_resource_id(artifact_id), "prefect.resource.role": "artifact",
                     "prefect.resource.name": artifact_id})
@@ -44,15 +56,26 @@ def _emit(event: str, resource: dict[str, str], payload: dict[str, Any],
         return None
     if not PREFECT_API_URL.value():  # no server to receive it (emitting would start a temporary one)
         return None
+    import logging
+
+    from prefect.context import FlowRunContext
+    from prefect.events.worker import EventsWorker
+
     sent = emit_event(event=event, resource=resource, payload=payload, related=related or None)
+    if FlowRunContext.get() is None:
+        # Outside a run (the node agent, a short-lived CLI process): deliver it now, not in an exit
+        # hook, so it is neither lost nor followed by Prefect's "Still processing items" noise.
+        logging.getLogger("EventsWorker").setLevel(logging.ERROR)  # its "Still processing items" while draining
+        EventsWorker.drain_all(timeout=10)
     return str(sent.id) if sent is not None else None
 
 
-def emit_driver_upgraded(node_id: str, payload: dict[str, Any]) -> str | None:
-    """Emit ``buildctl.node.driver-upgraded`` for the node; returns the event id, or None when no
-    Prefect API (``PREFECT_API_URL``) is configured to receive it, or Prefect is not installed."""
+def emit_driver_upgraded(node_id: str, payload: dict[str, Any], compat_keys: list[str] | None = None) -> str | None:
+    """Emit ``buildctl.node.driver-upgraded`` for the node, related to its profiles and its new
+    ``compat_keys``; returns the event id, or None when no Prefect API (``PREFECT_API_URL``) is
+    configured to receive it, or Prefect is not installed."""
     return _emit(DRIVER_UPGRADED, {"prefect.resource.id": resource_id(node_id), "prefect.resource.name": node_id},
-                 payload)
+                 payload, related_resources(profiles=payload.get("profiles"), compat_keys=compat_keys))
 
 
 def emit_pull_failed(node_id: str, payload: dict[str, Any]) -> str | None:
@@ -69,3 +92,13 @@ def emit_artifact_corrupted(artifact_id: str, payload: dict[str, Any]) -> str | 
                                       "prefect.resource.name": artifact_id},
                  {"artifact_id": artifact_id, **payload},
                  related_resources(None, payload.get("profile"), payload.get("compat_key")))
+
+
+def emit_artifact_validated(artifact_id: str, payload: dict[str, Any]) -> str | None:
+    """Emit ``buildctl.artifact.validated`` from a build run: the artifact, related to its profile,
+    compat key and the node whose report started the run; Prefect adds the flow run itself, so the
+    event feed links an upgrade to its runs and its artifact."""
+    return _emit(ARTIFACT_VALIDATED, {"prefect.resource.id": artifact_resource_id(artifact_id),
+                                      "prefect.resource.name": artifact_id},
+                 {"artifact_id": artifact_id, **payload},
+                 related_resources(None, payload.get("profile"), payload.get("compat_key"), payload.get("node_id")))

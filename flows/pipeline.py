@@ -29,13 +29,54 @@ from buildctl import fleet, healing, pipeline
 from buildctl.engines.fingerprint import parse_fingerprint
 from buildctl.settings import Settings, load_settings
 from buildctl.store.attestations import Attestation
-from buildctl.flows.events import emit_artifact_corrupted
+from buildctl.flows.events import emit_artifact_corrupted, emit_artifact_validated
+from buildctl.flows.summary import RunReport, describe_trigger, one_line
+from buildctl.errors import BuildctlError
 from buildctl.store.verify import get_manifest
 from buildctl.validate_process import ValidationOutcome, validate_in_subprocess
 from buildctl.validators.errors import ValidationFailedError, ValidationInconclusiveError
 from buildctl.validators.render import headline, metric_rows
 
 BVP_DEPLOYMENT = "build-validate-publish/build-validate-publish"
+
+
+def _short(key: str | None, n: int = 13) -> str:
+    return key if key is None or len(key) <= n else key[:n] + "…"
+
+
+# Run names an on-call engineer can read in the runs list (Prefect calls these in the run).
+def _bvp_run_name() -> str:
+    from prefect.runtime import flow_run
+
+    p = flow_run.parameters
+    return f"{p['profile']}@{_short(p.get('target_compat_key')) or 'this-host'}"
+
+
+def _reconcile_run_name() -> str:
+    from prefect.runtime import flow_run
+
+    profiles = flow_run.parameters.get("profiles")
+    return "reconcile " + (", ".join(profiles) if profiles else "all profiles")
+
+
+def _upgrade_run_name() -> str:
+    from prefect.runtime import flow_run
+
+    return f"driver-upgrade {flow_run.parameters['node_id']}"
+
+
+def _scrub_run_name() -> str:
+    from prefect.runtime import flow_run
+
+    p = flow_run.parameters
+    return f"scrub {'channels' if p.get('channels_only') else 'store'} {float(p.get('sample', 1.0)):.0%}"
+
+
+def _heal_run_name() -> str:
+    from prefect.runtime import flow_run
+
+    p = flow_run.parameters
+    return f"heal {_short(p['artifact_id'], 22)}" + (f" from {p['node_id']}" if p.get("node_id") else "")
 
 
 def run_settings(store: str | None) -> Settings:
@@ -86,7 +127,7 @@ def validate_task(settings: Settings, artifact_id: str, compat_key: str, revalid
                                                                       compat_key)
     if previous is not None:
         get_run_logger().info(f"already validated on {compat_key} ({previous.attestation.created_at}): not re-running")
-        return ValidationOutcome(previous.attestation_id, previous.attestation)
+        return ValidationOutcome(previous.attestation_id, previous.attestation, reused=True)
     return validate_in_subprocess(settings, artifact_id, speed_budget=speed_budget)
 
 
@@ -118,77 +159,165 @@ def recover_task(settings: Settings, artifact_id: str) -> list[dict[str, Any]]:
              "rolled_back_to": r.rolled_back_to, "seq": r.seq} for r in recs]
 
 
-def _publish_prefect_artifacts(profile: str, plan: pipeline.BuildPlan, artifact_id: str, cache_hit: bool,
-                               attestation: Attestation, promoted: dict[str, Any] | None) -> None:
-    key = artifact_key("bvp", profile, plan.compat_key[:24])
-    create_table_artifact(key=key + "-validation", table=metric_rows(attestation),
-                          description=f"{profile}: candidate vs vLLM reference")
-    md = (f"# {profile} on `{plan.compat_key}`\n\n"
-          f"| | |\n|---|---|\n| artifact | `{artifact_id}` |\n| build key | `{plan.build_key}` |\n"
-          f"| model | `{plan.model_digest}` |\n| fingerprint | `{plan.fingerprint.digest()}` |\n"
-          f"| build | {'cache hit (no builder ran)' if cache_hit else 'built'} |\n"
-          f"| verdict | **{attestation.verdict}** |\n"
-          + (f"| promoted | `{promoted['channel']}` #{promoted['seq']} |\n" if promoted else "")
-          + "".join(f"\n- {v}" for k, v in headline(attestation) if k == "reason"))
-    create_markdown_artifact(key=key + "-summary", markdown=md, description=f"{profile}: build summary")
+def _versions(tools: dict[str, str | None]) -> str:
+    return ", ".join(f"{k} {v}" for k, v in sorted(tools.items()) if v) or "not recorded"
 
 
-@flow(name="build-validate-publish", log_prints=True)
+@flow(name="build-validate-publish", flow_run_name=_bvp_run_name, log_prints=True)
 def build_validate_publish(profile: str, model: str | None = None, target_compat_key: str | None = None,
                            promote_to: str | None = None, store: str | None = None,
-                           revalidate: bool = False) -> dict[str, Any]:
-    """Build (or take a cache hit), publish, validate, and optionally promote to a non-production channel."""
+                           revalidate: bool = False, trigger: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Build (or take a cache hit), publish, validate, and optionally promote to a non-production
+    channel. Every run, failed or not, publishes a summary artifact (``trigger``: what started it,
+    passed by the parent flow)."""
+    report = RunReport(title=f"{profile} on `{target_compat_key or 'this host'}`")
+    report.add("trigger", describe_trigger(trigger))
+    state: dict[str, Any] = {"compat_key": target_compat_key, "artifact_id": None}
+    try:
+        return _build_validate_publish(report, state, profile, model, target_compat_key, promote_to, store,
+                                       revalidate, trigger)
+    except BaseException as err:
+        report.fail(err, artifact_id=state["artifact_id"], compat_key=state["compat_key"])
+        raise
+    finally:
+        key = artifact_key("bvp", profile, (state["compat_key"] or "this-host")[:24])
+        create_markdown_artifact(key=key + "-summary", markdown=report.markdown(),
+                                 description=f"{profile}: run summary")
+
+
+def _build_validate_publish(report: RunReport, state: dict[str, Any], profile: str, model: str | None,
+                            target_compat_key: str | None, promote_to: str | None, store: str | None,
+                            revalidate: bool, trigger: dict[str, Any] | None) -> dict[str, Any]:
+    report.step = "plan"
     if promote_to:
         pipeline.check_automatic_promotion(promote_to)
     settings = run_settings(store)
     plan = plan_task(settings, profile, model, target_compat_key)
+    state["compat_key"] = plan.compat_key
+    report.title = f"{profile} on `{plan.compat_key}`"
+    report.add("compat key", f"`{plan.compat_key}`")
+    report.add("build key", f"`{plan.build_key}`")
+    report.add("model", f"`{plan.model_digest}`")
     recovered = [r for aid in plan.quarantined for r in recover_task(settings, aid)]
+    if plan.quarantined:
+        report.add("healed", f"cached {', '.join(plan.quarantined)} did not deep-verify: quarantined, rebuilt")
     cache_hit = plan.cached is not None
     build_s = 0.0
     if plan.cached is not None:
         artifact_id = plan.cached
+        manifest = get_manifest(pipeline.store_of(settings), artifact_id)
+        report.add("build", f"cache hit, no builder ran (built {manifest.created_at}; {_versions(manifest.tool_versions)})")
     else:
+        report.step = "build"
         built = build_task(settings, plan)
         build_s = built.wall_s
+        report.add("build", f"built in {build_s:.1f} s ({_versions(built.tool_versions)})")
+        report.step = "publish"
         try:
             artifact_id = publish_task(settings, built)
         finally:
             shutil.rmtree(built.run_dir, ignore_errors=True)
+    state["artifact_id"] = artifact_id
+    report.add("artifact", f"`{artifact_id}`")
+    report.step = "validate"
     outcome = validate_with_retry(settings, artifact_id, plan.compat_key, revalidate)
     attestation = outcome.attestation
+    report.add("attestation", f"`{outcome.attestation_id}` ({attestation.created_at}"
+                              + (", validated earlier and reused: not re-run" if outcome.reused else "") + ")")
+    report.add("verdict", f"**{attestation.verdict}**" + "".join(f"; {r}" for r in attestation.reasons))
+    create_table_artifact(key=artifact_key("bvp", profile, plan.compat_key[:24]) + "-validation",
+                          table=metric_rows(attestation),
+                          description=f"{profile}: candidate vs vLLM reference; attestation `{outcome.attestation_id}` "
+                                      f"of `{artifact_id}` (`buildctl show {artifact_id}`)"
+                                      + (" — reused from an earlier validation" if outcome.reused else ""))
     promoted = None
     if promote_to and outcome.passed:
+        report.step = "promote"
         promoted = promote_task(settings, artifact_id, promote_to)
-    _publish_prefect_artifacts(profile, plan, artifact_id, cache_hit, attestation, promoted)
+        report.add("promoted", f"`{promoted['channel']}` #{promoted['seq']}")
+    else:
+        report.add("promoted", "no" + (" (validation did not pass)" if promote_to else " (no channel asked)"))
+    emit_artifact_validated(artifact_id, {"profile": profile, "compat_key": plan.compat_key,
+                                          "verdict": attestation.verdict, "attestation_id": outcome.attestation_id,
+                                          "node_id": (trigger or {}).get("node_id")})
     if not outcome.passed:
         error = ValidationInconclusiveError if attestation.verdict == "inconclusive" else ValidationFailedError
         raise error(artifact_id, outcome.attestation_id, attestation)
+    report.step = "done"
+    report.next_steps = [f"buildctl promote {artifact_id} --channel prod   # from CI"]
     return {"artifact_id": artifact_id, "cache_hit": cache_hit, "build_key": plan.build_key,
             "compat_key": plan.compat_key, "verdict": attestation.verdict, "promoted": promoted, "build_s": build_s,
             "attestation_id": outcome.attestation_id, "attestation": attestation.model_dump(mode="json"),
-            "quarantined": plan.quarantined, "recovered": recovered}
+            "quarantined": plan.quarantined, "recovered": recovered, "attestation_reused": outcome.reused}
 
 
-@flow(name="reconcile-fleet", log_prints=True)
-def reconcile_fleet(profiles: list[str] | None = None, store: str | None = None, wait: bool = False) -> list[dict[str, Any]]:
-    """Start a build for every (profile, compat key) the fleet needs and the store lacks."""
+class ChildRunsFailedError(BuildctlError):
+    """Runs a parent flow started did not complete (``runs``: one line each)."""
+
+    def __init__(self, runs: list[str]) -> None:
+        self.runs = list(runs)
+        super().__init__(f"{len(runs)} child run(s) did not complete: " + "; ".join(runs))
+
+
+def _wait_for_children(started: list[dict[str, Any]], wait_s: float) -> list[str]:
+    """Wait (Prefect's event-driven ``wait_for_flow_run``) for every child until ``wait_s`` has
+    passed in all; fill in each one's final state; return a line for each that did not complete."""
+    import time
+
+    from prefect.exceptions import FlowRunWaitTimeout
+    from prefect.flow_runs import wait_for_flow_run
+    from prefect.utilities.asyncutils import run_coro_as_sync
+
+    deadline = time.monotonic() + wait_s
+    bad = []
+    for child in started:
+        try:
+            run = run_coro_as_sync(wait_for_flow_run(child["flow_run_id"],
+                                                     timeout=max(1, int(deadline - time.monotonic()))))
+            st = run.state
+            child["state"] = st.name if st else "unknown"
+            if st is None or not st.is_completed():
+                bad.append(f"{child['profile']}@{child['compat_key']}: {child['state']} "
+                           f"({(st.message or '').splitlines()[0] if st and st.message else 'no message'})")
+        except FlowRunWaitTimeout:
+            child["state"] = "waiting"
+            bad.append(f"{child['profile']}@{child['compat_key']}: still waiting after {wait_s:.0f} s; no live worker "
+                       f"served its work queue {child.get('work_queue') or '(served deployment)'}")
+    return bad
+
+
+@flow(name="reconcile-fleet", flow_run_name=_reconcile_run_name, log_prints=True)
+def reconcile_fleet(profiles: list[str] | None = None, store: str | None = None, wait: bool = True,
+                    wait_s: float = 6 * 3600, trigger: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """Start a build for every (profile, compat key) the fleet needs and the store lacks, each on
+    the work queue of its compat key; with ``wait`` (the default), wait up to ``wait_s`` for them
+    and fail if any did not complete, so this run's state is its children's."""
     settings = run_settings(store)
     needs = fleet.fleet_plan(pipeline.store_of(settings), pipeline.load_profiles(settings), profiles)
     logger = get_run_logger()
     started = []
     pooled = _has_work_pool(BVP_DEPLOYMENT) if needs else False
     for need in needs:
-        # With a work pool, each compat key has its own queue, served by workers on matching GPUs;
-        # a served deployment (flows.serve) has no pool and runs everything itself.
+        # With a work pool, each compat key has its own queue, served by workers on matching hosts
+        # (`buildctl worker start`); a served deployment (flows.serve) has no pool.
+        queue = fleet.work_queue_for(need.compat_key) if pooled else None
+        child_trigger = {**(trigger or {}), "nodes": need.nodes} if trigger else {"kind": "reconcile", "nodes": need.nodes}
         run = run_deployment(BVP_DEPLOYMENT, parameters={"profile": need.profile, "target_compat_key": need.compat_key,
-                                                         "store": settings.store},
-                             work_queue_name=fleet.work_queue_for(need.compat_key) if pooled else None,
-                             timeout=None if wait else 0, as_subflow=True)
-        logger.info(f"{need.profile} for {need.compat_key} ({need.nodes} nodes): flow run {run.id}")
+                                                         "store": settings.store, "trigger": child_trigger},
+                             work_queue_name=queue, timeout=0, as_subflow=True)
+        logger.info(f"{need.profile} for {need.compat_key} ({need.nodes} nodes): flow run {run.id}"
+                    + (f" on work queue {queue}" if queue else ""))
         started.append({"profile": need.profile, "compat_key": need.compat_key, "nodes": need.nodes,
-                        "flow_run_id": str(run.id)})
+                        "flow_run_id": str(run.id), "work_queue": queue, "state": "started"})
     if not needs:
         logger.info("every (profile, compat key) the fleet needs has an artifact")
+    bad = _wait_for_children(started, wait_s) if wait and started else []
+    rows = [{"profile": c["profile"], "compat key": c["compat_key"], "nodes": c["nodes"], "work queue": c["work_queue"] or "",
+             "flow run": c["flow_run_id"], "state": c["state"]} for c in started]
+    if rows:
+        create_table_artifact(key="reconcile-fleet", table=rows, description="builds started for the fleet, and their states")
+    if bad:
+        raise ChildRunsFailedError(bad)
     return started
 
 
@@ -199,17 +328,27 @@ def _has_work_pool(deployment: str) -> bool:
         return bool(client.read_deployment_by_name(deployment).work_pool_name)
 
 
-@flow(name="on-driver-upgrade", log_prints=True)
+@flow(name="on-driver-upgrade", flow_run_name=_upgrade_run_name, log_prints=True)
 def on_driver_upgrade(node_id: str, fingerprint: dict[str, Any], profiles: list[str] | None = None,
-                      store: str | None = None) -> list[dict[str, Any]]:
-    """Record the node's new fingerprint and reconcile the profiles it serves."""
+                      store: str | None = None, old_fingerprint: dict[str, Any] | None = None,
+                      event_id: str | None = None) -> list[dict[str, Any]]:
+    """Record the node's new fingerprint and reconcile the profiles it serves; the builds it starts
+    name this node, its old and new compat keys and the event in their summaries."""
     settings = run_settings(store)
     fp = parse_fingerprint(fingerprint, f"event for {node_id}")
-    served = fleet.record_reported_fingerprint(pipeline.store_of(settings), node_id, fp, profiles)
-    return reconcile_fleet(profiles=served, store=settings.store)
+    old = parse_fingerprint(old_fingerprint, f"event for {node_id}") if old_fingerprint else None
+    s = pipeline.store_of(settings)
+    served = fleet.record_reported_fingerprint(s, node_id, fp, profiles)
+    backends = sorted({p.engine.backend for n, p in pipeline.load_profiles(settings).items() if n in served})
+    keys = {b: (old.compat_key(b) if old else None, fp.compat_key(b)) for b in backends}
+    for b, (was, now) in keys.items():
+        get_run_logger().info(f"{node_id}: {b} compat key {was or 'none'} -> {now}")
+    trigger = {"kind": "driver-upgrade", "node_id": node_id, "event_id": event_id,
+               "compat_keys": {b: list(v) for b, v in keys.items()}}
+    return reconcile_fleet(profiles=served, store=settings.store, trigger=trigger)
 
 
-@flow(name="scrub-store", log_prints=True)
+@flow(name="scrub-store", flow_run_name=_scrub_run_name, log_prints=True)
 def scrub_store(sample: float = 1.0, channels_only: bool = False, budget_gib: float | None = None,
                 store: str | None = None) -> dict[str, Any]:
     """Deep-verify the store, channel-referenced artifacts first; quarantine and report every failure
@@ -232,7 +371,7 @@ def scrub_store(sample: float = 1.0, channels_only: bool = False, budget_gib: fl
             "rows": rows, "events": events}
 
 
-@flow(name="heal-artifact", log_prints=True)
+@flow(name="heal-artifact", flow_run_name=_heal_run_name, log_prints=True)
 def heal_artifact(artifact_id: str, node_id: str | None = None, repair_from: str | None = None,
                   rebuild: bool = True, store: str | None = None) -> dict[str, Any]:
     """Deep verify the store's copy -> quarantine -> roll channels back -> repair or rebuild.
@@ -252,7 +391,8 @@ def heal_artifact(artifact_id: str, node_id: str | None = None, repair_from: str
     if rebuild:
         for profile, compat_key in rep.rebuild:
             rebuilt.append(build_validate_publish(profile=profile, target_compat_key=compat_key, promote_to="staging",
-                                                  store=settings.store))
+                                                  store=settings.store,
+                                                  trigger={"kind": "heal", "artifact_id": artifact_id, "node_id": node_id}))
     return {"artifact_id": artifact_id, "store_copy_ok": False, "quarantine_record": rep.quarantine_key,
             "problems": rep.problems,
             "recovered": [{"profile": r.profile, "channel": r.channel, "compat_key": r.compat_key,

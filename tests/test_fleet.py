@@ -70,3 +70,30 @@ def test_node_report_cli(cli, tmp_path, monkeypatch):
     assert res["first_report"] and res["profiles"] == ["a", "b", "c"] and not res["event_emitted"]
     code, _, err = cli("--store", store, "node", "report", "--node-id", "../evil")
     assert code == 2
+
+
+def test_worker_start_serves_exactly_this_hosts_compat_keys(cli, tmp_path, monkeypatch):
+    """`buildctl worker start` picks the queues from the host's fingerprint: another toolchain,
+    another queue; a host without a backend's build tool serves none of its queues."""
+    import json
+
+    from buildctl.engines.fingerprint import detect
+
+    fp = detect()
+    f = tmp_path / "fp.json"
+    f.write_text(json.dumps(fp.model_dump(mode="json")))
+    monkeypatch.setenv("BUILDCTL_FINGERPRINT_FILE", str(f))
+    code, out, err = cli("--json", "worker", "start", "--pool", "gpu-pool", "--dry-run")
+    assert code == 0, err
+    got = json.loads(out)
+    assert got["by_backend"] == {"aoti": fp.compat_key("aoti")}  # no tensorrt_llm here: no trtllm queue
+    assert got["queues"] == sorted([fp.compat_key("aoti"), "default"])
+    assert got["command"][1:] == ["-m", "prefect", "worker", "start", "--pool", "gpu-pool",
+                                  *[x for q in got["queues"] for x in ("--work-queue", q)]]
+    other = fp.model_copy(update={"compiler_version": "gcc 98.0.0"})
+    f.write_text(json.dumps(other.model_dump(mode="json")))
+    code, out, _ = cli("--json", "worker", "start", "--pool", "gpu-pool", "--dry-run", "--builds-only")
+    assert json.loads(out)["queues"] == [other.compat_key("aoti")] != [fp.compat_key("aoti")]
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    code, _, err = cli("worker", "queues", "--pool", "gpu-pool")
+    assert code == 2 and "PREFECT_API_URL" in err

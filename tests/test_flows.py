@@ -55,11 +55,18 @@ def test_build_validate_publish_end_to_end_then_cache_hit(prefect_api, in_repo, 
     key = artifact_key("bvp", "tiny-llama-cpu", first["compat_key"][:24])
     table = read_artifact(key + "-validation")
     summary = read_artifact(key + "-summary")
-    assert table is not None and "output tok/s @ c=4" in str(table.data)
-    assert summary is not None and first["artifact_id"] in summary.data and "| build | built |" in summary.data
+    assert table is not None and "output tok/s @ c=4" in str(table.data) and "interval" in str(table.data)
+    assert first["attestation_id"] in table.description  # the table names its attestation
+    md = summary.data
+    assert summary is not None and first["artifact_id"] in md and "| field | value |" in md
+    assert "| build | built in " in md and "torch" in md and first["attestation_id"] in md
+    assert "| trigger | started by hand" in md and "| promoted | `staging` #" in md
+    assert f"buildctl promote {first['artifact_id']} --channel prod" in md
     second = build_validate_publish(profile="tiny-llama-cpu", store=store)
-    assert second["cache_hit"] and second["artifact_id"] == first["artifact_id"]
-    assert "cache hit" in read_artifact(key + "-summary").data
+    assert second["cache_hit"] and second["artifact_id"] == first["artifact_id"] and second["attestation_reused"]
+    md = read_artifact(key + "-summary").data
+    assert "cache hit, no builder ran (built " in md and "validated earlier and reused: not re-run" in md
+    assert "reused from an earlier validation" in read_artifact(key + "-validation").description
 
 
 def test_production_channels_are_refused_by_the_flow(prefect_api, in_repo):
@@ -184,3 +191,45 @@ def test_an_inconclusive_validation_is_retried_once_with_double_the_budget(prefe
         with pytest.raises(ValidationInconclusiveError):
             fp.build_validate_publish(profile="tiny-llama-cpu", store=tiny_build["uri"], revalidate=True)
     assert calls == [1.0, 2.0]  # once, then once more with twice the budget; never a third time
+
+
+def test_prefect_deploy_never_prompts_for_schedules():
+    """Prefect's own `prefect deploy` step, as in an interactive terminal: a deployment without a
+    `schedules` key is asked about schedules; every deployment in prefect.yaml states them."""
+    from prefect.cli.deploy._schedules import _construct_schedules
+
+    class NoPrompts:
+        def __getattr__(self, name):
+            raise AssertionError(f"prefect deploy would prompt (console.{name})")
+
+    deployments = yaml.safe_load((REPO / "prefect.yaml").read_text())["deployments"]
+    assert len(deployments) == 5
+    for d in deployments:
+        assert "schedules" in d, f"{d['name']}: no schedules key, so `prefect deploy` asks"
+        got = _construct_schedules(d, {}, console=NoPrompts(), is_interactive=lambda: True)
+        assert len(got) == len(d["schedules"])
+    # the check bites: with no key, Prefect asks (on our console, or on stdin, which pytest refuses)
+    with pytest.raises((AssertionError, OSError), match="would prompt|reading from stdin"):
+        _construct_schedules({"name": "x"}, {}, console=NoPrompts(), is_interactive=lambda: True)
+
+
+def test_a_failed_run_has_a_summary_with_the_cause_and_a_readable_name(prefect_api, in_repo):
+    from prefect.client.orchestration import get_client
+
+    from buildctl.engines.errors import ProfileNotFoundError
+    from buildctl.flows.pipeline import artifact_key, build_validate_publish
+
+    state = build_validate_publish(profile="no-such-profile", return_state=True)
+    assert state.is_failed()
+    with pytest.raises(ProfileNotFoundError) as exc:
+        state.result()
+    assert "profiles that exist: llama-3-70b-instruct-fp8-tp8, llama-3-8b-instruct-fp8-tp1, tiny-llama-cpu" in str(exc.value)
+    md = read_artifact(artifact_key("bvp", "no-such-profile", "this-host") + "-summary").data
+    assert "**FAILED at step `plan`:**" in md and "build profile not found" in md and "Traceback" not in md
+    assert "`ProfileNotFoundError`" in md and "run again with profile one of: llama-3-70b" in md
+
+    async def name():
+        async with get_client() as c:
+            return (await c.read_flow_run(state.state_details.flow_run_id)).name
+
+    assert run_async(name()) == "no-such-profile@this-host"

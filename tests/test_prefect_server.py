@@ -110,11 +110,69 @@ def test_driver_upgrade_to_completed_rebuild(tmp_path):
         assert bvp[0]["state_type"] == "COMPLETED", (tmp_path / "serve.log").read_text()[-4000:]
         trigger_runs = [r for r in runs if r["parameters"].get("node_id") == "gpu-node-1"]
         assert trigger_runs and trigger_runs[0]["state_type"] == "COMPLETED"
+        assert bvp[0]["name"] == f"tiny-llama-cpu@{upgraded.compat_key('aoti')[:13]}…"
+        assert trigger_runs[0]["name"] == "driver-upgrade gpu-node-1"
+        the_event_feed_links_the_upgrade_to_its_run_and_artifact(url, bvp[0]["id"])
+        a_failing_child_fails_its_parents(url, env, tmp_path)
         heal_through_the_automation(url, env, tmp_path, upgraded.compat_key("aoti"))
     finally:
         if served is not None:
             stop(served)
         stop(server)
+
+
+def the_event_feed_links_the_upgrade_to_its_run_and_artifact(url: str, bvp_run_id: str) -> None:
+    """The build run emitted buildctl.artifact.validated; Prefect relates it to the run, and the
+    run's trigger relates it to the node whose report started it."""
+    deadline = time.monotonic() + 60  # the server persists events in batches
+    events: dict = {"events": []}
+    while time.monotonic() < deadline and not events["events"]:
+        events = api(url, "/events/filter", {"filter": {"event": {"prefix": ["buildctl.artifact.validated"]}}, "limit": 10})
+        time.sleep(1)
+    (ev,) = events["events"]
+    related = {r["prefect.resource.id"] for r in ev["related"]}
+    assert f"prefect.flow-run.{bvp_run_id}" in related and "buildctl.node.gpu-node-1" in related
+    assert "buildctl.profile.tiny-llama-cpu" in related and ev["resource"]["prefect.resource.id"].startswith("buildctl.artifact.")
+    upgrade = api(url, "/events/filter", {"filter": {"event": {"prefix": ["buildctl.node.driver-upgraded"]}}, "limit": 10})
+    assert any(r["prefect.resource.id"] == "buildctl.profile.tiny-llama-cpu" for r in upgrade["events"][0]["related"])
+
+
+def a_failing_child_fails_its_parents(url: str, env: dict, tmp_path) -> None:
+    """Node 2 upgrades to a toolchain no worker here has: its build fails (the serving host's compat
+    key differs), and so do the reconcile and on-driver-upgrade runs above it, each with a summary
+    that names the cause."""
+    from buildctl.flows.pipeline import artifact_key
+
+    fp2 = tmp_path / "node2.json"
+    node2 = {**env, "BUILDCTL_FINGERPRINT_FILE": str(fp2)}
+    report = [sys.executable, "-m", "buildctl", "node", "report", "--node-id", "gpu-node-2", "--profiles", "tiny-llama-cpu"]
+    fp2.write_text(json.dumps(detect().model_copy(update={"compiler_version": "gcc 97.0.0"}).model_dump(mode="json")))
+    subprocess.run(report, env=node2, cwd=REPO, capture_output=True, text=True, check=True)
+    new = detect().model_copy(update={"compiler_version": "gcc 98.0.0"})
+    fp2.write_text(json.dumps(new.model_dump(mode="json")))
+    r = subprocess.run(report, env=node2, cwd=REPO, capture_output=True, text=True, check=True)
+    old_key = detect().model_copy(update={"compiler_version": "gcc 97.0.0"}).compat_key("aoti")
+    assert f"aoti: {old_key} -> {new.compat_key('aoti')}" in r.stdout
+    assert "compiler_major: gcc 97 -> gcc 98" in r.stdout  # the compat field that differs
+    assert "Still processing" not in r.stdout + r.stderr
+    final = ("COMPLETED", "FAILED", "CRASHED", "CANCELLED")
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        listed = api(url, "/flow_runs/filter", {})
+        runs = {x["name"]: x for x in listed}
+        upgrade = runs.get("driver-upgrade gpu-node-2")
+        if upgrade and upgrade["state_type"] in final:
+            break
+        time.sleep(2)
+    key = new.compat_key("aoti")
+    bvp = runs[f"tiny-llama-cpu@{key[:13]}…"]
+    assert bvp["state_type"] == "FAILED"
+    assert sorted(x["state_type"] for x in listed if x["name"] == "reconcile tiny-llama-cpu") == ["COMPLETED", "FAILED"]
+    assert upgrade["state_type"] == "FAILED", upgrade["state"]
+    summary = api(url, "/artifacts/filter", {"artifacts": {"key": {"any_": [artifact_key("bvp", "tiny-llama-cpu", key[:24]) + "-summary"]}}})
+    md = summary[0]["data"]
+    assert "**FAILED at step `plan`:**" in md and "`IncompatibleTargetError`" in md and "gpu-node-2" in md
+    assert "Traceback" not in md and "buildctl worker start" in md
 
 
 def heal_through_the_automation(url: str, env: dict, tmp_path, compat_key: str) -> None:

@@ -17,7 +17,7 @@ import typer
 from rich.console import Console
 from typer.core import TyperOption
 
-from buildctl.cli import build, fingerprint, heal, node, profile, store, validate
+from buildctl.cli import build, fingerprint, heal, node, profile, store, validate, worker
 from buildctl.cli._common import CliState
 from buildctl.errors import (
     BadInputError,
@@ -111,6 +111,7 @@ app.command("scrub")(heal.scrub_cmd)
 app.command("heal")(heal.heal_cmd)
 app.command("validate")(validate.validate_cmd)
 app.add_typer(node.node_app, name="node")
+app.add_typer(worker.worker_app, name="worker")
 
 _err = Console(stderr=True, soft_wrap=True)
 

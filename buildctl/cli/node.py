@@ -31,7 +31,7 @@ def report_cmd(
         # (a node agent's slim install) it records and says no event was emitted.
         from buildctl.flows.events import emit_driver_upgraded
 
-        event_id = emit_driver_upgraded(node_id, fleet.event_payload(res))
+        event_id = emit_driver_upgraded(node_id, fleet.event_payload(res), sorted(res.record.compat_keys.values()))
     summary = {"node_id": node_id, "profiles": names, "first_report": res.previous is None,
                "compat_changed": res.compat_changed, "compat_keys": res.record.compat_keys,
                "previous_compat_keys": res.previous.compat_keys if res.previous else None,
@@ -42,8 +42,18 @@ def report_cmd(
     if res.previous is None:
         out().print(f"{node_id}: first report recorded ({', '.join(names) or 'no profiles'})")
     elif res.compat_changed:
-        changed = [b for b in res.record.compat_keys if res.record.compat_keys[b] != res.previous.compat_keys.get(b)]
-        out().print(f"{node_id}: compat key changed for {', '.join(changed)}; "
+        from buildctl.engines.fingerprint import parse_fingerprint
+
+        before = parse_fingerprint(res.previous.fingerprint, "the previous report")
+        after = parse_fingerprint(res.record.fingerprint, "this report")
+        out().print(f"{node_id}: compat key changed; "
                     + (f"emitted buildctl.node.driver-upgraded ({event_id})" if event_id else "no event emitted"))
+        for b, key in sorted(res.record.compat_keys.items()):
+            was = res.previous.compat_keys.get(b)
+            if key == was:
+                continue
+            out().print(f"  {b}: {was or 'none'} -> {key}")
+            for name, (now, then) in sorted(after.compat_differences(before, b).items()):
+                out().print(f"    {name}: {then} -> {now}")
     else:
         out().print(f"{node_id}: unchanged since the last report")
