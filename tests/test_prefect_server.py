@@ -215,3 +215,82 @@ def heal_through_the_automation(url: str, env: dict, tmp_path, compat_key: str) 
     node = json.loads(store.get_bytes("inventory/nodes/gpu-node-1.json"))
     assert node["pull_failures"][-1]["artifact_id"] == aid
     (tmp_path / "time-to-recovery.txt").write_text(f"{time.monotonic() - t0:.1f}\n")
+
+
+def test_builds_are_routed_to_workers_of_their_compat_key(tmp_path, tiny_build):
+    """Two workers started with `buildctl worker start` on hosts with different compat keys, the
+    deployments from prefect.yaml (`prefect deploy --all`, no prompt), and three builds: each of the
+    first two lands on the matching worker and completes (a worker of the other key would fail it
+    with IncompatibleTargetError); the third, for a key no worker serves, waits."""
+    from buildctl import pipeline
+    from buildctl.store.backend import open_store
+
+    from .conftest import settings, write_attestation
+
+    (port,) = free_ports(1)
+    url = f"http://127.0.0.1:{port}/api"
+    store_uri = "file://" + str(tmp_path / "store")
+    store = open_store(store_uri)
+    fps = {name: detect().model_copy(update={"compiler_version": f"gcc {v}.1.0"})
+           for name, v in (("a", 91), ("b", 92), ("c", 93))}
+    keys = {name: fp.compat_key("aoti") for name, fp in fps.items()}
+    for name in ("a", "b"):  # each key already has a validated artifact: the runs are cache hits
+        res = pipeline.import_engine(settings(), store, tiny_build["engine"], tiny_build["profile"], fps[name],
+                                     model_digest=tiny_build["outcome"].model_digest)
+        write_attestation(store, res.artifact_id, keys[name], "pass")
+    env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect-home"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+           "PREFECT_API_URL": url, "PREFECT_WORKER_QUERY_SECONDS": "1", "PREFECT_WORKER_PREFETCH_SECONDS": "1",
+           "BUILDCTL_STORE": store_uri, "BUILDCTL_REPO": str(REPO), "PYTHONUNBUFFERED": "1"}
+    server = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port",
+                               str(port)], env=env, cwd=REPO, stdout=open(tmp_path / "server.log", "wb"),
+                              stderr=subprocess.STDOUT, start_new_session=True)
+    workers = []
+    try:
+        wait_healthy(url, server)
+        prefect = [sys.executable, "-m", "prefect"]
+        subprocess.run([*prefect, "work-pool", "create", "buildctl-local", "--type", "process"], env=env, cwd=REPO,
+                       check=True, capture_output=True)
+        r = subprocess.run([*prefect, "--no-prompt", "deploy", "--all"], env=env, cwd=REPO, capture_output=True,
+                           text=True, stdin=subprocess.DEVNULL, timeout=300)
+        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+        for name in ("a", "b"):
+            f = tmp_path / f"{name}.json"
+            f.write_text(json.dumps(fps[name].model_dump(mode="json")))
+            workers.append(subprocess.Popen(
+                [sys.executable, "-m", "buildctl", "worker", "start", "--pool", "buildctl-local", "--builds-only",
+                 "--name", f"worker-{name}"], env={**env, "BUILDCTL_FINGERPRINT_FILE": str(f)}, cwd=REPO,
+                stdout=open(tmp_path / f"worker-{name}.log", "wb"), stderr=subprocess.STDOUT, start_new_session=True))
+        (dep,) = [d for d in api(url, "/deployments/filter", {}) if d["name"] == "build-validate-publish"]
+        runs = {}
+        for name in ("a", "b", "c"):
+            body = {"parameters": {"profile": "tiny-llama-cpu", "target_compat_key": keys[name], "store": store_uri},
+                    "work_queue_name": keys[name]}
+            runs[name] = api(url, f"/deployments/{dep['id']}/create_flow_run", body)["id"]
+        deadline = time.monotonic() + 300
+        states: dict[str, dict] = {}
+        while time.monotonic() < deadline:
+            states = {n: api_get(url, f"/flow_runs/{rid}") for n, rid in runs.items()}
+            if all(states[n]["state_type"] in ("COMPLETED", "FAILED", "CRASHED") for n in ("a", "b")):
+                break
+            time.sleep(2)
+        logs = "".join((tmp_path / f"worker-{n}.log").read_text()[-1500:] for n in ("a", "b"))
+        for n in ("a", "b"):
+            assert states[n]["state_type"] == "COMPLETED", (n, states[n]["state"], logs)
+            assert states[n]["work_queue_name"] == keys[n]
+        assert states["c"]["state_type"] == "SCHEDULED" and states["c"]["work_queue_name"] == keys["c"]
+        assert not [x for x in api(url, "/flow_runs/filter", {}) if x["state_type"] in ("FAILED", "CRASHED")]
+        q = subprocess.run([sys.executable, "-m", "buildctl", "--json", "worker", "queues", "--pool", "buildctl-local"],
+                           env=env, cwd=REPO, capture_output=True, text=True, check=True)
+        polled = {row["queue"]: row["last_polled"] for row in json.loads(q.stdout)}
+        assert polled[keys["a"]] and polled[keys["b"]] and polled[keys["c"]] is None  # nobody polls c's queue
+    finally:
+        for w in workers:
+            if w.poll() is None:
+                os.killpg(w.pid, signal.SIGKILL)
+                w.wait(timeout=10)
+        stop(server)
+
+
+def api_get(url: str, path: str):
+    with urllib.request.urlopen(url + path, timeout=10) as r:
+        return json.loads(r.read())
