@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
         res = pipeline.validate_artifact(settings, store, pub.artifact_id, say=say)
         marks.append(("end", time.perf_counter()))
         names = {"start": "validate: pull + load the engine", "starting the vLLM reference": "validate: vLLM reference start-up",
-                 "parity:": "validate: parity", "speed:": "validate: speed (interleaved)"}
+                 "parity:": "validate: parity", "speed:": "validate: speed (paired repetitions)"}
         for (k, a), (_, b) in zip(marks, marks[1:]):
             stages.append((names[k], b - a))
         t = time.perf_counter()

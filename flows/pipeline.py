@@ -295,20 +295,8 @@ def reconcile_fleet(profiles: list[str] | None = None, store: str | None = None,
     settings = run_settings(store)
     needs = fleet.fleet_plan(pipeline.store_of(settings), pipeline.load_profiles(settings), profiles)
     logger = get_run_logger()
-    started = []
-    pooled = _has_work_pool(BVP_DEPLOYMENT) if needs else False
-    for need in needs:
-        # With a work pool, each compat key has its own queue, served by workers on matching hosts
-        # (`buildctl worker start`); a served deployment (flows.serve) has no pool.
-        queue = fleet.work_queue_for(need.compat_key) if pooled else None
-        child_trigger = {**(trigger or {}), "nodes": need.nodes} if trigger else {"kind": "reconcile", "nodes": need.nodes}
-        run = run_deployment(BVP_DEPLOYMENT, parameters={"profile": need.profile, "target_compat_key": need.compat_key,
-                                                         "store": settings.store, "trigger": child_trigger},
-                             work_queue_name=queue, timeout=0, as_subflow=True)
-        logger.info(f"{need.profile} for {need.compat_key} ({need.nodes} nodes): flow run {run.id}"
-                    + (f" on work queue {queue}" if queue else ""))
-        started.append({"profile": need.profile, "compat_key": need.compat_key, "nodes": need.nodes,
-                        "flow_run_id": str(run.id), "work_queue": queue, "state": "started"})
+    started = _start_builds(settings, [(n.profile, n.compat_key, n.nodes) for n in needs],
+                            trigger or {"kind": "reconcile"}, None) if needs else []
     if not needs:
         logger.info("every (profile, compat key) the fleet needs has an artifact")
     bad = _wait_for_children(started, wait_s) if wait and started else []
@@ -371,15 +359,57 @@ def scrub_store(sample: float = 1.0, channels_only: bool = False, budget_gib: fl
             "rows": rows, "events": events}
 
 
+def _start_builds(settings: Settings, pairs: list[tuple[str, str, int]], trigger: dict[str, Any],
+                  promote_to: str | None) -> list[dict[str, Any]]:
+    """Start build-validate-publish for each (profile, compat key, nodes) as a subflow run, on the
+    work queue of its compat key when the deployment has a work pool."""
+    pooled = _has_work_pool(BVP_DEPLOYMENT)
+    logger = get_run_logger()
+    started = []
+    for profile, compat_key, nodes in pairs:
+        # With a work pool, each compat key has its own queue, served by workers on matching hosts
+        # (`buildctl worker start`); a served deployment (flows.serve) has no pool.
+        queue = fleet.work_queue_for(compat_key) if pooled else None
+        params = {"profile": profile, "target_compat_key": compat_key, "store": settings.store,
+                  "trigger": {**trigger, "nodes": nodes}}
+        if promote_to:
+            params["promote_to"] = promote_to
+        run = run_deployment(BVP_DEPLOYMENT, parameters=params, work_queue_name=queue, timeout=0, as_subflow=True)
+        logger.info(f"{profile} for {compat_key} ({nodes} nodes): flow run {run.id}"
+                    + (f" on work queue {queue}" if queue else ""))
+        started.append({"profile": profile, "compat_key": compat_key, "nodes": nodes, "flow_run_id": str(run.id),
+                        "work_queue": queue, "state": "started"})
+    return started
+
+
+def _rebuild_on_matching_workers(settings: Settings, pairs: list[tuple[str, str]], trigger: dict[str, Any],
+                                 wait_s: float) -> list[dict[str, Any]]:
+    """Rebuild each (profile, compat key) on a worker of that compat key, promote it to staging,
+    and report what staging points at afterwards."""
+    from buildctl.store.channels import read_channel
+
+    started = _start_builds(settings, [(p, k, 0) for p, k in pairs], trigger, "staging")
+    bad = _wait_for_children(started, wait_s)
+    if bad:
+        raise ChildRunsFailedError(bad)
+    out = []
+    for child in started:
+        rec = read_channel(pipeline.store_of(settings), child["profile"], "staging", child["compat_key"])
+        out.append({"artifact_id": rec[0].artifact_id if rec else None, "verdict": "pass",
+                    "promoted": {"channel": "staging", "seq": rec[0].seq} if rec else None})
+    return out
+
+
 @flow(name="heal-artifact", flow_run_name=_heal_run_name, log_prints=True)
 def heal_artifact(artifact_id: str, node_id: str | None = None, repair_from: str | None = None,
-                  rebuild: bool = True, store: str | None = None) -> dict[str, Any]:
+                  rebuild: bool = True, store: str | None = None, wait_s: float = 6 * 3600) -> dict[str, Any]:
     """Deep verify the store's copy -> quarantine -> roll channels back -> repair or rebuild.
 
     Started by ``buildctl.node.pull-failed`` and ``buildctl.artifact.corrupted``. Only a failing
     store copy is quarantined: a node whose own disk is bad does not take a good artifact out of
-    service. The rebuild takes the normal path (build, publish, validate, promote to staging);
-    prod stays on the rolled-back artifact until CI promotes again."""
+    service. The rebuild takes the normal path (build, publish, validate, promote to staging), on a
+    worker of the artifact's compat key when the build deployment has a work pool (waiting up to
+    ``wait_s``); prod stays on the rolled-back artifact until CI promotes again."""
     settings = run_settings(store)
     logger = get_run_logger()
     rep = healing.heal_artifact(settings, pipeline.store_of(settings), artifact_id, repair_source=repair_from)
@@ -388,11 +418,13 @@ def heal_artifact(artifact_id: str, node_id: str | None = None, repair_from: str
         return {"artifact_id": artifact_id, "store_copy_ok": True, "rebuilt": []}
     logger.warning(f"{artifact_id}: quarantined ({rep.quarantine_key}): {'; '.join(rep.problems)}")
     rebuilt = []
-    if rebuild:
+    trigger = {"kind": "heal", "artifact_id": artifact_id, "node_id": node_id}
+    if rebuild and rep.rebuild and _has_work_pool(BVP_DEPLOYMENT):
+        rebuilt = _rebuild_on_matching_workers(settings, rep.rebuild, trigger, wait_s)
+    elif rebuild:  # served or local: this process builds (the target check refuses a foreign compat key)
         for profile, compat_key in rep.rebuild:
             rebuilt.append(build_validate_publish(profile=profile, target_compat_key=compat_key, promote_to="staging",
-                                                  store=settings.store,
-                                                  trigger={"kind": "heal", "artifact_id": artifact_id, "node_id": node_id}))
+                                                  store=settings.store, trigger=trigger))
     return {"artifact_id": artifact_id, "store_copy_ok": False, "quarantine_record": rep.quarantine_key,
             "problems": rep.problems,
             "recovered": [{"profile": r.profile, "channel": r.channel, "compat_key": r.compat_key,

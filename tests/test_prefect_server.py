@@ -234,10 +234,13 @@ def test_builds_are_routed_to_workers_of_their_compat_key(tmp_path, tiny_build):
     fps = {name: detect().model_copy(update={"compiler_version": f"gcc {v}.1.0"})
            for name, v in (("a", 91), ("b", 92), ("c", 93))}
     keys = {name: fp.compat_key("aoti") for name, fp in fps.items()}
+    imported = {}
     for name in ("a", "b"):  # each key already has a validated artifact: the runs are cache hits
         res = pipeline.import_engine(settings(), store, tiny_build["engine"], tiny_build["profile"], fps[name],
                                      model_digest=tiny_build["outcome"].model_digest)
         write_attestation(store, res.artifact_id, keys[name], "pass")
+        imported[name] = res.artifact_id
+    res_a = imported["a"]
     env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect-home"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
            "PREFECT_API_URL": url, "PREFECT_WORKER_QUERY_SECONDS": "1", "PREFECT_WORKER_PREFETCH_SECONDS": "1",
            "BUILDCTL_STORE": store_uri, "BUILDCTL_REPO": str(REPO), "PYTHONUNBUFFERED": "1"}
@@ -250,26 +253,26 @@ def test_builds_are_routed_to_workers_of_their_compat_key(tmp_path, tiny_build):
         prefect = [sys.executable, "-m", "prefect"]
         subprocess.run([*prefect, "work-pool", "create", "buildctl-local", "--type", "process"], env=env, cwd=REPO,
                        check=True, capture_output=True)
+        subprocess.run([*prefect, "gcl", "create", "buildctl-builds", "--limit", "1"], env=env, cwd=REPO,
+                       check=True, capture_output=True)  # the heal's rebuild takes a build slot, strictly
         r = subprocess.run([*prefect, "--no-prompt", "deploy", "--all"], env=env, cwd=REPO, capture_output=True,
                            text=True, stdin=subprocess.DEVNULL, timeout=300)
         assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
         for name in ("a", "b"):
             f = tmp_path / f"{name}.json"
             f.write_text(json.dumps(fps[name].model_dump(mode="json")))
+            only = ["--builds-only"] if name == "b" else []  # a also serves 'default' (the control flows)
             workers.append(subprocess.Popen(
-                [sys.executable, "-m", "buildctl", "worker", "start", "--pool", "buildctl-local", "--builds-only",
+                [sys.executable, "-m", "buildctl", "worker", "start", "--pool", "buildctl-local", *only,
                  "--name", f"worker-{name}"], env={**env, "BUILDCTL_FINGERPRINT_FILE": str(f)}, cwd=REPO,
                 stdout=open(tmp_path / f"worker-{name}.log", "wb"), stderr=subprocess.STDOUT, start_new_session=True))
-        (dep,) = [d for d in api(url, "/deployments/filter", {}) if d["name"] == "build-validate-publish"]
-        runs = {}
-        for name in ("a", "b", "c"):
-            body = {"parameters": {"profile": "tiny-llama-cpu", "target_compat_key": keys[name], "store": store_uri},
-                    "work_queue_name": keys[name]}
-            runs[name] = api(url, f"/deployments/{dep['id']}/create_flow_run", body)["id"]
+        runs = {name: create_run(url, "build-validate-publish/build-validate-publish",
+                                 {"profile": "tiny-llama-cpu", "target_compat_key": keys[name], "store": store_uri},
+                                 keys[name]) for name in ("a", "b", "c")}
         deadline = time.monotonic() + 300
         states: dict[str, dict] = {}
         while time.monotonic() < deadline:
-            states = {n: api_get(url, f"/flow_runs/{rid}") for n, rid in runs.items()}
+            states = {n: run_state(url, rid) for n, rid in runs.items()}
             if all(states[n]["state_type"] in ("COMPLETED", "FAILED", "CRASHED") for n in ("a", "b")):
                 break
             time.sleep(2)
@@ -283,6 +286,7 @@ def test_builds_are_routed_to_workers_of_their_compat_key(tmp_path, tiny_build):
                            env=env, cwd=REPO, capture_output=True, text=True, check=True)
         polled = {row["queue"]: row["last_polled"] for row in json.loads(q.stdout)}
         assert polled[keys["a"]] and polled[keys["b"]] and polled[keys["c"]] is None  # nobody polls c's queue
+        heal_rebuilds_on_the_matching_worker(url, store, env, tmp_path, res_a, keys["a"])
     finally:
         for w in workers:
             if w.poll() is None:
@@ -291,6 +295,54 @@ def test_builds_are_routed_to_workers_of_their_compat_key(tmp_path, tiny_build):
         stop(server)
 
 
+def heal_rebuilds_on_the_matching_worker(url: str, store, env: dict, tmp_path, artifact_id: str, key: str) -> None:
+    """Artifact a rots; a heal-artifact run (on 'default', which worker a serves) quarantines it and
+    starts its rebuild on a's compat-key queue, waits for it, and reports what staging points at."""
+    import buildctl.store as ops
+    from buildctl.store.quarantine import active_quarantine
+
+    blob = next(f for f in ops.get_manifest(store, artifact_id).files if f.path == "model.pt2")
+    rot(store, blob.digest, "flip")
+    heal_id = create_run(url, "heal-artifact/heal-artifact", {"artifact_id": artifact_id, "store": env["BUILDCTL_STORE"]})
+    deadline = time.monotonic() + 420
+    heal = {}
+    while time.monotonic() < deadline:
+        heal = run_state(url, heal_id)
+        if heal["state_type"] in ("COMPLETED", "FAILED", "CRASHED"):
+            break
+        time.sleep(2)
+    logs = (tmp_path / "worker-a.log").read_text()[-3000:]
+    assert heal["state_type"] == "COMPLETED", (heal["state"], logs)
+    children = [x for x in api(url, "/flow_runs/filter", {}) if x.get("parent_task_run_id")
+                and x["parameters"].get("target_compat_key") == key and x["parameters"].get("promote_to") == "staging"]
+    assert children and children[0]["work_queue_name"] == key and children[0]["state_type"] == "COMPLETED"
+    assert active_quarantine(store, artifact_id) is not None
+    rec = ops.read_channel(store, "tiny-llama-cpu", "staging", key)[0]
+    assert rec.artifact_id != artifact_id and active_quarantine(store, rec.artifact_id) is None
+
+
 def api_get(url: str, path: str):
     with urllib.request.urlopen(url + path, timeout=10) as r:
         return json.loads(r.read())
+
+
+def prefect_client(url: str):
+    """Prefect's own client on the test's server: it retries the 503s a busy SQLite server answers."""
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with temporary_settings({PREFECT_API_URL: url}):
+        return get_client(sync_client=True)
+
+
+def create_run(url: str, deployment: str, parameters: dict, work_queue_name: str | None = None) -> str:
+    with prefect_client(url) as c:
+        dep = c.read_deployment_by_name(deployment)
+        return str(c.create_flow_run_from_deployment(dep.id, parameters=parameters, work_queue_name=work_queue_name).id)
+
+
+def run_state(url: str, run_id: str) -> dict:
+    with prefect_client(url) as c:
+        r = c.read_flow_run(run_id)
+        return {"state_type": r.state_type.value if r.state_type else None, "state": str(r.state),
+                "work_queue_name": r.work_queue_name}

@@ -31,6 +31,9 @@ def headline(att: Attestation) -> list[tuple[str, str]]:
         steal = "unreadable" if n.cpu_steal_fraction is None else f"{n.cpu_steal_fraction:.1%}"
         rows.append(("machine", f"{n.cpu_count} CPUs, load {load} (before/after), steal {steal}, "
                                 f"calibration {n.calibration_before_ms:.1f} -> {n.calibration_after_ms:.1f} ms"))
+    if att.thresholds.confidence is not None:
+        rows.append(("speed gate", f"median of paired candidate/vLLM ratios, {att.thresholds.confidence:.0%} "
+                                   "order-statistic intervals; pass only when the whole interval clears the threshold"))
     if b is not None:
         rows.append(("speed budget", f"{b.seconds:.0f} s measured; up to {b.max_repetitions} repetitions per level, "
                                      f"{b.max_seconds:.0f} s (x{b.scale:g})" + (", exhausted" if b.exhausted else "")))
@@ -53,14 +56,14 @@ def _interval(r: RatioEstimate) -> str:
     n = len(r.samples)
     if r.low is None or r.high is None:
         return f"none (n={n} too few for {r.confidence:.0%})"
-    return f"[{r.low:.3f}, {r.high:.3f}] {r.confidence:.0%}, n={n}"
+    return f"[{r.low:.3f}, {r.high:.3f}] n={n}"
 
 
 def _level_rows(lv: SpeedLevel) -> list[dict[str, str]]:
     rows = []
     for r in lv.ratios:
         label, fld, fmt = _METRICS[r.metric]
-        op = ">=" if r.bound == "min" else "<="
+        op = "≥" if r.bound == "min" else "≤"  # not ">": a table cell is markdown in the Prefect UI (a quote)
         rows.append({"metric": f"{label} @ c={lv.concurrency}",
                      "candidate": fmt.format(getattr(lv.candidate, fld)),
                      "reference": fmt.format(getattr(lv.reference, fld)),
@@ -74,11 +77,11 @@ def _schema1_rows(att: Attestation, lv: SpeedLevel) -> list[dict[str, str]]:
     """A schema-1 record: point ratios, no intervals."""
     c, r, n, t = lv.candidate, lv.reference, lv.concurrency, att.thresholds
     rows = [{"metric": f"output tok/s @ c={n}", "candidate": f"{c.output_tok_s:.1f}", "reference": f"{r.output_tok_s:.1f}",
-             "ratio": f"{lv.throughput_ratio:.3f}", "interval": "none (schema 1)", "threshold": f">= {t.min_throughput_ratio}",
+             "ratio": f"{lv.throughput_ratio:.3f}", "interval": "none (schema 1)", "threshold": f"≥ {t.min_throughput_ratio}",
              "gate": _gate(lv.throughput_ratio >= t.min_throughput_ratio)}]
     if t.max_p99_ttft_ratio is not None:
         rows.append({"metric": f"p99 TTFT ms @ c={n}", "candidate": f"{c.ttft_p99_ms:.2f}", "reference": f"{r.ttft_p99_ms:.2f}",
-                     "ratio": f"{lv.p99_ttft_ratio:.3f}", "interval": "none (schema 1)", "threshold": f"<= {t.max_p99_ttft_ratio}",
+                     "ratio": f"{lv.p99_ttft_ratio:.3f}", "interval": "none (schema 1)", "threshold": f"≤ {t.max_p99_ttft_ratio}",
                      "gate": _gate(lv.p99_ttft_ratio <= t.max_p99_ttft_ratio)})
     return rows
 
@@ -89,7 +92,7 @@ def metric_rows(att: Attestation) -> list[dict[str, str]]:
     p = att.parity
     rows = [{"metric": "parity (identical prompts)", "candidate": f"{p.identical}/{p.prompts}", "reference": "vLLM",
              "ratio": f"{p.identical_fraction:.2f}", "interval": "",
-             "threshold": f">= {p.min_identical_fraction:.2f}, none outside top-k", "gate": _gate(p.passed)}]
+             "threshold": f"≥ {p.min_identical_fraction:.2f}, none outside top-k", "gate": _gate(p.passed)}]
     for lv in att.speed.levels:
         rows += _level_rows(lv) if lv.ratios else _schema1_rows(att, lv)
         rows.append({"metric": f"tok/s CV @ c={lv.concurrency}", "candidate": f"{lv.candidate.output_tok_s_cv:.2f}",
