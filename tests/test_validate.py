@@ -94,6 +94,7 @@ class Alternating:
         self.inner.close()
 
 
+@pytest.mark.speedgate
 def test_an_undecidable_speed_gate_records_inconclusive_and_promote_refuses_it(tiny_build, vllm_reference, tmp_path, cli):
     import yaml
 

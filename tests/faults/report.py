@@ -19,11 +19,11 @@ def speedgate_under_load(junit: str | None) -> list[str]:
     suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
     tests, bad = int(suite.get("tests", 0)), sum(int(suite.get(k, 0)) for k in ("failures", "errors", "skipped"))
     names = [c.get("name") for c in suite.iter("testcase")]
-    return ["## Speed-gate verdicts under load", "",
+    head = ["## Speed-gate verdicts under load", "",
             f"`make faults` runs the speed-gate tests (`pytest -m speedgate`) a second time with one busy-looping "
             f"process per core for the whole session (`--hog`): {tests} tests, {tests - bad} gave the same verdict "
             f"as on a quiet machine, {bad} failed or did not run ({float(suite.get('time', 0)):.0f} s).", ""]
-            + [f"- `{n}`" for n in names] + [""]
+    return head + [f"- `{n}`" for n in names] + [""]
 
 
 def main(src: str, out: str, scale: str, junit: str | None = None) -> int:
