@@ -48,12 +48,18 @@ def build_index_prefix(build_key: str) -> str:
     return f"index/build-keys/{hex_of(build_key)}"
 
 
+def _timed_record_key(prefix: str, when: str, record_id: str) -> str:
+    """``<prefix><UTC time>-<record hex>.json``: records of one artifact list oldest first, and each
+    name carries the digest of its bytes."""
+    return f"{prefix}{when}-{hex_of(record_id)}.json"
+
+
 def attestation_prefix(artifact_id: str) -> str:
     return f"attestations/{hex_of(artifact_id)}/"
 
 
 def attestation_key(artifact_id: str, created_at: str, attestation_id: str) -> str:
-    return f"{attestation_prefix(artifact_id)}{created_at}-{hex_of(attestation_id)}.json"
+    return _timed_record_key(attestation_prefix(artifact_id), created_at, attestation_id)
 
 
 def quarantine_prefix(artifact_id: str) -> str:
@@ -61,7 +67,7 @@ def quarantine_prefix(artifact_id: str) -> str:
 
 
 def quarantine_key(artifact_id: str, when: str, record_id: str) -> str:
-    return f"{quarantine_prefix(artifact_id)}{when}-{hex_of(record_id)}.json"
+    return _timed_record_key(quarantine_prefix(artifact_id), when, record_id)
 
 
 def verification_prefix(artifact_id: str) -> str:
@@ -69,7 +75,7 @@ def verification_prefix(artifact_id: str) -> str:
 
 
 def verification_key(artifact_id: str, when: str, record_id: str) -> str:
-    return f"{verification_prefix(artifact_id)}{when}-{hex_of(record_id)}.json"
+    return _timed_record_key(verification_prefix(artifact_id), when, record_id)
 
 
 def manifest_signature_prefix(artifact_id: str) -> str:

@@ -57,6 +57,15 @@ def main(argv: list[str] | None = None) -> int:
     aid = pipeline.build(settings, store, profile, workdir=work / "build").artifact_id
     fp = detect()
     reference = VllmRunner(model, profile.reference)
+
+    def validate(wrap):
+        """One full validation; the attestation it wrote, passing or not."""
+        try:
+            return validate_artifact(settings, store, aid, profile=profile, model_dir=model, fingerprint=fp,
+                                     reference=reference, wrap_candidate=wrap).attestation
+        except ValidationFailedError as err:
+            return err.attestation
+
     runs: list[dict[str, Any]] = []
     try:
         for i in range(args.runs):
@@ -65,11 +74,9 @@ def main(argv: list[str] | None = None) -> int:
                 t0 = time.monotonic()
                 if situation == "busy":
                     with busy_loops():
-                        att = _validate(validate_artifact, ValidationFailedError, settings, store, aid, profile,
-                                        model, fp, reference, wrap)
+                        att = validate(wrap)
                 else:
-                    att = _validate(validate_artifact, ValidationFailedError, settings, store, aid, profile,
-                                    model, fp, reference, wrap)
+                    att = validate(wrap)
                 run = {"situation": situation, "run": i, "verdict": att.verdict, "speed_verdict": att.speed.verdict,
                        "parity_passed": att.parity.passed, "seconds": round(time.monotonic() - t0, 1),
                        "levels": {lv.concurrency: {"verdict": lv.verdict, "repetitions": lv.candidate.repetitions,
@@ -90,14 +97,6 @@ def main(argv: list[str] | None = None) -> int:
 
 def _f(x: float | None) -> str:
     return "-" if x is None else f"{x:.3f}"
-
-
-def _validate(validate_artifact, failed_error, settings, store, aid, profile, model, fp, reference, wrap):
-    try:
-        return validate_artifact(settings, store, aid, profile=profile, model_dir=model, fingerprint=fp,
-                                 reference=reference, wrap_candidate=wrap).attestation
-    except failed_error as err:
-        return err.attestation
 
 
 def report(runs: list[dict[str, Any]], profile, n: int) -> int:

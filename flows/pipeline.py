@@ -28,14 +28,13 @@ from prefect.deployments import run_deployment
 from buildctl import fleet, healing, pipeline
 from buildctl.engines.fingerprint import parse_fingerprint
 from buildctl.settings import Settings, load_settings
-from buildctl.store.attestations import Attestation
 from buildctl.flows.events import emit_artifact_corrupted, emit_artifact_validated
-from buildctl.flows.summary import RunReport, describe_trigger, one_line
+from buildctl.flows.summary import RunReport, describe_trigger
 from buildctl.errors import BuildctlError
 from buildctl.store.verify import get_manifest
 from buildctl.validate_process import ValidationOutcome, validate_in_subprocess
-from buildctl.validators.errors import ValidationFailedError, ValidationInconclusiveError
-from buildctl.validators.render import headline, metric_rows
+from buildctl.validators.errors import verdict_error
+from buildctl.validators.render import metric_rows
 
 BVP_DEPLOYMENT = "build-validate-publish/build-validate-publish"
 
@@ -170,22 +169,25 @@ def build_validate_publish(profile: str, model: str | None = None, target_compat
     """Build (or take a cache hit), publish, validate, and optionally promote to a non-production
     channel. Every run, failed or not, publishes a summary artifact (``trigger``: what started it,
     passed by the parent flow)."""
-    report = RunReport(title=f"{profile} on `{target_compat_key or 'this host'}`")
+    report = RunReport(title=f"{profile} on `{target_compat_key or 'this host'}`", compat_key=target_compat_key)
     report.add("trigger", describe_trigger(trigger))
-    state: dict[str, Any] = {"compat_key": target_compat_key, "artifact_id": None}
     try:
-        return _build_validate_publish(report, state, profile, model, target_compat_key, promote_to, store,
-                                       revalidate, trigger)
+        return _build_validate_publish(report, profile, model, target_compat_key, promote_to, store, revalidate,
+                                       trigger)
     except BaseException as err:
-        report.fail(err, artifact_id=state["artifact_id"], compat_key=state["compat_key"])
+        report.fail(err)
         raise
     finally:
-        key = artifact_key("bvp", profile, (state["compat_key"] or "this-host")[:24])
-        create_markdown_artifact(key=key + "-summary", markdown=report.markdown(),
+        create_markdown_artifact(key=_bvp_key(profile, report.compat_key) + "-summary", markdown=report.markdown(),
                                  description=f"{profile}: run summary")
 
 
-def _build_validate_publish(report: RunReport, state: dict[str, Any], profile: str, model: str | None,
+def _bvp_key(profile: str, compat_key: str | None) -> str:
+    """The prefix of a build run's artifact keys: its profile and compat key."""
+    return artifact_key("bvp", profile, (compat_key or "this-host")[:24])
+
+
+def _build_validate_publish(report: RunReport, profile: str, model: str | None,
                             target_compat_key: str | None, promote_to: str | None, store: str | None,
                             revalidate: bool, trigger: dict[str, Any] | None) -> dict[str, Any]:
     report.step = "plan"
@@ -193,7 +195,7 @@ def _build_validate_publish(report: RunReport, state: dict[str, Any], profile: s
         pipeline.check_automatic_promotion(promote_to)
     settings = run_settings(store)
     plan = plan_task(settings, profile, model, target_compat_key)
-    state["compat_key"] = plan.compat_key
+    report.compat_key = plan.compat_key
     report.title = f"{profile} on `{plan.compat_key}`"
     report.add("compat key", f"`{plan.compat_key}`")
     report.add("build key", f"`{plan.build_key}`")
@@ -217,7 +219,6 @@ def _build_validate_publish(report: RunReport, state: dict[str, Any], profile: s
             artifact_id = publish_task(settings, built)
         finally:
             shutil.rmtree(built.run_dir, ignore_errors=True)
-    state["artifact_id"] = artifact_id
     report.add("artifact", f"`{artifact_id}`")
     report.step = "validate"
     outcome = validate_with_retry(settings, artifact_id, plan.compat_key, revalidate)
@@ -225,7 +226,7 @@ def _build_validate_publish(report: RunReport, state: dict[str, Any], profile: s
     report.add("attestation", f"`{outcome.attestation_id}` ({attestation.created_at}"
                               + (", validated earlier and reused: not re-run" if outcome.reused else "") + ")")
     report.add("verdict", f"**{attestation.verdict}**" + "".join(f"; {r}" for r in attestation.reasons))
-    create_table_artifact(key=artifact_key("bvp", profile, plan.compat_key[:24]) + "-validation",
+    create_table_artifact(key=_bvp_key(profile, plan.compat_key) + "-validation",
                           table=metric_rows(attestation),
                           description=f"{profile}: candidate vs vLLM reference; attestation `{outcome.attestation_id}` "
                                       f"of `{artifact_id}` (`buildctl show {artifact_id}`)"
@@ -241,8 +242,7 @@ def _build_validate_publish(report: RunReport, state: dict[str, Any], profile: s
                                           "verdict": attestation.verdict, "attestation_id": outcome.attestation_id,
                                           "node_id": (trigger or {}).get("node_id")})
     if not outcome.passed:
-        error = ValidationInconclusiveError if attestation.verdict == "inconclusive" else ValidationFailedError
-        raise error(artifact_id, outcome.attestation_id, attestation)
+        raise verdict_error(artifact_id, outcome.attestation_id, attestation)
     report.step = "done"
     report.next_steps = [f"buildctl promote {artifact_id} --channel prod   # from CI"]
     return {"artifact_id": artifact_id, "cache_hit": cache_hit, "build_key": plan.build_key,

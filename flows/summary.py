@@ -36,7 +36,7 @@ def describe_trigger(trigger: dict[str, Any] | None) -> str:
     return ", ".join(f"{k}={v}" for k, v in sorted(trigger.items()))
 
 
-def advice(err: BaseException, *, artifact_id: str | None, compat_key: str | None) -> list[str]:
+def advice(err: BaseException, *, compat_key: str | None) -> list[str]:
     """What to do next about a failure, by error type."""
     from buildctl.engines.errors import BuildFailedError, IncompatibleTargetError, ProfileNotFoundError
     from buildctl.validators.errors import ValidationFailedError, ValidationInconclusiveError
@@ -62,6 +62,7 @@ class RunReport:
     """A run's summary, filled in step by step; rendered whether the run succeeds or fails."""
 
     title: str
+    compat_key: str | None = None  # the target, then the planned key: names the run's artifacts
     rows: list[tuple[str, str]] = field(default_factory=list)
     step: str = "start"
     failure: BaseException | None = None
@@ -70,9 +71,9 @@ class RunReport:
     def add(self, key: str, value: str) -> None:
         self.rows.append((key, value))
 
-    def fail(self, err: BaseException, *, artifact_id: str | None = None, compat_key: str | None = None) -> None:
+    def fail(self, err: BaseException) -> None:
         self.failure = err
-        self.next_steps = advice(err, artifact_id=artifact_id, compat_key=compat_key)
+        self.next_steps = advice(err, compat_key=self.compat_key)
         log = getattr(err, "log_path", None)
         if log:
             self.add("build log", f"`{log}` on worker `{socket.gethostname()}` (kept after the failure)")

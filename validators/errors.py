@@ -18,20 +18,28 @@ class ValidationFailedError(GateRefusedError):
         self.attestation_id = attestation_id
         self.attestation = attestation
         self.reasons = list(attestation.reasons)
-        super().__init__(f"validation of {artifact_id} failed (attestation {attestation_id} recorded): "
-                         + "; ".join(self.reasons))
+        super().__init__(self._describe())
+
+    def _describe(self) -> str:
+        return (f"validation of {self.artifact_id} failed (attestation {self.attestation_id} recorded): "
+                + "; ".join(self.reasons))
 
 
 class ValidationInconclusiveError(ValidationFailedError):
     """The speed gate could not decide within its budget: an interval straddles a threshold. The
     attestation (verdict ``inconclusive``) was written; promote refuses it like a fail."""
 
-    def __init__(self, artifact_id: str, attestation_id: str, attestation: "Attestation") -> None:
-        super().__init__(artifact_id, attestation_id, attestation)
-        self.message = (f"validation of {artifact_id} was inconclusive (attestation {attestation_id} recorded): "
-                        + "; ".join(self.reasons)
-                        + f". The machine was too noisy to decide within the budget; rerun with a larger one "
-                        f"(buildctl validate {artifact_id} --speed-budget 2) or on a quieter host.")
+    def _describe(self) -> str:
+        return (f"validation of {self.artifact_id} was inconclusive (attestation {self.attestation_id} recorded): "
+                + "; ".join(self.reasons)
+                + f". The machine was too noisy to decide within the budget; rerun with a larger one "
+                f"(buildctl validate {self.artifact_id} --speed-budget 2) or on a quieter host.")
+
+
+def verdict_error(artifact_id: str, attestation_id: str, attestation: "Attestation") -> ValidationFailedError:
+    """The error a non-passing attestation is raised as: inconclusive or failed."""
+    kind = ValidationInconclusiveError if attestation.verdict == "inconclusive" else ValidationFailedError
+    return kind(artifact_id, attestation_id, attestation)
 
 
 class PromptFileError(BadInputError):

@@ -28,6 +28,7 @@ from buildctl.engines.profile import BuildProfile
 from buildctl.engines.registry import get_backend
 from buildctl.engines.threads import intra_op_threads
 from buildctl.settings import Settings
+from buildctl.stats import combine
 from buildctl.store.attestations import ATTESTATION_SCHEMA, Attestation, write_attestation
 from buildctl.store.backend import Store
 from buildctl.store.manifest import tree_digest, utc_now
@@ -36,7 +37,7 @@ from buildctl.store.pull import install_artifact
 from buildctl.store.integrity import quarantine_on
 from buildctl.store.signing import SigningKey
 from buildctl.store.verify import get_manifest
-from buildctl.validators.errors import ModelMismatchError, ValidationFailedError, ValidationInconclusiveError
+from buildctl.validators.errors import ModelMismatchError, verdict_error
 from buildctl.validators.parity import ParityReport, check_parity
 from buildctl.validators.prompts import PromptSet, build_prompt_sets, load_prompt_file
 from buildctl.validators.speed import SpeedReport, measure
@@ -121,7 +122,7 @@ def validate_artifact(
                             reference_gpus=profile.reference.tensor_parallel_size, budget_scale=speed_budget,
                             on_progress=say)
         reasons = parity.reasons() + speed.reasons()
-        verdict = "fail" if not parity.passed or speed.verdict == "fail" else speed.verdict
+        verdict = combine(["pass" if parity.passed else "fail", speed.verdict])
         attestation = Attestation.model_validate({
             "schema_version": ATTESTATION_SCHEMA,
             "artifact_id": artifact_id,
@@ -153,10 +154,8 @@ def validate_artifact(
         if own_reference and reference is not None:
             reference.close()
         shutil.rmtree(work, ignore_errors=True)
-    if attestation.verdict == "inconclusive":
-        raise ValidationInconclusiveError(artifact_id, att_id, attestation)
     if not result.passed:
-        raise ValidationFailedError(artifact_id, att_id, attestation)
+        raise verdict_error(artifact_id, att_id, attestation)
     return result
 
 
