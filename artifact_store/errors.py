@@ -12,6 +12,7 @@ from buildctl.errors import (
     IntegrityError,
     NotFoundError,
     PreflightRefusedError,
+    UnavailableError,
 )
 
 
@@ -23,8 +24,9 @@ class StoreUriError(BadInputError):
         super().__init__(f"store {uri!r}: {why}")
 
 
-class StoreUnavailableError(BuildctlError):
-    """The store cannot be reached or refused the request for a reason other than a conflict."""
+class StoreUnavailableError(UnavailableError):
+    """The store cannot be reached or refused the request for a reason other than a conflict;
+    ``detail`` is a one-line cause (missing or refused credentials, an unreachable endpoint)."""
 
     def __init__(self, uri: str, detail: str) -> None:
         self.uri = uri

@@ -24,7 +24,7 @@ from typing import Any, BinaryIO, Iterator
 import boto3
 from awscrt import checksums
 from botocore.config import Config
-from botocore.exceptions import BotoCoreError, ClientError
+from botocore.exceptions import BotoCoreError, ClientError, EndpointConnectionError, NoCredentialsError
 
 from buildctl.store.errors import KeyNotFoundError, StoreUnavailableError, StoreUriError
 from buildctl.store.backend import ProgressFn
@@ -34,6 +34,7 @@ MULTIPART_THRESHOLD = 64 * 1024 * 1024
 MAX_CONCURRENCY = 8
 
 _CONFLICT_CODES = {"PreconditionFailed", "ConditionalRequestConflict", "412", "409"}
+_CREDENTIAL_CODES = {"InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "ExpiredToken", "InvalidToken"}
 
 
 def _crc_b64(crc: int) -> str:
@@ -98,7 +99,17 @@ class S3Store:
 
     def _fail(self, err: Exception, what: str) -> StoreUnavailableError:
         if isinstance(err, ClientError):
-            return StoreUnavailableError(self.uri, f"{what}: {_code(err)} {err.response.get('Error', {}).get('Message', '')}".strip())
+            code = _code(err)
+            if code in _CREDENTIAL_CODES:
+                return StoreUnavailableError(self.uri, f"{what}: credentials refused ({code}): check AWS_ACCESS_KEY_ID/"
+                                             "AWS_PROFILE and the role's bucket policy")
+            return StoreUnavailableError(self.uri, f"{what}: {code} {err.response.get('Error', {}).get('Message', '')}".strip())
+        if isinstance(err, NoCredentialsError):
+            return StoreUnavailableError(self.uri, f"{what}: no credentials found (set AWS_ACCESS_KEY_ID and "
+                                         "AWS_SECRET_ACCESS_KEY, AWS_PROFILE, or an instance role)")
+        if isinstance(err, EndpointConnectionError):
+            return StoreUnavailableError(self.uri, f"{what}: cannot reach the endpoint "
+                                         f"{self.client.meta.endpoint_url} (BUILDCTL_ENDPOINT_URL / AWS_ENDPOINT_URL)")
         return StoreUnavailableError(self.uri, f"{what}: {err}")
 
     def _put_object(self, key: str, body: bytes, **cond: str) -> bool:

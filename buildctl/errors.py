@@ -44,5 +44,9 @@ class BuildFailedError(BuildctlError):
     """A builder crashed, timed out or produced incomplete output."""
 
 
+class UnavailableError(BuildctlError):
+    """The store cannot be reached, or refused this process's credentials."""
+
+
 class PreflightRefusedError(BuildctlError):
     """An engine failed its preflight load on this host, so it was not installed."""

@@ -93,9 +93,10 @@ def test_exit_code_table_covers_every_category():
     assert exit_code_for(errors.ConflictError("x")) == 6
     assert exit_code_for(errors.BuildFailedError("x")) == 7
     assert exit_code_for(errors.PreflightRefusedError("x")) == 8
+    assert exit_code_for(errors.UnavailableError("x")) == 9
     assert exit_code_for(RuntimeError("x")) == 1
     assert exit_code_for(KeyboardInterrupt()) == 130
-    assert {code for _, code, _ in EXIT_CODES} == {1, 2, 3, 4, 5, 6, 7, 8, 130}
+    assert {code for _, code, _ in EXIT_CODES} == {1, 2, 3, 4, 5, 6, 7, 8, 9, 130}
 
 
 def test_console_script_end_to_end(tmp_path):

@@ -98,3 +98,30 @@ def test_bucket_name_rules():
 
     with pytest.raises(StoreUriError):
         S3Store("s3://ab/p")
+
+
+def test_missing_or_refused_credentials_and_dead_endpoint_exit_9(seaweed, s3_env, tmp_path):
+    """Store access problems are exit 9 with a one-line cause, not a traceback or "unexpected".
+    Real processes: boto3's default session caches the credentials it found first."""
+    import subprocess
+    import sys
+
+    exe = os.path.join(os.path.dirname(sys.executable), "buildctl")
+    bucket = seaweed.new_bucket()
+
+    def run(*args: str, **env: str | None) -> tuple[int, str]:
+        e = {**os.environ, "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none"), "AWS_CONFIG_FILE": str(tmp_path / "none")}
+        for k, v in env.items():
+            if v is None:
+                e.pop(k, None)
+            else:
+                e[k] = v
+        r = subprocess.run([exe, "--store", f"s3://{bucket}/p", *args, "ls"], capture_output=True, text=True, env=e)
+        return r.returncode, r.stderr
+
+    code, err = run(AWS_SECRET_ACCESS_KEY="not-the-secret")
+    assert code == 9 and "credentials refused" in err and len(err.strip().splitlines()) == 1, err
+    code, err = run(AWS_ACCESS_KEY_ID=None, AWS_SECRET_ACCESS_KEY=None, AWS_PROFILE=None)
+    assert code == 9 and "no credentials found" in err, err
+    code, err = run("--endpoint-url", "http://127.0.0.1:9")
+    assert code == 9 and "cannot reach the endpoint http://127.0.0.1:9" in err, err

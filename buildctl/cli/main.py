@@ -28,6 +28,7 @@ from buildctl.errors import (
     IntegrityError,
     NotFoundError,
     PreflightRefusedError,
+    UnavailableError,
 )
 from buildctl.settings import load_settings
 
@@ -42,6 +43,7 @@ EXIT_CODES: tuple[tuple[type[BaseException], int, str], ...] = (
     (ConflictError, 6, "conflict"),
     (BuildFailedError, 7, "build failed"),
     (PreflightRefusedError, 8, "engine refused by its preflight load on this host (not installed)"),
+    (UnavailableError, 9, "store unreachable or credentials refused"),
     (BuildctlError, 1, "error"),
     (typer.TyperException, 2, "usage error"),
     (KeyboardInterrupt, 130, "interrupted"),
