@@ -24,6 +24,7 @@ from buildctl.engines.buildkey import build_key_for
 from buildctl.engines.errors import (
     EngineBuildError,
     FieldProblem,
+    HostRequirementsError,
     IncompatibleTargetError,
     ModelSourceError,
     PreflightLoadError,
@@ -262,6 +263,9 @@ def plan_build(settings: Settings, store: Store, profile: BuildProfile, *, model
         raise IncompatibleTargetError(
             f"this host ({compat}) cannot build for target {target_compat_key}: an engine built here would not "
             "load there", {"compat_key": (target_compat_key, compat)})
+    unmet = get_backend(profile.engine.backend, settings).unmet_requirements(profile, fp)
+    if unmet:  # before the checkpoint download and the build: both can take hours
+        raise HostRequirementsError(profile.name, unmet)
     say(f"model: resolving {model or profile.model.path or profile.model.uri or 'tiny ' + str(profile.model.tiny)}")
     model_dir = resolve_model(settings, profile, model)
     digest = tree_digest(model_dir)

@@ -74,10 +74,11 @@ class Settings(BaseSettings):
     verify_window_s: float = Field(24 * 3600.0, ge=0, description="How old a deep verify promote and rollback may trust; older ones are re-run (0: always re-hash).")
     build_limit: str = Field(DEFAULT_BUILD_LIMIT, description="Prefect global concurrency limit that builds take a slot of.")
     build_slots: int = Field(1, ge=1, description="Slots of the build limit when buildctl creates it.")
-    trtllm_convert: str = Field("/app/tensorrt_llm/examples/models/core/llama/convert_checkpoint.py",
-                                description="TensorRT-LLM's llama convert_checkpoint.py.")
-    trtllm_quantize: str = Field("/app/tensorrt_llm/examples/quantization/quantize.py",
-                                 description="TensorRT-LLM's (ModelOpt) quantize.py.")
+    trtllm_version: str = Field("1.2.1", description="The TensorRT-LLM release builds must run on (pinned: the last with trtllm-build).")
+    trtllm_examples: str = Field("/app/tensorrt_llm/examples",
+                                 description="TensorRT-LLM's examples directory; the converter paths under it depend on the release.")
+    trtllm_convert: str | None = Field(None, description="TensorRT-LLM's llama convert_checkpoint.py (default: by release, under trtllm_examples).")
+    trtllm_quantize: str | None = Field(None, description="TensorRT-LLM's (ModelOpt) quantize.py (default: under trtllm_examples).")
     trtllm_build: str = Field("trtllm-build", description="The trtllm-build executable.")
     trtllm_python: str | None = Field(None, description="Python that runs the convert/quantize scripts (default: this one).")
     actor: str = Field(default_factory=detect_actor, description="Who is acting, recorded in channel history.")

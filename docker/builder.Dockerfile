@@ -9,8 +9,8 @@ FROM ${TRTLLM_IMAGE}
 ENV PIP_NO_CACHE_DIR=1 \
     PYTHONUNBUFFERED=1 \
     PREFECT_HOME=/home/buildctl/.prefect \
-    BUILDCTL_TRTLLM_CONVERT=/app/tensorrt_llm/examples/models/core/llama/convert_checkpoint.py \
-    BUILDCTL_TRTLLM_QUANTIZE=/app/tensorrt_llm/examples/quantization/quantize.py \
+    BUILDCTL_TRTLLM_VERSION=1.2.1 \
+    BUILDCTL_TRTLLM_EXAMPLES=/app/tensorrt_llm/examples \
     BUILDCTL_REPO=/opt/buildctl
 
 WORKDIR /opt/buildctl

@@ -115,6 +115,8 @@ class AotiBackend:
     @staticmethod
     def check_engine_spec(spec: EngineSpec) -> None:
         """aoti-only rules of a profile's engine section."""
+        if spec.calibration is not None:
+            raise rule_error("calibration", "calibration-trtllm-only", "calibration applies to backend trtllm only")
         if spec.quantization != "none":
             raise rule_error("quantization", "aoti-no-quantization",
                              "quantization {q!r} needs backend trtllm; aoti builds only unquantized engines", q=spec.quantization)
@@ -126,6 +128,11 @@ class AotiBackend:
                              n=spec.tp_size * spec.pp_size)
         if spec.plugins is not None:
             raise rule_error("plugins", "plugins-trtllm-only", "plugins apply to backend trtllm only")
+
+    def unmet_requirements(self, profile: BuildProfile, fingerprint: Fingerprint) -> list[str]:
+        if profile.engine.resolved_aoti.device == "cuda" and not fingerprint.gpus:
+            return ["a GPU (aoti device cuda): this host has none"]
+        return []
 
     def build(self, profile: BuildProfile, model_dir: Path, out_dir: Path, fingerprint: Fingerprint,
               log_path: Path, *, model_digest: str | None = None) -> BuildResult:

@@ -6,6 +6,8 @@ A backend has three operations:
   always in an isolated subprocess with the profile's timeout;
 * ``load(engine_dir) -> Runner``;
 * ``preflight(engine_dir)``: load or deserialize the engine on this host without serving it;
+* ``unmet_requirements(profile, fingerprint)``: why this host cannot build a profile, checked
+  before anything costly;
 
 and three facts it takes from a fingerprint or a directory: ``tool_version``, ``compat_fields``
 and ``recognises``. Backends are constructed with the :class:`~buildctl.settings.Settings`.
@@ -97,6 +99,11 @@ class EngineBackend(Protocol):
     @staticmethod
     def recognises(engine_dir: Path) -> bool:
         """Whether ``engine_dir`` holds an engine of this backend."""
+        ...
+
+    def unmet_requirements(self, profile: BuildProfile, fingerprint: Fingerprint) -> list[str]:
+        """Every reason this host cannot build ``profile`` (empty: it can); cheap, run before any
+        download or build."""
         ...
 
     def build(self, profile: BuildProfile, model_dir: Path, out_dir: Path, fingerprint: Fingerprint,

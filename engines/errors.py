@@ -65,6 +65,17 @@ class IncompatibleTargetError(BadInputError):
         super().__init__(f"{what}: {detail}")
 
 
+class HostRequirementsError(BadInputError):
+    """This host cannot build a profile: every unmet requirement is listed, found before any
+    download or build starts."""
+
+    def __init__(self, profile: str, unmet: list[str]) -> None:
+        self.profile = profile
+        self.unmet = list(unmet)
+        super().__init__(f"this host cannot build {profile}; unmet requirements:\n"
+                         + "\n".join(f"  - {u}" for u in self.unmet))
+
+
 class ModelSourceError(BadInputError):
     """A model checkpoint that cannot be found or read."""
 
@@ -75,7 +86,7 @@ class ModelSourceError(BadInputError):
 
 
 class EngineBuildError(BuildFailedError):
-    """A build failed. ``kind`` is one of crashed, timeout, exit, incomplete, error.
+    """A build failed. ``kind`` is one of crashed, timeout, memory, exit, incomplete, error.
 
     ``returncode``/``signal`` describe the process, ``log_path`` holds the full log and
     ``log_tail`` its last lines (also in the message).

@@ -30,17 +30,47 @@ def log_tail(path: Path, lines: int = TAIL_LINES) -> str:
     return "\n".join(data.splitlines()[-lines:])
 
 
-def _limit_memory(mb: int | None):
-    if mb is None:
-        return None
+MEMORY_POLL_S = 0.2
 
-    def apply() -> None:
-        import resource
 
-        limit = mb * 1024 * 1024
-        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+def group_rss_bytes(pgid: int) -> int:
+    """Resident memory of every process in group ``pgid`` (Linux /proc; 0 where unreadable).
 
-    return apply
+    The memory limit watches resident memory, not address space: CUDA reserves tens of GiB of
+    virtual address space per process at start-up, so an RLIMIT_AS that a CPU-side runaway would
+    trip also kills every healthy GPU build."""
+    total = 0
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+            if int(fields[2]) != pgid:  # fields after the command: state, ppid, pgrp, ...
+                continue
+            with open(f"/proc/{entry.name}/statm", "rb") as f:
+                total += int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        except (OSError, ValueError, IndexError):
+            continue
+    return total
+
+
+def _wait(proc: subprocess.Popen, timeout_s: float, memory_limit_mb: int | None) -> tuple[int, int | None]:
+    """Wait for ``proc``; with a memory limit, poll the group's RSS and return (rc, peak RSS over
+    the limit) when it passed the limit (the caller kills the group). Raises TimeoutExpired."""
+    if memory_limit_mb is None:
+        return proc.wait(timeout=timeout_s), None
+    limit = memory_limit_mb * 1024 * 1024
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return proc.wait(timeout=MEMORY_POLL_S), None
+        except subprocess.TimeoutExpired:
+            rss = group_rss_bytes(proc.pid)
+            if rss > limit:
+                return -1, rss
+            if time.monotonic() >= deadline:
+                raise
 
 
 def run_step(backend: str, step: str, cmd: Sequence[str], *, log_path: Path, timeout_s: float,
@@ -54,13 +84,20 @@ def run_step(backend: str, step: str, cmd: Sequence[str], *, log_path: Path, tim
         log.flush()
         try:
             proc = subprocess.Popen(list(cmd), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    env=dict(env) if env is not None else None, cwd=cwd, start_new_session=True,
-                                    preexec_fn=_limit_memory(memory_limit_mb))
+                                    env=dict(env) if env is not None else None, cwd=cwd, start_new_session=True)
         except OSError as err:
             raise EngineBuildError(backend, "error", f"{step}: cannot start {cmd[0]}: {err.strerror or err}",
                                    log_path=str(log_path)) from None
         try:
-            rc = proc.wait(timeout=timeout_s)
+            rc, over = _wait(proc, timeout_s, memory_limit_mb)
+            if over is not None:
+                _kill_group(proc)
+                log.write(f"\n[buildctl] {step} killed: resident memory {over >> 20} MiB passed the "
+                          f"{memory_limit_mb} MiB limit\n".encode())
+                log.flush()
+                raise EngineBuildError(backend, "memory", f"{step} used {over >> 20} MiB resident memory, over its "
+                                       f"{memory_limit_mb} MiB limit (build_memory_limit_mb)",
+                                       log_path=str(log_path), log_tail=log_tail(log_path))
         except subprocess.TimeoutExpired:
             _kill_group(proc)
             log.write(f"\n[buildctl] {step} killed after {timeout_s:.0f}s timeout\n".encode())

@@ -8,7 +8,7 @@ built engine; :data:`HASH_EXCLUDED_FIELDS` names every field it leaves out, and 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -19,6 +19,7 @@ from buildctl.stats import min_samples
 from buildctl.engines.errors import FieldProblem, ProfileError, ProfileNotFoundError
 
 Quantization = Literal["none", "fp8", "int8_sq", "int4_awq", "w4a8_awq", "int8_wo", "int4_wo"]
+QUANTIZATION_VALUES: tuple[str, ...] = get_args(Quantization)
 KvCacheDtype = Literal["auto", "fp16", "bf16", "fp8", "int8"]
 Dtype = Literal["float32", "float16", "bfloat16"]
 PromptSet = Literal["short", "mixed", "long"]
@@ -75,6 +76,24 @@ class TrtllmPlugins(_Frozen):
     workers: int = Field(1, ge=1, le=64, description="--workers: ranks built in parallel; does not change the engine.")
 
 
+class Calibration(_Frozen):
+    """Calibration data for quantization (quantize.py, or convert_checkpoint.py's int8 KV cache).
+
+    TensorRT-LLM's scripts default to a dataset name (cnn_dailymail) that they download from a
+    model hub; build nodes are offline, so the data is a local directory, always passed."""
+
+    dataset: str = Field(..., description="Local directory of the calibration dataset (an absolute path; never a hub name).")
+    size: int = Field(512, ge=1, description="Number of calibration samples (--calib_size).")
+
+    @field_validator("dataset")
+    @classmethod
+    def _local(cls, v: str) -> str:
+        if not v.startswith("/"):
+            raise rule_error("", "calibration-dataset-local",
+                             "calibration.dataset must be an absolute local path, not a hub dataset name (got {v!r})", v=v)
+        return v
+
+
 class AotiOptions(_Frozen):
     """torch AOTInductor options."""
 
@@ -96,8 +115,9 @@ class EngineSpec(_Frozen):
     max_num_tokens: int | None = Field(None, ge=1, description="Token budget per scheduler step; None lets the builder choose.")
     min_sm: int | None = Field(None, ge=10, description="Lowest GPU SM (e.g. 89, 90) this profile may target; None = any.")
     build_timeout_s: float = Field(3600.0, gt=0, description="Wall-clock limit for one build subprocess.")
-    build_memory_limit_mb: int | None = Field(None, ge=64, description="Address-space limit (RLIMIT_AS) for build subprocesses; None = unlimited.")
+    build_memory_limit_mb: int | None = Field(None, ge=64, description="Resident-memory limit (RSS of the build step's process group, polled) for build subprocesses; None = unlimited.")
     plugins: TrtllmPlugins | None = Field(None, description="trtllm-only build switches; defaults apply when omitted.")
+    calibration: Calibration | None = Field(None, description="trtllm: calibration data, required when quantizing or with an int8 KV cache.")
     aoti: AotiOptions | None = Field(None, description="aoti-only options; defaults apply when omitted.")
 
     @field_validator("backend")
@@ -310,6 +330,8 @@ def build_affecting_fields(profile: BuildProfile) -> dict[str, Any]:
         data["engine"]["plugins"] = profile.engine.resolved_plugins.model_dump(mode="json")
     else:
         data["engine"]["aoti"] = profile.engine.resolved_aoti.model_dump(mode="json")
+    if data["engine"].get("calibration") is None:  # added later: hashed only when set, so existing keys hold
+        data["engine"].pop("calibration", None)
     for dotted in HASH_EXCLUDED_FIELDS:
         *parents, leaf = dotted.split(".")
         node: Any = data

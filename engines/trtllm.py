@@ -1,22 +1,28 @@
 """The trtllm backend: the production path, TensorRT-LLM's documented two-step engine build.
 
 1. Convert the HF checkpoint to a TensorRT-LLM checkpoint with tp/pp set there:
-   ``convert_checkpoint.py --model_dir --output_dir --dtype --tp_size --pp_size``, or for fp8 the
-   ModelOpt path ``quantize.py --qformat fp8 --kv_cache_dtype fp8 --calib_size 512 ...``.
+   ``convert_checkpoint.py --model_dir --output_dir --dtype --tp_size --pp_size`` (an int8 or fp8
+   KV cache by the converter's own flag), or for quantization ModelOpt's ``quantize.py --qformat
+   Q --calib_dataset DIR --calib_size N [--kv_cache_dtype K]``. Calibration data is always a local
+   directory: both scripts default to downloading cnn_dailymail from a model hub.
 2. ``trtllm-build --checkpoint_dir --output_dir --max_batch_size --max_input_len --max_seq_len
    --max_num_tokens --kv_cache_type --gemm_plugin --gpt_attention_plugin
    --use_paged_context_fmha --use_fp8_context_fmha ... --workers``.
 
-Both run as isolated subprocesses with the profile's timeout. The output must be
-``config.json`` plus one non-empty ``rank{r}.engine`` per rank of its mapping, or the build is
-incomplete (a half-failed TP build is a known cause of "Failed to deserialize cuda engine").
+Both run as isolated subprocesses with the profile's timeout and memory limit. The output must be
+``config.json`` plus one non-empty ``rank{r}.engine`` per rank of its mapping, with the
+quantization the profile asked for, or the build is refused (a half-failed TP build is a known
+cause of "Failed to deserialize cuda engine"; a dropped KV-cache flag builds a different engine).
 
-The scripts are not installed by the wheel; their paths come from the settings
-(``BUILDCTL_TRTLLM_CONVERT``, ``BUILDCTL_TRTLLM_QUANTIZE``, ``BUILDCTL_TRTLLM_BUILD``,
-``BUILDCTL_TRTLLM_PYTHON``) with defaults for NVIDIA's TensorRT-LLM release container.
+What differs between releases (where the converter lives, which KV-cache flags it has) is in
+:data:`RELEASES`, taken from TensorRT-LLM's sources at those releases; ``tests/fixtures/trtllm/``
+holds the flags, engine layout and runtime API read from those sources, with file and commit, and
+the fakes in ``tests/fakes/`` enforce them. Nothing here has run against real TensorRT-LLM.
 
-Here (no GPU) this module has run only against the fake executables in ``tests/fakes/``; the
-runner and the preflight need a GPU and TensorRT-LLM 1.2.x and have not run in this project's CI.
+Generation uses the C++ runner (``ModelRunnerCpp``, the executor): top-k logprobs from the
+generation logits the runtime returns when asked (``output_generation_logits``), streaming and the
+speed workload through the executor's in-flight batching, and TP/PP > 1 in orchestrator mode (this
+process leads; the executor starts one worker per rank).
 """
 
 from __future__ import annotations
@@ -27,18 +33,21 @@ import shutil
 import sys
 import time
 import uuid
+from collections import deque
+from dataclasses import dataclass, field
 from pathlib import Path
-from dataclasses import dataclass
-from typing import Any, ClassVar, Iterator
+from typing import Any, ClassVar, Iterator, Mapping
 
 from buildctl.engines.backend import BuildResult, Generation, TokenEvent
-from buildctl.engines.errors import EngineBuildError, EngineLoadError, IncompatibleTargetError
+from buildctl.engines.errors import EngineBuildError, EngineLoadError, HostRequirementsError
 from buildctl.engines.fingerprint import Fingerprint, major
-from buildctl.engines.isolate import run_step
+from buildctl.engines.isolate import log_tail, run_step
 from buildctl.engines.profile import FP8_MIN_SM, BuildProfile, EngineSpec, rule_error
 from buildctl.settings import Settings
 
 DTYPES = {"float32": "float32", "float16": "float16", "bfloat16": "bfloat16"}
+# The checkpoint's quantization record (config.json pretrained_config.quantization) per profile value.
+KV_QUANT_ALGO = {"fp8": "FP8", "int8": "INT8"}
 
 
 def _onoff(flag: bool) -> str:
@@ -46,37 +55,95 @@ def _onoff(flag: bool) -> str:
 
 
 @dataclass(frozen=True)
+class TrtllmRelease:
+    """What buildctl relies on that differs between TensorRT-LLM releases.
+
+    From the sources named in ``tests/fixtures/trtllm/<version>/`` (tests check this table
+    against them)."""
+
+    series: str
+    convert_script: str  # under the examples directory
+    quantize_script: str
+    converter_kv_flags: Mapping[str, str] = field(default_factory=dict)  # KV dtype -> convert_checkpoint.py flag
+    converter_calib_size: bool = False  # convert_checkpoint.py has --calib_size
+
+
+RELEASES: tuple[TrtllmRelease, ...] = (
+    # examples/models/core/llama/convert_checkpoint.py @fd96a08; examples/quantization/quantize.py @c8c6df08
+    TrtllmRelease("1.2", "models/core/llama/convert_checkpoint.py", "quantization/quantize.py",
+                  {"int8": "--int8_kv_cache", "fp8": "--fp8_kv_cache"}, converter_calib_size=True),
+    # examples/llama/convert_checkpoint.py @05316d3: --int8_kv_cache only, no --calib_size
+    TrtllmRelease("0.16", "llama/convert_checkpoint.py", "quantization/quantize.py", {"int8": "--int8_kv_cache"}),
+)
+
+
+def release_for(version: str | None) -> TrtllmRelease | None:
+    """The release table entry for an installed version (matched on major.minor)."""
+    if not version:
+        return None
+    series = ".".join(version.split(".")[:2])
+    return next((r for r in RELEASES if r.series == series), None)
+
+
+def calibrates(spec: EngineSpec) -> bool:
+    """Whether the checkpoint step reads calibration data: any quantization, or an int8 KV cache."""
+    return spec.quantization != "none" or spec.kv_cache_dtype == "int8"
+
+
+@dataclass(frozen=True)
 class TrtllmTools:
-    """Where TensorRT-LLM's scripts and ``trtllm-build`` are (``Settings.trtllm_*``)."""
+    """Where TensorRT-LLM's scripts and ``trtllm-build`` are, for one release."""
 
     convert: str
     quantize: str
     build: str
     python: str
+    release: TrtllmRelease
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> "TrtllmTools":
-        return cls(convert=settings.trtllm_convert, quantize=settings.trtllm_quantize, build=settings.trtllm_build,
-                   python=settings.trtllm_python or sys.executable)
+    def from_settings(cls, settings: Settings, version: str | None = None) -> "TrtllmTools":
+        """Paths for ``version`` (default: the pinned ``settings.trtllm_version``); explicit
+        ``trtllm_convert``/``trtllm_quantize`` settings win over the release's layout."""
+        release = release_for(version or settings.trtllm_version) or RELEASES[0]
+        examples = Path(settings.trtllm_examples)
+        return cls(convert=settings.trtllm_convert or str(examples / release.convert_script),
+                   quantize=settings.trtllm_quantize or str(examples / release.quantize_script),
+                   build=settings.trtllm_build, python=settings.trtllm_python or sys.executable, release=release)
 
 
 def convert_command(profile: BuildProfile, model_dir: Path, ckpt_dir: Path, tools: TrtllmTools) -> list[str]:
-    """The checkpoint conversion (or fp8 quantization) command for ``profile``."""
+    """The checkpoint conversion (or quantization) command for ``profile``."""
     e, t = profile.engine, tools
     common = ["--model_dir", str(model_dir), "--output_dir", str(ckpt_dir), "--dtype", DTYPES[profile.model.dtype],
               "--tp_size", str(e.tp_size), "--pp_size", str(e.pp_size)]
-    if e.quantization == "fp8":
-        cmd = [t.python, t.quantize, *common, "--qformat", "fp8", "--calib_size", "512"]
-        if e.kv_cache_dtype == "fp8":
-            cmd += ["--kv_cache_dtype", "fp8"]
-        return cmd
+    calib = e.calibration
     if e.quantization == "none":
         cmd = [t.python, t.convert, *common]
-        if e.kv_cache_dtype == "int8":
-            cmd += ["--int8_kv_cache"]
+        if e.kv_cache_dtype in KV_QUANT_ALGO:
+            flag = t.release.converter_kv_flags.get(e.kv_cache_dtype)
+            if flag is None:
+                raise unsupported_kv(e, t.release)
+            cmd.append(flag)
+        if calibrates(e) and calib is not None:
+            cmd += ["--calib_dataset", calib.dataset]
+            if t.release.converter_calib_size:
+                cmd += ["--calib_size", str(calib.size)]
         return cmd
-    # int4_awq, w4a8_awq, int8_sq, int8_wo, int4_wo: ModelOpt's quantize.py names them the same way
-    return [t.python, t.quantize, *common, "--qformat", e.quantization, "--calib_size", "512"]
+    # fp8, int4_awq, w4a8_awq, int8_sq, int8_wo, int4_wo: ModelOpt's quantize.py names them the same way
+    cmd = [t.python, t.quantize, *common, "--qformat", e.quantization]
+    if calib is not None:
+        cmd += ["--calib_dataset", calib.dataset, "--calib_size", str(calib.size)]
+    if e.kv_cache_dtype in KV_QUANT_ALGO:
+        cmd += ["--kv_cache_dtype", e.kv_cache_dtype]
+    return cmd
+
+
+def unsupported_kv(spec: EngineSpec, release: TrtllmRelease) -> HostRequirementsError:
+    return HostRequirementsError("this profile", [
+        f"engine.kv_cache_dtype {spec.kv_cache_dtype} with engine.quantization none: TensorRT-LLM {release.series}'s "
+        f"convert_checkpoint.py has no {spec.kv_cache_dtype} KV-cache flag (it has: "
+        f"{', '.join(release.converter_kv_flags.values()) or 'none'}); quantize with quantize.py "
+        f"(engine.quantization) or use another release"])
 
 
 def build_command(profile: BuildProfile, ckpt_dir: Path, out_dir: Path, tools: TrtllmTools) -> list[str]:
@@ -99,12 +166,21 @@ def build_command(profile: BuildProfile, ckpt_dir: Path, out_dir: Path, tools: T
     return cmd
 
 
-def expected_ranks(engine_dir: Path) -> int:
+def engine_config(engine_dir: Path) -> dict[str, Any]:
     try:
         config = json.loads((engine_dir / "config.json").read_text())
-        mapping = config["pretrained_config"]["mapping"]
+        if not isinstance(config, dict):
+            raise ValueError("not a JSON object")
+        return config
+    except (OSError, ValueError) as err:
+        raise EngineLoadError(str(engine_dir), f"config.json is unreadable: {err}") from None
+
+
+def expected_ranks(engine_dir: Path) -> int:
+    try:
+        mapping = engine_config(engine_dir)["pretrained_config"]["mapping"]
         return int(mapping.get("world_size") or int(mapping.get("tp_size", 1)) * int(mapping.get("pp_size", 1)))
-    except (OSError, ValueError, KeyError, TypeError) as err:
+    except (ValueError, KeyError, TypeError, AttributeError) as err:
         raise EngineLoadError(str(engine_dir), f"config.json has no readable pretrained_config.mapping: {err}") from None
 
 
@@ -128,12 +204,34 @@ def check_complete(engine_dir: Path, world_size: int) -> list[str]:
     return problems
 
 
+def check_quantization(engine_dir: Path, spec: EngineSpec) -> list[str]:
+    """Where the engine's recorded quantization differs from what the profile (and so its build
+    hash) claims: a flag the tools ignored or a path that dropped it."""
+    try:
+        quant = engine_config(engine_dir).get("pretrained_config", {}).get("quantization") or {}
+    except EngineLoadError as err:
+        return [err.detail]
+    problems = []
+    want_kv = KV_QUANT_ALGO.get(spec.kv_cache_dtype)
+    if quant.get("kv_cache_quant_algo") != want_kv:
+        problems.append(f"config.json records kv_cache_quant_algo {quant.get('kv_cache_quant_algo')}, the profile's "
+                        f"kv_cache_dtype {spec.kv_cache_dtype} needs {want_kv}")
+    if spec.quantization == "fp8" and quant.get("quant_algo") != "FP8":
+        problems.append(f"config.json records quant_algo {quant.get('quant_algo')}, the profile asks for FP8")
+    if spec.quantization == "none" and quant.get("quant_algo") not in (None, ""):
+        problems.append(f"config.json records quant_algo {quant.get('quant_algo')}, the profile asks for none")
+    return problems
+
+
 class TrtllmBackend:
     name: ClassVar[str] = "trtllm"
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.tools = TrtllmTools.from_settings(settings)
+
+    def tools(self, fingerprint: Fingerprint | None = None) -> TrtllmTools:
+        """The tool paths for the release installed on ``fingerprint``'s host (default: pinned)."""
+        return TrtllmTools.from_settings(self.settings, fingerprint.tensorrt_llm_version if fingerprint else None)
 
     @staticmethod
     def tool_version(fingerprint: Fingerprint) -> str | None:
@@ -141,6 +239,9 @@ class TrtllmBackend:
 
     @staticmethod
     def compat_fields(fingerprint: Fingerprint) -> dict[str, Any]:
+        # Driver branch and CUDA major stay although TensorRT's own rule is the TensorRT version and
+        # the device: the seed's field reports saw engines fail across driver upgrades, and a
+        # rebuild costs less than a fleet of engines that do not load.
         return {
             "gpu_models": sorted({g.name for g in fingerprint.gpus}),
             "gpu_sm": sorted({g.sm for g in fingerprint.gpus}),
@@ -148,6 +249,7 @@ class TrtllmBackend:
             "tensorrt_llm": fingerprint.tensorrt_llm_version,
             "cuda_major": major(fingerprint.cuda_version),
             "driver_branch": major(fingerprint.driver_version),
+            "platform": fingerprint.platform,  # TensorRT plans are not portable across platforms
         }
 
     @staticmethod
@@ -159,18 +261,58 @@ class TrtllmBackend:
         """trtllm-only rules of a profile's engine section."""
         if spec.aoti is not None:
             raise rule_error("aoti", "aoti-options-aoti-only", "aoti options apply to backend aoti only")
+        if spec.kv_cache_dtype in ("fp16", "bf16"):
+            raise rule_error("kv_cache_dtype", "trtllm-kv-cache-dtype",
+                             "kv_cache_dtype {k!r} with quantization {q!r}: TensorRT-LLM's KV cache follows the model "
+                             "dtype unless quantized; use auto, fp8 or int8", k=spec.kv_cache_dtype, q=spec.quantization)
+        if calibrates(spec) and spec.calibration is None:
+            raise rule_error("calibration", "calibration-required",
+                             "quantization {q!r} with kv_cache_dtype {k!r} calibrates: set calibration.dataset to a local "
+                             "directory (TensorRT-LLM's scripts would download cnn_dailymail from a model hub)",
+                             q=spec.quantization, k=spec.kv_cache_dtype)
+
+    def unmet_requirements(self, profile: BuildProfile, fingerprint: Fingerprint) -> list[str]:
+        """Every reason this host cannot build ``profile``: checked before any download or build."""
+        e = profile.engine
+        unmet = []
+        if len(fingerprint.gpus) < e.world_size:
+            unmet.append(f"GPU count >= tp_size*pp_size = {e.world_size}: this host has {len(fingerprint.gpus)}")
+        uses_fp8 = e.quantization == "fp8" or e.kv_cache_dtype == "fp8"
+        min_sm = e.min_sm or (FP8_MIN_SM if uses_fp8 else 0)
+        low = sorted({g.sm for g in fingerprint.gpus if int(g.sm.replace(".", "")) < min_sm})
+        if low:
+            unmet.append(f"GPU SM >= {min_sm / 10:.1f}" + (" (fp8)" if uses_fp8 and not e.min_sm else "")
+                         + f": this host has SM {', '.join(low)}")
+        pinned, installed = self.settings.trtllm_version, fingerprint.tensorrt_llm_version
+        if installed is None:
+            unmet.append(f"TensorRT-LLM {pinned} (pinned) importable: not installed on this host")
+        elif installed != pinned:
+            unmet.append(f"TensorRT-LLM {pinned} (pinned, BUILDCTL_TRTLLM_VERSION) importable: this host has {installed}")
+        release = release_for(installed or pinned)
+        if release is None:
+            unmet.append(f"a TensorRT-LLM release buildctl drives ({', '.join(r.series for r in RELEASES)}): "
+                         f"{installed or pinned} is not one")
+            return unmet
+        tools = self.tools(fingerprint)
+        script = tools.convert if e.quantization == "none" else tools.quantize
+        if not Path(script).is_file():
+            unmet.append(f"converter script present: {script} does not exist (TensorRT-LLM {release.series} keeps it at "
+                         f"examples/{release.convert_script if e.quantization == 'none' else release.quantize_script})")
+        if shutil.which(tools.build) is None:
+            unmet.append(f"trtllm-build executable: {tools.build} is not found")
+        if e.quantization == "none" and e.kv_cache_dtype in KV_QUANT_ALGO and e.kv_cache_dtype not in release.converter_kv_flags:
+            unmet += unsupported_kv(e, release).unmet
+        if calibrates(e) and e.calibration is not None and not Path(e.calibration.dataset).is_dir():
+            unmet.append(f"calibration dataset {e.calibration.dataset} is a local directory (builds never download)")
+        return unmet
 
     def build(self, profile: BuildProfile, model_dir: Path, out_dir: Path, fingerprint: Fingerprint,
               log_path: Path, *, model_digest: str | None = None) -> BuildResult:
         e = profile.engine
-        if len(fingerprint.gpus) < e.world_size:
-            raise IncompatibleTargetError(f"{profile.name} needs {e.world_size} GPUs",
-                                          {"gpu_count": (e.world_size, len(fingerprint.gpus))})
-        uses_fp8 = e.quantization == "fp8" or e.kv_cache_dtype == "fp8"
-        low = [g.sm for g in fingerprint.gpus if int(g.sm.replace(".", "")) < (e.min_sm or (FP8_MIN_SM if uses_fp8 else 0))]
-        if low:
-            raise IncompatibleTargetError(f"{profile.name} needs SM >= {e.min_sm or FP8_MIN_SM}",
-                                          {"gpu_sm": (f">= {e.min_sm or FP8_MIN_SM}", sorted(set(low)))})
+        unmet = self.unmet_requirements(profile, fingerprint)
+        if unmet:
+            raise HostRequirementsError(profile.name, unmet)
+        tools = self.tools(fingerprint)
         out_dir = Path(out_dir)
         if out_dir.exists():
             raise EngineBuildError("trtllm", "error", f"output directory {out_dir} already exists")
@@ -178,19 +320,18 @@ class TrtllmBackend:
         (work / "tmp").mkdir(parents=True)
         deadline = time.monotonic() + e.build_timeout_s
         env = dict(os.environ)
-        env.update({"TMPDIR": str(work / "tmp"), "PYTHONUNBUFFERED": "1"})
+        # Offline: the checkpoint step must not reach a model hub (calibration data is local).
+        env.update({"TMPDIR": str(work / "tmp"), "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"})
         start = time.monotonic()
         try:
-            run_step("trtllm", "checkpoint conversion", convert_command(profile, model_dir, work / "ckpt", self.tools),
+            run_step("trtllm", "checkpoint conversion", convert_command(profile, model_dir, work / "ckpt", tools),
                      log_path=log_path, timeout_s=max(1.0, deadline - time.monotonic()), env=env,
                      memory_limit_mb=e.build_memory_limit_mb)
-            run_step("trtllm", "trtllm-build", build_command(profile, work / "ckpt", work / "engine", self.tools),
+            run_step("trtllm", "trtllm-build", build_command(profile, work / "ckpt", work / "engine", tools),
                      log_path=log_path, timeout_s=max(1.0, deadline - time.monotonic()), env=env,
                      memory_limit_mb=e.build_memory_limit_mb)
-            problems = check_complete(work / "engine", e.world_size)
+            problems = check_complete(work / "engine", e.world_size) or check_quantization(work / "engine", e)
             if problems:
-                from buildctl.engines.isolate import log_tail
-
                 raise EngineBuildError("trtllm", "incomplete", "; ".join(problems), log_path=str(log_path),
                                        log_tail=log_tail(log_path))
             os.rename(work / "engine", out_dir)
@@ -221,63 +362,108 @@ class TrtllmBackend:
 
 
 class TrtllmRunner:
-    """Greedy generation through ``tensorrt_llm.runtime.ModelRunner`` (GPU only; world size 1
-    in-process, larger TP under ``mpirun -n <world_size>``). Top-k logprobs need an engine
-    built with ``--gather_generation_logits``; without it only tokens are compared."""
+    """Greedy generation through TensorRT-LLM's C++ runner (``ModelRunnerCpp``; GPU only).
+
+    * World size 1 runs in this process. TP/PP > 1 runs in orchestrator mode: this process is the
+      only MPI rank and leads, the executor starts one ``executorWorker`` per GPU (``device_ids``);
+      so every result comes from the leader, never ``[]`` from a non-leader rank.
+    * Top-k logprobs: log_softmax of the generation logits, which the runtime returns only when
+      asked (``output_generation_logits``, with ``gather_generation_logits`` on the executor).
+      Cost: a float copy of the vocabulary per generated token and sequence to the host (128k vocab:
+      512 KiB per token), so only parity runs ask; the speed workload never does.
+    * Streaming (the speed workload) submits requests to the executor as earlier ones finish, so
+      the engine batches in flight, as vLLM does, at the same concurrency; tokens are the deltas
+      of each streamed response.
+    """
 
     name = "trtllm"
 
     def __init__(self, engine_dir: Path) -> None:
-        import tensorrt_llm
-        from tensorrt_llm.runtime import ModelRunner
+        from tensorrt_llm.runtime import ModelRunnerCpp
 
         self.torch = __import__("torch")
-        self.runner: Any = ModelRunner.from_dir(engine_dir=str(engine_dir), rank=tensorrt_llm.mpi_rank())
+        self.world_size = expected_ranks(engine_dir)
+        kwargs: dict[str, Any] = {"rank": 0, "gather_generation_logits": True}
+        if self.world_size > 1:
+            kwargs.update(is_orchestrator_mode=True, device_ids=list(range(self.world_size)))
+        try:
+            self.runner: Any = ModelRunnerCpp.from_dir(str(engine_dir), **kwargs)
+        except (RuntimeError, ValueError, AssertionError) as err:
+            raise EngineLoadError(str(engine_dir), f"ModelRunnerCpp could not load the engine: {err}") from None
+        self.max_batch_size = int(self.runner.max_batch_size)
 
-    def _run(self, prompts: list[list[int]], max_tokens: int, streaming: bool, want_logits: bool) -> Any:
-        torch = self.torch
-        return self.runner.generate(
-            batch_input_ids=[torch.tensor(p, dtype=torch.int32) for p in prompts], max_new_tokens=max_tokens,
-            end_id=-1, pad_id=0, top_k=1, temperature=1.0, streaming=streaming, return_dict=True,
-            output_generation_logits=want_logits,
-        )
+    def _leader_output(self, out: Any) -> Any:
+        if isinstance(out, list) and not out:
+            raise EngineLoadError("trtllm", "the runner returned no output: this process is not the leader rank "
+                                  "(run TP/PP engines in orchestrator mode, not under mpirun)")
+        return out
 
     def generate(self, prompts: list[list[int]], max_tokens: int, top_logprobs: int) -> list[Generation]:
         torch = self.torch
-        out = self._run(prompts, max_tokens, False, bool(top_logprobs) and self.runner.gather_generation_logits)
-        gens = []
-        for i, p in enumerate(prompts):
-            ids = out["output_ids"][i][0][len(p):len(p) + max_tokens].tolist()
-            tops: list[dict[int, float]] = []
-            logits = out.get("generation_logits")
-            if logits is not None and top_logprobs:
-                lp = torch.log_softmax(logits[i][0][:max_tokens].float(), dim=-1)
-                vals, idx = torch.topk(lp, top_logprobs, dim=-1)
-                for step, tok in enumerate(ids):
-                    d = {int(t): float(v) for t, v in zip(idx[step].tolist(), vals[step].tolist())}
-                    d.setdefault(int(tok), float(lp[step, tok]))
-                    tops.append(d)
-            gens.append(Generation(token_ids=[int(t) for t in ids], top_logprobs=tops))
+        gens: list[Generation] = []
+        for b in range(0, len(prompts), self.max_batch_size):
+            batch = prompts[b:b + self.max_batch_size]
+            out = self._leader_output(self.runner.generate(
+                [torch.tensor(p, dtype=torch.int32) for p in batch], max_new_tokens=max_tokens, end_id=-1, pad_id=0,
+                top_k=1, temperature=1.0, streaming=False, return_dict=True, output_sequence_lengths=True,
+                output_generation_logits=bool(top_logprobs)))
+            for i, p in enumerate(batch):
+                end = int(out["sequence_lengths"][i][0])  # output_ids holds the prompt, then end_id padding
+                ids = [int(t) for t in out["output_ids"][i][0][len(p):end].tolist()][:max_tokens]
+                tops: list[dict[int, float]] = []
+                if top_logprobs:
+                    logits = out.get("generation_logits")
+                    if logits is None:
+                        raise EngineLoadError("trtllm", "the runtime returned no generation_logits although asked "
+                                              "(output_generation_logits)")
+                    lp = torch.log_softmax(logits[i][0][:len(ids)].float(), dim=-1)
+                    vals, idx = torch.topk(lp, top_logprobs, dim=-1)
+                    for step, tok in enumerate(ids):
+                        d = {int(t): float(v) for t, v in zip(idx[step].tolist(), vals[step].tolist())}
+                        d.setdefault(tok, float(lp[step, tok]))
+                        tops.append(d)
+                gens.append(Generation(token_ids=ids, top_logprobs=tops))
         return gens
 
     def stream(self, prompts: list[list[int]], max_tokens: int, concurrency: int) -> Iterator[TokenEvent]:
-        """Waves of ``concurrency`` requests through ModelRunner's streaming generate."""
+        """At most ``concurrency`` requests in flight on the executor; a new one is enqueued as
+        soon as one finishes (in-flight batching, like vLLM's continuous batching)."""
+        from tensorrt_llm.bindings import executor as trtllm
+
         clock = time.perf_counter
-        for w in range(0, len(prompts), max(1, concurrency)):
-            wave = prompts[w:w + max(1, concurrency)]
-            t0 = clock()
-            for i in range(len(wave)):
-                yield TokenEvent(w + i, None, t0)
-            seen = [0] * len(wave)
-            for out in self._run(wave, max_tokens, True, False):
+        executor = self.runner.executor
+        if not executor.can_enqueue_requests():
+            self._leader_output([])
+        pending = deque(enumerate(prompts))
+        in_flight: dict[int, int] = {}
+        produced: dict[int, int] = {}
+
+        def submit() -> TokenEvent:
+            index, prompt = pending.popleft()
+            request = trtllm.Request(input_token_ids=list(prompt), max_tokens=max_tokens, end_id=-1, pad_id=0,
+                                     sampling_config=trtllm.SamplingConfig(beam_width=1, top_k=1), streaming=True,
+                                     output_config=trtllm.OutputConfig())
+            t = clock()
+            (rid,) = executor.enqueue_requests([request])
+            in_flight[rid], produced[index] = index, 0
+            return TokenEvent(index, None, t)
+
+        while pending and len(in_flight) < max(1, concurrency):
+            yield submit()
+        while in_flight:
+            for response in executor.await_responses():
                 now = clock()
-                lengths = out.get("sequence_lengths")
-                for i, p in enumerate(wave):
-                    end = int(lengths[i][0]) if lengths is not None else None
-                    ids = out["output_ids"][i][0][len(p):end].tolist()
-                    while seen[i] < min(len(ids), max_tokens):
-                        yield TokenEvent(w + i, int(ids[seen[i]]), now)
-                        seen[i] += 1
+                if response.has_error():
+                    raise EngineLoadError("trtllm", f"request failed in the executor: {response.error_msg}")
+                index = in_flight[response.request_id]
+                for tok in response.result.output_token_ids[0]:
+                    if produced[index] < max_tokens:
+                        produced[index] += 1
+                        yield TokenEvent(index, int(tok), now)
+                if response.result.is_final:
+                    del in_flight[response.request_id]
+                    if pending:
+                        yield submit()
 
     def close(self) -> None:
         self.runner = None

@@ -38,7 +38,8 @@ def describe_trigger(trigger: dict[str, Any] | None) -> str:
 
 def advice(err: BaseException, *, compat_key: str | None) -> list[str]:
     """What to do next about a failure, by error type."""
-    from buildctl.engines.errors import BuildFailedError, IncompatibleTargetError, ProfileNotFoundError
+    from buildctl.engines.errors import (BuildFailedError, HostRequirementsError, IncompatibleTargetError,
+                                         ProfileNotFoundError)
     from buildctl.validators.errors import ValidationFailedError, ValidationInconclusiveError
 
     if isinstance(err, ValidationInconclusiveError):
@@ -46,6 +47,8 @@ def advice(err: BaseException, *, compat_key: str | None) -> list[str]:
                 f"buildctl show {err.artifact_id}"]
     if isinstance(err, ValidationFailedError):
         return [f"buildctl show {err.artifact_id}   # the failing attestation {err.attestation_id}"]
+    if isinstance(err, HostRequirementsError):
+        return [f"fix on the worker {socket.gethostname()}: {u}" for u in err.unmet]
     if isinstance(err, IncompatibleTargetError):
         return [f"buildctl worker start --pool POOL   # on a host whose compat key is {compat_key or 'the target'}"]
     if isinstance(err, ProfileNotFoundError):

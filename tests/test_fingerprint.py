@@ -10,10 +10,11 @@ from buildctl.engines.fingerprint import CpuInfo, Fingerprint, GpuInfo, detect, 
 
 
 def h100_host(**over) -> Fingerprint:
+    """An 8xH100 node with TensorRT-LLM 1.2.1's stack (tests/fixtures/trtllm/1.2.1/stack.json)."""
     base = dict(
         gpus=(GpuInfo(name="NVIDIA H100 80GB HBM3", sm="9.0", memory_mib=81559),) * 8,
-        driver_version="550.54.15", cuda_version="12.4", tensorrt_version="10.11.0",
-        tensorrt_llm_version="1.2.1", torch_version="2.7.1",
+        driver_version="580.95.05", cuda_version="13.1", tensorrt_version="10.13.3",
+        tensorrt_llm_version="1.2.1", torch_version="2.9.0",
         cpu=CpuInfo(machine="x86_64", isa_level="x86-64-v4", flags=("avx2", "avx512f")),
         platform="linux-x86_64", glibc_version="2.35", compiler_version="gcc 11.4.0",
     )
@@ -42,19 +43,20 @@ def test_roundtrip_through_json(tmp_path):
 
 @pytest.mark.parametrize("change", [
     {"gpus": (GpuInfo(name="NVIDIA L40S", sm="8.9", memory_mib=46068),)},
-    {"tensorrt_version": "10.12.0"},
+    {"tensorrt_version": "10.14.1"},
     {"tensorrt_llm_version": "1.2.0"},
-    {"cuda_version": "13.0"},
-    {"driver_version": "560.35.03"},
+    {"cuda_version": "12.9"},
+    {"driver_version": "590.44.01"},
+    {"platform": "linux-aarch64"},
 ])
 def test_trtllm_key_changes_on_invalidating_fields(change):
     assert h100_host(**change).compat_key("trtllm") != h100_host().compat_key("trtllm")
 
 
 @pytest.mark.parametrize("change", [
-    {"driver_version": "550.90.07"},  # same branch
-    {"cuda_version": "12.6"},  # same major
-    {"torch_version": "2.8.0"},
+    {"driver_version": "580.105.08"},  # same branch
+    {"cuda_version": "13.0"},  # same major
+    {"torch_version": "2.9.1"},
     {"compiler_version": "gcc 13.1.0"},
     {"glibc_version": "2.39"},
 ])
@@ -63,7 +65,7 @@ def test_trtllm_key_ignores_other_fields(change):
 
 
 @pytest.mark.parametrize("change", [
-    {"torch_version": "2.8.0"},
+    {"torch_version": "2.10.0"},
     {"compiler_version": "gcc 13.1.0"},
     {"platform": "linux-aarch64"},
     {"cpu": CpuInfo(machine="x86_64", isa_level="x86-64-v3", flags=("avx2",))},
@@ -73,7 +75,7 @@ def test_aoti_key_changes_on_invalidating_fields(change):
 
 
 @pytest.mark.parametrize("change", [
-    {"driver_version": "560.35.03"}, {"tensorrt_version": "10.12.0"},
+    {"driver_version": "590.44.01"}, {"tensorrt_version": "10.14.1"},
     {"compiler_version": "gcc 11.5.0"}, {"gpus": ()},
 ])
 def test_aoti_key_ignores_other_fields(change):
@@ -81,8 +83,8 @@ def test_aoti_key_ignores_other_fields(change):
 
 
 def test_compat_differences_names_fields():
-    diff = h100_host().compat_differences(h100_host(tensorrt_version="10.12.0"), "trtllm")
-    assert diff == {"tensorrt": ("10.11.0", "10.12.0")}
+    diff = h100_host().compat_differences(h100_host(tensorrt_version="10.14.1"), "trtllm")
+    assert diff == {"tensorrt": ("10.13.3", "10.14.1")}
 
 
 @pytest.mark.parametrize("flags,level", [

@@ -11,10 +11,9 @@ import pytest
 import buildctl.store as ops
 
 from .conftest import PROFILES, make_tree, rot, settings, write_attestation
-from .test_trtllm_fake import fake_tools, h100x8, hf_model  # noqa: F401  (fixtures)
+from .trtllm_kit import calib, fake_tools, h100x8, hf_model, prod  # noqa: F401  (fixtures)
 
 KINDS = ("flip", "truncate", "missing")
-PROD = PROFILES / "llama-3-70b-instruct-fp8-tp8.yaml"
 
 
 def digest_of(store, aid: str, path: str) -> str:
@@ -210,12 +209,12 @@ def test_build_key_generations_follow_quarantine(store, draft, tmp_path):
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_cache_check_quarantines_a_rotted_hit_and_rebuilds(store_uri, hf_model, fake_tools, tmp_path, monkeypatch,  # noqa: F811
+def test_cache_check_quarantines_a_rotted_hit_and_rebuilds(store_uri, hf_model, fake_tools, prod, tmp_path, monkeypatch,  # noqa: F811
                                                            cli, kind, s3_env_if_needed):
     fp = tmp_path / "fp.json"
     fp.write_text(json.dumps(h100x8().model_dump(mode="json")))
     monkeypatch.setenv("BUILDCTL_FINGERPRINT_FILE", str(fp))
-    build = ("--store", store_uri, "--json", "build", PROD, "--model", hf_model)
+    build = ("--store", store_uri, "--json", "build", prod, "--model", hf_model)
     first = j(cli(*build))
     store = ops.open_store(store_uri)
     rot(store, digest_of(store, first["artifact_id"], "rank3.engine"), kind)

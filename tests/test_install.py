@@ -89,9 +89,9 @@ def test_slim_install_pulls_from_seaweedfs_without_prefect(slim_venv, seaweed, s
 
     # node report: recorded in the store's inventory; with no Prefect, no event, and no error
     fp = json.loads(run_in(slim_venv, exe, "--json", "fingerprint", cwd=tmp_path).stdout)
-    for driver in ("550.54.15", "560.35.03"):
+    for driver in ("580.95.05", "590.44.01"):  # a driver branch upgrade under CUDA 13.1
         (tmp_path / "fp.json").write_text(json.dumps({**fp, "driver_version": driver, "gpus": [
-            {"name": "NVIDIA H100 80GB HBM3", "sm": "9.0", "memory_mib": 81559}], "cuda_version": "12.4"}))
+            {"name": "NVIDIA H100 80GB HBM3", "sm": "9.0", "memory_mib": 81559}], "cuda_version": "13.1"}))
         r = run_in(slim_venv, exe, "--store", uri, "--json", "node", "report", "--node-id", "gpu-node-1",
                    "--profiles", "tiny-llama-cpu", cwd=tmp_path, env={"BUILDCTL_FINGERPRINT_FILE": str(tmp_path / "fp.json")})
         assert r.returncode == 0, r.stderr

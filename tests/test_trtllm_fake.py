@@ -15,23 +15,12 @@ from pathlib import Path
 import pytest
 
 import buildctl.store as ops
-from buildctl.engines.errors import EngineBuildError, IncompatibleTargetError
-from buildctl.engines.fingerprint import CpuInfo, Fingerprint, GpuInfo
+from buildctl.engines.errors import EngineBuildError, HostRequirementsError
 from buildctl.engines.profile import load_profile, parse_profile
 from buildctl.engines.trtllm import TrtllmBackend, TrtllmTools, build_command, check_complete, convert_command
 
-from .conftest import PROFILES, REPO, settings
-
-FAKES = REPO / "tests" / "fakes"
-PROD = PROFILES / "llama-3-70b-instruct-fp8-tp8.yaml"
-
-
-def h100x8(sm: str = "9.0") -> Fingerprint:
-    return Fingerprint(
-        gpus=(GpuInfo(name="NVIDIA H100 80GB HBM3", sm=sm, memory_mib=81559),) * 8,
-        driver_version="550.54.15", cuda_version="12.4", tensorrt_version="10.11.0", tensorrt_llm_version="1.2.1",
-        torch_version="2.7.1", cpu=CpuInfo(machine="x86_64", isa_level="x86-64-v4"),
-        platform="linux-x86_64", glibc_version="2.35", compiler_version="gcc 11.4.0")
+from .conftest import REPO, settings
+from .trtllm_kit import FAKES, calib, fake_tools, h100x8, hf_model, prod  # noqa: F401  (fixtures)
 
 
 def tools() -> TrtllmTools:
@@ -39,68 +28,52 @@ def tools() -> TrtllmTools:
     return TrtllmTools.from_settings(settings())
 
 
-@pytest.fixture
-def fake_tools(monkeypatch, tmp_path):
-    monkeypatch.setenv("BUILDCTL_TRTLLM_BUILD", str(FAKES / "trtllm-build"))
-    monkeypatch.setenv("BUILDCTL_TRTLLM_CONVERT", str(FAKES / "fake_convert.py"))
-    monkeypatch.setenv("BUILDCTL_TRTLLM_QUANTIZE", str(FAKES / "fake_convert.py"))
-    monkeypatch.setenv("FAKE_TRTLLM_RECORD", str(tmp_path / "calls"))
-    return tmp_path / "calls"
-
-
-@pytest.fixture
-def hf_model(tmp_path) -> Path:
-    d = tmp_path / "Meta-Llama-3-70B-Instruct"
-    d.mkdir()
-    (d / "config.json").write_text('{"architectures": ["LlamaForCausalLM"]}')
-    (d / "model.safetensors").write_bytes(b"weights")
-    return d
-
-
-def expected_args(model: Path, ckpt: str, out: str) -> dict:
+def expected_args(model: Path, ckpt: str, out: str, calib_dir: Path) -> dict:
     return {
         "convert": ["--model_dir", str(model), "--output_dir", ckpt, "--dtype", "bfloat16", "--tp_size", "8",
-                    "--pp_size", "1", "--qformat", "fp8", "--calib_size", "512", "--kv_cache_dtype", "fp8"],
+                    "--pp_size", "1", "--qformat", "fp8", "--calib_dataset", str(calib_dir), "--calib_size", "512",
+                    "--kv_cache_dtype", "fp8"],
         "build": ["--checkpoint_dir", ckpt, "--output_dir", out, "--max_batch_size", "256", "--max_input_len", "7168",
                   "--max_seq_len", "8192", "--max_num_tokens", "16384", "--kv_cache_type", "paged",
-                  "--gemm_plugin", "auto", "--gpt_attention_plugin", "auto", "--use_paged_context_fmha", "enable",
+                  "--gemm_plugin", "disable", "--gpt_attention_plugin", "auto", "--use_paged_context_fmha", "enable",
                   "--use_fp8_context_fmha", "enable", "--remove_input_padding", "enable", "--context_fmha", "enable",
                   "--multiple_profiles", "enable", "--workers", "8"],
     }
 
 
-def test_commands_map_the_profile(hf_model, fake_tools):
-    p = load_profile(PROD)
+def test_commands_map_the_profile(hf_model, fake_tools, prod, calib):
+    p = load_profile(prod)
     conv = convert_command(p, hf_model, Path("/w/ckpt"), tools())
-    assert conv[0] == sys.executable and conv[1].endswith("fake_convert.py")
-    exp = expected_args(hf_model, "/w/ckpt", "/w/engine")
+    assert conv[0] == sys.executable and conv[1] == str(FAKES / "trtllm/1.2.1/examples/quantization/quantize.py")
+    exp = expected_args(hf_model, "/w/ckpt", "/w/engine", calib)
     assert conv[2:] == exp["convert"]
     assert build_command(p, Path("/w/ckpt"), Path("/w/engine"), tools())[1:] == exp["build"]
     plain = parse_profile({"name": "x", "model": {"path": "/m"}, "engine": {"backend": "trtllm", "tp_size": 2}})
-    assert "--qformat" not in convert_command(plain, hf_model, Path("/c"), tools()) and convert_command(plain, hf_model, Path("/c"), tools())[1].endswith("fake_convert.py")
+    assert "--qformat" not in convert_command(plain, hf_model, Path("/c"), tools())
+    assert convert_command(plain, hf_model, Path("/c"), tools())[1].endswith("examples/models/core/llama/convert_checkpoint.py")
     assert "--max_num_tokens" not in build_command(plain, Path("/c"), Path("/o"), tools())
 
 
-def test_successful_build_checks_exact_arguments(hf_model, fake_tools, tmp_path, monkeypatch):
+def test_successful_build_checks_exact_arguments(hf_model, fake_tools, prod, calib, tmp_path, monkeypatch):
     out = tmp_path / "out" / "engine"
     out.parent.mkdir()
     # The build's work dir name is random: record the calls once, then re-run with strict expectations.
-    res = TrtllmBackend(settings()).build(load_profile(PROD), hf_model, out, h100x8(), tmp_path / "build.log")
+    res = TrtllmBackend(settings()).build(load_profile(prod), hf_model, out, h100x8(), tmp_path / "build.log")
     assert sorted(res.files) == sorted(["config.json"] + [f"rank{r}.engine" for r in range(8)])
     calls = {t: json.loads((fake_tools / f"{t}.jsonl").read_text().splitlines()[0]) for t in ("convert", "build")}
     ckpt = calls["convert"][calls["convert"].index("--output_dir") + 1]
     engine = calls["build"][calls["build"].index("--output_dir") + 1]
-    assert calls == expected_args(hf_model, ckpt, engine)
+    assert calls == expected_args(hf_model, ckpt, engine, calib)
     assert Path(ckpt).parent == Path(engine).parent and Path(ckpt).parent.parent == out.parent  # same filesystem
     assert not Path(ckpt).parent.exists(), "the build's temp dir is removed"
 
 
-def test_fake_fails_a_build_given_wrong_arguments(hf_model, fake_tools, tmp_path, monkeypatch):
+def test_fake_fails_a_build_given_wrong_arguments(hf_model, fake_tools, prod, tmp_path, monkeypatch):
     expect = tmp_path / "expect.json"
     expect.write_text(json.dumps({"build": ["--checkpoint_dir", "somewhere-else"]}))
     monkeypatch.setenv("FAKE_TRTLLM_EXPECT", str(expect))
     with pytest.raises(EngineBuildError) as exc:
-        TrtllmBackend(settings()).build(load_profile(PROD), hf_model, tmp_path / "engine", h100x8(), tmp_path / "build.log")
+        TrtllmBackend(settings()).build(load_profile(prod), hf_model, tmp_path / "engine", h100x8(), tmp_path / "build.log")
     assert exc.value.kind == "exit" and exc.value.returncode == 3 and "unexpected arguments" in exc.value.log_tail
 
 
@@ -110,9 +83,9 @@ def test_fake_fails_a_build_given_wrong_arguments(hf_model, fake_tools, tmp_path
     ("exit1", "exit", "out of memory while building rank 3"),
     ("incomplete", "incomplete", "rank7.engine is missing"),
 ])
-def test_failures_map_to_build_failed(hf_model, fake_tools, tmp_path, monkeypatch, mode, kind, needle):
+def test_failures_map_to_build_failed(hf_model, fake_tools, prod, tmp_path, monkeypatch, mode, kind, needle):
     monkeypatch.setenv("FAKE_TRTLLM_MODE", mode)
-    data = json.loads(json.dumps(load_profile(PROD).model_dump(mode="json")))
+    data = json.loads(json.dumps(load_profile(prod).model_dump(mode="json")))
     data["engine"]["build_timeout_s"] = 3
     prof = parse_profile(data)
     out = tmp_path / "out" / "engine"
@@ -143,15 +116,14 @@ def test_incomplete_check_rules(tmp_path):
     assert check_complete(d, 4)[0].startswith("config.json maps 2 ranks")
 
 
-def test_host_checks_before_building(hf_model, fake_tools, tmp_path):
-    with pytest.raises(IncompatibleTargetError) as exc:
-        TrtllmBackend(settings()).build(load_profile(PROD), hf_model, tmp_path / "e", h100x8(sm="8.0"), tmp_path / "l")
-    assert "gpu_sm" in exc.value.differences
-    fp = h100x8().model_copy(update={"gpus": h100x8().gpus[:4]})
-    with pytest.raises(IncompatibleTargetError) as exc:
-        TrtllmBackend(settings()).build(load_profile(PROD), hf_model, tmp_path / "e", fp, tmp_path / "l")
-    assert exc.value.differences == {"gpu_count": (8, 4)}
-    assert not (fake_tools / "build.jsonl").exists(), "no builder ran"
+def test_host_checks_before_building(hf_model, fake_tools, prod, tmp_path):
+    with pytest.raises(HostRequirementsError) as exc:
+        TrtllmBackend(settings()).build(load_profile(prod), hf_model, tmp_path / "e", h100x8(sm="8.0"), tmp_path / "l")
+    assert exc.value.unmet == ["GPU SM >= 8.9: this host has SM 8.0"]
+    with pytest.raises(HostRequirementsError) as exc:
+        TrtllmBackend(settings()).build(load_profile(prod), hf_model, tmp_path / "e", h100x8(gpus=4), tmp_path / "l")
+    assert exc.value.unmet == ["GPU count >= tp_size*pp_size = 8: this host has 4"]
+    assert not (fake_tools / "build.jsonl").exists() and not (fake_tools / "convert.jsonl").exists(), "no tool ran"
 
 
 def write_fp(tmp_path: Path, fp: Fingerprint) -> Path:
@@ -160,10 +132,10 @@ def write_fp(tmp_path: Path, fp: Fingerprint) -> Path:
     return f
 
 
-def test_cli_build_publishes_and_caches(cli, hf_model, fake_tools, tmp_path, monkeypatch):
+def test_cli_build_publishes_and_caches(cli, hf_model, fake_tools, prod, tmp_path, monkeypatch):
     monkeypatch.setenv("BUILDCTL_FINGERPRINT_FILE", str(write_fp(tmp_path, h100x8())))
     store = tmp_path / "store"
-    code, out, err = cli("--store", store, "--json", "build", PROD, "--model", hf_model)
+    code, out, err = cli("--store", store, "--json", "build", prod, "--model", hf_model)
     assert code == 0, err
     res = json.loads(out)
     assert not res["cache_hit"]
@@ -174,16 +146,16 @@ def test_cli_build_publishes_and_caches(cli, hf_model, fake_tools, tmp_path, mon
     assert len([f for f in m.files if f.path.endswith(".engine")]) == 8
     assert m.compat_key == h100x8().compat_key("trtllm") and m.tool_versions["backend"] == "1.2.1"
     monkeypatch.setenv("FAKE_TRTLLM_MODE", "segv")  # would crash if a builder ran
-    code, out, err = cli("--store", store, "--json", "build", PROD, "--model", hf_model)
+    code, out, err = cli("--store", store, "--json", "build", prod, "--model", hf_model)
     assert code == 0 and json.loads(out)["cache_hit"] and json.loads(out)["artifact_id"] == res["artifact_id"]
     assert len((fake_tools / "build.jsonl").read_text().splitlines()) == 1, "the cache hit started no builder"
 
 
-def test_cli_build_failure_exit_7_keeps_log(cli, hf_model, fake_tools, tmp_path, monkeypatch):
+def test_cli_build_failure_exit_7_keeps_log(cli, hf_model, fake_tools, prod, tmp_path, monkeypatch):
     monkeypatch.setenv("BUILDCTL_FINGERPRINT_FILE", str(write_fp(tmp_path, h100x8())))
     monkeypatch.setenv("FAKE_TRTLLM_MODE", "exit1")
     store, work = tmp_path / "store", tmp_path / "work"
-    code, out, err = cli("--store", store, "build", PROD, "--model", hf_model, "--workdir", work)
+    code, out, err = cli("--store", store, "build", prod, "--model", hf_model, "--workdir", work)
     assert code == 7
     assert "trtllm build failed (exit)" in err and "out of memory while building rank 3" in err
     kept = [p for p in work.iterdir() if p.name.startswith("buildctl-failed-")]
@@ -191,9 +163,9 @@ def test_cli_build_failure_exit_7_keeps_log(cli, hf_model, fake_tools, tmp_path,
     assert not (store / "manifests").exists() or list((store / "manifests").iterdir()) == []
 
 
-def test_cli_target_mismatch_exit_2(cli, hf_model, fake_tools, tmp_path, monkeypatch):
+def test_cli_target_mismatch_exit_2(cli, hf_model, fake_tools, prod, tmp_path, monkeypatch):
     monkeypatch.setenv("BUILDCTL_FINGERPRINT_FILE", str(write_fp(tmp_path, h100x8())))
-    code, _, err = cli("--store", tmp_path / "s", "build", PROD, "--model", hf_model,
+    code, _, err = cli("--store", tmp_path / "s", "build", prod, "--model", hf_model,
                        "--target-compat-key", h100x8(sm="8.9").compat_key("trtllm"))
     assert code == 2 and "cannot build for target" in err
     assert not (fake_tools / "convert.jsonl").exists()

@@ -13,17 +13,15 @@ from buildctl import pipeline
 from buildctl.errors import BuildFailedError
 from buildctl.engines.profile import load_profile, parse_profile
 
-from ..conftest import PROFILES, settings
-from ..test_trtllm_fake import fake_tools, h100x8, hf_model  # noqa: F401  (fixtures)
-
-PROD = PROFILES / "llama-3-70b-instruct-fp8-tp8.yaml"
+from ..conftest import settings
+from ..trtllm_kit import calib, fake_tools, h100x8, hf_model, prod  # noqa: F401  (fixtures)
 
 
-@pytest.mark.parametrize("mode,kind", [("segv", "crashed"), ("hang", "timeout"), ("oom", "exit"),
+@pytest.mark.parametrize("mode,kind", [("segv", "crashed"), ("hang", "timeout"), ("oom", "memory"),
                                        ("incomplete", "incomplete"), ("exit1", "exit")])
-def test_build_faults_publish_nothing(mode, kind, fake_tools, hf_model, tmp_path, monkeypatch, record_fault):  # noqa: F811
+def test_build_faults_publish_nothing(mode, kind, fake_tools, hf_model, prod, tmp_path, monkeypatch, record_fault):  # noqa: F811
     monkeypatch.setenv("FAKE_TRTLLM_MODE", mode)
-    data = json.loads(json.dumps(load_profile(PROD).model_dump(mode="json")))
+    data = json.loads(json.dumps(load_profile(prod).model_dump(mode="json")))
     data["engine"]["build_timeout_s"] = 3
     data["engine"]["build_memory_limit_mb"] = 1024
     profile = parse_profile(data)
@@ -32,12 +30,12 @@ def test_build_faults_publish_nothing(mode, kind, fake_tools, hf_model, tmp_path
         pipeline.build(settings(), store, profile, model=str(hf_model), fingerprint=h100x8(), workdir=tmp_path / "work")
     assert exc.value.kind == kind
     if mode == "oom":
-        assert "MemoryError" in exc.value.log_tail
+        assert "passed the 1024 MiB limit" in exc.value.log_tail
     assert ops.list_artifacts(store) == [] and list(store.root.glob("blobs/*/*")) == []
     assert [p.name for p in (tmp_path / "work").iterdir() if not p.name.startswith("buildctl-failed-")] == []
     # the orchestrator (this process) carries on: the next build works
     monkeypatch.setenv("FAKE_TRTLLM_MODE", "ok")
     ok = pipeline.build(settings(), store, profile, model=str(hf_model), fingerprint=h100x8(), workdir=tmp_path / "work")
     assert not ok.cache_hit and len(ops.list_artifacts(store)) == 1
-    record_fault(f"builder {mode}", f"fake trtllm-build: {mode}" + (" past RLIMIT_AS 1 GiB" if mode == "oom" else ""), 1,
+    record_fault(f"builder {mode}", f"fake trtllm-build: {mode}" + (" past a 1 GiB resident-memory limit" if mode == "oom" else ""), 1,
                  outcome=f"ok (BuildFailedError {kind}, nothing published, next build fine)")

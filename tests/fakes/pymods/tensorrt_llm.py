@@ -1,1 +1,0 @@
-"""Fake ``tensorrt_llm`` for the preflight test: importing it is what registers plugins upstream."""

@@ -1,0 +1,111 @@
+"""Fake ``tensorrt_llm.bindings.executor``: Request, SamplingConfig, OutputConfig, and an executor
+that batches in flight and answers one request's step per ``await_responses()``, round robin.
+
+Constructors take only the keywords the runtime fixture lists (a misspelt keyword is a TypeError
+here, where pybind11 would raise one too)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+_FIXTURE = json.loads((Path(__file__).resolve().parents[4] / "fixtures" / "trtllm" / "1.2.1" / "runtime.json").read_text())
+REQUEST_KEYWORDS = set(_FIXTURE["executor"]["request_keywords_used"])
+OUTPUT_CONFIG_KEYWORDS = set(_FIXTURE["executor"]["output_config_keywords"])
+
+
+def _only(kind: str, allowed: set[str], kwargs: dict) -> None:
+    unknown = set(kwargs) - allowed
+    if unknown:
+        raise TypeError(f"{kind}(): unexpected keyword argument(s) {sorted(unknown)}")
+
+
+class SamplingConfig:
+    def __init__(self, beam_width: int = 1, top_k: int | None = None, **kwargs) -> None:
+        self.beam_width, self.top_k = beam_width, top_k
+
+
+class OutputConfig:
+    def __init__(self, **kwargs) -> None:
+        _only("OutputConfig", OUTPUT_CONFIG_KEYWORDS, kwargs)
+        self.return_generation_logits = bool(kwargs.get("return_generation_logits"))
+
+
+class Request:
+    def __init__(self, **kwargs) -> None:
+        _only("Request", REQUEST_KEYWORDS, kwargs)
+        self.input_token_ids = list(kwargs["input_token_ids"])
+        self.max_tokens = int(kwargs["max_tokens"])
+        self.streaming = bool(kwargs.get("streaming", False))
+        self.output_config = kwargs.get("output_config") or OutputConfig()
+
+
+@dataclass
+class Result:
+    is_final: bool
+    output_token_ids: list[list[int]]
+    sequence_index: int = 0
+    generation_logits: object = None
+
+
+@dataclass
+class Response:
+    request_id: int
+    result: Result
+    error_msg: str = ""
+
+    def has_error(self) -> bool:
+        return bool(self.error_msg)
+
+
+@dataclass
+class _Live:
+    request: Request
+    tokens: list[int] = field(default_factory=list)
+
+
+class Executor:
+    """In-flight batching over a deterministic toy model (``model``: tokens -> next token, logits)."""
+
+    def __init__(self, model, leader: bool, max_batch_size: int) -> None:
+        self.model, self.leader, self.max_batch_size = model, leader, max_batch_size
+        self.live: dict[int, _Live] = {}
+        self.next_id = 1
+        self.turn = 0
+        self.enqueued: list[int] = []
+
+    def can_enqueue_requests(self) -> bool:
+        return self.leader
+
+    def enqueue_requests(self, requests: list[Request]) -> list[int]:
+        if not self.leader:
+            raise RuntimeError("only the leader rank can enqueue requests")
+        ids = []
+        for r in requests:
+            if len(self.live) >= self.max_batch_size:
+                raise RuntimeError(f"more requests in flight than max_batch_size {self.max_batch_size}")
+            self.live[self.next_id] = _Live(r)
+            self.enqueued.append(self.next_id)
+            ids.append(self.next_id)
+            self.next_id += 1
+        return ids
+
+    def await_responses(self) -> list[Response]:
+        """One decoding step of one in-flight request (round robin), as a streamed response."""
+        if not self.live:
+            raise RuntimeError("await_responses() with nothing in flight would block forever")
+        rids = sorted(self.live)
+        rid = rids[self.turn % len(rids)]
+        self.turn += 1
+        live = self.live[rid]
+        tok, logits = self.model(live.request.input_token_ids + live.tokens)
+        live.tokens.append(tok)
+        final = len(live.tokens) >= live.request.max_tokens
+        if final:
+            del self.live[rid]
+        new = [tok] if live.request.streaming else (live.request.input_token_ids + live.tokens)
+        gen = logits if live.request.output_config.return_generation_logits else None
+        if not live.request.streaming and not final:
+            return self.await_responses()
+        return [Response(rid, Result(final, [new], 0, gen))]
