@@ -153,8 +153,8 @@ def cli_cases(tmp_path):
         (["generate", str(tmp_path), "--prompt-ids", "1,2"], 2), (["generate", str(tmp_path), "--prompt-ids", "a,b"], 2),
         (["node", "report", "--node-id", "../x"], 2), (["key", "generate"], 2),
         (["model", "make-tiny", str(tmp_path), "--seed", "-3"], 2),
-        (["--store", "ftp://x", "ls"], 2), (["--store", dead, "--endpoint-url", "http://127.0.0.1:9", "ls"], 1),
-        (["--store", dead, "--endpoint-url", "http://127.0.0.1:9", "show", "deadbeefdeadbeef"], 1),
+        (["--store", "ftp://x", "ls"], 2), (["--store", dead, "--endpoint-url", "http://127.0.0.1:9", "ls"], 9),
+        (["--store", dead, "--endpoint-url", "http://127.0.0.1:9", "show", "deadbeefdeadbeef"], 9),
         # unreadable: a directory where a file belongs (root reads any mode-000 file, so that case is non-root only)
         (["profile", "check", str(tmp_path)], 2), (["import", str(tmp_path), "--profile", str(tmp_path)], 2),
     ] + ([(["profile", "check", str(unreadable)], 2)] if os.geteuid() != 0 else [])
