@@ -25,6 +25,19 @@ ProgressFn = Callable[[int], None]
 
 
 @runtime_checkable
+class ChecksumCheck(Protocol):
+    """A server-side checksum to compare with: ``update`` with the object's bytes in order."""
+
+    algorithm: str
+    expected: str
+
+    def update(self, data: bytes | memoryview) -> None:
+        ...
+
+    def actual(self) -> str:
+        ...
+
+
 class Store(Protocol):
     """Key/bytes storage with create-only writes and compare-and-swap refs."""
 
@@ -41,6 +54,17 @@ class Store(Protocol):
     def open_read(self, key: str, *, verify_checksum: bool = False) -> AbstractContextManager[BinaryIO]:
         """A streaming reader; raises ``KeyNotFoundError``. ``verify_checksum``: have the backend
         check the checksum the server stored with the object, where it keeps one (S3)."""
+        ...
+
+    def read_range(self, key: str, offset: int, length: int) -> bytes:
+        """``length`` bytes of the object from ``offset`` (fewer only past its end); raises
+        ``KeyNotFoundError``. Many may run at once (``buildctl.store.ranged``)."""
+        ...
+
+    def stored_checksum(self, key: str) -> "ChecksumCheck | None":
+        """A check against the full-object checksum the server stored with the object (S3:
+        CRC64NVME), fed the bytes in order; ``None`` where the backend keeps none. Raises
+        ``KeyNotFoundError``."""
         ...
 
     def put_bytes(self, key: str, data: bytes) -> bool:

@@ -81,6 +81,28 @@ class LocalStore:
         with f:
             yield f  # type: ignore[misc]
 
+    def read_range(self, key: str, offset: int, length: int) -> bytes:
+        try:
+            fd = os.open(self._path(key), os.O_RDONLY)
+        except (FileNotFoundError, NotADirectoryError):
+            raise KeyNotFoundError(key) from None
+        try:
+            parts, done = [], 0
+            while done < length:
+                chunk = os.pread(fd, length - done, offset + done)
+                if not chunk:
+                    break
+                parts.append(chunk)
+                done += len(chunk)
+            return b"".join(parts) if len(parts) != 1 else parts[0]
+        finally:
+            os.close(fd)
+
+    def stored_checksum(self, key: str) -> None:
+        if not self._path(key).is_file():
+            raise KeyNotFoundError(key)
+        return None  # a local file has no stored checksum: callers hash what they read
+
     def put_bytes(self, key: str, data: bytes) -> bool:
         final = self._path(key)
         if final.exists():

@@ -41,6 +41,22 @@ def _crc_b64(crc: int) -> str:
     return base64.b64encode(crc.to_bytes(8, "big")).decode()
 
 
+class _Crc64Check:
+    """S3's full-object CRC64NVME, recomputed over the bytes fed in order."""
+
+    algorithm = "CRC64NVME"
+
+    def __init__(self, expected: str) -> None:
+        self.expected = expected
+        self._crc = 0
+
+    def update(self, data: bytes | memoryview) -> None:
+        self._crc = checksums.crc64nvme(data, self._crc)
+
+    def actual(self) -> str:
+        return _crc_b64(self._crc)
+
+
 def _code(err: ClientError) -> str:
     return str(err.response.get("Error", {}).get("Code", ""))
 
@@ -164,6 +180,31 @@ class S3Store:
             yield body  # type: ignore[misc]
         finally:
             body.close()
+
+    def read_range(self, key: str, offset: int, length: int) -> bytes:
+        if length <= 0:
+            return b""
+        resp = self._get(key, Range=f"bytes={offset}-{offset + length - 1}")
+        try:
+            return resp["Body"].read()
+        except BotoCoreError as err:
+            raise self._fail(err, f"read {key} at {offset}") from None
+        finally:
+            resp["Body"].close()
+
+    def stored_checksum(self, key: str) -> "_Crc64Check | None":
+        try:
+            head = self.client.head_object(Bucket=self.bucket, Key=self._k(key), ChecksumMode="ENABLED")
+        except ClientError as err:
+            if _status(err) == 404 or _code(err) in ("NoSuchKey", "404", "NotFound"):
+                raise KeyNotFoundError(key) from None
+            raise self._fail(err, f"head {key}") from None
+        except BotoCoreError as err:
+            raise self._fail(err, f"head {key}") from None
+        if head.get("ChecksumType", "FULL_OBJECT") != "FULL_OBJECT":
+            return None  # a composite (per-part) checksum cannot be compared with one over the bytes
+        expected = head.get("ChecksumCRC64NVME")
+        return _Crc64Check(expected) if expected else None
 
     def put_bytes(self, key: str, data: bytes) -> bool:
         return self._put_object(key, data, IfNoneMatch="*")

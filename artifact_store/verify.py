@@ -15,6 +15,7 @@ from buildctl.store.errors import (
     ManifestError,
     VerificationError,
 )
+from buildctl.store.ranged import RangedReader, ShortRangeError
 from buildctl.store.layout import MANIFESTS, artifact_of_manifest_key, blob_key, manifest_key, manifest_prefix
 from buildctl.store.manifest import FileEntry, Manifest, parse_manifest
 
@@ -89,15 +90,21 @@ def verify(store: Store, artifact_id: str, *, deep: bool = False, workers: int =
         if e.path != BUILD_LOG_PATH and size != e.size:
             return FileProblem(e.path, "size", e.size, size)
         if deep:
-            with store.open_read(key) as f:
-                got, n = hash_stream(f)
-            if on_bytes:
-                on_bytes(n)
+            if size >= ranged.range_size:  # parallel ranges, hashed in order
+                try:
+                    got = ranged.hash_object(key, size, on_bytes=on_bytes).digest()
+                except ShortRangeError as err:
+                    return FileProblem(e.path, "size", e.size, err.offset + err.got)
+            else:
+                with store.open_read(key) as f:
+                    got, n = hash_stream(f)
+                if on_bytes:
+                    on_bytes(n)
             if got != e.digest:
                 return FileProblem(e.path, "digest", e.digest, got)
         return None
 
-    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+    with RangedReader(store) as ranged, ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
         problems = [p for p in pool.map(check, entries) if p is not None]
     if problems:
         raise VerificationError(artifact_id, problems)

@@ -42,6 +42,15 @@ def _isolated_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
         monkeypatch.delenv(var, raising=False)
 
 
+@pytest.fixture(autouse=True)
+def _small_ranges(monkeypatch: pytest.MonkeyPatch) -> None:
+    """1 MiB ranges in-process, so the multi-MiB blobs of the pull, verify and fault tests go
+    through the parallel ranged path (8 MiB in production; subprocesses keep that)."""
+    from buildctl.store import ranged
+
+    monkeypatch.setattr(ranged, "RANGE_SIZE", 1024 * 1024)
+
+
 def settings(**flags):
     """Settings as the CLI would build them here: this test's environment, ``flags`` on top."""
     from buildctl.settings import load_settings
