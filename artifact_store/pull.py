@@ -133,7 +133,7 @@ def _download(store: Store, entry: FileEntry, target: Path, on_bytes: ProgressFn
     if ranged is not None and entry.size >= ranged.range_size:
         return _download_ranged(store, entry, target, on_bytes, ranged)
     h = Hasher()
-    buf = bytearray(BUFFER_SIZE)
+    buf = bytearray(min(BUFFER_SIZE, max(64 * 1024, entry.size + 1)))  # small files: small buffers, many at once
     view = memoryview(buf)
     try:
         with store.open_read(blob_key(entry.digest)) as src, open(target, "xb", buffering=0) as dst:
@@ -165,7 +165,7 @@ def install_artifact(
     *,
     preflight: Preflight | None = None,
     keep: int = 2,
-    workers: int = 4,
+    workers: int = 16,
     range_slots: int | None = None,
     on_bytes: ProgressFn | None = None,
 ) -> PullResult:

@@ -102,7 +102,7 @@ class S3Store:
             endpoint_url=endpoint_url,
             config=Config(
                 retries={"max_attempts": 6, "mode": "standard"},
-                max_pool_connections=MAX_CONCURRENCY * 2 + 4,
+                max_pool_connections=MAX_CONCURRENCY * 2 + 4 + 64,  # uploads, plus up to 64 ranged reads
                 request_checksum_calculation="when_required",
                 response_checksum_validation="when_required",
             ),

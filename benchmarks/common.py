@@ -73,13 +73,36 @@ def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
     return time.perf_counter() - t0, out
 
 
-def best_of(n: int, fn: Callable[[], Any], before: Callable[[], Any] | None = None) -> float:
-    times = []
-    for _ in range(n):
-        if before:
-            before()
-        times.append(timed(fn)[0])
-    return min(times)
+def interleaved(methods: dict[str, Callable[[], Any]], reps: int = 5,
+                before: Callable[[str], Any] | None = None) -> dict[str, list[float]]:
+    """Seconds of each method over ``reps`` rounds, interleaved (A B C, C B A, A B C, ...) so drift
+    on a shared machine hits every method alike; ``before(name)`` runs untimed before each call."""
+    names = list(methods)
+    times: dict[str, list[float]] = {n: [] for n in names}
+    for r in range(reps):
+        for n in (names if r % 2 == 0 else names[::-1]):
+            if before:
+                before(n)
+            times[n].append(timed(methods[n])[0])
+    return times
+
+
+def spread(values: list[float]) -> tuple[float, float, float]:
+    """Median, min and max."""
+    xs = sorted(values)
+    mid = len(xs) // 2
+    med = xs[mid] if len(xs) % 2 else (xs[mid - 1] + xs[mid]) / 2
+    return med, xs[0], xs[-1]
+
+
+def fmt_spread(values: list[float], digits: int = 2, unit: str = "") -> str:
+    med, lo, hi = spread(values)
+    return f"{med:.{digits}f}{unit} ({lo:.{digits}f}-{hi:.{digits}f})"
+
+
+def round_ratios(times: dict[str, list[float]], method: str, baselines: list[str]) -> list[float]:
+    """Per round: ``method``'s time over the fastest baseline's time in that same round."""
+    return [times[method][i] / min(times[b][i] for b in baselines) for i in range(len(times[method]))]
 
 
 def table(title: str, header: list[str], rows: list[list[Any]]) -> str:

@@ -1,7 +1,7 @@
 """Hashing: buildctl's manifest hashing against the physical limit (raw sequential reading of the
 same bytes) and against what other artifact tools use (sha256, BLAKE3), warm and cold cache.
 
-    python -m benchmarks.hashing [--size-gib 2] [--dir DIR] [--repeat 3]
+    python -m benchmarks.hashing [--size-gib 2] [--dir DIR] [--reps 5]
 
 Goal: buildctl hashing >= 0.9x raw read throughput.
 """
@@ -17,7 +17,8 @@ from pathlib import Path
 
 from buildctl.digest import BUFFER_SIZE
 from buildctl.store.manifest import hash_tree, scan_tree
-from benchmarks.common import GIB, best_of, drop_caches, finish, make_engine_tree, table, tree_files
+from benchmarks.common import (GIB, drop_caches, finish, fmt_spread, interleaved, make_engine_tree, round_ratios,
+                               spread, table, tree_files)
 
 
 def raw_read(files: list[Path]) -> None:
@@ -58,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--size-gib", type=float, default=2.0)
     ap.add_argument("--dir", type=Path, default=Path(tempfile.gettempdir()) / "buildctl-bench-tree")
-    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--reps", type=int, default=5, help="interleaved rounds, warm and cold each")
     args = ap.parse_args(argv)
     size = int(args.size_gib * GIB)
     root = make_engine_tree(args.dir, size)
@@ -74,33 +75,35 @@ def main(argv: list[str] | None = None) -> int:
         "sha256 (hashlib)": lambda: hashlib_tree(files, hashlib.sha256),
         "BLAKE3 (b3sum-style, mmap, threads)": lambda: blake3_tree(files),
     }
+    for fn in methods.values():  # one untimed pass: the page cache holds the tree for the warm rounds
+        fn()
+    warm = interleaved(methods, args.reps)
     cold_ok = drop_caches()
-    results: dict[str, dict[str, float]] = {}
-    for name, fn in methods.items():
-        warm = best_of(args.repeat, fn, before=fn if not results else None)
-        cold = best_of(1, fn, before=drop_caches) if cold_ok else float("nan")
-        results[name] = {"warm_gib_s": total / warm / GIB, "cold_gib_s": total / cold / GIB if cold_ok else float("nan")}
-    base = results["raw read (cat)"]
-    fastest_read = max(results["raw read (cat)"]["warm_gib_s"], results["python read loop (no hash)"]["warm_gib_s"])
+    cold = interleaved(methods, args.reps, before=lambda _: drop_caches()) if cold_ok else None
+    ours, raw, py = "buildctl manifest hashing (xxh3-128, default threads)", "raw read (cat)", "python read loop (no hash)"
+
+    def speed_vs(times: dict[str, list[float]], name: str, base: list[str]) -> list[float]:
+        return [1 / r for r in round_ratios(times, name, base)]  # throughput ratio per round
+
     rows = []
-    for name, r in results.items():
-        rows.append([name, f"{r['warm_gib_s']:.2f}", f"{r['warm_gib_s'] / base['warm_gib_s']:.2f}x",
-                     f"{r['cold_gib_s']:.2f}" if cold_ok else "n/a",
-                     f"{r['cold_gib_s'] / base['cold_gib_s']:.2f}x" if cold_ok else "n/a"])
-    ours = results["buildctl manifest hashing (xxh3-128, default threads)"]
-    warm_ratio = ours["warm_gib_s"] / base["warm_gib_s"]
-    warm_vs_fastest = ours["warm_gib_s"] / fastest_read
-    cold_ratio = ours["cold_gib_s"] / base["cold_gib_s"] if cold_ok else None
-    text = table(f"hashing {total / GIB:.2f} GiB in {len(files)} files", ["method", "warm GiB/s", "vs raw",
-                 "cold GiB/s", "vs raw"], rows)
-    text += (f"\n\nGoal: buildctl hashing >= 0.9x raw read. Warm: {warm_ratio:.2f}x of cat "
-             f"({warm_vs_fastest:.2f}x of the fastest plain read, a Python readinto loop)"
+    for name in methods:
+        rows.append([name, f"{total / spread(warm[name])[0] / GIB:.2f}", fmt_spread(speed_vs(warm, name, [raw])) + "x",
+                     f"{total / spread(cold[name])[0] / GIB:.2f}" if cold else "n/a",
+                     fmt_spread(speed_vs(cold, name, [raw])) + "x" if cold else "n/a"])
+    warm_ratio = spread(speed_vs(warm, ours, [raw]))[0]
+    warm_vs_fastest = spread(speed_vs(warm, ours, [raw, py]))[0]
+    cold_ratio = spread(speed_vs(cold, ours, [raw]))[0] if cold else None
+    text = table(f"hashing {total / GIB:.2f} GiB in {len(files)} files; median (min-max) of {args.reps} interleaved rounds",
+                 ["method", "warm GiB/s (median)", "vs raw, per round", "cold GiB/s (median)", "vs raw, per round"], rows)
+    text += (f"\n\nGoal: buildctl hashing >= 0.9x raw read (median of the per-round ratios). Warm: {warm_ratio:.2f}x of cat "
+             f"({warm_vs_fastest:.2f}x of the fastest plain read in each round)"
              + (f", cold: {cold_ratio:.2f}x." if cold_ok else ", cold: not measured (cannot drop caches)."))
-    finish("hashing", text, {"bytes": total, "files": len(files), "warm_ratio_vs_raw": round(warm_ratio, 3),
+    finish("hashing", text, {"bytes": total, "files": len(files), "reps": args.reps, "warm_ratio_vs_raw": round(warm_ratio, 3),
                              "warm_ratio_vs_fastest_read": round(warm_vs_fastest, 3),
                              "cold_ratio_vs_raw": round(cold_ratio, 3) if cold_ratio else None,
                              "goal": 0.9, "met": warm_ratio >= 0.9 and (cold_ratio is None or cold_ratio >= 0.9),
-                             "throughput_gib_s": {k: round(v["warm_gib_s"], 3) for k, v in results.items()}})
+                             "warm_seconds": {k: [round(x, 3) for x in v] for k, v in warm.items()},
+                             "cold_seconds": {k: [round(x, 3) for x in v] for k, v in cold.items()} if cold else None})
     return 0
 
 

@@ -1,24 +1,28 @@
 """Pipeline stage times of the tiny CPU pipeline: model, build, publish, validate (reference
-start-up, parity, speed), promote, pull. They show where the time goes.
+start-up, parity, speed), promote, pull. They show where the time goes: median (min-max) of
+``--runs`` whole runs (5 by default), each from a cold tiny model and an empty store.
 
-    python -m benchmarks.pipeline
+    python -m benchmarks.pipeline [--runs 5]
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.common import finish, table
+from benchmarks.common import finish, fmt_spread, spread, table
 
 REPO = Path(__file__).resolve().parent.parent
 
 
-def main(argv: list[str] | None = None) -> int:
-    os.chdir(REPO)
+def one_run() -> list[tuple[str, float]]:
     from buildctl import pipeline
     from buildctl.engines.profile import load_profile
     from buildctl.engines.tiny import make_tiny
@@ -66,11 +70,33 @@ def main(argv: list[str] | None = None) -> int:
         stages.append(("pull (download + verify + preflight + install)", time.perf_counter() - t))
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    total = sum(s for _, s in stages)
-    rows = [[name, f"{s:.2f}", f"{s / total:.0%}"] for name, s in stages]
-    text = table("tiny CPU pipeline stage times", ["stage", "seconds", "share"], rows)
-    text += f"\n\nTotal {total:.1f} s."
-    finish("pipeline", text, {"stages": {n: round(s, 3) for n, s in stages}, "total_s": round(total, 2)})
+    return stages
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--single", action="store_true", help="one run in this process; print its stages as JSON")
+    args = ap.parse_args(argv)
+    os.chdir(REPO)
+    if args.single:
+        print(json.dumps(one_run()))
+        return 0
+    runs = []
+    for _ in range(args.runs):  # a process per run: vLLM keeps per-process state
+        out = subprocess.run([sys.executable, "-m", "benchmarks.pipeline", "--single"], check=True, cwd=REPO,
+                             capture_output=True, text=True).stdout
+        runs.append([tuple(x) for x in json.loads(out.strip().splitlines()[-1])])
+    names = [n for n, _ in runs[0]]
+    per = {n: [dict(r)[n] for r in runs] for n in names}
+    totals = [sum(s for _, s in r) for r in runs]
+    total = spread(totals)[0]
+    rows = [[n, fmt_spread(per[n]), f"{spread(per[n])[0] / total:.0%}"] for n in names]
+    text = table(f"tiny CPU pipeline stage times; median (min-max) of {args.runs} runs",
+                 ["stage", "seconds", "share of the median total"], rows)
+    text += f"\n\nTotal {fmt_spread(totals, 1)} s."
+    finish("pipeline", text, {"stages": {n: [round(x, 3) for x in v] for n, v in per.items()},
+                              "total_s": [round(x, 2) for x in totals], "runs": args.runs})
     return 0
 
 

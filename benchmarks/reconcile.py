@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import random
 
-from benchmarks.common import finish, table, timed
+from benchmarks.common import finish, fmt_spread, spread, table, timed
 from buildctl.fleet import plan_builds
 
 
@@ -28,18 +28,21 @@ def fleet(n: int, n_fps: int = 50, n_profiles: int = 20, seed: int = 11):
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sizes", default="10000,100000,1000000")
+    ap.add_argument("--reps", type=int, default=5)
     args = ap.parse_args(argv)
     rows, per_node, seconds = [], {}, {}
     for n in (int(x) for x in args.sizes.split(",")):
         nodes, profiles, have = fleet(n)
-        t = min(timed(lambda: plan_builds(nodes, profiles, have))[0] for _ in range(3))
+        ts = [timed(lambda: plan_builds(nodes, profiles, have))[0] for _ in range(args.reps)]
+        t = spread(ts)[0]
         plan = plan_builds(nodes, profiles, have)
         seconds[n], per_node[n] = t, t / n * 1e6
-        rows.append([f"{n:,}", f"{t:.3f}", f"{per_node[n]:.2f}", len(plan)])
+        rows.append([f"{n:,}", fmt_spread(ts, 3), f"{per_node[n]:.2f}", len(plan)])
     sizes = sorted(seconds)
     growth = per_node[sizes[-1]] / per_node[sizes[0]]
     at_100k = seconds.get(100_000)
-    text = table("reconcile plan (50 fingerprints, 20 profiles)", ["nodes", "seconds", "µs per node", "builds planned"], rows)
+    text = table(f"reconcile plan (50 fingerprints, 20 profiles); median (min-max) of {args.reps}",
+                 ["nodes", "seconds", "µs per node (median)", "builds planned"], rows)
     text += (f"\n\nGoal: linear (µs per node from {sizes[0]:,} to {sizes[-1]:,} nodes: x{growth:.2f}) and < 1 s at 100k"
              + (f" ({at_100k:.3f} s)." if at_100k is not None else " (not measured)."))
     finish("reconcile", text, {"seconds": {str(k): round(v, 4) for k, v in seconds.items()},

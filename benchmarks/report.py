@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import time
 
-from benchmarks.common import RESULTS, machine
+from benchmarks.common import RESULTS, machine, spread
 
 ORDER = ["hashing", "transfer", "cache", "reconcile", "pipeline", "deep_verify", "install_sizes", "speedgate"]
 
@@ -18,24 +18,24 @@ def chart(hashing: dict, transfer: dict | None) -> str | None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2 if transfer else 1, figsize=(13 if transfer else 7, 4.8), squeeze=False)
-    tp = hashing["throughput_gib_s"]
+    tp = {k: hashing["bytes"] / spread(v)[0] / 2 ** 30 for k, v in hashing["warm_seconds"].items()}  # medians
     names = list(tp)
     ax = axes[0][0]
     colors = ["#1f77b4" if "buildctl" in n else ("#888888" if n.startswith(("raw read", "python read")) else "#ff7f0e")
               for n in names]
     ax.barh(names, [tp[n] for n in names], color=colors)
     ax.axvline(tp["raw read (cat)"], color="black", linestyle="--", linewidth=1, label="raw read (cat)")
-    ax.set_xlabel("GiB/s (warm page cache)")
+    ax.set_xlabel("GiB/s (warm page cache, median of the rounds)")
     ax.set_title("hashing vs the physical limit")
     ax.legend(loc="lower right")
     if transfer:
-        secs = transfer["seconds"]
-        size_mib = transfer["bytes"] / 2 ** 20
+        secs = {k: spread(v)[0] for k, v in transfer["loopback_seconds"].items()}
+        size_mib = transfer["loopback_bytes"] / 2 ** 20
         labels = list(secs)
         ax2 = axes[0][1]
         ax2.barh(labels, [size_mib / secs[k] for k in labels],
                  color=["#1f77b4" if "buildctl" in k else "#ff7f0e" for k in labels])
-        ax2.set_xlabel("MiB/s (SeaweedFS on 127.0.0.1)")
+        ax2.set_xlabel("MiB/s (SeaweedFS on 127.0.0.1, median of the rounds)")
         ax2.set_title("publish and pull vs plain tools")
     fig.tight_layout()
     out = RESULTS / "throughput.png"
@@ -45,8 +45,9 @@ def chart(hashing: dict, transfer: dict | None) -> str | None:
 
 def main() -> int:
     parts = [f"# buildctl benchmarks\n\nMeasured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} on "
-             f"{machine()}. Every figure is a ratio measured side by side in one run; absolute numbers drift "
-             "on this machine.\n"]
+             f"{machine()}. Every method runs at least 5 times, interleaved with the others it is compared "
+             "with; figures are medians with the min-max, and ratios are taken per round. Absolute numbers "
+             "drift on this machine.\n"]
     summaries = {}
     for name in ORDER:
         md, js = RESULTS / f"{name}.md", RESULTS / f"{name}.json"
