@@ -162,7 +162,8 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(work, ignore_errors=True)
 
     text_parts, summary = [], {}
-    goals = {("loopback", "pull"): 1.0, ("cap", "pull"): 1.1, ("loopback", "publish"): 1.0, ("cap", "publish"): 1.0}
+    # The goals of issue 17; publish through the cap is reported without one.
+    goals = {("loopback", "pull"): 1.0, ("cap", "pull"): 1.1, ("loopback", "publish"): 1.0}
     met = True
     for net, (root, up, down) in runs.items():
         total = sum(p.stat().st_size for p in tree_files(root))
@@ -175,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
             med = spread(round_ratios(times, ours[0], plain))[0]
             summary[f"{net}_{step}_ratio"] = round(med, 3)
             summary[f"{net}_{step}_ratios"] = [round(x, 3) for x in round_ratios(times, ours[0], plain)]
-            met = met and med <= goals[(net, step)]
+            met = met and med <= goals.get((net, step), float("inf"))
             if step == "pull":
                 summary[f"{net}_pull_single_stream_ratio"] = round(spread(round_ratios(times, PULL_SINGLE, plain))[0], 3)
         summary[f"{net}_seconds"] = {k: [round(x, 3) for x in v] for k, v in {**up, **down}.items()}
@@ -191,8 +192,9 @@ def main(argv: list[str] | None = None) -> int:
              f"{s3mod.MAX_CONCURRENCY} in flight per store; pull and verify read blobs of {ranged.RANGE_SIZE // MIB} MiB "
              f"and more as ranges, {ranged.default_slots()} in flight across all files, hashed in order."
              f"\nGoals (median ratio): pull <= 1.0x on loopback ({summary['loopback_pull_ratio']:.2f}x), pull <= 1.1x "
-             f"through the cap ({summary['cap_pull_ratio']:.2f}x), publish <= 1.0x ({summary['loopback_publish_ratio']:.2f}x "
-             f"loopback, {summary['cap_publish_ratio']:.2f}x through the cap).")
+             f"through the cap ({summary['cap_pull_ratio']:.2f}x), publish <= 1.0x on loopback "
+             f"({summary['loopback_publish_ratio']:.2f}x); through the cap publish is {summary['cap_publish_ratio']:.2f}x "
+             "(no goal set there).")
     text += "".join(f"\n- {n}" for n in notes)
     finish("transfer", text, {**summary, "reps": args.reps, "cap_mib_s": args.cap_mib_s, "met": met, "notes": notes,
                               "goals": {f"{n}_{s}": g for (n, s), g in goals.items()}})

@@ -186,3 +186,38 @@ def test_pulls_keep_current_and_previous_only(store, tmp_path, draft):
     assert sorted(p.name for p in (dest / "versions").iterdir()) == sorted(a[9:] for a in ids[-2:])
     assert current_artifact(dest) == ids[-1]
     assert (dest / "previous").resolve().name == ids[-2][9:]
+
+
+def test_pull_progress_bar_only_on_a_terminal(store_uri, tmp_path, draft, s3_env_if_needed):
+    """A pull on a TTY shows one bar over all files with bytes, rate and ETA; piped or --json, none."""
+    import pty
+    import select
+
+    store = ops.open_store(store_uri)
+    publish_and_promote(store, make_tree(tmp_path / "v", {"config.json": b"{}", "rank0.engine": BIG}, seed=5), draft)
+    exe = os.path.join(os.path.dirname(sys.executable), "buildctl")
+    base = [exe, "--store", store_uri, "pull", "--profile", draft.profile_name, "--channel", "prod", "--skip-preflight"]
+    env = {**os.environ, "COLUMNS": "120", "TERM": "xterm"}
+
+    def on_tty(dest: str) -> str:
+        pid, fd = pty.fork()
+        if pid == 0:  # the child: stdout and stderr are the terminal
+            os.execve(exe, [*base, "--dest", dest], env)
+        out = b""
+        while True:
+            ready, _, _ = select.select([fd], [], [], 60)
+            try:
+                chunk = os.read(fd, 65536) if ready else b""
+            except OSError:
+                chunk = b""
+            if not chunk:
+                break
+            out += chunk
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0, out.decode(errors="replace")
+        return out.decode(errors="replace")
+
+    shown = on_tty(str(tmp_path / "tty"))
+    assert "downloading + verifying" in shown and "/s" in shown, shown
+    piped = subprocess.run([*base, "--dest", str(tmp_path / "piped")], capture_output=True, text=True, env=env)
+    assert piped.returncode == 0 and "downloading + verifying" not in piped.stderr + piped.stdout

@@ -1,4 +1,5 @@
-"""Progress bars for long transfers: rich on a TTY, silent in --json mode and when piped."""
+"""Progress bars for long transfers: rich on a TTY, silent in --json mode and when stdout or
+stderr is not a terminal (piped output, logs, CI)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import Callable, Iterator
 @contextmanager
 def byte_progress(description: str, total: int | None, *, enabled: bool) -> Iterator[Callable[[int], None] | None]:
     """Yield an ``on_bytes(n)`` callback that advances a bar, or ``None`` when disabled."""
-    if not enabled or not sys.stderr.isatty():
+    if not enabled or not (sys.stdout.isatty() and sys.stderr.isatty()):
         yield None
         return
     from rich.console import Console
