@@ -42,6 +42,9 @@ class Store(Protocol):
     """Key/bytes storage with create-only writes and compare-and-swap refs."""
 
     uri: str
+    # Whether large objects read faster as parallel ranges than as one stream (S3, where one
+    # connection is capped); a local directory reads one stream at disk speed.
+    ranged_reads: bool
 
     def stat(self, key: str) -> int | None:
         """The object's size, or ``None`` if it does not exist."""

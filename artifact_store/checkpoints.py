@@ -45,7 +45,7 @@ def download_checkpoint(store: Store, dest: str | Path, prefix: str = "") -> Pat
             expected = store.stat(key)
             target = staging / rel
             target.parent.mkdir(parents=True, exist_ok=True)
-            if expected is not None and expected >= ranged.range_size:
+            if store.ranged_reads and expected is not None and expected >= ranged.range_size:
                 _ranged_object(store, ranged, key, expected, target)
                 continue
             written = 0

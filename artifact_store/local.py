@@ -26,6 +26,8 @@ _RESERVED = (".tmp", ".locks")
 class LocalStore:
     """A store in a local directory."""
 
+    ranged_reads = False  # one stream per object reads at disk speed
+
     def __init__(self, root: Path) -> None:
         self.root = Path(root)
         self.uri = "file://" + str(self.root)

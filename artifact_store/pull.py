@@ -188,7 +188,8 @@ def install_artifact(
         try:
             try:
                 with RangedReader(store, slots=range_slots) as ranged, ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-                    problems = [p for p in pool.map(lambda e: _download(store, e, staging / e.path, on_bytes, ranged),
+                    use = ranged if store.ranged_reads else None
+                    problems = [p for p in pool.map(lambda e: _download(store, e, staging / e.path, on_bytes, use),
                                                     manifest.files) if p]
             except OSError as err:
                 if err.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT, errno.EACCES, errno.EROFS, errno.EIO):

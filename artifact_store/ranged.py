@@ -25,8 +25,11 @@ RANGE_SIZE = 8 * 1024 * 1024
 
 
 def default_slots() -> int:
-    """Ranges in flight per operation: 8 per core, between 16 and 64 (see benchmarks/transfer.py)."""
-    return max(16, min(64, 8 * (os.cpu_count() or 1)))
+    """Ranges in flight per operation: 16 per core, between 32 and 64 (at most 512 MiB in memory).
+
+    Measured on 2 cores through a 50 MiB/s-per-connection cap, 3 interleaved rounds each: 16 slots
+    1.18 s, 32 slots 0.94 s for the same pull; on loopback the two were within the noise."""
+    return max(32, min(64, 16 * (os.cpu_count() or 1)))
 
 
 class ShortRangeError(Exception):

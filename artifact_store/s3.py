@@ -87,6 +87,8 @@ class _Body:
 class S3Store:
     """A store in an S3 bucket under a prefix."""
 
+    ranged_reads = True  # one GET stream is capped; parallel ranges reach line rate
+
     def __init__(self, uri: str, *, endpoint_url: str | None = None, client: Any = None) -> None:
         rest = uri[len("s3://"):]
         bucket, _, prefix = rest.partition("/")

@@ -44,7 +44,7 @@ def _isolated_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
 
 @pytest.fixture(autouse=True)
 def _small_ranges(monkeypatch: pytest.MonkeyPatch) -> None:
-    """1 MiB ranges in-process, so the multi-MiB blobs of the pull, verify and fault tests go
+    """1 MiB ranges in-process, so the multi-MiB blobs of the S3 pull, verify and fault tests go
     through the parallel ranged path (8 MiB in production; subprocesses keep that)."""
     from buildctl.store import ranged
 

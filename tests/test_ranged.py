@@ -24,7 +24,10 @@ from .conftest import REPO, make_tree
 
 class Jittery:
     """A store whose ranged reads finish in random order (random delays), optionally with one
-    range's bytes flipped in transit; everything else goes to the real store."""
+    range's bytes flipped in transit; everything else goes to the real store. Ranged reads are on
+    for both backends here (a local store normally streams)."""
+
+    ranged_reads = True
 
     def __init__(self, store, seed: int = 0, corrupt_offset: int | None = None) -> None:
         self._store, self._rng, self._lock = store, random.Random(seed), threading.Lock()
@@ -96,6 +99,7 @@ from buildctl.store import ranged
 from buildctl.store.pull import install_artifact
 ranged.RANGE_SIZE = int(sys.argv[4])
 store = open_store(sys.argv[1])
+store.ranged_reads = True
 def status(field):  # KiB; VmHWM is this process's peak RSS (ru_maxrss would include the parent's from before exec)
     return next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith(field + ":"))
 before = status("VmRSS")
@@ -107,7 +111,8 @@ print(json.dumps({"before_kib": before, "after_kib": after}))
 
 @pytest.mark.slow
 def test_memory_stays_bounded_by_the_reorder_window(tmp_path, draft):
-    """Peak RSS while pulling a 1 GiB blob: the ranges in flight and waiting to be hashed, not the blob."""
+    """Peak RSS while pulling a 1 GiB blob: the ranges in flight and waiting to be hashed, not the blob.
+    (A local store with ranged reads switched on: the same code path as S3, without the server.)"""
     store = ops.open_store(f"file://{tmp_path}/store")
     blob = tmp_path / "e" / "rank0.engine"
     blob.parent.mkdir()
