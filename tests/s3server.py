@@ -76,7 +76,12 @@ class SeaweedServer:
         cmd = [weed_binary(), "mini", f"-dir={data}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
                "-master.telemetry=false", "-admin.ui=false", "-webdav=false",
                f"-master.port={master}", f"-volume.port={volume}", f"-filer.port={filer}", f"-s3.port={s3}",
-               "-s3.port.iceberg=0", "-s3.port.lance=0", f"-s3.config={cfg}"]
+               "-s3.port.iceberg=0", "-s3.port.lance=0", f"-s3.config={cfg}",
+               # Every bucket is a collection with volumes of its own. By default weed mini sizes
+               # volumes (64-1024 MB) and their count from the free disk, so a test session with
+               # many buckets on a fuller disk ran out ("no free volumes left") and every write
+               # failed. Small volumes, many allowed: volume files are sparse until written.
+               "-master.volumeSizeLimitMB=64", "-volume.max=4000"]
         self.log = open(self.workdir / "weed.log", "ab")
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
                                      cwd=self.workdir)
