@@ -170,6 +170,19 @@ class SignatureError(IntegrityError):
         super().__init__(f"{what}: {detail}")
 
 
+class StaleRecordError(IntegrityError):
+    """A channel record older than the channel's newest signed history record, or than the
+    minimum sequence this node was provisioned with (freeze and replay protection)."""
+
+    def __init__(self, channel: str, seq: int, newer_seq: int, source: str) -> None:
+        self.channel = channel
+        self.seq = seq
+        self.newer_seq = newer_seq
+        self.source = source
+        super().__init__(f"channel {channel} record #{seq} is stale: {source} says #{newer_seq} or later; refusing "
+                         "a replayed or frozen record")
+
+
 class RollbackError(IntegrityError):
     """A channel record older than the one this node already installed (rollback protection)."""
 

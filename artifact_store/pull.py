@@ -35,11 +35,13 @@ from buildctl.store.errors import (
     KeyNotFoundError,
     PreflightError,
     RollbackError,
+    SignatureError,
+    StaleRecordError,
     VerificationError,
 )
 from buildctl.store.manifest import FileEntry, Manifest
 from buildctl.store.backend import ProgressFn, Store
-from buildctl.store.channels import ChannelRecord, read_channel
+from buildctl.store.channels import ChannelRecord, history, read_channel
 from buildctl.store.layout import blob_key
 from buildctl.store.quarantine import check_not_quarantined
 from buildctl.store.ranged import RangedReader, ShortRangeError
@@ -274,6 +276,23 @@ def check_trust(store: Store, record: ChannelRecord, dest: Path, trusted: Truste
     seen = installed_seqs(dest).get(f"{record.profile}/{record.channel}/{record.compat_key}", 0)
     if record.seq < seen:
         raise RollbackError(record.channel, record.seq, seen)
+    # A node that has installed nothing yet has no 'seen': the channel's create-only history
+    # (Object Lock in production) is the witness. A validly signed history record newer than the
+    # ref means the ref was replayed or frozen.
+    newest = newest_signed_seq(store, record, trusted)
+    if newest > record.seq:
+        raise StaleRecordError(record.channel, record.seq, newest, "the channel's signed history")
+
+
+def newest_signed_seq(store: Store, record: ChannelRecord, trusted: TrustedKeys) -> int:
+    """The highest sequence among the channel's history records signed by a trusted key (0: none)."""
+    for rec in reversed(history(store, record.profile, record.channel, record.compat_key)):
+        try:
+            verify_signature(f"channel record {rec.channel} #{rec.seq}", rec.signed_bytes(), rec.signature, trusted)
+        except SignatureError:
+            continue  # an unsigned or forged history entry proves nothing
+        return rec.seq
+    return 0
 
 
 def pull(
@@ -287,12 +306,16 @@ def pull(
     keep: int = 2,
     on_bytes: ProgressFn | None = None,
     trusted: TrustedKeys | None = None,
+    min_seq: int = 0,
 ) -> PullResult:
     """Resolve the channel for this host's compat keys and install its artifact. With ``trusted``
     keys (the CLI loads them from ``BUILDCTL_TRUSTED_KEYS``), signatures and rollback protection
-    are enforced."""
+    are enforced, and a ref older than the newest signed history record is refused; a record
+    below ``min_seq`` is refused always."""
     record = resolve_channel(store, profile, channel, compat_keys)
     dest = Path(dest)
+    if record.seq < min_seq:  # the floor provisioning pinned for this node (--min-seq)
+        raise StaleRecordError(record.channel, record.seq, min_seq, "this node's --min-seq")
     if trusted is not None:
         dest.mkdir(parents=True, exist_ok=True)
         check_trust(store, record, dest, trusted)

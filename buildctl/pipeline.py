@@ -430,11 +430,11 @@ def promote_artifact(settings: Settings, store: Store, artifact_ref: str, channe
 
 def pull_engine(settings: Settings, store: Store, profile: str, channel: str, dest: str | Path, *, keep: int = 2,
                 skip_preflight: bool = False, on_bytes: ProgressFn | None = None,
-                fingerprint: Fingerprint | None = None) -> PullResult:
+                fingerprint: Fingerprint | None = None, min_seq: int = 0) -> PullResult:
     """Install the channel's engine for this host: verify, preflight, swap atomically."""
     keys = host_compat_keys(fingerprint or host_fingerprint(settings))
     return pull(store, profile, channel, dest, keys, preflight=None if skip_preflight else preflight_for(settings),
-                keep=keep, on_bytes=on_bytes, trusted=trusted_of(settings))
+                keep=keep, on_bytes=on_bytes, trusted=trusted_of(settings), min_seq=min_seq)
 
 
 def channel_target(settings: Settings, store: Store, profile: str, channel: str,

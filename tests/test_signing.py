@@ -158,3 +158,27 @@ def test_gc_removes_an_unreferenced_artifacts_signatures(keys, cli, tmp_path, mo
     code, out, _ = cli("--store", store_dir, "--json", "gc", "--keep", "0")
     assert code == 0 and json.loads(out)["removed_artifacts"] == [aid]
     assert list(store.list(ops.manifest_signature_prefix(aid))) == [] and ops.list_attestations(store, aid) == []
+
+
+def test_a_fresh_node_refuses_a_replayed_record_and_one_below_its_min_seq(keys, cli, tmp_path, monkeypatch):
+    """A node that never installed from the channel has no sequence of its own to compare with:
+    the channel's signed, create-only history is the witness, and --min-seq the provisioned floor."""
+    env, store_dir = Env(monkeypatch, keys), tmp_path / "store"
+    a = publish(env, cli, store_dir, make_tree(tmp_path / "a", {"rank0.engine": b"engine A"}))
+    b = publish(env, cli, store_dir, make_tree(tmp_path / "b", {"rank0.engine": b"engine B"}))
+    env.as_("promoter")
+    assert cli("--store", store_dir, "promote", a, "--channel", "prod")[0] == 0
+    assert cli("--store", store_dir, "promote", b, "--channel", "prod")[0] == 0
+    store = open_store(str(store_dir))
+    m = ops.get_manifest(store, a)
+    ref = store.root / channel_key("tiny-llama-cpu", "prod", m.compat_key)
+    ref.write_bytes(store.get_bytes(history_key("tiny-llama-cpu", "prod", m.compat_key, 1)))  # the replay
+    code, _, err = pull(cli, store_dir, tmp_path / "fresh")
+    assert code == 4 and "record #1 is stale: the channel's signed history says #2" in err, err
+    assert not (tmp_path / "fresh" / "current").exists()
+    ref.write_bytes(store.get_bytes(history_key("tiny-llama-cpu", "prod", m.compat_key, 2)))  # undo
+    code, out, err = pull(cli, store_dir, tmp_path / "fresh")
+    assert code == 0 and json.loads(out)["artifact_id"] == b, err
+    code, _, err = cli("--store", store_dir, "pull", "--profile", "tiny-llama-cpu", "--channel", "prod",
+                       "--dest", tmp_path / "new", "--skip-preflight", "--min-seq", "3")
+    assert code == 4 and "record #2 is stale: this node's --min-seq says #3" in err, err

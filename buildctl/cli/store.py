@@ -233,6 +233,7 @@ def pull_cmd(
     keep: int = typer.Option(2, "--keep", min=2, help="Installed versions to keep (current and previous at least)."),
     skip_preflight: bool = typer.Option(False, "--skip-preflight", help="Install after byte verification only, without a test load (e.g. staging a cache on a host without the GPU)."),
     node_id: Optional[str] = typer.Option(None, "--node-id", help="This node's id: a refused pull (exit 4 or 5) is recorded in its inventory record and emitted as buildctl.node.pull-failed."),
+    min_seq: int = typer.Option(0, "--min-seq", min=0, help="Refuse a channel record older than this sequence (exit 4); provisioning pins it so a new node cannot be handed a replayed record."),
     json_out: bool = JSON_OPT,
 ) -> None:
     """Install the channel's engine for this host: verify, preflight, swap atomically."""
@@ -247,7 +248,7 @@ def pull_cmd(
     try:
         with byte_progress("downloading + verifying", manifest.total_size, enabled=not quiet) as on_bytes:
             res = pull_engine(st, store, profile, channel, dest, keep=keep, skip_preflight=skip_preflight,
-                              on_bytes=on_bytes, fingerprint=fp)
+                              on_bytes=on_bytes, fingerprint=fp, min_seq=min_seq)
     except (IntegrityError, GateRefusedError) as err:
         if node_id:
             failure = report_pull_failure(st, store, node_id, fp, rec, err)
