@@ -11,7 +11,6 @@ destination is replaced atomically only when every object arrived.
 
 from __future__ import annotations
 
-import os
 import shutil
 import uuid
 from pathlib import Path
@@ -45,7 +44,7 @@ def download_checkpoint(store: Store, dest: str | Path, prefix: str = "") -> Pat
             expected = store.stat(key)
             target = staging / rel
             target.parent.mkdir(parents=True, exist_ok=True)
-            if store.ranged_reads and expected is not None and expected >= ranged.range_size:
+            if expected is not None and ranged.applies(expected):
                 _ranged_object(store, ranged, key, expected, target)
                 continue
             written = 0
@@ -69,14 +68,10 @@ def download_checkpoint(store: Store, dest: str | Path, prefix: str = "") -> Pat
 
 def _ranged_object(store: Store, ranged: RangedReader, key: str, size: int, target: Path) -> None:
     check = store.stored_checksum(key)
-    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:
-        ranged.hash_object(key, size, fd=fd, update=check.update if check else None)
-        os.fsync(fd)
+        ranged.download(key, size, target, update=check.update if check else None)
     except ShortRangeError as err:
         raise StoreUnavailableError(store.uri, f"{key}: got {err.offset + err.got} of {size} bytes") from None
-    finally:
-        os.close(fd)
     if check is not None and check.actual() != check.expected:
         raise StoreUnavailableError(store.uri, f"{key}: {check.algorithm} {check.actual()} does not match the stored "
                                     f"{check.expected}")

@@ -110,17 +110,12 @@ def _download_ranged(store: Store, entry: FileEntry, target: Path, on_bytes: Pro
         return FileProblem(entry.path, "missing", actual=f"blob {key} does not exist")
     if size != entry.size:
         return FileProblem(entry.path, "size", entry.size, size)
-    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:
-        try:
-            h = ranged.hash_object(key, size, fd=fd, on_bytes=on_bytes)
-        except KeyNotFoundError:
-            return FileProblem(entry.path, "missing", actual=f"blob {key} disappeared during the download")
-        except ShortRangeError as err:
-            return FileProblem(entry.path, "size", entry.size, err.offset + err.got)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+        h = ranged.download(key, size, target, on_bytes=on_bytes)
+    except KeyNotFoundError:
+        return FileProblem(entry.path, "missing", actual=f"blob {key} disappeared during the download")
+    except ShortRangeError as err:
+        return FileProblem(entry.path, "size", entry.size, err.offset + err.got)
     if h.digest() != entry.digest:
         return FileProblem(entry.path, "digest", entry.digest, h.digest())
     os.chmod(target, 0o555 if entry.executable else 0o444)
@@ -129,10 +124,10 @@ def _download_ranged(store: Store, entry: FileEntry, target: Path, on_bytes: Pro
 
 def _download(store: Store, entry: FileEntry, target: Path, on_bytes: ProgressFn | None,
               ranged: RangedReader | None = None) -> FileProblem | None:
-    """Download one blob into ``target`` while hashing it; report what is wrong, or None. Blobs of
-    a range or more go through ``ranged``; smaller ones stream."""
+    """Download one blob into ``target`` while hashing it; report what is wrong, or None. Blobs
+    ``ranged`` applies to are read as ranges; others stream."""
     target.parent.mkdir(parents=True, exist_ok=True)
-    if ranged is not None and entry.size >= ranged.range_size:
+    if ranged is not None and ranged.applies(entry.size):
         return _download_ranged(store, entry, target, on_bytes, ranged)
     h = Hasher()
     buf = bytearray(min(BUFFER_SIZE, max(64 * 1024, entry.size + 1)))  # small files: small buffers, many at once
@@ -190,8 +185,7 @@ def install_artifact(
         try:
             try:
                 with RangedReader(store, slots=range_slots) as ranged, ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-                    use = ranged if store.ranged_reads else None
-                    problems = [p for p in pool.map(lambda e: _download(store, e, staging / e.path, on_bytes, use),
+                    problems = [p for p in pool.map(lambda e: _download(store, e, staging / e.path, on_bytes, ranged),
                                                     manifest.files) if p]
             except OSError as err:
                 if err.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT, errno.EACCES, errno.EROFS, errno.EIO):

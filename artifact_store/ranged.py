@@ -16,6 +16,7 @@ import os
 import threading
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
 from typing import Callable
 
 from buildctl.digest import Hasher
@@ -58,6 +59,22 @@ class RangedReader:
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
+
+    def applies(self, size: int) -> bool:
+        """Whether an object of ``size`` bytes is read as ranges: a range or more, from a store where
+        ranges pay (``Store.ranged_reads``); otherwise the caller streams it."""
+        return self.store.ranged_reads and size >= self.range_size
+
+    def download(self, key: str, size: int, target: Path, *, on_bytes: ProgressFn | None = None,
+                 update: Callable[[bytes], None] | None = None) -> Hasher:
+        """:meth:`hash_object` into a new file ``target`` (created exclusively, fsynced)."""
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            h = self.hash_object(key, size, fd=fd, on_bytes=on_bytes, update=update)
+            os.fsync(fd)
+            return h
+        finally:
+            os.close(fd)
 
     def _get(self, key: str, offset: int, length: int, fd: int | None) -> bytes:
         data = self.store.read_range(key, offset, length)

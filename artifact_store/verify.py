@@ -90,7 +90,7 @@ def verify(store: Store, artifact_id: str, *, deep: bool = False, workers: int =
         if e.path != BUILD_LOG_PATH and size != e.size:
             return FileProblem(e.path, "size", e.size, size)
         if deep:
-            if store.ranged_reads and size >= ranged.range_size:  # parallel ranges, hashed in order
+            if ranged.applies(size):  # parallel ranges, hashed in order
                 try:
                     got = ranged.hash_object(key, size, on_bytes=on_bytes).digest()
                 except ShortRangeError as err:

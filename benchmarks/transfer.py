@@ -16,7 +16,7 @@ that ceiling; the cap shows what one stream per file costs.
 Every method runs ``--reps`` times, interleaved (A B C, C B A, ...); a ratio is per round
 (buildctl's time over the fastest plain tool's time in the same round), reported as the median
 with min-max. Goals, met only when the median ratio meets them: pull <= 1.0x on loopback,
-pull <= 1.1x through the cap, publish <= 1.0x.
+pull <= 1.1x through the cap, publish <= 1.0x on loopback.
 """
 
 from __future__ import annotations

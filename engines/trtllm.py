@@ -294,10 +294,11 @@ class TrtllmBackend:
                          f"{installed or pinned} is not one")
             return unmet
         tools = self.tools(fingerprint)
-        script = tools.convert if e.quantization == "none" else tools.quantize
+        script, layout = ((tools.convert, release.convert_script) if e.quantization == "none"
+                          else (tools.quantize, release.quantize_script))
         if not Path(script).is_file():
             unmet.append(f"converter script present: {script} does not exist (TensorRT-LLM {release.series} keeps it at "
-                         f"examples/{release.convert_script if e.quantization == 'none' else release.quantize_script})")
+                         f"examples/{layout})")
         if shutil.which(tools.build) is None:
             unmet.append(f"trtllm-build executable: {tools.build} is not found")
         if e.quantization == "none" and e.kv_cache_dtype in KV_QUANT_ALGO and e.kv_cache_dtype not in release.converter_kv_flags:
@@ -392,10 +393,14 @@ class TrtllmRunner:
             raise EngineLoadError(str(engine_dir), f"ModelRunnerCpp could not load the engine: {err}") from None
         self.max_batch_size = int(self.runner.max_batch_size)
 
+    @staticmethod
+    def _not_leader() -> EngineLoadError:
+        return EngineLoadError("trtllm", "the runner returned no output: this process is not the leader rank "
+                               "(run TP/PP engines in orchestrator mode, not under mpirun)")
+
     def _leader_output(self, out: Any) -> Any:
-        if isinstance(out, list) and not out:
-            raise EngineLoadError("trtllm", "the runner returned no output: this process is not the leader rank "
-                                  "(run TP/PP engines in orchestrator mode, not under mpirun)")
+        if isinstance(out, list) and not out:  # ModelRunnerCpp.generate on a non-leader rank
+            raise self._not_leader()
         return out
 
     def generate(self, prompts: list[list[int]], max_tokens: int, top_logprobs: int) -> list[Generation]:
@@ -433,7 +438,7 @@ class TrtllmRunner:
         clock = time.perf_counter
         executor = self.runner.executor
         if not executor.can_enqueue_requests():
-            self._leader_output([])
+            raise self._not_leader()
         pending = deque(enumerate(prompts))
         in_flight: dict[int, int] = {}
         produced: dict[int, int] = {}
