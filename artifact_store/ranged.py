@@ -28,8 +28,9 @@ RANGE_SIZE = 8 * 1024 * 1024
 def default_slots() -> int:
     """Ranges in flight per operation: 16 per core, between 32 and 64 (at most 512 MiB in memory).
 
-    Measured on 2 cores through a 50 MiB/s-per-connection cap, 3 interleaved rounds each: 16 slots
-    1.18 s, 32 slots 0.94 s for the same pull; on loopback the two were within the noise."""
+    Chosen in a one-off tuning run on 2 cores (3 interleaved rounds, medians, no results file):
+    through a 50 MiB/s-per-connection cap 32 slots pulled faster than 16; on loopback the two were
+    within the noise. benchmarks/transfer.py measures the chosen default against plain tools."""
     return max(32, min(64, 16 * (os.cpu_count() or 1)))
 
 
