@@ -9,7 +9,8 @@ the only boto3 importer), and the operations on top, one module per concern:
 * :mod:`.verify`: read with verification, resolve ids, list, verify (``deep``: every byte);
 * :mod:`.signing`: Ed25519 keys and signatures;
 * :mod:`.attestations`: the typed validation record;
-* :mod:`.channels`: channel refs, promotion gates, history, rollback;
+* :mod:`.channels`: channel refs, promotion gates, history, rollback, rollout steps;
+* :mod:`.rollout`: rollout records, wave buckets, which artifact a node gets;
 * :mod:`.gc`: garbage collection;
 * :mod:`.pull`: install on a node; :mod:`.checkpoints`: download model checkpoints.
 
@@ -31,6 +32,7 @@ from buildctl.store.channels import (
     promote,
     read_channel,
     rollback,
+    rollout_step,
     set_channel,
 )
 from buildctl.store.gc import GcResult, gc
@@ -43,6 +45,6 @@ __all__ = [
     "Attestation", "ChannelRecord", "GcResult", "Manifest", "ManifestDraft", "ProgressFn", "PublishResult",
     "Store", "StoredAttestation", "channels_pointing_at", "gc", "get_manifest", "history", "latest_attestation",
     "list_artifacts", "list_attestations", "lookup_build_key", "manifest_signature_prefix", "open_store",
-    "promote", "publish_tree", "read_channel", "resolve_artifact", "rollback", "set_channel", "utc_now", "verify",
+    "promote", "publish_tree", "read_channel", "resolve_artifact", "rollback", "rollout_step", "set_channel", "utc_now", "verify",
     "write_attestation",
 ]

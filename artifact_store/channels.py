@@ -6,7 +6,8 @@ from __future__ import annotations
 import random
 import re
 import time
-from typing import Callable
+from datetime import datetime, timedelta, timezone
+from typing import Any, Callable
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -19,6 +20,8 @@ from buildctl.store.errors import (
     ChannelNotFoundError,
     CorruptObjectError,
     PromotionRefusedError,
+    RolloutInProgressError,
+    RolloutStateError,
     SignatureError,
     StoreArgumentError,
     StoreUnavailableError,
@@ -33,6 +36,7 @@ from buildctl.store.layout import (
     history_prefix,
 )
 from buildctl.store.manifest import Manifest, utc_now
+from buildctl.store.rollout import Rollout, RolloutPlan, artifact_for_node
 from buildctl.store.signing import SigningKey, TrustedKeys, verify_signature
 from buildctl.store.integrity import DEFAULT_VERIFY_WINDOW_S, check_integrity
 from buildctl.store.verify import get_manifest, resolve_artifact
@@ -41,8 +45,11 @@ CHANNEL_RE = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
 UNKNOWN_ACTOR = "unknown"
 
 
+OPTIONAL_SIGNED = ("rollout", "expires")  # left out of the bytes when unset: records signed before they existed still verify
+
+
 class ChannelRecord(BaseModel):
-    """One promotion: the channel ref's content and its append-only history entry."""
+    """One channel move: the channel ref's content and its append-only history entry."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -50,19 +57,47 @@ class ChannelRecord(BaseModel):
     profile: str = Field(..., description="Profile name.")
     channel: str = Field(..., description="Channel name.")
     compat_key: str = Field(..., description="Compat key the channel ref is for.")
-    artifact_id: str = Field(..., description="The artifact the channel now points at.")
+    artifact_id: str = Field(..., description="The artifact the channel now points at (during a rollout: the one rolled out).")
     previous: str | None = Field(None, description="The artifact it pointed at before, if any.")
     who: str = Field(..., description="user@host, or the CI identity.")
-    when: str = Field(..., description="UTC ISO-8601 time of the promotion.")
+    when: str = Field(..., description="UTC ISO-8601 time of the move.")
     reason: str | None = Field(None, description="Why (required for forced promotions and rollbacks).")
     forced: bool = Field(False, description="Whether the promotion gates were overridden.")
-    action: str = Field("promote", description="promote or rollback.")
+    action: str = Field("promote", description="promote, rollback, or a rollout step (advance, pause, resume, complete, halt, abort), or resign.")
     verified_at: str | None = Field(None, description="When the deep verify this move relied on ran (every blob re-hashed).")
     verify_window_s: float | None = Field(None, description="How old that deep verify was allowed to be, in seconds.")
+    rollout: Rollout | None = Field(None, description="The rollout in progress or last run through this record, if any.")
+    expires: str | None = Field(None, description="UTC ISO-8601 time after which nodes refuse this record (signed records; re-signed before).")
     signature: dict[str, str] | None = Field(None, description="Ed25519 signature over the record without this field.")
 
+    def body(self) -> dict:
+        """The stored form: every field, less the optional ones that are unset."""
+        d = self.model_dump(mode="json")
+        for name in OPTIONAL_SIGNED:
+            if d[name] is None:
+                del d[name]
+        return d
+
     def signed_bytes(self) -> bytes:
-        return canonical_json(self.model_dump(mode="json", exclude={"signature"}))
+        d = self.body()
+        d.pop("signature", None)
+        return canonical_json(d)
+
+    def to_bytes(self) -> bytes:
+        return canonical_json(self.body())
+
+    def artifact_for(self, node_id: str | None) -> str:
+        """The artifact this record gives a node (per wave bucket while a rollout is live)."""
+        return artifact_for_node(self.profile, self.channel, self.artifact_id, self.rollout, node_id)
+
+    def expired(self, now: datetime | None = None) -> bool:
+        return self.expires is not None and parse_utc(self.expires) <= (now or datetime.now(timezone.utc))
+
+
+def parse_utc(text: str) -> datetime:
+    """A stored UTC ISO-8601 time."""
+    t = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    return t if t.tzinfo else t.replace(tzinfo=timezone.utc)
 
 
 def _parse_record(body: bytes, key: str) -> ChannelRecord:
@@ -83,7 +118,46 @@ def read_channel(store: Store, profile: str, channel: str, compat_key: str) -> t
 
 def _settle_history(store: Store, rec: ChannelRecord) -> None:
     """Make sure the current ref's record is in the history (a promoter may have died in between)."""
-    store.put_bytes(history_key(rec.profile, rec.channel, rec.compat_key, rec.seq), canonical_json(rec.model_dump(mode="json")))
+    store.put_bytes(history_key(rec.profile, rec.channel, rec.compat_key, rec.seq), rec.to_bytes())
+
+
+# What a move makes of the current record: the new record's fields (seq, previous, who, when and
+# the signature are filled in), or None when there is nothing to write (returns the current one).
+MoveFn = Callable[[ChannelRecord | None], dict[str, Any] | None]
+
+
+def move_channel(store: Store, profile: str, channel: str, compat: str, make: MoveFn, *, who: str = UNKNOWN_ACTOR,
+                 signer: SigningKey | None = None, ttl_s: float | None = None, attempts: int = 30,
+                 sleep: Callable[[float], None] = time.sleep) -> ChannelRecord:
+    """Write the channel's next record with compare-and-swap (retried with jitter), then its
+    history entry. ``make`` sees the current record on every attempt, so a decision is always
+    made against what is there. Signed records expire ``ttl_s`` after they are written."""
+    if not re.match(CHANNEL_RE, channel):
+        raise StoreArgumentError(f"bad channel name {channel!r}: lowercase letters, digits and dashes")
+    ref = channel_key(profile, channel, compat)
+    for attempt in range(attempts):
+        current = read_channel(store, profile, channel, compat)
+        if current is not None:
+            _settle_history(store, current[0])
+        fields = make(current[0] if current else None)
+        if fields is None:
+            if current is None:
+                raise ChannelNotFoundError(profile, channel, [compat])
+            return current[0]
+        now = utc_now()
+        expires = None
+        if signer is not None and ttl_s:
+            expires = (parse_utc(now) + timedelta(seconds=ttl_s)).isoformat(timespec="microseconds").replace("+00:00", "Z")
+        rec = ChannelRecord(**{"previous": current[0].artifact_id if current else None, **fields,
+                               "seq": (current[0].seq + 1) if current else 1, "profile": profile, "channel": channel,
+                               "compat_key": compat, "who": who, "when": now, "expires": expires})
+        if signer is not None:
+            rec = rec.model_copy(update={"signature": signer.sign(rec.signed_bytes())})
+        if store.cas(ref, rec.to_bytes(), current[1] if current else None):
+            _settle_history(store, rec)
+            return rec
+        sleep(random.uniform(0, min(1.0, 0.01 * 2 ** attempt)))
+    raise CasConflictError(ref, attempts)
 
 
 def set_channel(
@@ -99,39 +173,47 @@ def set_channel(
     signer: SigningKey | None = None,
     verified_at: str | None = None,
     verify_window_s: float | None = None,
+    rollout: RolloutPlan | None = None,
+    ttl_s: float | None = None,
     attempts: int = 30,
     sleep: Callable[[float], None] = time.sleep,
 ) -> ChannelRecord:
-    """Move a channel to an artifact with compare-and-swap; retried with jitter; appends history."""
-    if not re.match(CHANNEL_RE, channel):
-        raise StoreArgumentError(f"bad channel name {channel!r}: lowercase letters, digits and dashes")
-    profile, compat = manifest.profile_name, manifest.compat_key
-    ref = channel_key(profile, channel, compat)
-    for attempt in range(attempts):
-        current = read_channel(store, profile, channel, compat)
+    """Move a channel to an artifact with compare-and-swap; retried with jitter; appends history.
+    A live rollout on the channel is never replaced silently: abort it first (a rollback, which
+    ends it, may replace it). ``rollout``: start one (its base and start time are filled in)."""
+
+    def make(current: ChannelRecord | None) -> dict[str, Any] | None:
         if current is not None:
-            _settle_history(store, current[0])
-            signed_by = (current[0].signature or {}).get("key_id")
-            if action == "promote" and current[0].artifact_id == artifact_id and signed_by == (signer.key_id if signer else None):
-                return current[0]  # already there: promotions are idempotent (CI retries)
-        rec = ChannelRecord(
-            seq=(current[0].seq + 1) if current else 1, profile=profile, channel=channel, compat_key=compat,
-            artifact_id=artifact_id, previous=current[0].artifact_id if current else None,
-            who=who, when=utc_now(), reason=reason, forced=forced, action=action, verified_at=verified_at,
-            verify_window_s=verify_window_s,
-        )
-        if signer is not None:
-            rec = rec.model_copy(update={"signature": signer.sign(rec.signed_bytes())})
-        if store.cas(ref, canonical_json(rec.model_dump(mode="json")), current[1] if current else None):
-            _settle_history(store, rec)
-            return rec
-        sleep(random.uniform(0, min(1.0, 0.01 * 2 ** attempt)))
-    raise CasConflictError(ref, attempts)
+            live = current.rollout is not None and current.rollout.live
+            signed_by = (current.signature or {}).get("key_id")
+            if (action == "promote" and current.artifact_id == artifact_id and not live and rollout is None
+                    and signed_by == (signer.key_id if signer else None)):
+                return None  # already there: promotions are idempotent (CI retries)
+            if live and action != "rollback":
+                raise RolloutInProgressError(manifest.profile_name, channel, current.seq, current.artifact_id)
+        started = None
+        if current is not None and current.rollout is not None and current.rollout.live:  # a rollback ends it
+            started = current.rollout.model_copy(update={"state": "aborted"})
+        if rollout is not None:
+            if current is None:
+                raise StoreArgumentError(f"channel {channel!r} has no artifact yet for the nodes outside the waves: "
+                                         "make its first promotion without --rollout")
+            if current.artifact_id == artifact_id:
+                raise StoreArgumentError(f"channel {channel!r} already points at {artifact_id}: nothing to roll out")
+            now = utc_now()
+            started = Rollout(waves=rollout.waves, bake_s=rollout.bake_s, base=current.artifact_id, target=artifact_id,
+                              started_at=now, wave_started_at=now)
+        return {"artifact_id": artifact_id, "reason": reason, "forced": forced, "action": action,
+                "verified_at": verified_at, "verify_window_s": verify_window_s, "rollout": started}
+
+    return move_channel(store, manifest.profile_name, channel, manifest.compat_key, make, who=who, signer=signer,
+                        ttl_s=ttl_s, attempts=attempts, sleep=sleep)
 
 
 def promote(store: Store, artifact_ref: str, channel: str, *, force: bool = False, reason: str | None = None,
             who: str = UNKNOWN_ACTOR, signer: SigningKey | None = None, trusted: TrustedKeys | None = None,
-            verify_window_s: float = DEFAULT_VERIFY_WINDOW_S, attempts: int = 30) -> ChannelRecord:
+            verify_window_s: float = DEFAULT_VERIFY_WINDOW_S, attempts: int = 30,
+            rollout: RolloutPlan | None = None, ttl_s: float | None = None) -> ChannelRecord:
     """Promote after the gates: the artifact is not quarantined and deep-verifies (every blob
     re-hashed, or a deep verify within ``verify_window_s``: a mismatch quarantines it and raises
     :class:`VerificationError`, exit 4), and its latest attestation for its compat key passed (and,
@@ -159,7 +241,7 @@ def promote(store: Store, artifact_ref: str, channel: str, *, force: bool = Fals
         raise PromotionRefusedError(artifact_id, channel, reasons)
     return set_channel(store, artifact_id, manifest, channel, reason=reason, forced=bool(reasons) and force,
                        who=who, signer=signer, verified_at=verified_at, verify_window_s=verify_window_s,
-                       attempts=attempts)
+                       attempts=attempts, rollout=rollout, ttl_s=ttl_s)
 
 
 def channel_compat_keys(store: Store, profile: str, channel: str) -> list[str]:
@@ -187,7 +269,7 @@ def history(store: Store, profile: str, channel: str, compat_key: str | None = N
 
 def rollback(store: Store, profile: str, channel: str, *, to: str | None = None, compat_key: str | None = None,
              reason: str | None = None, who: str = UNKNOWN_ACTOR, signer: SigningKey | None = None,
-             verify_window_s: float = DEFAULT_VERIFY_WINDOW_S) -> ChannelRecord:
+             verify_window_s: float = DEFAULT_VERIFY_WINDOW_S, ttl_s: float | None = None) -> ChannelRecord:
     """Point the channel at an earlier artifact, recorded as a new, higher history record."""
     keys = [compat_key] if compat_key else channel_compat_keys(store, profile, channel)
     if not keys or (compat_key and read_channel(store, profile, channel, compat_key) is None):
@@ -214,7 +296,75 @@ def rollback(store: Store, profile: str, channel: str, *, to: str | None = None,
     verified_at = check_integrity(store, target, detector=f"rollback of {channel}", who=who, signer=signer,
                                   window_s=verify_window_s)
     return set_channel(store, target, manifest, channel, reason=reason or "rollback", action="rollback",
-                       who=who, signer=signer, verified_at=verified_at, verify_window_s=verify_window_s)
+                       who=who, signer=signer, verified_at=verified_at, verify_window_s=verify_window_s, ttl_s=ttl_s)
+
+
+# --- rollout steps: each a new, signed history record --------------------------------------------
+
+ROLLOUT_STEPS = ("advance", "complete", "pause", "resume", "halt", "abort")
+
+
+def rollout_step(store: Store, profile: str, channel: str, compat_key: str, step: str, *,
+                 expect_seq: int | None = None, reason: str | None = None, failed_nodes: tuple[str, ...] = (),
+                 who: str = UNKNOWN_ACTOR, signer: SigningKey | None = None, ttl_s: float | None = None) -> ChannelRecord:
+    """Move a live rollout on: ``advance`` to the next wave, ``complete`` it (every node has the
+    new artifact), ``pause``/``resume`` it, or ``halt`` (failures over budget) / ``abort`` (an
+    operator) it, which points the channel back at the rollout's base artifact. ``expect_seq``:
+    the record the decision was made on; if the channel moved since, :class:`CasConflictError`
+    (decide again on the new record)."""
+    if step not in ROLLOUT_STEPS:
+        raise StoreArgumentError(f"unknown rollout step {step!r}: one of {', '.join(ROLLOUT_STEPS)}")
+
+    def make(current: ChannelRecord | None) -> dict[str, Any] | None:
+        if current is None:
+            return None  # move_channel says the channel does not exist
+        if expect_seq is not None and current.seq != expect_seq:
+            raise CasConflictError(channel_key(profile, channel, compat_key), 1)
+        r = current.rollout
+        if r is None or not r.live:
+            raise RolloutStateError(f"channel {channel} of {profile} [{compat_key}] has no rollout in progress"
+                                    + (f" (the last one is {r.state})" if r else ""))
+        keep = {k: getattr(current, k) for k in ("artifact_id", "previous", "verified_at", "verify_window_s")}
+        if step == "pause":
+            if r.state == "paused":
+                return None
+            return {**keep, "action": "pause", "reason": reason, "rollout": r.model_copy(update={"state": "paused"})}
+        if step == "resume":
+            if r.state == "active":
+                return None
+            return {**keep, "action": "resume", "reason": reason, "rollout": r.model_copy(update={"state": "active"})}
+        if r.state != "active" and step in ("advance", "complete"):
+            raise RolloutStateError(f"the rollout on {channel} of {profile} is {r.state}: resume it first")
+        if step == "advance":
+            if r.wave + 1 >= len(r.waves):
+                raise RolloutStateError(f"the rollout on {channel} of {profile} is in its last wave: complete it")
+            return {**keep, "action": "advance", "reason": reason,
+                    "rollout": r.model_copy(update={"wave": r.wave + 1, "wave_started_at": utc_now()})}
+        if step == "complete":
+            if r.wave + 1 != len(r.waves):
+                raise RolloutStateError(f"the rollout on {channel} of {profile} is in wave {r.wave + 1} of {len(r.waves)}")
+            return {**keep, "action": "complete", "reason": reason, "rollout": r.model_copy(update={"state": "completed"})}
+        ended = "halted" if step == "halt" else "aborted"
+        return {"artifact_id": r.base, "previous": r.target, "action": "rollback", "reason": reason or f"rollout {ended}",
+                "verified_at": None, "verify_window_s": None,
+                "rollout": r.model_copy(update={"state": ended, "failed_nodes": tuple(failed_nodes)})}
+
+    return move_channel(store, profile, channel, compat_key, make, who=who, signer=signer, ttl_s=ttl_s)
+
+
+def resign(store: Store, rec: ChannelRecord, *, who: str, signer: SigningKey, ttl_s: float) -> ChannelRecord:
+    """Write the channel's current content again as a new record, freshly signed with a new expiry
+    (the TUF timestamp role's job); a record moved since ``rec`` is left alone (it is newer)."""
+
+    def make(current: ChannelRecord | None) -> dict[str, Any] | None:
+        if current is None or current.seq != rec.seq:
+            return None
+        keep = current.model_dump(exclude={"seq", "profile", "channel", "compat_key", "who", "when", "expires",
+                                           "signature", "action", "reason"})
+        keep["rollout"] = current.rollout
+        return {**keep, "action": "resign", "reason": f"re-signed #{current.seq} before it expires"}
+
+    return move_channel(store, rec.profile, rec.channel, rec.compat_key, make, who=who, signer=signer, ttl_s=ttl_s)
 
 
 def all_channel_records(store: Store) -> list[ChannelRecord]:

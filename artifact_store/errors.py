@@ -156,6 +156,24 @@ class PreflightError(PreflightRefusedError):
         super().__init__(f"artifact {artifact} failed its preflight load, not installed: {detail}")
 
 
+class EngineUnhealthyError(PreflightRefusedError):
+    """An installed engine failed this node's smoke check: the node switched back to the engine
+    before it (``switched_to``; None: there was none, and ``current`` was removed). ``held_back``:
+    the channel still points at an artifact that already failed here, so it was not installed again."""
+
+    def __init__(self, artifact: str, detail: str, switched_to: str | None, held_back: bool = False) -> None:
+        self.artifact = artifact
+        self.detail = detail
+        self.switched_to = switched_to
+        self.held_back = held_back
+        now = f"current is {switched_to}" if switched_to else "nothing is current"
+        if held_back:
+            super().__init__(f"artifact {artifact} failed its smoke check on this node before ({detail}); not "
+                             f"installing it again ({now}; --retry-failed tries it once more)")
+        else:
+            super().__init__(f"artifact {artifact} failed its smoke check on this node, switched back ({now}): {detail}")
+
+
 class StoreArgumentError(BadInputError):
     """An argument to a store operation that cannot work (bad channel name, missing reason, ambiguous target)."""
 
@@ -181,6 +199,34 @@ class StaleRecordError(IntegrityError):
         self.source = source
         super().__init__(f"channel {channel} record #{seq} is stale: {source} says #{newer_seq} or later; refusing "
                          "a replayed or frozen record")
+
+
+class ExpiredRecordError(IntegrityError):
+    """A signed channel record past its expiry: the channel's signer stopped re-signing it, or the
+    record is being replayed (freeze protection, like TUF's timestamp role)."""
+
+    def __init__(self, channel: str, seq: int, expires: str) -> None:
+        self.channel = channel
+        self.seq = seq
+        self.expires = expires
+        super().__init__(f"channel {channel} record #{seq} expired at {expires}: refusing a frozen or replayed record "
+                         "(the resign-channels flow re-signs current records before they expire)")
+
+
+class RolloutInProgressError(ConflictError):
+    """The channel has a live rollout: a new promotion would abandon it (abort or finish it first)."""
+
+    def __init__(self, profile: str, channel: str, seq: int, target: str) -> None:
+        self.profile = profile
+        self.channel = channel
+        self.seq = seq
+        self.target = target
+        super().__init__(f"channel {channel} of {profile} has a rollout of {target} in progress (#{seq}): "
+                         f"finish it, or `buildctl rollout abort --profile {profile} --channel {channel}` first")
+
+
+class RolloutStateError(BadInputError):
+    """A rollout command that does not apply to the rollout's state (resume a rollout that is not paused...)."""
 
 
 class RollbackError(IntegrityError):

@@ -30,6 +30,7 @@ from typing import Callable, Iterator
 from buildctl.digest import BUFFER_SIZE, Hasher, fsync_dir, hex_of, write_all
 from buildctl.store.errors import (
     ChannelNotFoundError,
+    ExpiredRecordError,
     FileProblem,
     InstallError,
     KeyNotFoundError,
@@ -59,6 +60,7 @@ class PullResult:
     previous: str | None
     record: ChannelRecord | None = None
     bytes: int = 0
+    previous_link: str | None = None  # what DIR/previous pointed at before this install (for switch_back)
 
 
 def resolve_channel(store: Store, profile: str, channel: str, compat_keys: list[str]) -> ChannelRecord:
@@ -90,6 +92,14 @@ def _link_target(link: Path) -> str | None:
 def current_artifact(dest: Path) -> str | None:
     """The artifact id installed as ``DIR/current``, if any."""
     target = _link_target(Path(dest) / "current")
+    if not target or not (Path(dest) / target).is_dir():
+        return None
+    return "xxh3-128:" + Path(target).name
+
+
+def previous_artifact(dest: Path) -> str | None:
+    """The artifact id ``DIR/previous`` points at, if any."""
+    target = _link_target(Path(dest) / "previous")
     if not target or not (Path(dest) / target).is_dir():
         return None
     return "xxh3-128:" + Path(target).name
@@ -209,12 +219,36 @@ def install_artifact(
             raise
         rel = os.path.join("versions", final.name)
         old_target = _link_target(dest / "current")
+        old_previous = _link_target(dest / "previous")
         _swap_link(dest, "current", rel)
         if old_target and old_target != rel:
             _swap_link(dest, "previous", old_target)
         fsync_dir(dest)
         _prune(dest, keep)
-        return PullResult(artifact_id, installed=True, path=final, previous=previous, bytes=manifest.total_size)
+        return PullResult(artifact_id, installed=True, path=final, previous=previous, bytes=manifest.total_size,
+                          previous_link=old_previous)
+
+
+def switch_back(dest: str | Path, result: PullResult) -> str | None:
+    """Undo an install whose engine failed on this node: ``current`` goes back to the engine it
+    replaced, and ``previous`` to what it was before when that is still on disk (``keep`` of 3 or
+    more keeps it; with 2 it was pruned and ``previous`` is removed); returns the artifact now current (None: there
+    was nothing before, and ``current`` is removed so nothing serves the failed engine)."""
+    dest = Path(dest)
+    with _locked(dest):
+        if _link_target(dest / "current") != os.path.join("versions", hex_of(result.artifact_id)):
+            return current_artifact(dest)  # something else was installed meanwhile: leave it
+        if result.previous is None:
+            os.unlink(dest / "current")
+            fsync_dir(dest)
+            return None
+        _swap_link(dest, "current", os.path.join("versions", hex_of(result.previous)))
+        if result.previous_link and (dest / result.previous_link).is_dir():
+            _swap_link(dest, "previous", result.previous_link)
+        else:
+            os.unlink(dest / "previous")
+        fsync_dir(dest)
+        return result.previous
 
 
 def _make_writable(path: Path) -> None:
@@ -262,11 +296,21 @@ def _record_installed(dest: Path, record: ChannelRecord) -> None:
     os.replace(tmp, Path(dest) / STATE_FILE)
 
 
-def check_trust(store: Store, record: ChannelRecord, dest: Path, trusted: TrustedKeys) -> None:
-    """With trusted keys: the channel record and the manifest must be signed by a trusted key, and
-    the record must not be older than what this node installed (rollback protection)."""
+def check_fresh(record: ChannelRecord, min_seq: int = 0) -> None:
+    """Refuse a record below this node's provisioned floor, or past its expiry (keys or not)."""
+    if record.seq < min_seq:  # the floor provisioning pinned for this node (--min-seq)
+        raise StaleRecordError(record.channel, record.seq, min_seq, "this node's --min-seq")
+    if record.expired():
+        raise ExpiredRecordError(record.channel, record.seq, str(record.expires))
+
+
+def check_trust(store: Store, record: ChannelRecord, dest: Path, trusted: TrustedKeys,
+                artifact_id: str | None = None) -> None:
+    """With trusted keys: the channel record and the manifest of ``artifact_id`` (default: the
+    record's) must be signed by a trusted key, and the record must not be older than what this
+    node installed (rollback protection) nor than the channel's newest signed history record."""
     verify_signature(f"channel record {record.channel} #{record.seq}", record.signed_bytes(), record.signature, trusted)
-    verify_manifest_signature(store, record.artifact_id, trusted)
+    verify_manifest_signature(store, artifact_id or record.artifact_id, trusted)
     seen = installed_seqs(dest).get(f"{record.profile}/{record.channel}/{record.compat_key}", 0)
     if record.seq < seen:
         raise RollbackError(record.channel, record.seq, seen)
@@ -301,19 +345,44 @@ def pull(
     on_bytes: ProgressFn | None = None,
     trusted: TrustedKeys | None = None,
     min_seq: int = 0,
+    node_id: str | None = None,
+    record: ChannelRecord | None = None,
 ) -> PullResult:
     """Resolve the channel for this host's compat keys and install its artifact. With ``trusted``
     keys (the CLI loads them from ``BUILDCTL_TRUSTED_KEYS``), signatures and rollback protection
     are enforced, and a ref older than the newest signed history record is refused; a record
-    below ``min_seq`` is refused always."""
-    record = resolve_channel(store, profile, channel, compat_keys)
+    below ``min_seq`` and an expired record are refused always. During a rollout the record gives
+    ``node_id`` the new artifact or the old one by its wave bucket (no id: the old one).
+    ``record``: the one already resolved (its refusals are still checked here)."""
+    record = record or resolve_channel(store, profile, channel, compat_keys)
     dest = Path(dest)
-    if record.seq < min_seq:  # the floor provisioning pinned for this node (--min-seq)
-        raise StaleRecordError(record.channel, record.seq, min_seq, "this node's --min-seq")
+    check_fresh(record, min_seq)
+    artifact_id = record.artifact_for(node_id)
     if trusted is not None:
         dest.mkdir(parents=True, exist_ok=True)
-        check_trust(store, record, dest, trusted)
-    result = install_artifact(store, record.artifact_id, dest, preflight=preflight, keep=keep, on_bytes=on_bytes)
+        check_trust(store, record, dest, trusted, artifact_id)
+    result = install_artifact(store, artifact_id, dest, preflight=preflight, keep=keep, on_bytes=on_bytes)
     result.record = record
     _record_installed(dest, record)
     return result
+
+
+HEALTH_FILE = ".buildctl-health.json"
+
+
+def health_marks(dest: str | Path) -> dict[str, dict[str, str]]:
+    """This node's own smoke-check verdicts by artifact id: ``{"status", "when", "detail"}``."""
+    try:
+        data = json.loads((Path(dest) / HEALTH_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    return {str(k): v for k, v in data.items() if isinstance(v, dict)} if isinstance(data, dict) else {}
+
+
+def mark_health(dest: str | Path, artifact_id: str, status: str, when: str, detail: str | None = None) -> None:
+    """Record this node's smoke-check verdict for an artifact (atomically replaced)."""
+    marks = health_marks(dest)
+    marks[artifact_id] = {"status": status, "when": when, "detail": detail or ""}
+    tmp = Path(dest) / f".{HEALTH_FILE}.{uuid.uuid4().hex}"
+    tmp.write_text(json.dumps(marks, sort_keys=True))
+    os.replace(tmp, Path(dest) / HEALTH_FILE)

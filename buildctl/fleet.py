@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 import time
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -45,6 +45,23 @@ class PullFailure(BaseModel):
 
 
 MAX_PULL_FAILURES = 10
+HealthStatus = Literal["installed", "healthy", "failed"]
+
+
+class EngineState(BaseModel):
+    """What a node runs for one (profile, channel), and what its smoke check said."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    profile: str = Field(..., description="Profile pulled.")
+    channel: str = Field(..., description="Channel pulled.")
+    compat_key: str = Field(..., description="The channel ref's compat key.")
+    artifact_id: str = Field(..., description="The artifact the channel gave this node.")
+    seq: int = Field(..., ge=1, description="The channel record it was resolved from.")
+    status: HealthStatus = Field(..., description="installed (smoke check pending), healthy or failed.")
+    detail: str | None = Field(None, description="Why the smoke check failed, or what it ran.")
+    current: str | None = Field(None, description="The artifact DIR/current holds now (after a failure: the one switched back to).")
+    when: str = Field(..., description="UTC ISO-8601 time.")
 
 
 class NodeRecord(BaseModel):
@@ -59,6 +76,10 @@ class NodeRecord(BaseModel):
     reported_at: str = Field(..., description="UTC time of the report.")
     reports: int = Field(1, ge=1, description="How many reports this node has made.")
     pull_failures: tuple[PullFailure, ...] = Field((), description=f"The node's latest refused pulls, newest last (at most {MAX_PULL_FAILURES}).")
+    engines: tuple[EngineState, ...] = Field((), description="Per (profile, channel): the engine installed and its health.")
+
+    def engine(self, profile: str, channel: str) -> EngineState | None:
+        return next((e for e in self.engines if e.profile == profile and e.channel == channel), None)
 
 
 @dataclass
@@ -93,9 +114,29 @@ def report_node(store: Store, node_id: str, fingerprint: Fingerprint, profiles: 
         rec = NodeRecord(node_id=node_id, fingerprint=fingerprint.model_dump(mode="json"),
                          compat_keys={b: fingerprint.compat_key(b) for b in backend_names()}, profiles=profiles,
                          reported_at=utc_now(), reports=(current[0].reports + 1) if current else 1,
-                         pull_failures=current[0].pull_failures if current else ())
+                         pull_failures=current[0].pull_failures if current else (),
+                         engines=current[0].engines if current else ())
         if store.cas(node_key(node_id), canonical_json(rec.model_dump(mode="json")), current[1] if current else None):
             return ReportResult(rec, current[0] if current else None)
+        time.sleep(0.05)
+    raise CasConflictError(node_key(node_id), attempts)
+
+
+def _update_node(store: Store, node_id: str, fingerprint: Fingerprint, profile: str,
+                 change: Callable[[NodeRecord], NodeRecord], attempts: int) -> NodeRecord:
+    """Apply ``change`` to the node's inventory record with compare-and-swap (a node that never
+    reported gets a record from its fingerprint)."""
+    if not NODE_ID_RE.match(node_id):
+        raise StoreArgumentError(f"bad node id {node_id!r}: letters, digits, '.', '_' and '-'")
+    for _ in range(attempts):
+        current = read_node(store, node_id)
+        base = current[0] if current is not None else NodeRecord(
+            node_id=node_id, fingerprint=fingerprint.model_dump(mode="json"),
+            compat_keys={b: fingerprint.compat_key(b) for b in backend_names()}, profiles=(profile,),
+            reported_at=utc_now())
+        rec = change(base)
+        if store.cas(node_key(node_id), canonical_json(rec.model_dump(mode="json")), current[1] if current else None):
+            return rec
         time.sleep(0.05)
     raise CasConflictError(node_key(node_id), attempts)
 
@@ -104,20 +145,16 @@ def record_pull_failure(store: Store, node_id: str, fingerprint: Fingerprint, fa
                         attempts: int = 20) -> NodeRecord:
     """Append a refused pull to the node's inventory record (compare-and-swap; the node role may
     write only its inventory record, so this is how a node reports a bad artifact)."""
-    if not NODE_ID_RE.match(node_id):
-        raise StoreArgumentError(f"bad node id {node_id!r}: letters, digits, '.', '_' and '-'")
-    for _ in range(attempts):
-        current = read_node(store, node_id)
-        if current is not None:
-            rec = current[0].model_copy(update={"pull_failures": (*current[0].pull_failures, failure)[-MAX_PULL_FAILURES:]})
-        else:
-            rec = NodeRecord(node_id=node_id, fingerprint=fingerprint.model_dump(mode="json"),
-                             compat_keys={b: fingerprint.compat_key(b) for b in backend_names()},
-                             profiles=(failure.profile,), reported_at=utc_now(), pull_failures=(failure,))
-        if store.cas(node_key(node_id), canonical_json(rec.model_dump(mode="json")), current[1] if current else None):
-            return rec
-        time.sleep(0.05)
-    raise CasConflictError(node_key(node_id), attempts)
+    return _update_node(store, node_id, fingerprint, failure.profile, lambda r: r.model_copy(
+        update={"pull_failures": (*r.pull_failures, failure)[-MAX_PULL_FAILURES:]}), attempts)
+
+
+def record_engine_state(store: Store, node_id: str, fingerprint: Fingerprint, state: EngineState, *,
+                        attempts: int = 20) -> NodeRecord:
+    """Set the node's engine state for ``state``'s (profile, channel), with compare-and-swap."""
+    return _update_node(store, node_id, fingerprint, state.profile, lambda r: r.model_copy(update={"engines": tuple(
+        sorted([e for e in r.engines if (e.profile, e.channel) != (state.profile, state.channel)] + [state],
+               key=lambda e: (e.profile, e.channel)))}), attempts)
 
 
 def record_reported_fingerprint(store: Store, node_id: str, fingerprint: Fingerprint,

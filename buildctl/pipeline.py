@@ -45,6 +45,7 @@ from buildctl.store.errors import StoreArgumentError, VerificationError
 from buildctl.store.manifest import Manifest, tree_digest, utc_now
 from buildctl.store.publish import ManifestDraft, PublishResult, lookup_build_key, publish_tree
 from buildctl.store.pull import PullResult, pull, resolve_channel
+from buildctl.store.rollout import RolloutPlan
 from buildctl.store.signing import SigningKey, TrustedKeys, load_signing_key, load_trusted_keys
 from buildctl.store.integrity import check_integrity, deep_check
 from buildctl.store.verify import get_manifest, resolve_artifact
@@ -422,10 +423,12 @@ def check_automatic_promotion(channel: str) -> None:
 
 
 def promote_artifact(settings: Settings, store: Store, artifact_ref: str, channel: str, *, force: bool = False,
-                     reason: str | None = None) -> ChannelRecord:
-    """Promote through the gates, signed and attributed as the settings say."""
+                     reason: str | None = None, rollout: RolloutPlan | None = None) -> ChannelRecord:
+    """Promote through the gates, signed and attributed as the settings say; with ``rollout``,
+    in waves (the rollout-channel flow moves it on)."""
     return promote(store, artifact_ref, channel, force=force, reason=reason, who=settings.actor,
-                   signer=signer_of(settings), trusted=trusted_of(settings), verify_window_s=settings.verify_window_s)
+                   signer=signer_of(settings), trusted=trusted_of(settings), verify_window_s=settings.verify_window_s,
+                   rollout=rollout, ttl_s=settings.record_ttl_s)
 
 
 def pull_engine(settings: Settings, store: Store, profile: str, channel: str, dest: str | Path, *, keep: int = 2,
@@ -438,17 +441,18 @@ def pull_engine(settings: Settings, store: Store, profile: str, channel: str, de
 
 
 def channel_target(settings: Settings, store: Store, profile: str, channel: str,
-                   fingerprint: Fingerprint | None = None) -> tuple[ChannelRecord, Manifest]:
-    """The record and manifest a pull on this host would install."""
+                   fingerprint: Fingerprint | None = None, node_id: str | None = None) -> tuple[ChannelRecord, Manifest]:
+    """The record and the manifest a pull on this host (as ``node_id``, during a rollout) would install."""
     rec = resolve_channel(store, profile, channel, host_compat_keys(fingerprint or host_fingerprint(settings)))
-    return rec, get_manifest(store, rec.artifact_id)
+    return rec, get_manifest(store, rec.artifact_for(node_id))
 
 
 def report_pull_failure(settings: Settings, store: Store, node_id: str, fingerprint: Fingerprint,
-                        record: ChannelRecord, err: BuildctlError) -> PullFailure | None:
-    """Record a refused pull in the node's inventory record (the node cannot write anything else);
-    ``None`` when even that write failed (the error is what the operator sees either way)."""
-    failure = PullFailure(artifact_id=record.artifact_id, profile=record.profile, channel=record.channel,
+                        record: ChannelRecord, err: BuildctlError, artifact_id: str | None = None) -> PullFailure | None:
+    """Record a refused pull of ``artifact_id`` (default: the record's) in the node's inventory
+    record (the node cannot write anything else); ``None`` when even that write failed (the error
+    is what the operator sees either way)."""
+    failure = PullFailure(artifact_id=artifact_id or record.artifact_id, profile=record.profile, channel=record.channel,
                           compat_key=record.compat_key,
                           files=tuple(p.path for p in err.problems) if isinstance(err, VerificationError) else (),
                           error=f"{type(err).__name__}: {str(err).splitlines()[0]}", when=utc_now())

@@ -72,6 +72,7 @@ class Settings(BaseSettings):
     fingerprint_file: Path | None = Field(None, description="Use this fingerprint JSON instead of detecting the host.")
     debug: bool = Field(False, description="Print tracebacks for errors.")
     verify_window_s: float = Field(24 * 3600.0, ge=0, description="How old a deep verify promote and rollback may trust; older ones are re-run (0: always re-hash).")
+    record_ttl_s: float = Field(7 * 86400.0, ge=0, description="How long a signed channel record stays valid; the resign-channels flow re-signs it before (0: no expiry).")
     build_limit: str = Field(DEFAULT_BUILD_LIMIT, description="Prefect global concurrency limit that builds take a slot of.")
     build_slots: int = Field(1, ge=1, description="Slots of the build limit when buildctl creates it.")
     trtllm_version: str = Field("1.2.1", description="The TensorRT-LLM release builds must run on (pinned: the last with trtllm-build).")

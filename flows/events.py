@@ -8,6 +8,7 @@ from typing import Any
 
 DRIVER_UPGRADED = "buildctl.node.driver-upgraded"
 PULL_FAILED = "buildctl.node.pull-failed"
+ENGINE_HEALTH = "buildctl.node.engine-health"
 ARTIFACT_CORRUPTED = "buildctl.artifact.corrupted"
 ARTIFACT_VALIDATED = "buildctl.artifact.validated"
 
@@ -82,6 +83,16 @@ def emit_pull_failed(node_id: str, payload: dict[str, Any]) -> str | None:
     """Emit ``buildctl.node.pull-failed`` (payload: the pull failure), related to the artifact,
     profile and compat key."""
     return _emit(PULL_FAILED, {"prefect.resource.id": resource_id(node_id), "prefect.resource.name": node_id},
+                 {"node_id": node_id, **payload},
+                 related_resources(payload.get("artifact_id"), payload.get("profile"), payload.get("compat_key")))
+
+
+def emit_engine_health(node_id: str, payload: dict[str, Any]) -> str | None:
+    """Emit ``buildctl.node.engine-health`` (payload: the node's engine state: installed, healthy or
+    failed), related to the artifact, profile and compat key; the rollout-channel deployment is
+    triggered by the failed ones."""
+    return _emit(ENGINE_HEALTH, {"prefect.resource.id": resource_id(node_id), "prefect.resource.name": node_id,
+                                 "buildctl.engine-health": str(payload.get("status"))},
                  {"node_id": node_id, **payload},
                  related_resources(payload.get("artifact_id"), payload.get("profile"), payload.get("compat_key")))
 

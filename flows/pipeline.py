@@ -9,6 +9,9 @@
   and start ``build_validate_publish`` for each on the work queue serving that compat key.
 * ``on_driver_upgrade``: started by the ``buildctl.node.driver-upgraded`` event trigger; records
   the node's new fingerprint and reconciles the profiles the node serves.
+* ``rollout_channel``: on a schedule and on ``buildctl.node.engine-health``: advances, completes
+  or halts (and rolls back) the channel's rollouts, as :mod:`buildctl.rollouts` decides.
+* ``resign_channels``: re-signs channel records before they expire.
 
 Each run builds its :class:`~buildctl.settings.Settings` once, from the worker's environment
 and the ``store`` parameter.
@@ -25,12 +28,13 @@ from prefect.cache_policies import NONE
 from prefect.concurrency.sync import concurrency
 from prefect.deployments import run_deployment
 
-from buildctl import fleet, healing, pipeline
+from buildctl import fleet, healing, pipeline, rollouts
 from buildctl.engines.fingerprint import parse_fingerprint
 from buildctl.settings import Settings, load_settings
 from buildctl.flows.events import emit_artifact_corrupted, emit_artifact_validated
 from buildctl.flows.summary import RunReport, describe_trigger
 from buildctl.errors import BuildctlError
+from buildctl.store.errors import StoreArgumentError
 from buildctl.store.verify import get_manifest
 from buildctl.validate_process import ValidationOutcome, validate_in_subprocess
 from buildctl.validators.errors import verdict_error
@@ -432,3 +436,56 @@ def heal_artifact(artifact_id: str, node_id: str | None = None, repair_from: str
             "repaired": rep.repair.replaced if rep.repair else [],
             "rebuilt": [{"artifact_id": b["artifact_id"], "verdict": b["verdict"], "promoted": b["promoted"]}
                         for b in rebuilt]}
+
+
+def _rollout_run_name() -> str:
+    from prefect.runtime import flow_run
+
+    p = flow_run.parameters
+    return f"rollout {p.get('profile') or 'all profiles'}/{p.get('channel', 'prod')}"
+
+
+@flow(name="rollout-channel", flow_run_name=_rollout_run_name, log_prints=True)
+def rollout_channel(channel: str = "prod", profile: str | None = None, store: str | None = None,
+                    node_id: str | None = None) -> list[dict[str, Any]]:
+    """Move every live rollout on ``channel`` on: advance a wave whose bake time passed within its
+    failure budget, complete the last, or halt and roll the channel back when a wave's failures
+    exceed its budget (the history record names the failing nodes). Runs on a schedule and on
+    ``buildctl.node.engine-health`` events (``node_id``: the reporting node, for the run's log)."""
+    settings = run_settings(store)
+    logger = get_run_logger()
+    views = rollouts.tick(settings, pipeline.store_of(settings), pipeline.signer_of(settings), channel=channel,
+                          profile=profile)
+    rows = []
+    for v in views:
+        done = f" -> #{v.applied.seq} ({v.applied.action})" if v.applied else ""
+        (logger.warning if v.decision == "halt" else logger.info)(
+            f"{v.record.profile}/{channel} [{_short(v.record.compat_key)}] #{v.record.seq}: {v.decision}{done}: {v.why}")
+        cur = v.waves[v.record.rollout.wave] if v.record.rollout else None
+        rows.append({"profile": v.record.profile, "compat key": _short(v.record.compat_key), "decision": v.decision,
+                     "wave": f"{cur.index + 1}/{len(v.waves)} ({cur.percent:g}%)" if cur else "",
+                     "nodes": cur.nodes if cur else 0, "healthy": cur.healthy if cur else 0,
+                     "failed": cur.failed if cur else 0, "why": v.why,
+                     "new record": v.applied.seq if v.applied else ""})
+    if not views:
+        logger.info(f"no rollout in progress on {channel}" + (f" (triggered by {node_id})" if node_id else ""))
+    else:
+        create_table_artifact(key=artifact_key("rollout", channel), table=rows,
+                              description=f"rollouts on {channel}: what each wave shows and what this run did")
+    return [v.to_json() for v in views]
+
+
+@flow(name="resign-channels", log_prints=True)
+def resign_channels(store: str | None = None, margin_s: float = 3 * 86400) -> list[dict[str, Any]]:
+    """Re-sign every current channel record that expires within ``margin_s`` (TUF's timestamp
+    role): nodes refuse expired records, so a frozen or replayed channel cannot linger."""
+    settings = run_settings(store)
+    signer = pipeline.signer_of(settings)
+    if signer is None:
+        raise StoreArgumentError("resign-channels needs a signing key (BUILDCTL_SIGNING_KEY on the worker)")
+    new = rollouts.resign_due(settings, pipeline.store_of(settings), signer, margin_s=margin_s)
+    for rec in new:
+        get_run_logger().info(f"re-signed {rec.profile}/{rec.channel} [{_short(rec.compat_key)}] as #{rec.seq}, "
+                              f"expires {rec.expires}")
+    return [{"profile": r.profile, "channel": r.channel, "compat_key": r.compat_key, "seq": r.seq,
+             "expires": r.expires} for r in new]

@@ -1,7 +1,7 @@
-"""``python -m buildctl.flows.serve``: serve the five deployments from this process (no work pool needed).
+"""``python -m buildctl.flows.serve``: serve the seven deployments from this process (no work pool needed).
 
 The local alternative to ``prefect deploy --all`` + ``prefect worker start``: the deployments,
-the driver-upgrade trigger (read from prefect.yaml) and the build limit are created on the
+the event triggers (read from prefect.yaml) and the build limit are created on the
 Prefect API in ``PREFECT_API_URL``, and this process runs their flow runs. Stopping it does not
 remove the trigger: runs triggered meanwhile wait as Late until something serves them again.
 """
@@ -12,7 +12,15 @@ import sys
 
 from prefect import serve
 
-from buildctl.flows.pipeline import build_validate_publish, heal_artifact, on_driver_upgrade, reconcile_fleet, scrub_store
+from buildctl.flows.pipeline import (
+    build_validate_publish,
+    heal_artifact,
+    on_driver_upgrade,
+    reconcile_fleet,
+    resign_channels,
+    rollout_channel,
+    scrub_store,
+)
 from buildctl.settings import load_settings
 from buildctl.flows.setup import deployment_triggers, ensure_build_limit
 
@@ -25,6 +33,9 @@ def main() -> int:
         on_driver_upgrade.to_deployment(name="on-driver-upgrade", triggers=deployment_triggers("on-driver-upgrade")),
         scrub_store.to_deployment(name="scrub-store", cron="30 3 * * *"),
         heal_artifact.to_deployment(name="heal-artifact", triggers=deployment_triggers("heal-artifact")),
+        rollout_channel.to_deployment(name="rollout-channel", cron="*/5 * * * *", parameters={"channel": "prod"},
+                                      triggers=deployment_triggers("rollout-channel")),
+        resign_channels.to_deployment(name="resign-channels", cron="15 */6 * * *"),
     )
     return 0
 

@@ -203,7 +203,7 @@ def test_prefect_deploy_never_prompts_for_schedules():
             raise AssertionError(f"prefect deploy would prompt (console.{name})")
 
     deployments = yaml.safe_load((REPO / "prefect.yaml").read_text())["deployments"]
-    assert len(deployments) == 5
+    assert len(deployments) == 7
     for d in deployments:
         assert "schedules" in d, f"{d['name']}: no schedules key, so `prefect deploy` asks"
         got = _construct_schedules(d, {}, console=NoPrompts(), is_interactive=lambda: True)
@@ -233,3 +233,48 @@ def test_a_failed_run_has_a_summary_with_the_cause_and_a_readable_name(prefect_a
             return (await c.read_flow_run(state.state_details.flow_run_id)).name
 
     assert run_async(name()) == "no-such-profile@this-host"
+
+
+def test_rollout_channel_flow_takes_a_healthy_rollout_to_100_percent(prefect_api, tmp_path, draft):
+    """Simulated nodes pull between runs of the rollout-channel flow: each run advances one wave
+    (bake 0, no failures) until the last completes; a second rollout whose canary fails is halted
+    by the flow and the channel rolled back."""
+    import buildctl.store as ops
+    from buildctl.flows.pipeline import artifact_key, rollout_channel
+    from buildctl.store.backend import open_store
+    from buildctl.store.channels import history, read_channel
+    from buildctl.store.rollout import RolloutPlan, parse_waves, wave_bucket
+
+    from .test_rollout import PROFILE, Fleet, publish
+
+    store = open_store("file://" + str(tmp_path / "store"))
+    v1, v2 = publish(store, tmp_path, "v1", draft), publish(store, tmp_path, "v2", draft)
+    fleet = Fleet(store, tmp_path, 20)
+    ops.promote(store, v1, "prod")
+    fleet.pull_all()
+    ops.promote(store, v2, "prod", rollout=RolloutPlan(waves=parse_waves("5,30,100", "0"), bake_s=0))
+    decisions, shares = [], []
+    for _ in range(5):
+        assert fleet.pull_all() == {}
+        shares.append(sum(a == v2 for a in fleet.current().values()) / len(fleet.ids))
+        (view,) = rollout_channel(channel="prod", store=store.uri)
+        decisions.append(view["decision"])
+        if view["decision"] == "complete":
+            break
+    assert decisions == ["advance", "advance", "complete"]
+    assert shares[0] <= shares[1] <= shares[2] == 1.0 and shares[0] < 1.0
+    recs = history(store, PROFILE, "prod", draft.compat_key)
+    assert [r.action for r in recs] == ["promote", "promote", "advance", "advance", "complete"]
+    assert recs[-1].rollout.state == "completed" and recs[-1].artifact_id == v2
+    assert fleet.pull_all() == {} and set(fleet.current().values()) == {v2}
+    table = read_artifact(artifact_key("rollout", "prod"))
+    assert table is not None and "complete" in str(table.data)
+
+    bad = publish(store, tmp_path, "bad", draft, broken=True)
+    ops.promote(store, bad, "prod", rollout=RolloutPlan(waves=parse_waves("30,100", "0"), bake_s=0))
+    canaries = sorted(n for n in fleet.ids if wave_bucket(PROFILE, "prod", n) < 30)
+    assert sorted(fleet.pull_all()) == canaries
+    (view,) = rollout_channel(channel="prod", store=store.uri)
+    assert view["decision"] == "halt" and view["applied_seq"] is not None
+    now = read_channel(store, PROFILE, "prod", draft.compat_key)[0]
+    assert now.artifact_id == v2 and now.action == "rollback" and list(now.rollout.failed_nodes) == canaries

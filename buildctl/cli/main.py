@@ -17,7 +17,7 @@ import typer
 from rich.console import Console
 from typer.core import TyperOption
 
-from buildctl.cli import build, fingerprint, heal, node, profile, store, validate, worker
+from buildctl.cli import build, fingerprint, heal, node, profile, rollout, store, validate, worker
 from buildctl.cli._common import CliState
 from buildctl.errors import (
     BadInputError,
@@ -42,7 +42,7 @@ EXIT_CODES: tuple[tuple[type[BaseException], int, str], ...] = (
     (GateRefusedError, 5, "gate refused"),
     (ConflictError, 6, "conflict"),
     (BuildFailedError, 7, "build failed"),
-    (PreflightRefusedError, 8, "engine refused by its preflight load on this host (not installed)"),
+    (PreflightRefusedError, 8, "engine refused on this host: its preflight load failed (not installed), or its smoke check failed (switched back)"),
     (UnavailableError, 9, "store unreachable or credentials refused"),
     (BuildctlError, 1, "error"),
     (typer.TyperException, 2, "usage error"),
@@ -105,6 +105,7 @@ app.command("promote")(store.promote_cmd)
 app.command("history")(store.history_cmd)
 app.command("rollback")(store.rollback_cmd)
 app.command("pull")(store.pull_cmd)
+app.add_typer(rollout.rollout_app, name="rollout")
 app.command("gc")(store.gc_cmd)
 app.add_typer(store.key_app, name="key")
 app.command("quarantine")(heal.quarantine_cmd)

@@ -151,7 +151,7 @@ def verify_cmd(
 
 
 def _record_json(rec) -> dict:
-    return rec.model_dump(mode="json")
+    return rec.body()
 
 
 def promote_cmd(
@@ -160,17 +160,33 @@ def promote_cmd(
     channel: str = typer.Option(..., "--channel", help="Channel name, e.g. staging or prod."),
     force: bool = typer.Option(False, "--force", help="Break glass: skip the gates (needs --reason; recorded)."),
     reason: Optional[str] = typer.Option(None, "--reason", help="Why; recorded in the history."),
+    rollout: Optional[str] = typer.Option(None, "--rollout", help="Roll out in waves: cumulative percentages of nodes, e.g. 1,10,50,100 (default: every node at once)."),
+    bake: Optional[str] = typer.Option(None, "--bake", help="With --rollout: how long each wave runs before the next (30m, 2h, 0; default 30m)."),
+    max_failures: Optional[str] = typer.Option(None, "--max-failures", help="With --rollout: failed nodes each wave tolerates, a count or a share, one for all or one per wave (e.g. 0,1%,2%,2%; default 0)."),
     json_out: bool = JSON_OPT,
 ) -> None:
-    """Move a channel to an artifact that verifies and passed validation."""
+    """Move a channel to an artifact that verifies and passed validation (with --rollout: in waves)."""
     from buildctl.pipeline import promote_artifact
+    from buildctl.store.errors import StoreArgumentError
+    from buildctl.store.rollout import RolloutPlan, parse_duration, parse_waves
 
-    rec = promote_artifact(settings(ctx), open_store_for(ctx), artifact, channel, force=force, reason=reason)
+    plan = None
+    if rollout is not None:
+        plan = RolloutPlan(waves=parse_waves(rollout, max_failures), bake_s=parse_duration(bake or "30m"))
+    elif max_failures is not None or bake is not None:
+        raise StoreArgumentError("--bake and --max-failures need --rollout")
+    rec = promote_artifact(settings(ctx), open_store_for(ctx), artifact, channel, force=force, reason=reason,
+                           rollout=plan)
     if _quiet(ctx, json_out):
         emit_json(_record_json(rec))
     else:
         out().print(f"{rec.channel} #{rec.seq}: {rec.profile} [{rec.compat_key}] -> {rec.artifact_id}"
                     f" (was {rec.previous or 'none'}){' FORCED' if rec.forced else ''}", highlight=False)
+        if rec.rollout is not None:
+            waves = ", ".join(f"{w.percent:g}% (max failures {w.max_failures})" for w in rec.rollout.waves)
+            out().print(f"rollout started: waves {waves}; bake {rec.rollout.bake_s:g}s. Nodes outside the wave keep "
+                        f"{rec.rollout.base}. Follow it: buildctl rollout status --profile {rec.profile} "
+                        f"--channel {rec.channel}", highlight=False)
 
 
 def _history_table(records) -> Table:
@@ -218,7 +234,7 @@ def rollback_cmd(
 
     st = settings(ctx)
     rec = rollback(open_store_for(ctx), profile, channel, to=to, compat_key=compat_key, reason=reason,
-                   who=st.actor, signer=signer_of(st))
+                   who=st.actor, signer=signer_of(st), ttl_s=st.record_ttl_s)
     if _quiet(ctx, json_out):
         emit_json(_record_json(rec))
     else:
@@ -232,45 +248,65 @@ def pull_cmd(
     dest: Path = typer.Option(..., "--dest", help="Install directory; DIR/current points at the engine."),
     keep: int = typer.Option(2, "--keep", min=2, help="Installed versions to keep (current and previous at least)."),
     skip_preflight: bool = typer.Option(False, "--skip-preflight", help="Install after byte verification only, without a test load (e.g. staging a cache on a host without the GPU)."),
-    node_id: Optional[str] = typer.Option(None, "--node-id", help="This node's id: a refused pull (exit 4 or 5) is recorded in its inventory record and emitted as buildctl.node.pull-failed."),
+    node_id: Optional[str] = typer.Option(None, "--node-id", help="This node's id: picks its side of a rollout (by wave bucket); its smoke-check verdict and any refused pull (exit 4 or 5) go into its inventory record, with a buildctl.node.* event."),
+    health_cmd: Optional[str] = typer.Option(None, "--health-cmd", help="Smoke check to run after installing, via sh -c with the engine dir as $1 and the artifact id as $2 (default: load the engine and generate a few tokens)."),
+    health_check: Optional[bool] = typer.Option(None, "--health-check/--no-health-check", help="Smoke-check a newly installed engine and switch back to the previous one if it fails (default: on with --node-id or --health-cmd)."),
+    retry_failed: bool = typer.Option(False, "--retry-failed", help="Install an artifact again although it failed its smoke check here before."),
     min_seq: int = typer.Option(0, "--min-seq", min=0, help="Refuse a channel record older than this sequence (exit 4); provisioning pins it so a new node cannot be handed a replayed record."),
     json_out: bool = JSON_OPT,
 ) -> None:
-    """Install the channel's engine for this host: verify, preflight, swap atomically."""
+    """Install the channel's engine for this node: verify, preflight, swap atomically, smoke-check."""
     from buildctl.engines.fingerprint import host_fingerprint
     from buildctl.errors import GateRefusedError, IntegrityError
-    from buildctl.pipeline import channel_target, pull_engine, report_pull_failure
+    from buildctl.node_agent import node_pull
+    from buildctl.pipeline import channel_target, report_pull_failure
 
     st, store = settings(ctx), open_store_for(ctx)
     fp = host_fingerprint(st)
-    rec, manifest = channel_target(st, store, profile, channel, fp)
+    rec, manifest = channel_target(st, store, profile, channel, fp, node_id=node_id)
     quiet = _quiet(ctx, json_out)
+    checks = health_check if health_check is not None else bool(node_id or health_cmd)
+
+    def on_health(state) -> None:
+        if not node_id:
+            return
+        # The one place besides node report that reaches the flows package, lazily.
+        from buildctl.flows.events import emit_engine_health
+
+        emit_engine_health(node_id, state.model_dump(mode="json"))
+        if state.status != "installed" and not quiet:
+            out().print(f"smoke check: {state.status}" + (f" ({state.detail})" if state.detail else ""), highlight=False)
+
     try:
         with byte_progress("downloading + verifying", manifest.total_size, enabled=not quiet) as on_bytes:
-            res = pull_engine(st, store, profile, channel, dest, keep=keep, skip_preflight=skip_preflight,
-                              on_bytes=on_bytes, fingerprint=fp, min_seq=min_seq)
+            got = node_pull(st, store, profile, channel, dest, node_id=node_id, fingerprint=fp, health_cmd=health_cmd,
+                            health_check=checks, skip_preflight=skip_preflight, retry_failed=retry_failed, keep=keep,
+                            min_seq=min_seq, on_bytes=on_bytes, on_health=on_health)
     except (IntegrityError, GateRefusedError) as err:
         if node_id:
-            failure = report_pull_failure(st, store, node_id, fp, rec, err)
+            failure = report_pull_failure(st, store, node_id, fp, rec, err, artifact_id=manifest.artifact_id)
             if failure is not None:
-                # The one place besides node report that reaches the flows package, lazily.
                 from buildctl.flows.events import emit_pull_failed
 
                 event_id = emit_pull_failed(node_id, failure.model_dump(mode="json"))
                 typer.echo(f"recorded in inventory/nodes/{node_id}.json"
                            + (f"; emitted buildctl.node.pull-failed ({event_id})" if event_id else ""), err=True)
         raise
-    rec = res.record or rec
+    res, rec = got.result, got.record
     if quiet:
         emit_json({"artifact_id": res.artifact_id, "installed": res.installed, "path": str(res.path),
                    "preflight": not skip_preflight,
                    "current": str(Path(dest) / "current"), "previous": res.previous, "seq": rec.seq,
-                   "bytes": res.bytes})
+                   "bytes": res.bytes, "health": got.state.status if got.state else None,
+                   "health_recorded": got.reported if got.state and node_id else None,
+                   "rollout": rec.rollout.state if rec.rollout else None})
     elif res.installed:
         out().print(f"installed {res.artifact_id} ({channel} #{rec.seq}) at {Path(dest) / 'current'}; "
                     f"previous: {res.previous or 'none'}", highlight=False)
     else:
         out().print(f"already installed: {res.artifact_id} ({channel} #{rec.seq}) is current in {dest}", highlight=False)
+    if got.state is not None and node_id and not got.reported:
+        typer.echo(f"warning: could not record the smoke-check verdict in inventory/nodes/{node_id}.json", err=True)
 
 
 def gc_cmd(

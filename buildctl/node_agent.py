@@ -1,0 +1,127 @@
+"""The node agent's pull: install the channel's engine for this node, smoke-check it, report.
+
+``buildctl pull --node-id`` runs :func:`node_pull`. The channel record gives the node its artifact
+(during a rollout, by the node's wave bucket); the pull verifies, preflights and swaps it in as
+``DIR/current``; then a smoke check runs against the installed engine: the backend loads it and
+generates a few tokens in a subprocess, or the operator's ``--health-cmd`` runs. The node records
+``installed``, then ``healthy`` or ``failed``, in its inventory record (compare-and-swap), and the
+CLI emits ``buildctl.node.engine-health`` for each. On a failed check the node switches
+``current`` back to the engine it replaced by itself, remembers the verdict in ``DIR`` and does
+not install that artifact again until told (``--retry-failed``); the rollout flow sees the failure
+in the inventory and halts the rollout when its wave's budget is exceeded.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from buildctl.engines.fingerprint import Fingerprint, host_fingerprint
+from buildctl.errors import BuildctlError
+from buildctl.fleet import EngineState, HealthStatus, record_engine_state
+from buildctl.pipeline import host_compat_keys, preflight_for, trusted_of
+from buildctl.settings import Settings
+from buildctl.store.backend import ProgressFn, Store
+from buildctl.store.channels import ChannelRecord
+from buildctl.store.errors import EngineUnhealthyError
+from buildctl.store.manifest import Manifest, utc_now
+from buildctl.store.pull import (
+    PullResult,
+    current_artifact,
+    health_marks,
+    mark_health,
+    previous_artifact,
+    pull,
+    resolve_channel,
+    switch_back,
+)
+from buildctl.store.verify import get_manifest
+
+HEALTH_TIMEOUT_S = 600.0
+SMOKE_TOKENS = 8
+
+
+@dataclass
+class NodePull:
+    """What a node's pull did."""
+
+    result: PullResult
+    record: ChannelRecord
+    state: EngineState | None  # the smoke check's verdict; None when no check ran
+    reported: bool = False  # whether the inventory record took the verdict
+
+
+def smoke_check(settings: Settings, manifest: Manifest, artifact_id: str, engine_dir: Path,
+                health_cmd: str | None, timeout_s: float = HEALTH_TIMEOUT_S) -> str | None:
+    """Run the smoke check against an installed engine; ``None`` when it passed, else why not.
+    ``health_cmd`` runs with ``sh -c``, the engine directory as ``$1`` and the artifact id as ``$2``;
+    without it the backend loads the engine and generates a few tokens, in a subprocess."""
+    if health_cmd:
+        cmd = ["sh", "-c", health_cmd, "buildctl-health", str(engine_dir), artifact_id]
+    else:
+        cmd = [sys.executable, "-m", "buildctl.engines.preflight", manifest.backend, str(engine_dir),
+               "--smoke", str(SMOKE_TOKENS)]
+        if settings.fingerprint_file:
+            cmd += ["--fingerprint-file", str(settings.fingerprint_file)]
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        return f"timed out after {timeout_s:g}s"
+    if r.returncode == 0:
+        return None
+    tail = " | ".join((r.stdout + r.stderr).strip().splitlines()[-3:])
+    how = f"killed by signal {-r.returncode}" if r.returncode < 0 else f"exit {r.returncode}"
+    return f"{'health command' if health_cmd else 'smoke generation'} {how}" + (f": {tail}" if tail else "")
+
+
+def node_pull(settings: Settings, store: Store, profile: str, channel: str, dest: str | Path, *,
+              node_id: str | None = None, fingerprint: Fingerprint | None = None, health_cmd: str | None = None,
+              health_check: bool = True, skip_preflight: bool = False, retry_failed: bool = False, keep: int = 2,
+              min_seq: int = 0, on_bytes: ProgressFn | None = None,
+              on_health: Callable[[EngineState], None] | None = None,
+              health_timeout_s: float = HEALTH_TIMEOUT_S) -> NodePull:
+    """Pull for this node, then smoke-check what was installed (see the module docstring).
+    ``on_health`` is called with each state recorded (the CLI emits the event from it). Raises
+    :class:`EngineUnhealthyError` (after switching back) when the check fails."""
+    fp = fingerprint or host_fingerprint(settings)
+    dest = Path(dest)
+    rec = resolve_channel(store, profile, channel, host_compat_keys(fp))
+    target = rec.artifact_for(node_id)
+    verdict = health_marks(dest).get(target, {})
+    if verdict.get("status") == "failed" and not retry_failed and current_artifact(dest) != target:
+        raise EngineUnhealthyError(target, verdict.get("detail") or "failed", current_artifact(dest), held_back=True)
+    res = pull(store, profile, channel, dest, host_compat_keys(fp), record=rec, node_id=node_id, keep=keep,
+               preflight=None if skip_preflight else preflight_for(settings), on_bytes=on_bytes,
+               trusted=trusted_of(settings), min_seq=min_seq)
+    runs_check = health_check and (health_cmd is not None or not skip_preflight)
+    if not runs_check or (not res.installed and verdict.get("status") == "healthy"):
+        return NodePull(res, rec, None)
+    reported = True
+
+    def report(status: HealthStatus, detail: str | None, current: str | None) -> EngineState:
+        nonlocal reported
+        state = EngineState(profile=profile, channel=channel, compat_key=rec.compat_key, artifact_id=target,
+                            seq=rec.seq, status=status, detail=detail, current=current, when=utc_now())
+        if node_id:
+            try:
+                record_engine_state(store, node_id, fp, state)
+            except BuildctlError:
+                reported = False  # the verdict still holds on this node; the caller says it was not recorded
+        if on_health is not None:
+            on_health(state)
+        return state
+
+    report("installed", None, target)
+    detail = smoke_check(settings, get_manifest(store, target), target, dest / "current", health_cmd, health_timeout_s)
+    if detail is None:
+        mark_health(dest, target, "healthy", utc_now())
+        return NodePull(res, rec, report("healthy", None, target), reported)
+    if not res.installed:  # it was current already, without a verdict (a crash mid-check): undo like an install
+        res = PullResult(target, installed=True, path=res.path, previous=previous_artifact(dest))
+    now_current = switch_back(dest, res)
+    mark_health(dest, target, "failed", utc_now(), detail)
+    report("failed", detail, now_current)
+    raise EngineUnhealthyError(target, detail, now_current)

@@ -1,0 +1,212 @@
+"""Rollout decisions: count each wave's nodes from the inventory, and move rollouts on.
+
+Plain functions; the ``rollout-channel`` flow and ``buildctl rollout`` call them. A wave's nodes
+are the inventory's nodes that serve the profile on the channel ref's compat key and whose wave
+bucket is inside the wave's percentage (waves are cumulative). A node counts as *failed* for the
+rollout when its engine state for the channel says its smoke check of the new artifact failed, or
+it refused to install it (a pull failure); *healthy* when its check passed; *installed* while the
+check runs; otherwise it is *pending* (it has not pulled yet).
+
+:func:`decide` is pure: failures over the current wave's budget halt the rollout at once (active or
+paused); an active wave whose bake time has passed within budget advances, or completes the
+rollout when it is the last. :func:`tick` applies the decisions, each against the record it was
+made on (compare-and-swap: a channel that moved meanwhile is decided again next time).
+
+Signed channel records expire (``Settings.record_ttl_s``); :func:`resign_due` re-signs every
+current record whose expiry is near, so nodes can refuse a frozen or replayed one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from typing import Iterable
+
+from buildctl.fleet import NodeRecord, read_inventory
+from buildctl.settings import Settings
+from buildctl.store.backend import Store
+from buildctl.store.channels import ChannelRecord, all_channel_records, parse_utc, read_channel, resign, rollout_step
+from buildctl.store.errors import CasConflictError, ChannelNotFoundError, StoreArgumentError
+from buildctl.store.rollout import in_wave
+from buildctl.store.signing import SigningKey
+from buildctl.store.verify import get_manifest
+
+NODE_STATES = ("healthy", "failed", "installed", "pending")
+
+
+@dataclass(frozen=True)
+class WaveCount:
+    """One wave's nodes and how they are doing with the new artifact."""
+
+    index: int
+    percent: float
+    max_failures: str
+    allowed: int
+    nodes: int
+    healthy: int
+    failed: int
+    installed: int
+    pending: int
+    failed_nodes: tuple[str, ...]
+    state: str  # done, current, waiting
+
+    @property
+    def done(self) -> int:
+        return self.healthy + self.failed
+
+
+@dataclass
+class RolloutView:
+    """A rollout as the inventory sees it, and what should happen next."""
+
+    record: ChannelRecord
+    waves: list[WaveCount]
+    decision: str  # advance, complete, halt, wait, none
+    why: str
+    bake_left_s: float = 0.0
+    applied: ChannelRecord | None = field(default=None)
+
+    def to_json(self) -> dict:
+        r = self.record.rollout
+        return {"profile": self.record.profile, "channel": self.record.channel, "compat_key": self.record.compat_key,
+                "seq": self.record.seq, "state": r.state if r else None, "target": r.target if r else None,
+                "base": r.base if r else None, "wave": (r.wave + 1) if r else None, "bake_s": r.bake_s if r else None,
+                "bake_left_s": round(self.bake_left_s, 3), "decision": self.decision, "why": self.why,
+                "failed_nodes": list(r.failed_nodes) if r else [],
+                "applied_seq": self.applied.seq if self.applied else None,
+                "waves": [{"wave": w.index + 1, "percent": w.percent, "max_failures": w.max_failures,
+                           "allowed": w.allowed, "nodes": w.nodes, "done": w.done, "healthy": w.healthy,
+                           "failed": w.failed, "installed": w.installed, "pending": w.pending,
+                           "failed_nodes": list(w.failed_nodes), "state": w.state} for w in self.waves]}
+
+
+def node_status(node: NodeRecord, profile: str, channel: str, target: str) -> str:
+    """healthy, failed, installed or pending: this node with ``target`` on the channel."""
+    e = node.engine(profile, channel)
+    if e is not None and e.artifact_id == target:
+        return e.status
+    if any(f.artifact_id == target and f.profile == profile and f.channel == channel for f in node.pull_failures):
+        return "failed"
+    return "pending"
+
+
+def nodes_in_scope(nodes: Iterable[NodeRecord], profile: str, channel: str, backend: str, compat_key: str) -> list[NodeRecord]:
+    """The nodes a channel ref reaches: serving the profile (or having pulled it) on its compat key."""
+    return [n for n in nodes if n.compat_keys.get(backend) == compat_key
+            and (profile in n.profiles or n.engine(profile, channel) is not None)]
+
+
+def decide(rec: ChannelRecord, nodes: list[NodeRecord], now: datetime) -> RolloutView:
+    """Count the waves and decide; ``nodes`` are the ones in scope (:func:`nodes_in_scope`)."""
+    r = rec.rollout
+    if r is None:
+        return RolloutView(rec, [], "none", "no rollout on this channel")
+    status = {n.node_id: node_status(n, rec.profile, rec.channel, r.target) for n in nodes}
+    waves = []
+    for i, w in enumerate(r.waves):
+        members = sorted(n.node_id for n in nodes if in_wave(rec.profile, rec.channel, n.node_id, w.percent))
+        counts = {s: sum(status[m] == s for m in members) for s in NODE_STATES}
+        state = "done" if i < r.wave or r.state == "completed" else ("current" if i == r.wave else "waiting")
+        waves.append(WaveCount(i, w.percent, w.max_failures, w.allowed_failures(len(members)), len(members),
+                               counts["healthy"], counts["failed"], counts["installed"], counts["pending"],
+                               tuple(m for m in members if status[m] == "failed"), state))
+    if not r.live:
+        return RolloutView(rec, waves, "none", f"rollout {r.state}")
+    cur = waves[r.wave]
+    bake_left = max(0.0, (parse_utc(r.wave_started_at) + timedelta(seconds=r.bake_s) - now).total_seconds())
+    label = f"wave {r.wave + 1} ({cur.percent:g}%)"
+    if cur.failed > cur.allowed:
+        return RolloutView(rec, waves, "halt", f"{label}: {cur.failed} failed of {cur.nodes} nodes, budget "
+                           f"{cur.allowed} ({cur.max_failures}): {', '.join(cur.failed_nodes)}", bake_left)
+    if r.state == "paused":
+        return RolloutView(rec, waves, "wait", f"{label}: paused", bake_left)
+    if bake_left > 0:
+        return RolloutView(rec, waves, "wait", f"{label}: baking, {bake_left:.0f}s left; {cur.healthy} healthy, "
+                           f"{cur.failed} failed, {cur.pending + cur.installed} not reported of {cur.nodes}", bake_left)
+    if r.wave + 1 < len(r.waves):
+        return RolloutView(rec, waves, "advance", f"{label} baked with {cur.failed} failure(s) of {cur.nodes} "
+                           f"(budget {cur.allowed}): on to {r.waves[r.wave + 1].percent:g}%")
+    return RolloutView(rec, waves, "complete", f"{label} baked with {cur.failed} failure(s) of {cur.nodes} "
+                       f"(budget {cur.allowed}): rollout complete")
+
+
+def _records(store: Store, profile: str | None, channel: str, compat_key: str | None) -> list[ChannelRecord]:
+    recs = [r for r in all_channel_records(store) if r.channel == channel and (profile is None or r.profile == profile)
+            and (compat_key is None or r.compat_key == compat_key)]
+    if not recs and profile is not None:
+        raise ChannelNotFoundError(profile, channel, [compat_key or "<any>"])
+    return sorted(recs, key=lambda r: (r.profile, r.compat_key))
+
+
+def view(store: Store, rec: ChannelRecord, nodes: list[NodeRecord] | None = None,
+         now: datetime | None = None) -> RolloutView:
+    """The rollout on one channel ref, counted from the inventory."""
+    nodes = read_inventory(store) if nodes is None else nodes
+    if rec.rollout is None:
+        return decide(rec, [], now or datetime.now(timezone.utc))
+    backend = get_manifest(store, rec.rollout.target).backend
+    scope = nodes_in_scope(nodes, rec.profile, rec.channel, backend, rec.compat_key)
+    return decide(rec, scope, now or datetime.now(timezone.utc))
+
+
+def status(store: Store, profile: str, channel: str, compat_key: str | None = None) -> list[RolloutView]:
+    """Every compat key's rollout view of the channel (``buildctl rollout status``)."""
+    nodes = read_inventory(store)
+    return [view(store, r, nodes) for r in _records(store, profile, channel, compat_key)]
+
+
+def tick(settings: Settings, store: Store, signer: SigningKey | None, *, channel: str, profile: str | None = None,
+         now: datetime | None = None) -> list[RolloutView]:
+    """Decide every live rollout on ``channel`` (of ``profile``, or of every profile) and apply the
+    decisions; returns the views, each with the record written (``applied``), if any."""
+    nodes = read_inventory(store)
+    out = []
+    for rec in _records(store, profile, channel, None):
+        if rec.rollout is None or not rec.rollout.live:
+            continue
+        v = view(store, rec, nodes, now)
+        if v.decision in ("advance", "complete", "halt"):
+            failed = v.waves[rec.rollout.wave].failed_nodes if v.decision == "halt" else ()
+            try:
+                v.applied = rollout_step(store, rec.profile, rec.channel, rec.compat_key, v.decision,
+                                         expect_seq=rec.seq, reason=f"rollout-channel: {v.why}", failed_nodes=failed,
+                                         who=settings.actor, signer=signer, ttl_s=settings.record_ttl_s)
+            except CasConflictError:
+                v.why += " (the channel moved meanwhile; decided again next time)"
+        out.append(v)
+    return out
+
+
+def control(settings: Settings, store: Store, signer: SigningKey | None, step: str, profile: str, channel: str,
+            compat_key: str | None = None, reason: str | None = None) -> list[ChannelRecord]:
+    """``buildctl rollout pause|resume|abort``: apply ``step`` to the channel's live rollouts."""
+    if step not in ("pause", "resume", "abort"):
+        raise StoreArgumentError(f"unknown rollout command {step!r}: pause, resume or abort")
+    recs = [r for r in _records(store, profile, channel, compat_key) if r.rollout is not None and r.rollout.live]
+    if not recs:
+        raise StoreArgumentError(f"no rollout in progress on {channel} of {profile}"
+                                 + (f" [{compat_key}]" if compat_key else ""))
+    return [rollout_step(store, r.profile, r.channel, r.compat_key, step, reason=reason, who=settings.actor,
+                         signer=signer, ttl_s=settings.record_ttl_s) for r in recs]
+
+
+def resign_due(settings: Settings, store: Store, signer: SigningKey, *, margin_s: float,
+               now: datetime | None = None) -> list[ChannelRecord]:
+    """Re-sign every current channel record that expires within ``margin_s`` (or carries no
+    expiry) with ``signer``; returns the new records."""
+    if not settings.record_ttl_s:
+        raise StoreArgumentError("record_ttl_s is 0 (records do not expire): nothing to re-sign")
+    if margin_s >= settings.record_ttl_s:
+        raise StoreArgumentError(f"margin {margin_s:g}s is not below the record lifetime {settings.record_ttl_s:g}s: "
+                                 "every run would re-sign everything")
+    horizon = (now or datetime.now(timezone.utc)) + timedelta(seconds=margin_s)
+    out = []
+    for rec in all_channel_records(store):
+        if rec.expires is not None and parse_utc(rec.expires) > horizon:
+            continue
+        got = read_channel(store, rec.profile, rec.channel, rec.compat_key)
+        if got is not None and got[0].seq == rec.seq:
+            new = resign(store, rec, who=settings.actor, signer=signer, ttl_s=settings.record_ttl_s)
+            if new.seq != rec.seq:
+                out.append(new)
+    return out
