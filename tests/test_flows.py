@@ -278,3 +278,27 @@ def test_rollout_channel_flow_takes_a_healthy_rollout_to_100_percent(prefect_api
     assert view["decision"] == "halt" and view["applied_seq"] is not None
     now = read_channel(store, PROFILE, "prod", draft.compat_key)[0]
     assert now.artifact_id == v2 and now.action == "rollback" and list(now.rollout.failed_nodes) == canaries
+
+
+def test_resign_channels_flow_re_signs_what_is_due(prefect_api, tmp_path, draft, monkeypatch):
+    import buildctl.store as ops
+    from buildctl.flows.pipeline import resign_channels
+    from buildctl.store.backend import open_store
+    from buildctl.store.errors import StoreArgumentError
+    from buildctl.store.signing import generate, load_signing_key
+
+    from .test_rollout import publish
+
+    store = open_store("file://" + str(tmp_path / "store"))
+    a = publish(store, tmp_path, "a", draft)
+    ops.promote(store, a, "prod")  # unsigned: no expiry, so due
+    monkeypatch.delenv("BUILDCTL_SIGNING_KEY", raising=False)
+    with pytest.raises(StoreArgumentError, match="needs a signing key"):
+        resign_channels(store=store.uri)
+    key, _, key_id = generate(tmp_path / "keys", "ci")
+    monkeypatch.setenv("BUILDCTL_SIGNING_KEY", str(key))
+    (got,) = resign_channels(store=store.uri)
+    assert got["seq"] == 2 and got["expires"]
+    rec = ops.read_channel(store, draft.profile_name, "prod", draft.compat_key)[0]
+    assert rec.signature["key_id"] == key_id == load_signing_key(key).key_id and rec.action == "resign"
+    assert resign_channels(store=store.uri) == []  # a week of validity left: nothing due

@@ -182,3 +182,42 @@ def test_a_fresh_node_refuses_a_replayed_record_and_one_below_its_min_seq(keys, 
     code, _, err = cli("--store", store_dir, "pull", "--profile", "tiny-llama-cpu", "--channel", "prod",
                        "--dest", tmp_path / "new", "--skip-preflight", "--min-seq", "3")
     assert code == 4 and "record #2 is stale: this node's --min-seq says #3" in err, err
+
+
+def test_a_fresh_node_refuses_an_expired_record_until_it_is_re_signed(keys, cli, tmp_path, monkeypatch):
+    """Signed records expire (TUF's timestamp role): a frozen channel (the attacker keeps serving
+    the last record) is refused once it expires; the resign step writes a fresh, higher record;
+    and a replay of the older record stays refused."""
+    import time
+
+    from buildctl.pipeline import signer_of as signer_for
+    from buildctl.rollouts import resign_due
+
+    env, store_dir = Env(monkeypatch, keys), tmp_path / "store"
+    a = publish(env, cli, store_dir, make_tree(tmp_path / "a", {"rank0.engine": b"engine A"}))
+    env.as_("promoter")
+    monkeypatch.setenv("BUILDCTL_RECORD_TTL_S", "1")
+    code, out, err = cli("--store", store_dir, "--json", "promote", a, "--channel", "prod")
+    assert code == 0, err
+    rec = json.loads(out)
+    assert rec["expires"] > rec["when"]
+    time.sleep(1.2)  # the channel is frozen: nobody re-signs it
+    code, _, err = pull(cli, store_dir, tmp_path / "fresh")
+    assert code == 4 and f"record #1 expired at {rec['expires']}" in err, err
+    assert not (tmp_path / "fresh" / "current").exists()
+
+    monkeypatch.setenv("BUILDCTL_RECORD_TTL_S", "3600")
+    st = settings(store=str(store_dir))
+    store = open_store(str(store_dir))
+    (new,) = resign_due(st, store, signer_for(st), margin_s=600)
+    assert new.seq == 2 and new.action == "resign" and new.artifact_id == a and new.previous is None  # content kept
+    assert resign_due(st, store, signer_for(st), margin_s=600) == []  # fresh for another hour: nothing due
+    code, out, err = pull(cli, store_dir, tmp_path / "fresh")
+    assert code == 0 and json.loads(out)["seq"] == 2, err
+
+    m = ops.get_manifest(store, a)
+    ref = store.root / channel_key("tiny-llama-cpu", "prod", m.compat_key)
+    ref.write_bytes(store.get_bytes(history_key("tiny-llama-cpu", "prod", m.compat_key, 1)))  # the replay
+    code, _, err = pull(cli, store_dir, tmp_path / "fresh2")
+    assert code == 4 and "record #1 expired" in err, err  # the replayed record is refused (and it is stale too)
+    assert not (tmp_path / "fresh2" / "current").exists()
