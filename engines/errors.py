@@ -146,3 +146,16 @@ class ProfileCheckFailed(BadInputError):
     def __init__(self, errors: list[BadInputError]) -> None:
         self.errors = list(errors)
         super().__init__("\n".join(str(e) for e in errors))
+
+
+class TrafficFileError(BadInputError):
+    """A traffic file (or a sizing argument) that cannot be used: ``bad`` maps each reason a line
+    was malformed to its line numbers."""
+
+    def __init__(self, source: str, detail: str, bad: dict[str, list[int]]) -> None:
+        self.source = source
+        self.detail = detail
+        self.bad = dict(bad)
+        reasons = "; ".join(f"{reason}: {len(lines)} (line {', '.join(map(str, lines[:5]))}"
+                            f"{', ...' if len(lines) > 5 else ''})" for reason, lines in sorted(self.bad.items()))
+        super().__init__(f"{source}: {detail}" + (f" [{reasons}]" if reasons else ""))
