@@ -115,6 +115,7 @@ def test_driver_upgrade_to_completed_rebuild(tmp_path):
         the_event_feed_links_the_upgrade_to_its_run_and_artifact(url, bvp[0]["id"])
         a_failing_child_fails_its_parents(url, env, tmp_path)
         heal_through_the_automation(url, env, tmp_path, upgraded.compat_key("aoti"))
+        rollout_halted_through_the_automation(url, env, tmp_path, upgraded.compat_key("aoti"))
     finally:
         if served is not None:
             stop(served)
@@ -215,6 +216,58 @@ def heal_through_the_automation(url: str, env: dict, tmp_path, compat_key: str) 
     node = json.loads(store.get_bytes("inventory/nodes/gpu-node-1.json"))
     assert node["pull_failures"][-1]["artifact_id"] == aid
     (tmp_path / "time-to-recovery.txt").write_text(f"{time.monotonic() - t0:.1f}\n")
+
+
+def rollout_halted_through_the_automation(url: str, env: dict, tmp_path, compat_key: str) -> None:
+    """A rollout to prod whose canary fails its smoke check: the node switches back, reports
+    `failed` and emits buildctl.node.engine-health; the rollout-channel automation halts the
+    rollout at once (no scheduled run needed) and rolls prod back, naming the node."""
+    import buildctl.store as ops
+
+    from .conftest import write_attestation
+
+    store = ops.open_store(env["BUILDCTL_STORE"])
+    cli = [sys.executable, "-m", "buildctl"]
+    good = ops.read_channel(store, "tiny-llama-cpu", "staging", compat_key)[0].artifact_id
+    r = subprocess.run([*cli, "promote", good, "--channel", "prod"], env=env, cwd=REPO, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    node = tmp_path / "rollout-node"
+    pull = [*cli, "--json", "pull", "--profile", "tiny-llama-cpu", "--channel", "prod", "--dest", str(node),
+            "--node-id", "gpu-node-1", "--health-cmd", 'test ! -e "$1/BROKEN"']
+    r = subprocess.run(pull, env=env, cwd=REPO, capture_output=True, text=True)
+    assert r.returncode == 0 and json.loads(r.stdout)["health"] == "healthy", r.stderr
+    broken = tmp_path / "broken-engine"
+    subprocess.run(["cp", "-r", str(node / "current") + "/.", str(broken)], check=True)
+    (broken / "BROKEN").write_text("segfaults past 4096 tokens")
+    m = ops.get_manifest(store, good)
+    imp = subprocess.run([*cli, "--json", "import", str(broken), "--profile", str(REPO / "build_profiles" / "tiny-llama-cpu.yaml"),
+                          "--model-digest", m.model_digest or ""], env=env, cwd=REPO, capture_output=True, text=True)
+    assert imp.returncode == 0, imp.stderr
+    bad = json.loads(imp.stdout)["artifact_id"]
+    write_attestation(store, bad, compat_key, "pass")
+    r = subprocess.run([*cli, "promote", bad, "--channel", "prod", "--rollout", "100", "--bake", "1h"], env=env,
+                       cwd=REPO, capture_output=True, text=True)
+    assert r.returncode == 0 and "rollout started" in r.stdout, r.stderr
+    r = subprocess.run(pull, env=env, cwd=REPO, capture_output=True, text=True)
+    assert r.returncode == 8 and "switched back" in r.stderr, r.stderr
+    deadline = time.monotonic() + 180
+    rec = None
+    while time.monotonic() < deadline:
+        rec = ops.read_channel(store, "tiny-llama-cpu", "prod", compat_key)[0]
+        if rec.action == "rollback":
+            break
+        time.sleep(2)
+    runs = [x for x in api(url, "/flow_runs/filter", {}) if x["name"].startswith("rollout ")]
+    assert rec is not None and rec.action == "rollback", (runs, (tmp_path / "serve.log").read_text()[-3000:])
+    assert rec.artifact_id == good and rec.rollout.state == "halted" and rec.rollout.failed_nodes == ("gpu-node-1",)
+    assert runs and runs[0]["parameters"].get("node_id") == "gpu-node-1"
+    deadline = time.monotonic() + 60  # the server persists events in batches
+    statuses: list = []
+    while time.monotonic() < deadline and "failed" not in statuses:
+        health = api(url, "/events/filter", {"filter": {"event": {"prefix": ["buildctl.node.engine-health"]}}, "limit": 20})
+        statuses = [e["payload"].get("status") for e in health["events"]]
+        time.sleep(1)
+    assert "failed" in statuses and "healthy" in statuses, statuses
 
 
 def test_builds_are_routed_to_workers_of_their_compat_key(tmp_path, tiny_build):

@@ -245,3 +245,22 @@ def test_the_default_smoke_check_loads_a_real_engine_and_generates(tiny_build, t
     got = node_pull(st, store, tiny_build["profile"].name, "smoke", dest, node_id="cpu-node-1")
     assert got.state is not None and got.state.status == "healthy" and current_artifact(dest) == aid
     assert read_node(store, "cpu-node-1")[0].engine(tiny_build["profile"].name, "smoke").status == "healthy"
+
+
+def test_a_canary_that_refuses_a_rotted_target_counts_as_failed(store, tmp_path, draft, cli, s3_env_if_needed):
+    """A pull that refuses the new artifact (its bytes rotted: exit 4) is recorded against the
+    artifact the node was given, not the channel's base, and the rollout counts the node failed."""
+    from .conftest import rot
+
+    v1, v2 = publish(store, tmp_path, "v1", draft), publish(store, tmp_path, "v2", draft)
+    ops.promote(store, v1, "prod")
+    ops.promote(store, v2, "prod", rollout=RolloutPlan(waves=parse_waves("50,100", "0"), bake_s=0))
+    canary = next(f"n{i}" for i in range(100) if wave_bucket(PROFILE, "prod", f"n{i}") < 50)
+    rot(store, next(f.digest for f in ops.get_manifest(store, v2).files if f.path == "rank0.engine"), "flip")
+    code, _, err = cli("--store", store.uri, "pull", "--profile", PROFILE, "--channel", "prod", "--dest",
+                       tmp_path / canary, "--node-id", canary, "--skip-preflight")
+    assert code == 4 and "rank0.engine: digest mismatch" in err, err
+    (failure,) = read_node(store, canary)[0].pull_failures
+    assert failure.artifact_id == v2
+    (v,) = rollouts.tick(settings(), store, None, channel="prod")
+    assert v.decision == "halt" and v.waves[0].failed_nodes == (canary,)

@@ -284,7 +284,7 @@ def pull_cmd(
                             min_seq=min_seq, on_bytes=on_bytes, on_health=on_health)
     except (IntegrityError, GateRefusedError) as err:
         if node_id:
-            failure = report_pull_failure(st, store, node_id, fp, rec, err, artifact_id=manifest.artifact_id)
+            failure = report_pull_failure(st, store, node_id, fp, rec, err, artifact_id=rec.artifact_for(node_id))
             if failure is not None:
                 from buildctl.flows.events import emit_pull_failed
 
