@@ -4,7 +4,8 @@ Plain functions; the ``rollout-channel`` flow and ``buildctl rollout`` call them
 are the inventory's nodes that serve the profile on the channel ref's compat key and whose wave
 bucket is inside the wave's percentage (waves are cumulative). A node counts as *failed* for the
 rollout when its engine state for the channel says its smoke check of the new artifact failed, or
-it refused to install it (a pull failure); *healthy* when its check passed; *installed* while the
+it refused to install it (a pull failure about the artifact: bad bytes, quarantine, signature);
+*healthy* when its check passed; *installed* while the
 check runs; otherwise it is *pending* (it has not pulled yet).
 
 :func:`decide` is pure: failures over the current wave's budget halt the rollout at once (active or
@@ -32,6 +33,9 @@ from buildctl.store.signing import SigningKey
 from buildctl.store.verify import get_manifest
 
 NODE_STATES = ("healthy", "failed", "installed", "pending")
+# Refused pulls that are about the artifact (its bytes, its quarantine, its signature). A stale,
+# expired or replayed channel record is refused too, but says nothing about the artifact.
+ARTIFACT_REFUSALS = ("VerificationError", "CorruptObjectError", "QuarantinedError", "SignatureError: manifest")
 
 
 @dataclass(frozen=True)
@@ -85,7 +89,8 @@ def node_status(node: NodeRecord, profile: str, channel: str, target: str) -> st
     e = node.engine(profile, channel)
     if e is not None and e.artifact_id == target:
         return e.status
-    if any(f.artifact_id == target and f.profile == profile and f.channel == channel for f in node.pull_failures):
+    if any(f.artifact_id == target and f.profile == profile and f.channel == channel
+           and f.error.startswith(ARTIFACT_REFUSALS) for f in node.pull_failures):
         return "failed"
     return "pending"
 

@@ -264,3 +264,23 @@ def test_a_canary_that_refuses_a_rotted_target_counts_as_failed(store, tmp_path,
     assert failure.artifact_id == v2
     (v,) = rollouts.tick(settings(), store, None, channel="prod")
     assert v.decision == "halt" and v.waves[0].failed_nodes == (canary,)
+
+
+def test_only_refusals_about_the_artifact_count_as_failures():
+    from buildctl.fleet import NodeRecord, PullFailure
+
+    def node(error: str) -> NodeRecord:
+        f = PullFailure(artifact_id="xxh3-128:" + "2" * 32, profile=PROFILE, channel="prod", compat_key="k",
+                        error=error, when=ops.utc_now())
+        return NodeRecord(node_id="n", fingerprint={}, compat_keys={"aoti": "k"}, profiles=(PROFILE,),
+                          reported_at=ops.utc_now(), pull_failures=(f,))
+
+    target = "xxh3-128:" + "2" * 32
+    for error, status in (("VerificationError: rank0.engine: digest mismatch", "failed"),
+                          ("QuarantinedError: artifact is quarantined", "failed"),
+                          ("SignatureError: manifest xxh3-128:22: unsigned", "failed"),
+                          ("SignatureError: channel record prod #3: signed by untrusted key", "pending"),
+                          ("ExpiredRecordError: channel prod record #3 expired", "pending"),
+                          ("StaleRecordError: channel prod record #2 is stale", "pending")):
+        assert rollouts.node_status(node(error), PROFILE, "prod", target) == status, error
+    assert rollouts.node_status(node("VerificationError: x"), PROFILE, "staging", target) == "pending"
