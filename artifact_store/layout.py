@@ -12,6 +12,7 @@ MANIFESTS = "manifests/"
 CHANNELS = "channels/"
 HISTORY = "history/"
 NODES = "inventory/nodes/"
+TOUCHES = "touches/blobs/"
 
 
 def blob_key(digest: str) -> str:
@@ -112,3 +113,13 @@ def history_key(profile: str, channel: str, compat_key: str, seq: int) -> str:
 
 def node_key(node_id: str) -> str:
     return f"{NODES}{node_id}.json"
+
+
+def touch_key(digest: str) -> str:
+    """When a publish last relied on a blob (mutable; garbage collection honours it)."""
+    return f"{TOUCHES}{hex_of(digest)}.json"
+
+
+def digest_of_blob_key(key: str) -> str:
+    """The digest a ``blobs/xx/<hex>`` key names."""
+    return "xxh3-128:" + key.rsplit("/", 1)[1]

@@ -1,7 +1,9 @@
 """Publish: checksum a tree and store it as one immutable artifact, and the build-key index.
 
-Write order (like oras-py's push): blobs first (skipping those already present), then an
-identity record, then the manifest, then its signature, then the build-key index. An artifact
+Write order (like oras-py's push): touches of every blob (:mod:`buildctl.store.grace`: what
+garbage collection honours), blobs (skipping those already present, checked again a delete
+window later), then an identity record, then the manifest, then its signature, then the
+build-key index. An artifact
 is visible only once its manifest exists, so a publish killed at any point leaves nothing
 visible, and re-running it finishes the job with the same artifact id.
 """
@@ -9,14 +11,16 @@ visible, and re-running it finishes the job with the same artifact id.
 from __future__ import annotations
 
 import json
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from buildctl.digest import canonical_json, digest_bytes, hash_file, is_digest
+from buildctl.store import grace as grace_mod
 from buildctl.store.backend import ProgressFn, Store
-from buildctl.store.errors import CorruptObjectError, KeyNotFoundError
+from buildctl.store.errors import CorruptObjectError, KeyNotFoundError, StoreArgumentError, StoreUnavailableError
 from buildctl.store.layout import blob_key, build_index_key, build_index_prefix, identity_key, manifest_key
 from buildctl.store.manifest import Manifest, hash_tree, scan_tree, utc_now
 from buildctl.store.quarantine import active_quarantine
@@ -63,6 +67,10 @@ def publish_tree(
     on_bytes: ProgressFn | None = None,
     signer: SigningKey | None = None,
     who: str = "unknown",
+    grace_s: float | None = None,
+    delete_window_s: float | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
 ) -> PublishResult:
     """Checksum every file under ``source`` and publish it as one immutable artifact; with
     ``signer``, also store its signature of the manifest.
@@ -102,13 +110,40 @@ def publish_tree(
         created = store.put_file(blob_key(digest), path, size=size)
         return created, size if created else 0
 
+    # Touch every blob before relying on any, trust a blob found in the store only after looking
+    # again a delete window later, and write the manifest within half the grace period of the
+    # touches (buildctl.store.grace: what makes this safe next to garbage collection).
+    grace = grace_mod.DEFAULT_GRACE_S if grace_s is None else grace_s
+    window = grace_mod.DEFAULT_DELETE_WINDOW_S if delete_window_s is None else delete_window_s
+    if window >= grace / 4:
+        raise StoreArgumentError(f"delete window {window:g}s must be under a quarter of the grace period {grace:g}s")
+    uploaded: set[str] = set()
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-        for created, nbytes in pool.map(upload, uploads):
-            if created:
-                result.uploaded_blobs += 1
-                result.uploaded_bytes += nbytes
-            else:
-                result.skipped_blobs += 1
+        for attempt in range(1, 6):
+            touched = clock()
+            grace_mod.touch(store, [u[0] for u in uploads], workers)
+            todo = [u for u in uploads if u[0] not in uploaded]
+            reused = []
+            for item, (created, nbytes) in zip(todo, pool.map(upload, todo)):
+                if created:
+                    uploaded.add(item[0])
+                    result.uploaded_blobs += 1
+                    result.uploaded_bytes += nbytes
+                else:
+                    reused.append(item)
+            if reused:
+                sleep(max(0.0, window - (clock() - touched)))
+                for item, (created, nbytes) in zip(reused, pool.map(upload, reused)):  # gone meanwhile: upload again
+                    if created:
+                        uploaded.add(item[0])
+                        result.uploaded_blobs += 1
+                        result.uploaded_bytes += nbytes
+            if clock() - touched < grace / 2:
+                break
+            if attempt == 5:
+                raise StoreUnavailableError(store.uri, f"publishing took longer than half the {grace:g}s grace period "
+                                            "five times over: the store is too slow for it (raise BUILDCTL_GC_GRACE_S)")
+    result.skipped_blobs = len(uploads) - len(uploaded)
 
     # The identity record makes re-publishing the same content yield the same artifact id,
     # even when an earlier run died between this point and the manifest.

@@ -23,6 +23,7 @@ from buildctl.engines.registry import backend_names, get_backend
 from buildctl.settings import Settings
 from buildctl.store.backend import Store
 from buildctl.store.errors import CasConflictError, CorruptObjectError, StoreArgumentError
+from buildctl.store.gc import GcResult, gc
 from buildctl.store.layout import NODES, node_key
 from buildctl.store.manifest import utc_now
 from buildctl.store.verify import list_artifacts
@@ -61,6 +62,7 @@ class EngineState(BaseModel):
     status: HealthStatus = Field(..., description="installed (smoke check pending), healthy or failed.")
     detail: str | None = Field(None, description="Why the smoke check failed, or what it ran.")
     current: str | None = Field(None, description="The artifact DIR/current holds now (after a failure: the one switched back to).")
+    previous: str | None = Field(None, description="The artifact DIR/previous holds now (the node's own rollback target).")
     when: str = Field(..., description="UTC ISO-8601 time.")
 
 
@@ -243,3 +245,24 @@ def event_payload(result: ReportResult) -> dict[str, Any]:
             "old_compat_keys": result.previous.compat_keys if result.previous else None,
             "new_compat_keys": result.record.compat_keys,
             "profiles": list(result.record.profiles)}
+
+
+def node_protections(nodes: Iterable[NodeRecord]) -> list[tuple[str, str]]:
+    """What the nodes run or keep, as gc protections: (artifact, why)."""
+    out = []
+    for node in nodes:
+        for e in node.engines:
+            out.append((e.artifact_id, f"node {node.node_id} reports it installed ({e.profile}/{e.channel}, {e.status})"))
+            if e.current:
+                out.append((e.current, f"node {node.node_id} runs it (current, {e.profile}/{e.channel})"))
+            if e.previous:
+                out.append((e.previous, f"node {node.node_id} keeps it as previous ({e.profile}/{e.channel})"))
+    return out
+
+
+def collect_garbage(settings: Settings, store: Store, **options: Any) -> GcResult:
+    """``buildctl gc`` and the gc-store flow: the store's gc, with what the nodes report protected,
+    and the grace period and delete window the publishes use."""
+    options.setdefault("grace_s", settings.gc_grace_s)
+    options.setdefault("delete_window_s", settings.gc_delete_window_s)
+    return gc(store, also_protected=node_protections(read_inventory(store)), **options)

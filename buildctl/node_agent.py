@@ -77,6 +77,14 @@ def smoke_check(settings: Settings, manifest: Manifest, artifact_id: str, engine
     return f"{'health command' if health_cmd else 'smoke generation'} {how}" + (f": {tail}" if tail else "")
 
 
+def _record(store: Store, node_id: str, fp: Fingerprint, state: EngineState) -> bool:
+    try:
+        record_engine_state(store, node_id, fp, state)
+    except BuildctlError:
+        return False
+    return True
+
+
 def node_pull(settings: Settings, store: Store, profile: str, channel: str, dest: str | Path, *,
               node_id: str | None = None, fingerprint: Fingerprint | None = None, health_cmd: str | None = None,
               health_check: bool = True, skip_preflight: bool = False, retry_failed: bool = False, keep: int = 2,
@@ -98,18 +106,22 @@ def node_pull(settings: Settings, store: Store, profile: str, channel: str, dest
                trusted=trusted_of(settings), min_seq=min_seq)
     runs_check = health_check and (health_cmd is not None or not skip_preflight)
     if not runs_check or (not res.installed and verdict.get("status") == "healthy"):
+        if node_id and res.installed:  # what it runs and keeps, for rollouts and gc: no verdict to add
+            reported = _record(store, node_id, fp, EngineState(
+                profile=profile, channel=channel, compat_key=rec.compat_key, artifact_id=target, seq=rec.seq,
+                status="installed", detail="no smoke check", current=target, previous=previous_artifact(dest),
+                when=utc_now()))
+            return NodePull(res, rec, None, reported)
         return NodePull(res, rec, None)
     reported = True
 
     def report(status: HealthStatus, detail: str | None, current: str | None) -> EngineState:
         nonlocal reported
         state = EngineState(profile=profile, channel=channel, compat_key=rec.compat_key, artifact_id=target,
-                            seq=rec.seq, status=status, detail=detail, current=current, when=utc_now())
-        if node_id:
-            try:
-                record_engine_state(store, node_id, fp, state)
-            except BuildctlError:
-                reported = False  # the verdict still holds on this node; the caller says it was not recorded
+                            seq=rec.seq, status=status, detail=detail, current=current,
+                            previous=previous_artifact(dest), when=utc_now())
+        if node_id and not _record(store, node_id, fp, state):
+            reported = False  # the verdict still holds on this node; the caller says it was not recorded
         if on_health is not None:
             on_health(state)
         return state

@@ -168,7 +168,8 @@ def import_engine(settings: Settings, store: Store, engine_dir: str | Path, prof
     if model_digest is not None and not is_digest(model_digest):
         raise BadInputError(f"--model-digest {model_digest!r} is not an xxh3-128:<32 hex> digest")
     return publish_tree(store, engine_dir, manifest_draft(profile, fingerprint, model_digest=model_digest),
-                        on_bytes=on_bytes, signer=signer_of(settings))
+                        on_bytes=on_bytes, signer=signer_of(settings), grace_s=settings.gc_grace_s,
+                        delete_window_s=settings.gc_delete_window_s)
 
 
 # --- preflight and engines -------------------------------------------------------------------
@@ -317,7 +318,7 @@ def publish_build(settings: Settings, store: Store, built: BuiltEngine, *, say: 
     draft = manifest_draft(plan.profile, plan.fingerprint, model_digest=plan.model_digest,
                            extra_versions=built.tool_versions)
     pub = publish_tree(store, built.engine_dir, draft, build_log=built.log_path, signer=signer_of(settings),
-                       who=settings.actor)
+                       who=settings.actor, grace_s=settings.gc_grace_s, delete_window_s=settings.gc_delete_window_s)
     if pub.repaired:
         say(f"the rebuild has the quarantined artifact's content: put back {', '.join(pub.repaired)}")
     if pub.build_key_owner and pub.build_key_owner != pub.artifact_id:

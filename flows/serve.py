@@ -1,4 +1,4 @@
-"""``python -m buildctl.flows.serve``: serve the seven deployments from this process (no work pool needed).
+"""``python -m buildctl.flows.serve``: serve the eight deployments from this process (no work pool needed).
 
 The local alternative to ``prefect deploy --all`` + ``prefect worker start``: the deployments,
 the event triggers (read from prefect.yaml) and the build limit are created on the
@@ -14,6 +14,7 @@ from prefect import serve
 
 from buildctl.flows.pipeline import (
     build_validate_publish,
+    gc_store,
     heal_artifact,
     on_driver_upgrade,
     reconcile_fleet,
@@ -36,6 +37,7 @@ def main() -> int:
         rollout_channel.to_deployment(name="rollout-channel", cron="*/5 * * * *", parameters={"channel": "prod"},
                                       triggers=deployment_triggers("rollout-channel")),
         resign_channels.to_deployment(name="resign-channels", cron="15 */6 * * *"),
+        gc_store.to_deployment(name="gc-store", cron="0 4 * * 0"),
     )
     return 0
 

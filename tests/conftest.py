@@ -51,6 +51,20 @@ def _small_ranges(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(ranged, "RANGE_SIZE", 1024 * 1024)
 
 
+SHORT_DELETE_WINDOW_S = 0.05
+
+
+@pytest.fixture(autouse=True)
+def _short_delete_window(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A publish that reuses a blob checks it again one delete window after touching it (5 s in
+    production): 50 ms here, in-process and in the CLI subprocesses, so the many re-publishes of
+    the suite do not wait. The gc race tests set their own windows."""
+    from buildctl.store import grace
+
+    monkeypatch.setattr(grace, "DEFAULT_DELETE_WINDOW_S", SHORT_DELETE_WINDOW_S)
+    monkeypatch.setenv("BUILDCTL_GC_DELETE_WINDOW_S", str(SHORT_DELETE_WINDOW_S))
+
+
 def settings(**flags):
     """Settings as the CLI would build them here: this test's environment, ``flags`` on top."""
     from buildctl.settings import load_settings

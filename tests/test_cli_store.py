@@ -75,12 +75,17 @@ def test_walkthrough(cli, store, store_uri, engine_tree, tmp_path):
     code, _, err = cli(*S, "pull", "--profile", "tiny-llama-cpu", "--channel", "prod", "--dest", dest)
     assert code == 3 and "no engine for this fingerprint" in err
 
-    # gc: `second` is unreferenced; with --keep 0 it goes, the referenced one stays
-    dry = j(cli, *S, "--json", "gc", "--keep", "0", "--dry-run")
+    # gc: `second` is no channel's now, but staging's history names it (a rollback target): kept by default
+    dry = j(cli, *S, "--json", "gc", "--dry-run")
+    assert dry["removed_artifacts"] == []
+    why = {a["artifact_id"]: a["protected_by"] for a in dry["artifacts"]}
+    assert any(w.startswith("history staging #2") for w in why[second]), why[second]
+    # with no history kept, no grace and --keep 0 it goes, the referenced one stays
+    dry = j(cli, *S, "--json", "gc", "--keep", "0", "--keep-history", "0", "--grace", "0", "--dry-run")
     assert dry["removed_artifacts"] == [second]
     assert j(cli, *S, "--json", "show", second)["artifact_id"] == second
-    done = j(cli, *S, "--json", "gc", "--keep", "0")
-    assert done["removed_artifacts"] == [second] and done["removed_blobs"] == 1
+    done = j(cli, *S, "--json", "gc", "--keep", "0", "--keep-history", "0", "--grace", "0")
+    assert done["removed_artifacts"] == [second] and done["removed_blobs"] == 1, done
     code, _, _ = cli(*S, "show", second)
     assert code == 3
     assert j(cli, *S, "--json", "verify", aid, "--deep")["ok"]

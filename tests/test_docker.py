@@ -120,8 +120,11 @@ def test_iam_roles_are_least_privilege():
     b_writes = {r for s in statements(builder, "Allow", "s3:PutObject") for r in resources(s)}
     assert not any("/channels/" in r or "/history/" in r for r in b_writes), "builders cannot move channels"
     assert {f"arn:aws:s3:::BUCKET/PREFIX/{p}/*"
-            for p in ["blobs", "manifests", "index", "attestations", "quarantine", "verifications"]} == b_writes
+            for p in ["blobs", "manifests", "index", "attestations", "quarantine", "verifications", "touches"]} == b_writes
     assert statements(builder, "Deny", "s3:PutObject")[0]["Condition"]["Null"] == {"s3:if-none-match": "true"}
+    for policy in (builder, promoter):  # touches are refs a publish moves with compare-and-swap, never blindly
+        (touch_deny,) = [s for s in statements(policy, "Deny", "s3:PutObject") if s.get("Sid") == "TouchWritesAreConditional"]
+        assert touch_deny["Condition"]["Null"] == {"s3:if-match": "true", "s3:if-none-match": "true"}
     p_writes = {r for s in statements(promoter, "Allow", "s3:PutObject") for r in resources(s)}
     assert "arn:aws:s3:::BUCKET/PREFIX/channels/*" in p_writes and "arn:aws:s3:::BUCKET/PREFIX/history/*" in p_writes
     n_writes = {r for s in statements(node, "Allow", "s3:PutObject") for r in resources(s)}

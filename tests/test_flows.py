@@ -203,7 +203,7 @@ def test_prefect_deploy_never_prompts_for_schedules():
             raise AssertionError(f"prefect deploy would prompt (console.{name})")
 
     deployments = yaml.safe_load((REPO / "prefect.yaml").read_text())["deployments"]
-    assert len(deployments) == 7
+    assert len(deployments) == 8
     for d in deployments:
         assert "schedules" in d, f"{d['name']}: no schedules key, so `prefect deploy` asks"
         got = _construct_schedules(d, {}, console=NoPrompts(), is_interactive=lambda: True)
@@ -302,3 +302,23 @@ def test_resign_channels_flow_re_signs_what_is_due(prefect_api, tmp_path, draft,
     rec = ops.read_channel(store, draft.profile_name, "prod", draft.compat_key)[0]
     assert rec.signature["key_id"] == key_id == load_signing_key(key).key_id and rec.action == "resign"
     assert resign_channels(store=store.uri) == []  # a week of validity left: nothing due
+
+
+def test_gc_store_flow_publishes_the_dry_run_then_removes(prefect_api, tmp_path, draft):
+    import buildctl.store as ops
+    from buildctl.flows.pipeline import gc_store
+    from buildctl.store.backend import open_store
+
+    from .test_rollout import publish
+
+    store = open_store("file://" + str(tmp_path / "store"))
+    old, new = publish(store, tmp_path, "old", draft), publish(store, tmp_path, "new", draft)
+    ops.promote(store, new, "prod")
+    planned = gc_store(store=store.uri, keep=0, keep_history=0, grace_s=0, dry_run_only=True)
+    assert planned["planned"] == [old] and ops.get_manifest(store, old)  # a dry run removes nothing
+    plan = read_artifact("gc-store-plan")
+    rows = {r["artifact"]: r for r in plan.data} if isinstance(plan.data, list) else None
+    assert plan is not None and old in str(plan.data) and "channel prod #1 points at it" in str(plan.data), rows
+    done = gc_store(store=store.uri, keep=0, keep_history=0, grace_s=0)
+    assert done["removed"] == [old] and [a for a, _ in ops.list_artifacts(store)] == [new]
+    assert "removed **1** artifacts" in read_artifact("gc-store-result").data

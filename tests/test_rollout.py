@@ -215,6 +215,8 @@ def test_a_nodes_failed_smoke_check_switches_it_back_to_previous(store, tmp_path
         ops.promote(store, a, "prod")
         fleet.pull(node)
     assert (current_artifact(dest), previous_artifact(dest)) == (v1, v0)
+    reported = read_node(store, node)[0].engine(PROFILE, "prod")
+    assert (reported.current, reported.previous, reported.status) == (v1, v0, "healthy")  # what gc keeps for it
     ops.promote(store, v2, "prod")  # a plain promotion: every node at once
     fp = tmp_path / "fleet" / node / "fingerprint.json"
     code, out, err = cli("--store", store.uri, "pull", "--profile", PROFILE, "--channel", "prod", "--dest", dest,

@@ -155,7 +155,7 @@ def test_gc_removes_an_unreferenced_artifacts_signatures(keys, cli, tmp_path, mo
     aid = publish(env, cli, store_dir, make_tree(tmp_path / "x", {"rank0.engine": b"unreferenced"}))
     store = open_store(str(store_dir))
     assert list(store.list(ops.manifest_signature_prefix(aid)))
-    code, out, _ = cli("--store", store_dir, "--json", "gc", "--keep", "0")
+    code, out, _ = cli("--store", store_dir, "--json", "gc", "--keep", "0", "--grace", "0")
     assert code == 0 and json.loads(out)["removed_artifacts"] == [aid]
     assert list(store.list(ops.manifest_signature_prefix(aid))) == [] and ops.list_attestations(store, aid) == []
 

@@ -311,23 +311,50 @@ def pull_cmd(
 
 def gc_cmd(
     ctx: typer.Context,
-    keep: int = typer.Option(3, "--keep", min=0, help="Newest unreferenced artifacts to keep per profile."),
-    dry_run: bool = typer.Option(False, "--dry-run", help="Only say what would be removed."),
+    keep: int = typer.Option(3, "--keep", min=0, help="Newest artifacts to keep per (profile, compat key), referenced or not."),
+    keep_history: int = typer.Option(5, "--keep-history", min=0, help="Keep every artifact the last N records of each channel's history name (rollback targets)."),
+    grace: Optional[str] = typer.Option(None, "--grace", help="Never remove manifests created, or blobs a publish touched, within this (default BUILDCTL_GC_GRACE_S, 24h)."),
+    quarantine_retention: str = typer.Option("30d", "--quarantine-retention", help="Keep quarantined artifacts this long after their last quarantine record."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Only say what would be removed and what is kept, with reasons."),
     json_out: bool = JSON_OPT,
 ) -> None:
-    """Remove artifacts no channel references, beyond the newest N per profile."""
-    from buildctl.store.gc import gc
+    """Remove artifacts nothing protects: not a channel's, not in its recent history, not on a node,
+    not quarantined recently, not new, not among the newest N per (profile, compat key)."""
+    from buildctl.fleet import collect_garbage
+    from buildctl.store.rollout import parse_duration
 
-    res = gc(open_store_for(ctx), keep=keep, dry_run=dry_run)
+    st = settings(ctx)
+    opts = {"keep": keep, "keep_history": keep_history, "dry_run": dry_run,
+            "quarantine_retention_s": parse_duration(quarantine_retention)}
+    if grace is not None:
+        opts["grace_s"] = parse_duration(grace)
+    res = collect_garbage(st, open_store_for(ctx), **opts)
     if _quiet(ctx, json_out):
         emit_json({"dry_run": dry_run, "removed_artifacts": res.removed_artifacts, "removed_blobs": res.removed_blobs,
-                   "freed_bytes": res.freed_bytes, "kept": res.kept})
-    else:
-        verb = "would remove" if dry_run else "removed"
-        out().print(f"{verb} {len(res.removed_artifacts)} artifacts and {res.removed_blobs} blobs "
-                    f"({res.freed_bytes} bytes); kept {res.kept} artifacts", highlight=False)
-        for a in res.removed_artifacts:
-            out().print(f"  {a}", highlight=False)
+                   "freed_bytes": res.freed_bytes, "kept": res.kept, "kept_blobs": res.kept_blobs,
+                   "artifacts": [d.to_json() for d in res.decisions],
+                   "not_removed": [{"key": k, "why": why} for k, why in res.not_removed],
+                   "stopped_early": res.stopped_early})
+        return
+    verb = "would remove" if dry_run else "removed"
+    gone = [d for d in res.decisions if not d.protected_by]
+    out().print(f"{verb} {len(gone)} artifacts and {res.removed_blobs} blobs ({res.freed_bytes} bytes); "
+                f"kept {res.kept} artifacts", highlight=False)
+    for d in gone:
+        out().print(f"  {verb} {d.artifact_id} ({d.profile} [{short_id(d.compat_key)}], {d.created_at})"
+                    + (f": NOT REMOVED: {d.error}" if d.error else "") + (f"\n      {d.why_removable}" if dry_run else ""),
+                    highlight=False)
+    if dry_run or ctx.obj.verbose:
+        for d in res.decisions:
+            if d.protected_by:
+                out().print(f"  keep {d.artifact_id} ({d.profile} [{short_id(d.compat_key)}]): "
+                            + "; ".join(d.protected_by), highlight=False)
+    if res.kept_blobs:
+        out().print(f"kept {res.kept_blobs} unreferenced blobs a publish touched within the grace period", highlight=False)
+    for key, why in res.not_removed:
+        typer.echo(f"could not remove {key}: {why}", err=True)
+    if res.stopped_early:
+        typer.echo(res.stopped_early, err=True)
 
 
 @key_app.command("generate")
