@@ -34,7 +34,8 @@ class _Frozen(BaseModel):
 
 def rule_error(field: str, rule: str, message: str, **ctx: Any) -> PydanticCustomError:
     """A cross-field rule violation; ``field`` is the dotted path inside the validated model."""
-    return PydanticCustomError("rule", message, {"field": field, "rule": rule, **ctx})
+    # formatted here: pydantic substitutes plain {name} only, and the messages use {name!r} too
+    return PydanticCustomError("rule", message.format(**ctx), {"field": field, "rule": rule, **ctx})
 
 
 class TinyModel(_Frozen):
