@@ -1,0 +1,128 @@
+#!/usr/bin/env python3
+"""``make mutants``: mutation testing of the guard modules with cosmic-ray.
+
+For each guard module listed in ``[tool.buildctl.mutants]`` of pyproject.toml: a clone of the
+repository (cosmic-ray edits files in place), ``cosmic-ray init``, the operator filter
+(``exclude-operators``: mutation operators that model no realistic bug, such as ``*`` to ``<<``),
+a baseline run, then ``cosmic-ray exec`` with that module's test selection. Modules run
+``--jobs`` at a time, each in its own clone. The score per module (killed / (killed + survived))
+and every surviving mutant (operator, line, function, source) go to
+``benchmarks/results/mutants.{md,json}``.
+
+    python scripts/mutants.py [--modules a.py,b.py] [--jobs 2] [--cosmic-ray PATH]
+
+cosmic-ray lives in its own environment (``make mutants`` creates ``.mutants-venv``); the tests
+run with this repository's ``.venv``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+import tomllib
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+RESULTS = REPO / "benchmarks" / "results"
+
+
+def config_text(module: str, tests: list[str], timeout: float, exclude: list[str], python: str) -> str:
+    command = " ".join([python, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests])
+    return "\n".join([
+        "[cosmic-ray]", f'module-path = "{module}"', f"timeout = {timeout}", "excluded-modules = []",
+        f"test-command = {json.dumps(command)}", "", "[cosmic-ray.distributor]", 'name = "local"', "",
+        "[cosmic-ray.filters.operators-filter]", f"exclude-operators = {json.dumps(exclude)}", ""])
+
+
+def run_module(module: str, spec: dict, exclude: list[str], cr_bin: Path, work: Path) -> dict:
+    t0 = time.monotonic()
+    clone = work / module.replace("/", "_")
+    subprocess.run(["git", "clone", "-q", str(REPO), str(clone)], check=True)
+    cfg, db = clone / "cr.toml", clone / "cr.sqlite"
+    cfg.write_text(config_text(module, spec["tests"], float(spec.get("timeout", 120)), exclude,
+                               str(REPO / ".venv" / "bin" / "python")))
+    cr = str(cr_bin / "cosmic-ray")
+    subprocess.run([cr, "init", str(cfg), str(db)], cwd=clone, check=True, capture_output=True)
+    subprocess.run([str(cr_bin / "cr-filter-operators"), str(db), str(cfg)], cwd=clone, check=True, capture_output=True)
+    base = subprocess.run([cr, "baseline", str(cfg)], cwd=clone, capture_output=True, text=True)
+    if base.returncode != 0:
+        return {"module": module, "error": "baseline failed: the tests fail without any mutation",
+                "output": (base.stdout + base.stderr)[-2000:]}
+    subprocess.run([cr, "exec", str(cfg), str(db)], cwd=clone, capture_output=True)
+    dump = subprocess.run([cr, "dump", str(db)], cwd=clone, capture_output=True, text=True, check=True).stdout
+    source = (clone / module).read_text().splitlines()
+    counts = {"killed": 0, "survived": 0, "skipped": 0, "incompetent": 0, "pending": 0}
+    survivors = []
+    for line in dump.splitlines():
+        item, result = json.loads(line)
+        if result is None:
+            counts["pending"] += 1
+            continue
+        if result["worker_outcome"] == "skipped":
+            counts["skipped"] += 1
+        elif result["worker_outcome"] != "normal":
+            counts["incompetent"] += 1  # the mutant could not run (an exception in cosmic-ray, a timeout counts as killed)
+        elif result["test_outcome"] == "survived":
+            counts["survived"] += 1
+            m = item["mutations"][0]
+            row = m["start_pos"][0]
+            survivors.append({"operator": m["operator_name"].removeprefix("core/"), "line": row,
+                              "function": m.get("definition_name"), "occurrence": m["occurrence"],
+                              "source": source[row - 1].strip() if 0 < row <= len(source) else ""})
+        else:
+            counts["killed"] += 1
+    tested = counts["killed"] + counts["survived"]
+    return {"module": module, "tests": spec["tests"], **counts, "score": counts["killed"] / tested if tested else None,
+            "survivors": survivors, "seconds": round(time.monotonic() - t0, 1)}
+
+
+def report(results: list[dict], exclude: list[str]) -> str:
+    lines = ["### Mutation testing of the guard modules (cosmic-ray)", "",
+             f"Operators left out as no realistic bug: `{'`, `'.join(exclude)}`. Score = killed / (killed + survived); "
+             "a mutant that made the tests time out counts as killed.", "",
+             "| module | mutants run | killed | survived | score | minutes |", "|---|---|---|---|---|---|"]
+    for r in results:
+        if "error" in r:
+            lines.append(f"| `{r['module']}` | - | - | - | {r['error']} | - |")
+            continue
+        tested = r["killed"] + r["survived"]
+        score = f"{100 * r['score']:.1f}%" if r["score"] is not None else "-"
+        lines.append(f"| `{r['module']}` | {tested} | {r['killed']} | {r['survived']} | {score} | {r['seconds'] / 60:.1f} |")
+    for r in results:
+        if r.get("survivors"):
+            lines += ["", f"Survivors in `{r['module']}`:", ""]
+            lines += [f"- line {s['line']} (`{s['function']}`), {s['operator']}: `{s['source']}`" for s in r["survivors"]]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--modules", default=None, help="comma-separated module paths (default: every one configured)")
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--cosmic-ray", default=str(REPO / ".mutants-venv" / "bin"), help="directory of the cosmic-ray executables")
+    args = ap.parse_args(argv)
+    conf = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["buildctl"]["mutants"]
+    modules = conf["modules"]
+    chosen = args.modules.split(",") if args.modules else list(modules)
+    unknown = [m for m in chosen if m not in modules]
+    if unknown:
+        print(f"not configured in [tool.buildctl.mutants.modules]: {', '.join(unknown)}")
+        return 2
+    with tempfile.TemporaryDirectory(prefix="buildctl-mutants-") as tmp, ThreadPoolExecutor(args.jobs) as pool:
+        results = list(pool.map(lambda m: run_module(m, modules[m], conf["exclude-operators"], Path(args.cosmic_ray),
+                                                     Path(tmp)), chosen))
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    text = report(results, conf["exclude-operators"])
+    (RESULTS / "mutants.md").write_text(text)
+    (RESULTS / "mutants.json").write_text(json.dumps(results, indent=2) + "\n")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
