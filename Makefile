@@ -13,13 +13,14 @@ STAMP  := $(VENV)/.installed-$(shell sha256sum pyproject.toml 2>/dev/null | cut 
 DEMO_DIR ?= .demo
 PYTEST_ARGS ?=
 
-.PHONY: help install system-deps test-deps test demo bench faults clean stack-up stack-down
+.PHONY: help install system-deps test-deps test demo bench faults mutants clean stack-up stack-down
 
 help:
 	@echo "make demo     run the pipeline on the embedded defaults (local store, CPU backend, tiny model)"
 	@echo "make test     run the test suite"
 	@echo "make bench    run the benchmarks; writes benchmarks/results/latest.md and a PNG chart"
-	@echo "make faults   run the fault matrix and fuzzing longer; regenerates docs/reliability.md"
+	@echo "make faults   run the fault matrix, fuzzing and mutation testing; regenerates docs/reliability.md"
+	@echo "make mutants  mutation testing of the guard modules (cosmic-ray); benchmarks/results/mutants.md"
 	@echo "make install  create $(VENV) and install buildctl with the cpu, test and bench extras"
 
 system-deps:
@@ -81,6 +82,13 @@ bench: install
 	$(PY) -m benchmarks.report
 
 FAULTS_SCALE ?= 3
+MUTANTS_JOBS ?= 2
+MUTANTS_BUDGET_MIN ?= 15
+
+# Mutation testing of the guard modules (cosmic-ray in its own environment; the tests run in .venv).
+mutants: install test-deps
+	test -x .mutants-venv/bin/cosmic-ray || (python3 -m venv .mutants-venv && .mutants-venv/bin/pip install -q "cosmic-ray==8.7.0")
+	$(PY) scripts/mutants.py --jobs $(MUTANTS_JOBS) --budget-min $(MUTANTS_BUDGET_MIN)
 
 # The fault matrix and fuzzing, longer than in CI; regenerates docs/reliability.md from what ran.
 faults: install test-deps
@@ -88,6 +96,7 @@ faults: install test-deps
 	FAULTS_SCALE=$(FAULTS_SCALE) FAULTS_REPORT=$(CURDIR)/.faults.jsonl $(PY) -m pytest tests/faults -q -p no:warnings
 	@# the speed gate's verdicts must not change on a busy machine: again, with a busy loop per core
 	$(PY) -m pytest -m speedgate --hog -q -p no:warnings --junitxml=.speedgate-busy.xml tests/test_speed.py tests/test_validate.py
+	$(MAKE) mutants
 	$(PY) tests/faults/report.py .faults.jsonl docs/reliability.md $(FAULTS_SCALE) .speedgate-busy.xml
 
 COMPOSE := $(shell docker compose version >/dev/null 2>&1 && echo "docker compose" || echo docker-compose)

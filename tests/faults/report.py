@@ -67,6 +67,10 @@ def main(src: str, out: str, scale: str, junit: str | None = None) -> int:
               "it and puts staging on a rebuilt, validated artifact (it writes the seconds it took to "
               "`time-to-recovery.txt` in its temp dir).", ""]
     lines += speedgate_under_load(junit)
+    mutants = Path(out).resolve().parent.parent / "benchmarks" / "results" / "mutants.md"
+    if mutants.exists():  # `make mutants`, which `make faults` runs first
+        lines += ["", "## Mutation testing", "", "From `make mutants` (benchmarks/results/mutants.md):", "",
+                  mutants.read_text().replace("### Mutation testing of the guard modules (cosmic-ray)\n\n", "")]
     Path(out).write_text("\n".join(lines))
     print(f"wrote {out}: {total['cases']} cases")
     return 0
