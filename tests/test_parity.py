@@ -61,3 +61,55 @@ def test_gate():
     assert not bad.passed and bad.reasons() == ["prompt 1 diverged at position 1 (reference 4, candidate 9) outside the top-k"]
     with pytest.raises(ValueError):
         check_parity(ref, cand[:2])
+
+
+# --- boundaries the mutation run found unchecked (#20) -------------------------------------------
+
+def _g(tokens, tops=None):
+    from buildctl.engines.backend import Generation
+
+    return Generation(token_ids=list(tokens), top_logprobs=list(tops or []))
+
+
+def test_identical_fraction_exactly_at_the_minimum_passes():
+    from buildctl.validators.parity import check_parity
+
+    same, close = _g([1, 2], [{1: -0.1}, {2: -0.1}]), _g([1, 3], [{1: -0.1}, {3: -0.2, 2: -0.3}])
+    ref_close = _g([1, 2], [{1: -0.1}, {2: -0.1, 3: -0.4}])
+    rep = check_parity([same, ref_close], [same, close], min_identical_fraction=0.5)
+    assert rep.identical_fraction == 0.5 and rep.passed and rep.reasons() == []
+    strict = check_parity([same, ref_close], [same, close], min_identical_fraction=0.51)
+    assert not strict.passed and strict.reasons() == ["only 50% of prompts identical, profile requires 51%"]
+    d = rep.to_dict()
+    assert (d["identical"], d["close"], d["failed"], d["prompts"]) == (1, 1, 0, 2)
+
+
+def test_missing_top_logprobs_and_early_stops():
+    from buildctl.validators.parity import check_parity, compare
+
+    # fewer top-k entries than tokens: no index error; a divergence with no top-k to match is a failure
+    p = compare(0, _g([1, 2, 3], [{1: -0.1}]), _g([1, 2, 4], [{1: -0.1}]))
+    assert (p.status, p.position, p.compared, p.reference_token, p.candidate_token) == ("failed", 2, 3, 3, 4)
+    # one side stops early with an equal prefix: failed at the shorter length
+    p = compare(0, _g([1, 2, 3]), _g([1, 2]))
+    assert (p.status, p.position, p.compared) == ("failed", 2, 2)
+    assert compare(0, _g([1, 2]), _g([1, 2])).status == "identical"
+    assert compare(0, _g([]), _g([])).status == "identical"
+    empty = check_parity([], [])
+    assert empty.identical_fraction == 0.0 and empty.max_abs_logprob_diff == 0.0 and empty.passed
+    with pytest.raises(ValueError, match="2 reference outputs but 1 candidate"):
+        check_parity([_g([1]), _g([1])], [_g([1])])
+
+
+def test_max_abs_logprob_diff_is_over_shared_top_k_tokens_of_the_common_prefix():
+    from buildctl.validators.parity import check_parity, compare
+
+    r = _g([5, 6, 7], [{5: -0.10, 9: -3.0}, {6: -0.50, 8: -1.0}, {7: -0.2, 8: -0.9}])
+    c = _g([5, 6, 8], [{5: -0.35, 10: -2.0}, {6: -0.45, 8: -1.3}, {8: -0.1, 7: -0.15}])
+    p = compare(0, r, c)
+    # positions 0 and 1 are compared before the divergence at 2: |-0.10+0.35| = 0.25, |-0.5+0.45|, |-1+1.3| = 0.3
+    assert p.status == "close" and p.position == 2 and p.max_abs_logprob_diff == pytest.approx(0.3)
+    assert p.passed
+    small = compare(1, _g([5], [{5: -0.10}]), _g([5], [{5: -0.12}]))
+    assert small.max_abs_logprob_diff == pytest.approx(0.02)
+    assert check_parity([r, _g([5], [{5: -0.10}])], [c, _g([5], [{5: -0.12}])]).max_abs_logprob_diff == pytest.approx(0.3)
