@@ -92,9 +92,6 @@ class GcResult:
         return sum(1 for d in self.decisions if d.protected_by)
 
 
-def _short(artifact_id: str) -> str:
-    return artifact_id.removeprefix("xxh3-128:")[:12]
-
 
 def protections(store: Store, arts: list[tuple[str, Manifest]], *, keep: int, keep_history: int,
                 grace_s: float, quarantine_retention_s: float, now: datetime,
