@@ -129,6 +129,12 @@ def test_canary_wave_gets_the_new_engine_and_the_rest_keep_the_old(store, tmp_pa
         ops.promote(store, v1, "prod")
     code, _, err = cli("--store", store.uri, "promote", v1, "--channel", "prod")
     assert code == 6 and "rollout abort" in err
+    for step, state in (("pause", "paused"), ("resume", "active")):
+        code, out, err = cli("--store", store.uri, "--json", "rollout", step, "--profile", PROFILE, "--channel", "prod")
+        assert code == 0 and json.loads(out)[0]["rollout"]["state"] == state, err
+    code, _, err = cli("--store", store.uri, "rollout", "resume", "--profile", PROFILE, "--channel", "prod",
+                       "--compat-key", "aoti-none")
+    assert code == 3, err  # no such channel ref
     code, out, err = cli("--store", store.uri, "--json", "rollout", "abort", "--profile", PROFILE, "--channel", "prod",
                          "--reason", "testing abort")
     assert code == 0 and json.loads(out)[0]["artifact_id"] == v1, err

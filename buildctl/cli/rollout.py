@@ -68,28 +68,20 @@ def _control(ctx: typer.Context, step: str, profile: str, channel: str, compat_k
                     highlight=False)
 
 
-@rollout_app.command("pause")
-def pause_cmd(ctx: typer.Context, profile: str = PROFILE_OPT, channel: str = CHANNEL_OPT,
-              compat_key: Optional[str] = COMPAT_OPT,
-              reason: Optional[str] = typer.Option(None, "--reason", help="Why; recorded in the history."),
-              json_out: bool = JSON_OPT) -> None:
-    """Stop advancing the rollout (nodes keep what they have; failures over budget still halt it)."""
-    _control(ctx, "pause", profile, channel, compat_key, reason, json_out)
+def _control_command(step: str, doc: str):
+    def command(ctx: typer.Context, profile: str = PROFILE_OPT, channel: str = CHANNEL_OPT,
+                compat_key: Optional[str] = COMPAT_OPT,
+                reason: Optional[str] = typer.Option(None, "--reason", help="Why; recorded in the history."),
+                json_out: bool = JSON_OPT) -> None:
+        _control(ctx, step, profile, channel, compat_key, reason, json_out)
+
+    command.__doc__ = doc
+    return command
 
 
-@rollout_app.command("resume")
-def resume_cmd(ctx: typer.Context, profile: str = PROFILE_OPT, channel: str = CHANNEL_OPT,
-               compat_key: Optional[str] = COMPAT_OPT,
-               reason: Optional[str] = typer.Option(None, "--reason", help="Why; recorded in the history."),
-               json_out: bool = JSON_OPT) -> None:
-    """Let the rollout-channel flow advance a paused rollout again."""
-    _control(ctx, "resume", profile, channel, compat_key, reason, json_out)
-
-
-@rollout_app.command("abort")
-def abort_cmd(ctx: typer.Context, profile: str = PROFILE_OPT, channel: str = CHANNEL_OPT,
-              compat_key: Optional[str] = COMPAT_OPT,
-              reason: Optional[str] = typer.Option(None, "--reason", help="Why; recorded in the history."),
-              json_out: bool = JSON_OPT) -> None:
-    """End the rollout and point the channel back at the artifact it started from, for every node."""
-    _control(ctx, "abort", profile, channel, compat_key, reason, json_out)
+for _step, _doc in (
+    ("pause", "Stop advancing the rollout (nodes keep what they have; failures over budget still halt it)."),
+    ("resume", "Let the rollout-channel flow advance a paused rollout again."),
+    ("abort", "End the rollout and point the channel back at the artifact it started from, for every node."),
+):
+    rollout_app.command(_step)(_control_command(_step, _doc))
