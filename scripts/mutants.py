@@ -39,7 +39,8 @@ def config_text(module: str, tests: list[str], timeout: float, exclude: list[str
         "[cosmic-ray.filters.operators-filter]", f"exclude-operators = {json.dumps(exclude)}", ""])
 
 
-def run_module(module: str, spec: dict, exclude: list[str], cr_bin: Path, work: Path, budget_min: float) -> dict:
+def run_module(module: str, spec: dict, exclude: list[str], cr_bin: Path, work: Path, budget_min: float,
+               equivalent: dict[str, str]) -> dict:
     t0 = time.monotonic()
     clone = work / module.replace("/", "_")
     subprocess.run(["git", "clone", "-q", str(REPO), str(clone)], check=True)
@@ -76,34 +77,40 @@ def run_module(module: str, spec: dict, exclude: list[str], cr_bin: Path, work: 
             counts["survived"] += 1
             m = item["mutations"][0]
             row = m["start_pos"][0]
-            survivors.append({"operator": m["operator_name"].removeprefix("core/"), "line": row,
+            op = m["operator_name"].removeprefix("core/")
+            survivors.append({"operator": op, "line": row,
                               "function": m.get("definition_name"), "occurrence": m["occurrence"],
-                              "source": source[row - 1].strip() if 0 < row <= len(source) else ""})
+                              "source": source[row - 1].strip() if 0 < row <= len(source) else "",
+                              "equivalent": equivalent.get(f"{module}:{row}:{op}")})
         else:
             counts["killed"] += 1
-    tested = counts["killed"] + counts["survived"]
+    counts["equivalent"] = sum(1 for x in survivors if x["equivalent"])
+    tested = counts["killed"] + counts["survived"] - counts["equivalent"]
     return {"module": module, "tests": spec["tests"], **counts, "score": counts["killed"] / tested if tested else None,
             "survivors": survivors, "seconds": round(time.monotonic() - t0, 1), "stopped_at_budget": stopped}
 
 
 def report(results: list[dict], exclude: list[str]) -> str:
     lines = ["### Mutation testing of the guard modules (cosmic-ray)", "",
-             f"Operators left out as no realistic bug: `{'`, `'.join(exclude)}`. Score = killed / (killed + survived); "
+             f"Operators left out as no realistic bug: `{'`, `'.join(exclude)}`. Score = killed / (killed + survived, "
+             "less the survivors marked equivalent in pyproject.toml with a reason); "
              "a mutant that made the tests time out counts as killed. *Not run*: left when the module's time budget ran out.", "",
-             "| module | mutants run | killed | survived | score | filtered out | not run | minutes |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| module | mutants run | killed | survived | of them equivalent | score | filtered out | not run | minutes |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         if "error" in r:
-            lines.append(f"| `{r['module']}` | - | - | - | {r['error']} | - | - | - |")
+            lines.append(f"| `{r['module']}` | - | - | - | - | {r['error']} | - | - | - |")
             continue
         tested = r["killed"] + r["survived"]
         score = f"{100 * r['score']:.1f}%" if r["score"] is not None else "-"
-        lines.append(f"| `{r['module']}` | {tested} | {r['killed']} | {r['survived']} | {score} | {r['skipped']} | "
+        lines.append(f"| `{r['module']}` | {tested} | {r['killed']} | {r['survived']} | {r['equivalent']} | {score} | "
+                     f"{r['skipped']} | "
                      f"{r['incompetent'] + r['pending']} | {r['seconds'] / 60:.1f} |")
     for r in results:
         if r.get("survivors"):
             lines += ["", f"Survivors in `{r['module']}`:", ""]
-            lines += [f"- line {s['line']} (`{s['function']}`), {s['operator']}: `{s['source']}`" for s in r["survivors"]]
+            lines += [f"- line {s['line']} (`{s['function']}`), {s['operator']}: `{s['source']}`"
+                      + (f": equivalent, {s['equivalent']}" if s["equivalent"] else ": open") for s in r["survivors"]]
     return "\n".join(lines) + "\n"
 
 
@@ -123,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     with tempfile.TemporaryDirectory(prefix="buildctl-mutants-") as tmp, ThreadPoolExecutor(args.jobs) as pool:
         results = list(pool.map(lambda m: run_module(m, modules[m], conf["exclude-operators"], Path(args.cosmic_ray),
-                                                     Path(tmp), args.budget_min), chosen))
+                                                     Path(tmp), args.budget_min, conf.get("equivalent", {})), chosen))
     RESULTS.mkdir(parents=True, exist_ok=True)
     text = report(results, conf["exclude-operators"])
     (RESULTS / "mutants.md").write_text(text)

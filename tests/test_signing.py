@@ -221,3 +221,25 @@ def test_a_fresh_node_refuses_an_expired_record_until_it_is_re_signed(keys, cli,
     code, _, err = pull(cli, store_dir, tmp_path / "fresh2")
     assert code == 4 and "record #1 expired" in err, err  # the replayed record is refused (and it is stale too)
     assert not (tmp_path / "fresh2" / "current").exists()
+
+
+def test_key_files_are_checked_and_ids_are_16_hex(tmp_path, cli, monkeypatch):
+    """What the mutation run found unchecked: a nested output directory is created, a garbage or
+    non-Ed25519 key file is bad input (exit 2) naming the file, and a key id is 16 hex digits."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ec import SECP256R1, generate_private_key
+
+    code, out, err = cli("--json", "key", "generate", "--out", tmp_path / "a" / "b", "--name", "ci")
+    assert code == 0, err
+    kid = json.loads(out)["key_id"]
+    assert len(kid) == 16 and int(kid, 16) >= 0
+    (tmp_path / "garbage.key").write_bytes(b"not a key")
+    monkeypatch.setenv("BUILDCTL_SIGNING_KEY", str(tmp_path / "garbage.key"))
+    code, _, err = cli("--store", tmp_path / "s", "import", make_tree(tmp_path / "t", {"e": b"x"}), "--profile", TINY)
+    assert code == 2 and "cannot load signing key" in err and "garbage.key" in err
+    ec = generate_private_key(SECP256R1()).private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                                           serialization.NoEncryption())
+    (tmp_path / "ec.key").write_bytes(ec)
+    monkeypatch.setenv("BUILDCTL_SIGNING_KEY", str(tmp_path / "ec.key"))
+    code, _, err = cli("--store", tmp_path / "s", "import", make_tree(tmp_path / "t2", {"e": b"y"}), "--profile", TINY)
+    assert code == 2 and "is not an Ed25519 private key" in err

@@ -248,3 +248,18 @@ def test_slow_first_token_fails_ttft_gate():
     assert d["levels"][0]["candidate"]["ttft_p50_ms"] > d["levels"][0]["reference"]["ttft_p50_ms"]
     assert {"output_tok_s_min", "output_tok_s_max", "output_tok_s_cv", "tpot_p50_ms", "itl_p99_ms",
             "request_throughput", "output_tok_s_per_gpu"} <= set(d["levels"][0]["candidate"])
+
+
+def test_the_report_states_each_sides_figures_in_milliseconds_and_the_time_spent():
+    """Figures of the TailRunner workload (fabricated timestamps, so exact): every request's first
+    token 10 ms after its submission, the next 1 ms later. The budget's seconds come from the clock."""
+    from .test_guards import TailRunner
+
+    ticks = iter([0.0, 2.5, 5.0, 7.5, 10.0, 12.5, 15.0, 17.5, 20.0, 22.5, 25.0])
+    gate = SpeedGate(min_throughput_ratio=1e-9, max_p99_ttft_ratio=1.5, concurrency=(1,), input_len=4, output_len=2,
+                     num_prompts=100, repetitions=6, max_repetitions=6, max_seconds=1e6, warmup=0)
+    rep = measure(TailRunner(0.010), TailRunner(0.010), gate, [[1]] * 100, clock=lambda: next(ticks))
+    side = rep.levels[0].to_dict()["candidate"]
+    assert side["ttft_p50_ms"] == pytest.approx(10.0) and side["ttft_p99_ms"] == pytest.approx(10.0)
+    assert side["tpot_p50_ms"] == pytest.approx(1.0) and side["itl_p50_ms"] == pytest.approx(1.0)
+    assert rep.budget["seconds"] == pytest.approx(2.5)  # the first reading after the start, minus the start
