@@ -120,8 +120,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--budget-min", type=float, default=15.0, help="minutes per module; the rest is reported as not run")
     ap.add_argument("--cosmic-ray", default=str(REPO / ".mutants-venv" / "bin"), help="directory of the cosmic-ray executables")
+    ap.add_argument("--report-only", action="store_true",
+                    help="re-render benchmarks/results/mutants.md from mutants.json with the current equivalent table")
     args = ap.parse_args(argv)
     conf = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["buildctl"]["mutants"]
+    if args.report_only:
+        results = json.loads((RESULTS / "mutants.json").read_text())
+        for r in results:
+            if "error" in r:
+                continue
+            for x in r["survivors"]:
+                x["equivalent"] = conf.get("equivalent", {}).get(f"{r['module']}:{x['line']}:{x['operator']}")
+            r["equivalent"] = sum(1 for x in r["survivors"] if x["equivalent"])
+            tested = r["killed"] + r["survived"] - r["equivalent"]
+            r["score"] = r["killed"] / tested if tested else None
+        (RESULTS / "mutants.json").write_text(json.dumps(results, indent=2) + "\n")
+        (RESULTS / "mutants.md").write_text(report(results, conf["exclude-operators"]))
+        print(report(results, conf["exclude-operators"]))
+        return 0
     modules = conf["modules"]
     chosen = args.modules.split(",") if args.modules else list(modules)
     unknown = [m for m in chosen if m not in modules]
