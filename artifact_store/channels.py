@@ -229,7 +229,8 @@ def promote(store: Store, artifact_ref: str, channel: str, *, force: bool = Fals
     stored = latest_attestation(store, artifact_id, manifest.compat_key)
     if stored is not None and trusted is not None:
         try:
-            verify_signature(f"attestation of {artifact_id}", stored.signed_bytes, stored.attestation.signature, trusted)
+            verify_signature(f"attestation of {artifact_id}", stored.signed_bytes, stored.attestation.signature, trusted,
+                             "validator")
         except SignatureError as err:
             reasons.append(f"attestation signature: {err.detail}")
     if stored is None:

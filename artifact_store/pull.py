@@ -309,7 +309,8 @@ def check_trust(store: Store, record: ChannelRecord, dest: Path, trusted: Truste
     """With trusted keys: the channel record and the manifest of ``artifact_id`` (default: the
     record's) must be signed by a trusted key, and the record must not be older than what this
     node installed (rollback protection) nor than the channel's newest signed history record."""
-    verify_signature(f"channel record {record.channel} #{record.seq}", record.signed_bytes(), record.signature, trusted)
+    verify_signature(f"channel record {record.channel} #{record.seq}", record.signed_bytes(), record.signature, trusted,
+                     "promoter")
     verify_manifest_signature(store, artifact_id or record.artifact_id, trusted)
     seen = installed_seqs(dest).get(f"{record.profile}/{record.channel}/{record.compat_key}", 0)
     if record.seq < seen:
@@ -326,7 +327,8 @@ def newest_signed_seq(store: Store, record: ChannelRecord, trusted: TrustedKeys)
     """The highest sequence among the channel's history records signed by a trusted key (0: none)."""
     for rec in reversed(history(store, record.profile, record.channel, record.compat_key)):
         try:
-            verify_signature(f"channel record {rec.channel} #{rec.seq}", rec.signed_bytes(), rec.signature, trusted)
+            verify_signature(f"channel record {rec.channel} #{rec.seq}", rec.signed_bytes(), rec.signature, trusted,
+                             "promoter")
         except SignatureError:
             continue  # an unsigned or forged history entry proves nothing
         return rec.seq

@@ -8,9 +8,15 @@ attestations, and nodes configured with trusted public keys accept only what ver
 Keys are raw Ed25519 keys in PEM files (private: PKCS8, mode 0600). A key's id is the first 16
 hex of the xxh3-128 digest of its raw public key. Signatures cover canonical JSON bytes.
 
+Trust is by **role**, so no one key holder can carry an engine to production alone: a manifest
+counts only with a ``builder`` signature, an attestation only with a ``validator`` signature, a
+channel record only with a ``promoter`` signature. ``BUILDCTL_TRUSTED_KEYS`` is a directory with
+one subdirectory per role (``builder/``, ``validator/``, ``promoter/``), each holding ``*.pub``;
+a key may be trusted in one role only.
+
 The paths come from :class:`buildctl.settings.Settings` (``BUILDCTL_SIGNING_KEY``: the private
-key this process signs with; ``BUILDCTL_TRUSTED_KEYS``: a directory of ``*.pub`` files, and when
-it is set, ``pull`` refuses unsigned or wrongly signed manifests and channel records, and channel
+key this process signs with; ``BUILDCTL_TRUSTED_KEYS``: the role directories, and when it is set,
+``pull`` refuses manifests and channel records without a signature of the right role, and channel
 records older than the last one this node installed). This module reads no environment.
 """
 
@@ -31,7 +37,20 @@ from buildctl.store.backend import Store
 from buildctl.store.errors import SignatureError, StoreArgumentError
 from buildctl.store.layout import manifest_key, manifest_signature_key, manifest_signature_prefix
 
-TrustedKeys = dict[str, Ed25519PublicKey]
+ROLES = ("builder", "validator", "promoter")
+
+
+@dataclass(frozen=True)
+class TrustedKeys:
+    """Trusted public keys by role, then by key id."""
+
+    by_role: dict[str, dict[str, Ed25519PublicKey]]
+
+    def role_of(self, kid: str) -> str | None:
+        return next((r for r, keys in self.by_role.items() if kid in keys), None)
+
+    def key(self, role: str, kid: str) -> Ed25519PublicKey | None:
+        return self.by_role.get(role, {}).get(kid)
 
 
 def _raw_public(pub: Ed25519PublicKey) -> bytes:
@@ -84,36 +103,69 @@ def load_signing_key(path: str | Path | None) -> SigningKey | None:
     return SigningKey(private, key_id(private.public_key()))
 
 
+def _layout_help(d: Path) -> str:
+    return (f"trusted keys go in one directory per role: {d}/builder/, {d}/validator/ and {d}/promoter/, "
+            "each holding *.pub (a manifest counts only with a builder signature, an attestation only with a "
+            "validator signature, a channel record only with a promoter signature)")
+
+
 def load_trusted_keys(directory: str | Path | None) -> TrustedKeys | None:
-    """Trusted public keys by id from ``directory``; None when no directory is given."""
-    d = directory
-    if not d:
+    """Trusted public keys by role from ``directory``'s role subdirectories; None when no directory
+    is given. Keys loose at the top level, unknown subdirectories and a key trusted in two roles
+    are refused, with the expected layout."""
+    if not directory:
         return None
-    keys: dict[str, Ed25519PublicKey] = {}
-    for f in sorted(Path(d).glob("*.pub")):
-        try:
-            pub = serialization.load_pem_public_key(f.read_bytes())
-        except ValueError as err:
-            raise StoreArgumentError(f"cannot load trusted key {f}: {err}") from None
-        if isinstance(pub, Ed25519PublicKey):
-            keys[key_id(pub)] = pub
-    if not keys:
-        raise StoreArgumentError(f"no Ed25519 public keys (*.pub) in {d}")
-    return keys
+    d = Path(directory)
+    if not d.is_dir():
+        raise StoreArgumentError(f"trusted keys {d}: not a directory; {_layout_help(d)}")
+    loose = sorted(f.name for f in d.glob("*.pub"))
+    if loose:
+        raise StoreArgumentError(
+            f"trusted keys {d}: {', '.join(loose)} at the top level; {_layout_help(d)}. To migrate a flat layout: "
+            f"mkdir -p {d}/builder {d}/validator {d}/promoter, then move each key into its role's directory")
+    unknown = sorted(x.name for x in d.iterdir() if x.is_dir() and x.name not in ROLES)
+    if unknown:
+        raise StoreArgumentError(f"trusted keys {d}: unknown role directories {', '.join(unknown)}; {_layout_help(d)}")
+    by_role: dict[str, dict[str, Ed25519PublicKey]] = {}
+    seen: dict[str, str] = {}
+    for role in ROLES:
+        keys: dict[str, Ed25519PublicKey] = {}
+        for f in sorted((d / role).glob("*.pub")):
+            try:
+                pub = serialization.load_pem_public_key(f.read_bytes())
+            except ValueError as err:
+                raise StoreArgumentError(f"cannot load trusted key {f}: {err}") from None
+            if not isinstance(pub, Ed25519PublicKey):
+                raise StoreArgumentError(f"trusted key {f} is not an Ed25519 public key")
+            kid = key_id(pub)
+            if kid in seen and seen[kid] != role:
+                raise StoreArgumentError(f"trusted key {kid} is in both {seen[kid]}/ and {role}/ of {d}: one key, one "
+                                         "role (separation of duties)")
+            seen[kid] = role
+            keys[kid] = pub
+        by_role[role] = keys
+    if not seen:
+        raise StoreArgumentError(f"no Ed25519 public keys in {d}; {_layout_help(d)}")
+    return TrustedKeys(by_role)
 
 
-def verify_signature(what: str, data: bytes, signature: dict | None, trusted: TrustedKeys) -> str:
-    """Check ``signature`` over ``data`` against the trusted keys; returns the key id or raises."""
+def verify_signature(what: str, data: bytes, signature: dict | None, trusted: TrustedKeys, role: str) -> str:
+    """Check ``signature`` over ``data`` against the keys trusted for ``role``; returns the key id or raises."""
     if not signature:
         raise SignatureError(what, "unsigned")
-    pub = trusted.get(str(signature.get("key_id")))
+    kid = str(signature.get("key_id"))
+    pub = trusted.key(role, kid)
     if pub is None:
+        other = trusted.role_of(kid)
+        if other is not None:
+            raise SignatureError(what, f"signed by the {other} key {kid}; it counts only with a {role} signature "
+                                       "(separation of duties)")
         raise SignatureError(what, f"signed by untrusted key {signature.get('key_id')!r}")
     try:
         pub.verify(base64.b64decode(signature.get("sig", "")), data)
     except (InvalidSignature, ValueError):
-        raise SignatureError(what, f"bad signature by key {signature.get('key_id')}") from None
-    return str(signature["key_id"])
+        raise SignatureError(what, f"bad signature by key {kid}") from None
+    return kid
 
 
 def sign_manifest(store: Store, artifact_id: str, signer: SigningKey, body: bytes | None = None) -> str:
@@ -124,7 +176,7 @@ def sign_manifest(store: Store, artifact_id: str, signer: SigningKey, body: byte
 
 
 def verify_manifest_signature(store: Store, artifact_id: str, trusted: TrustedKeys) -> str:
-    """The id of a trusted key whose signature of the manifest verifies, or raise SignatureError."""
+    """The id of a trusted builder key whose signature of the manifest verifies, or raise SignatureError."""
     body = store.get_bytes(manifest_key(artifact_id))
     sigs = [json.loads(store.get_bytes(k)) for k in store.list(manifest_signature_prefix(artifact_id))]
     if not sigs:
@@ -132,7 +184,7 @@ def verify_manifest_signature(store: Store, artifact_id: str, trusted: TrustedKe
     last: SignatureError | None = None
     for sig in sigs:
         try:
-            return verify_signature(f"manifest {artifact_id}", body, sig, trusted)
+            return verify_signature(f"manifest {artifact_id}", body, sig, trusted, "builder")
         except SignatureError as err:
             last = err
     raise last  # type: ignore[misc]

@@ -94,6 +94,7 @@ def node_pull(settings: Settings, store: Store, profile: str, channel: str, dest
     """Pull for this node, then smoke-check what was installed (see the module docstring).
     ``on_health`` is called with each state recorded (the CLI emits the event from it). Raises
     :class:`EngineUnhealthyError` (after switching back) when the check fails."""
+    trusted = trusted_of(settings)  # a bad key layout is reported before anything else
     fp = fingerprint or host_fingerprint(settings)
     dest = Path(dest)
     rec = resolve_channel(store, profile, channel, host_compat_keys(fp))
@@ -103,7 +104,7 @@ def node_pull(settings: Settings, store: Store, profile: str, channel: str, dest
         raise EngineUnhealthyError(target, verdict.get("detail") or "failed", current_artifact(dest), held_back=True)
     res = pull(store, profile, channel, dest, host_compat_keys(fp), record=rec, node_id=node_id, keep=keep,
                preflight=None if skip_preflight else preflight_for(settings), on_bytes=on_bytes,
-               trusted=trusted_of(settings), min_seq=min_seq)
+               trusted=trusted, min_seq=min_seq)
     runs_check = health_check and (health_cmd is not None or not skip_preflight)
     if not runs_check or (not res.installed and verdict.get("status") == "healthy"):
         if node_id and res.installed:  # what it runs and keeps, for rollouts and gc: no verdict to add

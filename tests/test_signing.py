@@ -21,13 +21,15 @@ TINY = str(PROFILES / "tiny-llama-cpu.yaml")
 @pytest.fixture
 def keys(tmp_path, cli):
     d = tmp_path / "keys"
-    for name in ("builder", "promoter", "validator", "intruder"):
-        code, out, err = cli("--json", "key", "generate", "--out", d, "--name", name)
+    for role, name in (("builder", "builder"), ("promoter", "promoter"), ("validator", "validator"),
+                       ("builder", "intruder")):
+        code, out, err = cli("--json", "key", "generate", "--out", d, "--role", role, "--name", name)
         assert code == 0, err
+        assert json.loads(out)["trust_as"] == f"$BUILDCTL_TRUSTED_KEYS/{role}/{name}.pub"
     trusted = tmp_path / "trusted"
-    trusted.mkdir()
-    for name in ("builder", "promoter", "validator"):
-        (trusted / f"{name}.pub").write_bytes((d / f"{name}.pub").read_bytes())
+    for role in ("builder", "promoter", "validator"):
+        (trusted / role).mkdir(parents=True)
+        (trusted / role / f"{role}.pub").write_bytes((d / f"{role}.pub").read_bytes())
     return d, trusted
 
 
@@ -35,8 +37,10 @@ def test_key_generate(keys, cli):
     d, _ = keys
     assert stat.S_IMODE(os.stat(d / "builder.key").st_mode) == 0o600
     assert (d / "builder.pub").read_text().startswith("-----BEGIN PUBLIC KEY-----")
-    code, _, err = cli("key", "generate", "--out", d, "--name", "builder")
+    code, _, err = cli("key", "generate", "--out", d, "--role", "builder")
     assert code == 2 and "refusing to overwrite" in err
+    code, _, err = cli("key", "generate", "--out", d, "--name", "x")
+    assert code == 2 and "--role (missing): one of builder, validator, promoter" in err
 
 
 class Env:
@@ -229,7 +233,7 @@ def test_key_files_are_checked_and_ids_are_16_hex(tmp_path, cli, monkeypatch):
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric.ec import SECP256R1, generate_private_key
 
-    code, out, err = cli("--json", "key", "generate", "--out", tmp_path / "a" / "b", "--name", "ci")
+    code, out, err = cli("--json", "key", "generate", "--out", tmp_path / "a" / "b", "--role", "promoter")
     assert code == 0, err
     kid = json.loads(out)["key_id"]
     assert len(kid) == 16 and int(kid, 16) >= 0
@@ -243,3 +247,51 @@ def test_key_files_are_checked_and_ids_are_16_hex(tmp_path, cli, monkeypatch):
     monkeypatch.setenv("BUILDCTL_SIGNING_KEY", str(tmp_path / "ec.key"))
     code, _, err = cli("--store", tmp_path / "s", "import", make_tree(tmp_path / "t2", {"e": b"y"}), "--profile", TINY)
     assert code == 2 and "is not an Ed25519 private key" in err
+
+
+def test_trust_is_by_role_a_builder_cannot_vouch_for_its_own_engine(keys, cli, tmp_path, monkeypatch):
+    """#21's scenario: the builder key signs the manifest and also a passing attestation; with
+    role directories the attestation does not count and promote exits 5 naming the role. A
+    manifest signed by the validator or the promoter instead of a builder is refused by pull."""
+    env, store_dir = Env(monkeypatch, keys), tmp_path / "store"
+    aid = publish(env, cli, store_dir, make_tree(tmp_path / "a", {"rank0.engine": b"built"}))
+    store = open_store(str(store_dir))
+    m = ops.get_manifest(store, aid)
+    env.as_("builder", trust=False)  # the builder also writes a passing attestation, signed with its own key
+    write_attestation(store, aid, m.compat_key, "pass", "2099-01-01T00:00:00.000000Z", signer=signer_of(settings()))
+    env.as_("promoter")
+    code, _, err = cli("--store", store_dir, "promote", aid, "--channel", "prod")
+    assert code == 5 and "signed by the builder key" in err and "only with a validator signature" in err, err
+
+    for role in ("validator", "promoter"):  # a manifest signed by a key of another role
+        other = publish(env, cli, store_dir, make_tree(tmp_path / role, {"rank0.engine": role.encode()}), role=role)
+        env.as_("promoter")
+        assert cli("--store", store_dir, "promote", other, "--channel", "prod")[0] == 0
+        code, _, err = pull(cli, store_dir, tmp_path / f"node-{role}")
+        assert code == 4 and f"signed by the {role} key" in err and "only with a builder signature" in err, err
+
+
+def test_trusted_key_layout_is_checked(keys, cli, tmp_path, monkeypatch):
+    d, trusted = keys
+    flat = tmp_path / "flat"
+    flat.mkdir()
+    for name in ("builder", "promoter"):
+        (flat / f"{name}.pub").write_bytes((d / f"{name}.pub").read_bytes())
+    monkeypatch.setenv("BUILDCTL_TRUSTED_KEYS", str(flat))
+    code, _, err = cli("--store", tmp_path / "s", "pull", "--profile", "tiny-llama-cpu", "--channel", "prod",
+                       "--dest", tmp_path / "n", "--skip-preflight")
+    assert code == 2 and "builder.pub, promoter.pub at the top level" in err and f"{flat}/builder/" in err
+    assert "To migrate a flat layout: mkdir -p" in err
+    both = tmp_path / "both"
+    for role in ("builder", "promoter"):
+        (both / role).mkdir(parents=True)
+        (both / role / "k.pub").write_bytes((d / "builder.pub").read_bytes())
+    monkeypatch.setenv("BUILDCTL_TRUSTED_KEYS", str(both))
+    code, _, err = cli("--store", tmp_path / "s", "pull", "--profile", "tiny-llama-cpu", "--channel", "prod",
+                       "--dest", tmp_path / "n", "--skip-preflight")
+    assert code == 2 and "is in both builder/ and promoter/" in err
+    (tmp_path / "odd" / "signers").mkdir(parents=True)
+    monkeypatch.setenv("BUILDCTL_TRUSTED_KEYS", str(tmp_path / "odd"))
+    code, _, err = cli("--store", tmp_path / "s", "pull", "--profile", "tiny-llama-cpu", "--channel", "prod",
+                       "--dest", tmp_path / "n", "--skip-preflight")
+    assert code == 2 and "unknown role directories signers" in err

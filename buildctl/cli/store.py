@@ -261,7 +261,10 @@ def pull_cmd(
     from buildctl.node_agent import node_pull
     from buildctl.pipeline import channel_target, report_pull_failure
 
+    from buildctl.pipeline import trusted_of
+
     st, store = settings(ctx), open_store_for(ctx)
+    trusted_of(st)  # a bad trusted-key layout is reported before anything else
     fp = host_fingerprint(st)
     rec, manifest = channel_target(st, store, profile, channel, fp, node_id=node_id)
     quiet = _quiet(ctx, json_out)
@@ -361,14 +364,22 @@ def gc_cmd(
 def key_generate_cmd(
     ctx: typer.Context,
     out_dir: Path = typer.Option(..., "--out", help="Directory for NAME.key (mode 0600) and NAME.pub."),
-    name: str = typer.Option("buildctl", "--name", help="File name stem, e.g. builder, promoter, validator."),
+    role: Optional[str] = typer.Option(None, "--role", help="builder (signs manifests), validator (attestations) or promoter (channel records)."),
+    name: Optional[str] = typer.Option(None, "--name", help="File name stem (default: the role)."),
     json_out: bool = JSON_OPT,
 ) -> None:
-    """Make an Ed25519 key pair for signing manifests, channel records or attestations."""
-    from buildctl.store.signing import generate
+    """Make an Ed25519 key pair for one role: builder, validator or promoter."""
+    from buildctl.store.errors import StoreArgumentError
+    from buildctl.store.signing import ROLES, generate
 
-    key, pub, kid = generate(out_dir, name)
+    if role is None or role not in ROLES:
+        raise StoreArgumentError(f"--role {role or '(missing)'}: one of {', '.join(ROLES)} (each signs one kind of record, "
+                                 "and trust is by role)")
+    key, pub, kid = generate(out_dir, name or role)
+    where = f"$BUILDCTL_TRUSTED_KEYS/{role}/{pub.name}"
     if _quiet(ctx, json_out):
-        emit_json({"private_key": str(key), "public_key": str(pub), "key_id": kid})
+        emit_json({"private_key": str(key), "public_key": str(pub), "key_id": kid, "role": role, "trust_as": where})
     else:
-        out().print(f"key id {kid}\nprivate {key} (0600: keep it on the signer)\npublic  {pub} (give it to nodes: BUILDCTL_TRUSTED_KEYS)")
+        out().print(f"key id {kid} ({role})\nprivate {key} (0600: keep it on the {role}'s machine only)\n"
+                    f"public  {pub}: copy it to {where} wherever {role} signatures are checked (nodes, CI)",
+                    highlight=False)
