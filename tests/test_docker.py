@@ -120,7 +120,11 @@ def test_iam_roles_are_least_privilege():
     b_writes = {r for s in statements(builder, "Allow", "s3:PutObject") for r in resources(s)}
     assert not any("/channels/" in r or "/history/" in r for r in b_writes), "builders cannot move channels"
     assert {f"arn:aws:s3:::BUCKET/PREFIX/{p}/*"
-            for p in ["blobs", "manifests", "index", "attestations", "quarantine", "verifications", "touches"]} == b_writes
+            for p in ["blobs", "manifests", "index", "quarantine", "verifications", "touches"]} == b_writes
+    validator = load_policy("validator.json")  # attestations are the validator's, and only that
+    v_writes = {r for s in statements(validator, "Allow", "s3:PutObject") for r in resources(s)}
+    assert v_writes == {"arn:aws:s3:::BUCKET/PREFIX/attestations/*"}
+    assert statements(validator, "Deny", "s3:PutObject")[0]["Condition"]["Null"] == {"s3:if-none-match": "true"}
     assert statements(builder, "Deny", "s3:PutObject")[0]["Condition"]["Null"] == {"s3:if-none-match": "true"}
     for policy in (builder, promoter):  # touches are refs a publish moves with compare-and-swap, never blindly
         (touch_deny,) = [s for s in statements(policy, "Deny", "s3:PutObject") if s.get("Sid") == "TouchWritesAreConditional"]
@@ -181,9 +185,15 @@ def role_store(server, creds, role: str) -> S3Store:
 
 def test_roles_on_seaweedfs(role_server, tmp_path, draft):
     server, creds = role_server
-    builder, promoter, node = (role_store(server, creds, r) for r in ("builder", "promoter", "node"))
+    builder, promoter, node, validator = (role_store(server, creds, r) for r in ("builder", "promoter", "node", "validator"))
     res = ops.publish_tree(builder, make_tree(tmp_path / "e", {"rank0.engine": 5000}), draft)
-    write_attestation(builder, res.artifact_id, draft.compat_key, "pass", ops.utc_now())
+    # the builder cannot vouch for its own engine: attestations are the validator's to write
+    with pytest.raises(StoreUnavailableError) as exc:
+        write_attestation(builder, res.artifact_id, draft.compat_key, "pass", ops.utc_now())
+    assert "AccessDenied" in str(exc.value)
+    write_attestation(validator, res.artifact_id, draft.compat_key, "pass", ops.utc_now())
+    with pytest.raises(StoreUnavailableError):
+        validator.put_bytes("manifests/" + "0" * 32 + ".json", b"{}")  # and that is all the validator may write
     # the builder cannot move a channel
     with pytest.raises(StoreUnavailableError) as exc:
         ops.promote(builder, res.artifact_id, "prod")
