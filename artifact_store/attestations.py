@@ -253,3 +253,58 @@ def latest_attestation(store: Store, artifact_id: str, compat_key: str) -> Store
     """The newest attestation of an artifact made on a host with ``compat_key``."""
     matching = [a for a in list_attestations(store, artifact_id) if a.attestation.compat_key == compat_key]
     return matching[-1] if matching else None
+
+
+# --- the verdict, recomputed from the recorded figures ------------------------------------------
+
+_GATE_KEYS = {"throughput": "min_throughput_ratio", "ttft_p99": "max_p99_ttft_ratio",
+              "ttft_p50": "max_p50_ttft_ratio", "tpot_p50": "max_tpot_ratio"}
+
+
+def recomputed_verdict(att: Attestation) -> tuple[str, list[str]]:
+    """The verdict the attestation's own figures give under the thresholds it records, and why
+    (promote trusts this, not the ``verdict`` field). A record without the evidence (schema 1, no
+    per-prompt parity, no paired samples) cannot pass."""
+    from buildctl.stats import combine, gate_verdict, median_interval
+
+    reasons: list[str] = []
+    if att.schema_version < 2:
+        return "fail", ["schema-1 attestation: no paired samples to recompute the speed verdict from; revalidate"]
+    t, p = att.thresholds, att.parity
+    verdicts: list[str] = []
+    if p.prompts == 0 or len(p.per_prompt) != p.prompts:
+        verdicts.append("fail")
+        reasons.append(f"parity: {len(p.per_prompt)} per-prompt records for {p.prompts} prompts")
+    else:
+        failed = [x.index for x in p.per_prompt if x.status == "failed"]
+        identical = sum(x.status == "identical" for x in p.per_prompt) / p.prompts
+        if failed:
+            reasons.append(f"parity: prompts {failed[:5]} diverged outside the top-k")
+        if identical < t.min_identical_fraction:
+            reasons.append(f"parity: {identical:.0%} identical, the thresholds require {t.min_identical_fraction:.0%}")
+        verdicts.append("fail" if failed or identical < t.min_identical_fraction else "pass")
+    levels = {lv.concurrency: lv for lv in att.speed.levels}
+    for c in t.concurrency:
+        lv = levels.get(c)
+        if lv is None:
+            verdicts.append("fail")
+            reasons.append(f"speed: no measurement at concurrency {c}")
+            continue
+        ratios = {r.metric: r for r in lv.ratios}
+        for metric, key in _GATE_KEYS.items():
+            over = t.levels.get(c, {})  # a level's own threshold wins where it sets one (SpeedGate.thresholds_at)
+            gated = over[key] if over.get(key) is not None else getattr(t, key)
+            r = ratios.get(metric)
+            if gated is None:
+                continue
+            if r is None or r.threshold != gated or not r.samples:
+                verdicts.append("fail")
+                reasons.append(f"speed c={c}: {metric} is gated at {gated} but the record has "
+                               + ("no samples" if r is None or not r.samples else f"threshold {r.threshold}"))
+                continue
+            iv = median_interval(list(r.samples), r.confidence)
+            v = gate_verdict(iv, gated, r.bound)
+            verdicts.append(v)
+            if v != "pass":
+                reasons.append(f"speed c={c}: {metric} {iv.describe()} gives {v} against {gated}")
+    return combine(verdicts), reasons  # type: ignore[arg-type]

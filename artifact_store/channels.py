@@ -12,7 +12,7 @@ from typing import Any, Callable
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from buildctl.digest import canonical_json
-from buildctl.store.attestations import latest_attestation
+from buildctl.store.attestations import latest_attestation, recomputed_verdict
 from buildctl.store.backend import Store
 from buildctl.store.errors import (
     ArtifactNotFoundError,
@@ -238,6 +238,11 @@ def promote(store: Store, artifact_ref: str, channel: str, *, force: bool = Fals
     elif not stored.attestation.passed:
         att = stored.attestation
         reasons.append(f"latest validation attestation ({att.created_at}) did not pass: verdict {att.verdict!r}")
+    else:  # it says pass: its own figures must say so too
+        verdict, why = recomputed_verdict(stored.attestation)
+        if verdict != "pass":
+            reasons.append(f"latest validation attestation ({stored.attestation.created_at}) says pass but its "
+                           f"recorded figures give {verdict}: " + "; ".join(why))
     if reasons and not force:
         raise PromotionRefusedError(artifact_id, channel, reasons)
     return set_channel(store, artifact_id, manifest, channel, reason=reason, forced=bool(reasons) and force,

