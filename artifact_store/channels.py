@@ -37,6 +37,7 @@ from buildctl.store.layout import (
 )
 from buildctl.store.manifest import Manifest, utc_now
 from buildctl.store.rollout import Rollout, RolloutPlan, artifact_for_node
+from buildctl.store.revocation import with_revocations
 from buildctl.store.signing import SigningKey, TrustedKeys, verify_signature
 from buildctl.store.integrity import DEFAULT_VERIFY_WINDOW_S, check_integrity
 from buildctl.store.verify import get_manifest, resolve_artifact
@@ -229,8 +230,8 @@ def promote(store: Store, artifact_ref: str, channel: str, *, force: bool = Fals
     stored = latest_attestation(store, artifact_id, manifest.compat_key)
     if stored is not None and trusted is not None:
         try:
-            verify_signature(f"attestation of {artifact_id}", stored.signed_bytes, stored.attestation.signature, trusted,
-                             "validator")
+            verify_signature(f"attestation of {artifact_id}", stored.signed_bytes, stored.attestation.signature,
+                             with_revocations(store, trusted), "validator", signed_at=stored.attestation.created_at)
         except SignatureError as err:
             reasons.append(f"attestation signature: {err.detail}")
     if stored is None:

@@ -13,6 +13,7 @@ CHANNELS = "channels/"
 HISTORY = "history/"
 NODES = "inventory/nodes/"
 TOUCHES = "touches/blobs/"
+REVOCATIONS = "keys/revocations/"
 
 
 def blob_key(digest: str) -> str:
@@ -123,3 +124,8 @@ def touch_key(digest: str) -> str:
 def digest_of_blob_key(key: str) -> str:
     """The digest a ``blobs/xx/<hex>`` key names."""
     return "xxh3-128:" + key.rsplit("/", 1)[1]
+
+
+def revocation_key(when: str, record_id: str) -> str:
+    """A key revocation record (create-only; the set of them is the revocation list)."""
+    return _timed_record_key(REVOCATIONS, when, record_id)

@@ -46,6 +46,7 @@ from buildctl.store.channels import ChannelRecord, history, read_channel
 from buildctl.store.layout import blob_key
 from buildctl.store.quarantine import check_not_quarantined
 from buildctl.store.ranged import RangedReader, ShortRangeError
+from buildctl.store.revocation import with_revocations
 from buildctl.store.signing import TrustedKeys, verify_manifest_signature, verify_signature
 from buildctl.store.verify import get_manifest
 
@@ -309,8 +310,9 @@ def check_trust(store: Store, record: ChannelRecord, dest: Path, trusted: Truste
     """With trusted keys: the channel record and the manifest of ``artifact_id`` (default: the
     record's) must be signed by a trusted key, and the record must not be older than what this
     node installed (rollback protection) nor than the channel's newest signed history record."""
+    trusted = with_revocations(store, trusted)
     verify_signature(f"channel record {record.channel} #{record.seq}", record.signed_bytes(), record.signature, trusted,
-                     "promoter")
+                     "promoter", signed_at=record.when)
     verify_manifest_signature(store, artifact_id or record.artifact_id, trusted)
     seen = installed_seqs(dest).get(f"{record.profile}/{record.channel}/{record.compat_key}", 0)
     if record.seq < seen:
@@ -328,7 +330,7 @@ def newest_signed_seq(store: Store, record: ChannelRecord, trusted: TrustedKeys)
     for rec in reversed(history(store, record.profile, record.channel, record.compat_key)):
         try:
             verify_signature(f"channel record {rec.channel} #{rec.seq}", rec.signed_bytes(), rec.signature, trusted,
-                             "promoter")
+                             "promoter", signed_at=rec.when)
         except SignatureError:
             continue  # an unsigned or forged history entry proves nothing
         return rec.seq

@@ -25,7 +25,8 @@ from __future__ import annotations
 import base64
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 
 from cryptography.exceptions import InvalidSignature
@@ -42,9 +43,11 @@ ROLES = ("builder", "validator", "promoter")
 
 @dataclass(frozen=True)
 class TrustedKeys:
-    """Trusted public keys by role, then by key id."""
+    """Trusted public keys by role, then by key id; and revoked keys with when and why
+    (:func:`buildctl.store.revocation.with_revocations` fills them from the store)."""
 
     by_role: dict[str, dict[str, Ed25519PublicKey]]
+    revoked: dict[str, tuple[datetime, str]] = field(default_factory=dict)
 
     def role_of(self, kid: str) -> str | None:
         return next((r for r, keys in self.by_role.items() if kid in keys), None)
@@ -149,8 +152,10 @@ def load_trusted_keys(directory: str | Path | None) -> TrustedKeys | None:
     return TrustedKeys(by_role)
 
 
-def verify_signature(what: str, data: bytes, signature: dict | None, trusted: TrustedKeys, role: str) -> str:
-    """Check ``signature`` over ``data`` against the keys trusted for ``role``; returns the key id or raises."""
+def verify_signature(what: str, data: bytes, signature: dict | None, trusted: TrustedKeys, role: str,
+                     signed_at: str | None = None) -> str:
+    """Check ``signature`` over ``data`` against the keys trusted for ``role``; returns the key id or
+    raises. A revoked key's signature counts only on a record made (``signed_at``) before its revocation."""
     if not signature:
         raise SignatureError(what, "unsigned")
     kid = str(signature.get("key_id"))
@@ -165,6 +170,11 @@ def verify_signature(what: str, data: bytes, signature: dict | None, trusted: Tr
         pub.verify(base64.b64decode(signature.get("sig", "")), data)
     except (InvalidSignature, ValueError):
         raise SignatureError(what, f"bad signature by key {kid}") from None
+    if kid in trusted.revoked:
+        at, reason = trusted.revoked[kid]
+        made = datetime.fromisoformat(signed_at.replace("Z", "+00:00")) if signed_at else None
+        if made is None or made.astimezone(timezone.utc) >= at:
+            raise SignatureError(what, f"signed by key {kid}, revoked from {at.isoformat()} ({reason})")
     return kid
 
 
@@ -184,7 +194,8 @@ def verify_manifest_signature(store: Store, artifact_id: str, trusted: TrustedKe
     last: SignatureError | None = None
     for sig in sigs:
         try:
-            return verify_signature(f"manifest {artifact_id}", body, sig, trusted, "builder")
+            return verify_signature(f"manifest {artifact_id}", body, sig, trusted, "builder",
+                                    signed_at=json.loads(body).get("created_at"))
         except SignatureError as err:
             last = err
     raise last  # type: ignore[misc]

@@ -112,7 +112,7 @@ def resources(stmt: dict) -> list[str]:
     return stmt["Resource"] if isinstance(stmt["Resource"], list) else [stmt["Resource"]]
 
 
-IMMUTABLE = ["blobs", "manifests", "index", "attestations", "history", "quarantine", "verifications"]
+IMMUTABLE = ["blobs", "manifests", "index", "attestations", "history", "quarantine", "verifications", "revocations"]
 
 
 def test_iam_roles_are_least_privilege():

@@ -322,3 +322,37 @@ def test_a_pass_whose_own_figures_fail_is_refused(tmp_path, cli, draft):
         assert code == 5 and "says pass but its recorded figures give fail" in err and why in err, (why, err)
     ops.write_attestation(store, good.model_copy(update={"created_at": "2099-01-01T00:00:09.000000Z"}))
     assert cli("--store", store.uri, "promote", aid, "--channel", "prod")[0] == 0
+
+
+def test_a_revoked_keys_later_signatures_are_refused(keys, cli, tmp_path, monkeypatch):
+    """The builder key leaks: a promoter revokes it. What it signed before the revocation still
+    counts; a manifest it signs afterwards is refused by pull (exit 4). A revocation signed by a
+    key that is not a promoter's revokes nothing."""
+    import time
+
+    env, store_dir = Env(monkeypatch, keys), tmp_path / "store"
+    before = publish(env, cli, store_dir, make_tree(tmp_path / "a", {"rank0.engine": b"before the leak"}))
+    from buildctl.store.signing import load_signing_key
+
+    builder_id = load_signing_key(keys[0] / "builder.key").key_id
+    env.as_("validator")  # not a promoter: its revocation must not count
+    code, _, err = cli("--store", store_dir, "key", "revoke", builder_id, "--reason", "a validator tries")
+    assert code == 0, err
+    env.as_("promoter")
+    assert cli("--store", store_dir, "promote", before, "--channel", "prod")[0] == 0
+    assert pull(cli, store_dir, tmp_path / "n0")[0] == 0  # the validator's "revocation" revoked nothing
+    time.sleep(0.01)
+    code, out, err = cli("--store", store_dir, "--json", "key", "revoke", builder_id, "--reason", "leaked in a CI log")
+    assert code == 0 and json.loads(out)["key_id"] == builder_id, err
+    time.sleep(0.01)
+    after = publish(env, cli, store_dir, make_tree(tmp_path / "b", {"rank0.engine": b"after the leak"}))
+    env.as_("promoter")
+    assert cli("--store", store_dir, "promote", after, "--channel", "prod")[0] == 0
+    code, _, err = pull(cli, store_dir, tmp_path / "n1")
+    assert code == 4 and f"signed by key {builder_id}, revoked from" in err and "leaked in a CI log" in err, err
+    code, _, err = cli("--store", store_dir, "rollback", "--profile", "tiny-llama-cpu", "--channel", "prod")
+    assert code == 0, err
+    code, out, err = pull(cli, store_dir, tmp_path / "n2")
+    assert code == 0 and json.loads(out)["artifact_id"] == before, err  # signed before the revocation: still good
+    code, _, err = cli("--store", store_dir, "key", "revoke", "nothex", "--reason", "x")
+    assert code == 2

@@ -383,3 +383,41 @@ def key_generate_cmd(
         out().print(f"key id {kid} ({role})\nprivate {key} (0600: keep it on the {role}'s machine only)\n"
                     f"public  {pub}: copy it to {where} wherever {role} signatures are checked (nodes, CI)",
                     highlight=False)
+
+
+@key_app.command("revoke")
+def key_revoke_cmd(
+    ctx: typer.Context,
+    key_id: str = typer.Argument(..., help="The key id to revoke (16 hex, as key generate printed it)."),
+    reason: str = typer.Option(..., "--reason", help="Why; recorded with the revocation."),
+    revoked_from: Optional[str] = typer.Option(None, "--from", help="UTC ISO-8601 time from which its signatures stop counting (default: now)."),
+    json_out: bool = JSON_OPT,
+) -> None:
+    """Revoke a key: a create-only record signed with BUILDCTL_SIGNING_KEY (a promoter key);
+    signatures by the key on records made from then on are refused by pull and promote."""
+    import re
+
+    from buildctl.pipeline import signer_of
+    from buildctl.store.errors import StoreArgumentError
+    from buildctl.store.revocation import revoke
+
+    st = settings(ctx)
+    signer = signer_of(st)
+    if signer is None:
+        raise StoreArgumentError("key revoke needs a promoter signing key (BUILDCTL_SIGNING_KEY)")
+    if not re.fullmatch(r"[0-9a-f]{16}", key_id):
+        raise StoreArgumentError(f"key id {key_id!r}: 16 lowercase hex digits")
+    if revoked_from is not None:
+        from buildctl.store.channels import parse_utc
+
+        try:
+            parse_utc(revoked_from)
+        except ValueError:
+            raise StoreArgumentError(f"--from {revoked_from!r}: a UTC ISO-8601 time") from None
+    rec = revoke(open_store_for(ctx), key_id, reason, signer=signer, who=st.actor, revoked_at=revoked_from)
+    if _quiet(ctx, json_out):
+        emit_json(rec.model_dump(mode="json"))
+    else:
+        out().print(f"revoked key {rec.key_id} from {rec.revoked_at} ({rec.reason}); signed by {signer.key_id}. "
+                    "Next: re-sign the channels (the resign-channels flow) so nodes move past records it signed",
+                    highlight=False)
