@@ -307,9 +307,10 @@ def check_fresh(record: ChannelRecord, min_seq: int = 0) -> None:
 
 def check_trust(store: Store, record: ChannelRecord, dest: Path, trusted: TrustedKeys,
                 artifact_id: str | None = None) -> None:
-    """With trusted keys: the channel record and the manifest of ``artifact_id`` (default: the
-    record's) must be signed by a trusted key, and the record must not be older than what this
-    node installed (rollback protection) nor than the channel's newest signed history record."""
+    """With trusted keys: the channel record must be signed by a trusted promoter key and the
+    manifest of ``artifact_id`` (default: the record's) by a trusted builder key, neither revoked
+    at the time of the record; and the record must not be older than what this node installed
+    (rollback protection) nor than the channel's newest signed history record."""
     trusted = with_revocations(store, trusted)
     verify_signature(f"channel record {record.channel} #{record.seq}", record.signed_bytes(), record.signature, trusted,
                      "promoter", signed_at=record.when)
@@ -326,7 +327,7 @@ def check_trust(store: Store, record: ChannelRecord, dest: Path, trusted: Truste
 
 
 def newest_signed_seq(store: Store, record: ChannelRecord, trusted: TrustedKeys) -> int:
-    """The highest sequence among the channel's history records signed by a trusted key (0: none)."""
+    """The highest sequence among the channel's history records signed by a trusted promoter key (0: none)."""
     for rec in reversed(history(store, record.profile, record.channel, record.compat_key)):
         try:
             verify_signature(f"channel record {rec.channel} #{rec.seq}", rec.signed_bytes(), rec.signature, trusted,
