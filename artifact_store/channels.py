@@ -30,6 +30,7 @@ from buildctl.store.layout import (
     CHANNELS,
     channel_key,
     channel_prefix,
+    pending_key,
     compat_key_of_channel_key,
     history_channel_prefix,
     history_key,
@@ -38,7 +39,7 @@ from buildctl.store.layout import (
 from buildctl.store.manifest import Manifest, utc_now
 from buildctl.store.rollout import Rollout, RolloutPlan, artifact_for_node
 from buildctl.store.revocation import with_revocations
-from buildctl.store.signing import SigningKey, TrustedKeys, verify_signature
+from buildctl.store.signing import SigningKey, TrustedKeys, promoter_signers, verify_signature
 from buildctl.store.integrity import DEFAULT_VERIFY_WINDOW_S, check_integrity
 from buildctl.store.verify import get_manifest, resolve_artifact
 
@@ -46,7 +47,7 @@ CHANNEL_RE = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
 UNKNOWN_ACTOR = "unknown"
 
 
-OPTIONAL_SIGNED = ("rollout", "expires")  # left out of the bytes when unset: records signed before they existed still verify
+OPTIONAL_SIGNED = ("rollout", "expires", "cosignatures")  # left out when unset: older records' bytes stay the same
 
 
 class ChannelRecord(BaseModel):
@@ -70,6 +71,7 @@ class ChannelRecord(BaseModel):
     rollout: Rollout | None = Field(None, description="The rollout in progress or last run through this record, if any.")
     expires: str | None = Field(None, description="UTC ISO-8601 time after which nodes refuse this record (signed records; re-signed before).")
     signature: dict[str, str] | None = Field(None, description="Ed25519 signature over the record without this field.")
+    cosignatures: tuple[dict[str, str], ...] | None = Field(None, description="More promoter signatures of the same bytes (k-of-n channels).")
 
     def body(self) -> dict:
         """The stored form: every field, less the optional ones that are unset."""
@@ -82,7 +84,15 @@ class ChannelRecord(BaseModel):
     def signed_bytes(self) -> bytes:
         d = self.body()
         d.pop("signature", None)
+        d.pop("cosignatures", None)
         return canonical_json(d)
+
+    def all_signatures(self) -> list[dict | None]:
+        return [self.signature, *(self.cosignatures or ())]
+
+    def signers(self, trusted: TrustedKeys) -> set[str]:
+        """The distinct trusted promoter keys that signed this record (unrevoked at its time)."""
+        return promoter_signers(self.signed_bytes(), self.all_signatures(), trusted, self.when)
 
     def to_bytes(self) -> bytes:
         return canonical_json(self.body())
@@ -129,10 +139,14 @@ MoveFn = Callable[[ChannelRecord | None], dict[str, Any] | None]
 
 def move_channel(store: Store, profile: str, channel: str, compat: str, make: MoveFn, *, who: str = UNKNOWN_ACTOR,
                  signer: SigningKey | None = None, ttl_s: float | None = None, attempts: int = 30,
-                 sleep: Callable[[float], None] = time.sleep) -> ChannelRecord:
+                 sleep: Callable[[float], None] = time.sleep, threshold: int = 1,
+                 trusted: TrustedKeys | None = None) -> ChannelRecord:
     """Write the channel's next record with compare-and-swap (retried with jitter), then its
     history entry. ``make`` sees the current record on every attempt, so a decision is always
-    made against what is there. Signed records expire ``ttl_s`` after they are written."""
+    made against what is there. Signed records expire ``ttl_s`` after they are written. With a
+    ``threshold`` above 1 the record waits in ``pending/`` until that many trusted promoter keys
+    have signed it (each promoter runs the same promote); the returned record is then pending
+    (:func:`pending_promotion`), and the channel moves when the last signature lands."""
     if not re.match(CHANNEL_RE, channel):
         raise StoreArgumentError(f"bad channel name {channel!r}: lowercase letters, digits and dashes")
     ref = channel_key(profile, channel, compat)
@@ -154,11 +168,45 @@ def move_channel(store: Store, profile: str, channel: str, compat: str, make: Mo
                                "compat_key": compat, "who": who, "when": now, "expires": expires})
         if signer is not None:
             rec = rec.model_copy(update={"signature": signer.sign(rec.signed_bytes())})
+        if threshold > 1:
+            if signer is None or trusted is None:
+                raise StoreArgumentError(f"channel {channel} needs {threshold} promoter signatures: promote with "
+                                         "BUILDCTL_SIGNING_KEY and BUILDCTL_TRUSTED_KEYS set")
+            rec = _cosign_pending(store, rec, signer, trusted)
+            if rec is None:
+                continue  # another promoter's signature landed meanwhile: look again
+            if len(rec.signers(trusted)) < threshold:
+                return rec  # pending: the next promoter's run completes it
         if store.cas(ref, rec.to_bytes(), current[1] if current else None):
             _settle_history(store, rec)
+            if threshold > 1:
+                store.delete(pending_key(profile, channel, compat))
             return rec
         sleep(random.uniform(0, min(1.0, 0.01 * 2 ** attempt)))
     raise CasConflictError(ref, attempts)
+
+
+def pending_promotion(store: Store, profile: str, channel: str, compat: str) -> ChannelRecord | None:
+    """The promotion waiting for more signatures on this channel ref, if any."""
+    got = store.get_ref(pending_key(profile, channel, compat))
+    return _parse_record(got[0], pending_key(profile, channel, compat)) if got else None
+
+
+def _cosign_pending(store: Store, rec: ChannelRecord, signer: SigningKey, trusted: TrustedKeys) -> ChannelRecord | None:
+    """Add ``signer``'s signature to the pending proposal of the same move (same seq, artifact and
+    rollout plan), or make ``rec`` the proposal; ``None`` when another writer won the swap."""
+    key = pending_key(rec.profile, rec.channel, rec.compat_key)
+    got = store.get_ref(key)
+    pend = _parse_record(got[0], key) if got else None
+    same = (pend is not None and pend.seq == rec.seq and pend.artifact_id == rec.artifact_id
+            and (pend.rollout.waves if pend.rollout else None) == (rec.rollout.waves if rec.rollout else None))
+    if same and pend is not None:
+        if signer.key_id in pend.signers(trusted):
+            return pend
+        rec = pend.model_copy(update={"cosignatures": (*(pend.cosignatures or ()), signer.sign(pend.signed_bytes()))})
+    if not store.cas(key, rec.to_bytes(), got[1] if got else None):
+        return None
+    return rec
 
 
 def set_channel(
@@ -178,6 +226,7 @@ def set_channel(
     ttl_s: float | None = None,
     attempts: int = 30,
     sleep: Callable[[float], None] = time.sleep,
+    trusted: TrustedKeys | None = None,
 ) -> ChannelRecord:
     """Move a channel to an artifact with compare-and-swap; retried with jitter; appends history.
     A live rollout on the channel is never replaced silently: abort it first (a rollback, which
@@ -207,8 +256,9 @@ def set_channel(
         return {"artifact_id": artifact_id, "reason": reason, "forced": forced, "action": action,
                 "verified_at": verified_at, "verify_window_s": verify_window_s, "rollout": started}
 
+    threshold = trusted.threshold(channel) if trusted is not None and action == "promote" else 1
     return move_channel(store, manifest.profile_name, channel, manifest.compat_key, make, who=who, signer=signer,
-                        ttl_s=ttl_s, attempts=attempts, sleep=sleep)
+                        ttl_s=ttl_s, attempts=attempts, sleep=sleep, threshold=threshold, trusted=trusted)
 
 
 def promote(store: Store, artifact_ref: str, channel: str, *, force: bool = False, reason: str | None = None,
@@ -248,7 +298,7 @@ def promote(store: Store, artifact_ref: str, channel: str, *, force: bool = Fals
         raise PromotionRefusedError(artifact_id, channel, reasons)
     return set_channel(store, artifact_id, manifest, channel, reason=reason, forced=bool(reasons) and force,
                        who=who, signer=signer, verified_at=verified_at, verify_window_s=verify_window_s,
-                       attempts=attempts, rollout=rollout, ttl_s=ttl_s)
+                       attempts=attempts, rollout=rollout, ttl_s=ttl_s, trusted=trusted)
 
 
 def channel_compat_keys(store: Store, profile: str, channel: str) -> list[str]:

@@ -129,3 +129,8 @@ def digest_of_blob_key(key: str) -> str:
 def revocation_key(when: str, record_id: str) -> str:
     """A key revocation record (create-only; the set of them is the revocation list)."""
     return _timed_record_key(REVOCATIONS, when, record_id)
+
+
+def pending_key(profile: str, channel: str, compat_key: str) -> str:
+    """A promotion waiting for more promoter signatures (k-of-n channels; compare-and-swap)."""
+    return f"pending/{profile}/{channel}/{compat_key}.json"

@@ -314,6 +314,13 @@ def check_trust(store: Store, record: ChannelRecord, dest: Path, trusted: Truste
     trusted = with_revocations(store, trusted)
     verify_signature(f"channel record {record.channel} #{record.seq}", record.signed_bytes(), record.signature, trusted,
                      "promoter", signed_at=record.when)
+    k = trusted.threshold(record.channel)
+    if k > 1:
+        have = record.signers(trusted)
+        if len(have) < k and not (record.action != "promote"
+                                  and approved_before(store, record, artifact_id or record.artifact_id, trusted, k)):
+            raise SignatureError(f"channel record {record.channel} #{record.seq}",
+                                 f"{len(have)} of the {k} promoter signatures the channel requires")
     verify_manifest_signature(store, artifact_id or record.artifact_id, trusted)
     seen = installed_seqs(dest).get(f"{record.profile}/{record.channel}/{record.compat_key}", 0)
     if record.seq < seen:
@@ -324,6 +331,15 @@ def check_trust(store: Store, record: ChannelRecord, dest: Path, trusted: Truste
     newest = newest_signed_seq(store, record, trusted)
     if newest > record.seq:
         raise StaleRecordError(record.channel, record.seq, newest, "the channel's signed history")
+
+
+def approved_before(store: Store, record: ChannelRecord, artifact_id: str, trusted: TrustedKeys, k: int) -> bool:
+    """Whether an earlier history record with ``k`` promoter signatures moved the channel to
+    ``artifact_id``: a rollback, a rollout step or a re-sign may then carry one signature (it
+    chooses among artifacts the channel's quorum already approved)."""
+    return any(r.seq < record.seq and (r.artifact_id == artifact_id or (r.rollout and r.rollout.target == artifact_id))
+               and len(r.signers(trusted)) >= k
+               for r in history(store, record.profile, record.channel, record.compat_key))
 
 
 def newest_signed_seq(store: Store, record: ChannelRecord, trusted: TrustedKeys) -> int:

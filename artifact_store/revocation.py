@@ -12,6 +12,7 @@ A stolen key can backdate what it signs, so after a revocation, re-sign the chan
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import datetime
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -72,7 +73,7 @@ def with_revocations(store: Store, trusted: TrustedKeys) -> TrustedKeys:
 
     revoked: dict[str, tuple[datetime, str]] = {}
     for rec in revocations(store):  # oldest first: a revocation by a since-revoked key counts if made before
-        probe = TrustedKeys(trusted.by_role, revoked)
+        probe = replace(trusted, revoked=dict(revoked))
         try:
             verify_signature(f"revocation of {rec.key_id}", rec.signed_bytes(), rec.signature, probe, "promoter",
                              signed_at=rec.when)
@@ -81,4 +82,4 @@ def with_revocations(store: Store, trusted: TrustedKeys) -> TrustedKeys:
         at = parse_utc(rec.revoked_at)
         if rec.key_id not in revoked or at < revoked[rec.key_id][0]:
             revoked[rec.key_id] = (at, rec.reason)
-    return TrustedKeys(trusted.by_role, revoked)
+    return replace(trusted, revoked=revoked)

@@ -48,6 +48,10 @@ class TrustedKeys:
 
     by_role: dict[str, dict[str, Ed25519PublicKey]]
     revoked: dict[str, tuple[datetime, str]] = field(default_factory=dict)
+    thresholds: dict[str, int] = field(default_factory=dict)  # channel -> promoter signatures required
+
+    def threshold(self, channel: str) -> int:
+        return self.thresholds.get(channel, 1)
 
     def role_of(self, kid: str) -> str | None:
         return next((r for r, keys in self.by_role.items() if kid in keys), None)
@@ -121,6 +125,7 @@ def load_trusted_keys(directory: str | Path | None) -> TrustedKeys | None:
     d = Path(directory)
     if not d.is_dir():
         raise StoreArgumentError(f"trusted keys {d}: not a directory; {_layout_help(d)}")
+    thresholds = _thresholds(d / "thresholds.json")
     loose = sorted(f.name for f in d.glob("*.pub"))
     if loose:
         raise StoreArgumentError(
@@ -149,7 +154,38 @@ def load_trusted_keys(directory: str | Path | None) -> TrustedKeys | None:
         by_role[role] = keys
     if not seen:
         raise StoreArgumentError(f"no Ed25519 public keys in {d}; {_layout_help(d)}")
-    return TrustedKeys(by_role)
+    for channel, k in thresholds.items():
+        if k > len(by_role["promoter"]):
+            raise StoreArgumentError(f"{d}/thresholds.json: {channel} needs {k} promoter signatures but only "
+                                     f"{len(by_role['promoter'])} promoter key(s) are trusted")
+    return TrustedKeys(by_role, thresholds=thresholds)
+
+
+def _thresholds(path: Path) -> dict[str, int]:
+    """``thresholds.json`` next to the role directories: ``{"channels": {"prod": 2}}`` (k-of-n
+    promoter signatures per channel; 1 where not listed). Part of the trust root, like the keys."""
+    if not path.exists():
+        return {}
+    try:
+        data = json.loads(path.read_text())
+        out = {str(c): int(k) for c, k in data["channels"].items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+        raise StoreArgumentError(f"{path}: expected {{\"channels\": {{\"prod\": 2}}}}: {err}") from None
+    bad = [c for c, k in out.items() if k < 1]
+    if bad:
+        raise StoreArgumentError(f"{path}: thresholds must be at least 1 ({', '.join(bad)})")
+    return out
+
+
+def promoter_signers(data: bytes, signatures: list[dict | None], trusted: TrustedKeys, signed_at: str | None) -> set[str]:
+    """The distinct trusted, unrevoked promoter keys whose signatures over ``data`` verify."""
+    out = set()
+    for sig in signatures:
+        try:
+            out.add(verify_signature("co-signature", data, sig, trusted, "promoter", signed_at=signed_at))
+        except SignatureError:
+            continue
+    return out
 
 
 def verify_signature(what: str, data: bytes, signature: dict | None, trusted: TrustedKeys, role: str,

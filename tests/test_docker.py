@@ -133,8 +133,10 @@ def test_iam_roles_are_least_privilege():
     assert "arn:aws:s3:::BUCKET/PREFIX/channels/*" in p_writes and "arn:aws:s3:::BUCKET/PREFIX/history/*" in p_writes
     n_writes = {r for s in statements(node, "Allow", "s3:PutObject") for r in resources(s)}
     assert n_writes == {"arn:aws:s3:::BUCKET/PREFIX/inventory/nodes/*"}
-    for policy in (builder, promoter, node):
+    for policy in (builder, node):
         assert not statements(policy, "Allow", "s3:DeleteObject")
+    p_deletes = {r for s in statements(promoter, "Allow", "s3:DeleteObject") for r in resources(s)}
+    assert p_deletes == {"arn:aws:s3:::BUCKET/PREFIX/pending/*"}  # only a completed pending promotion
 
 
 def test_repair_role_replaces_blobs_and_nothing_else_immutable():

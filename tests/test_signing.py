@@ -356,3 +356,44 @@ def test_a_revoked_keys_later_signatures_are_refused(keys, cli, tmp_path, monkey
     assert code == 0 and json.loads(out)["artifact_id"] == before, err  # signed before the revocation: still good
     code, _, err = cli("--store", store_dir, "key", "revoke", "nothex", "--reason", "x")
     assert code == 2
+
+
+def test_a_two_of_n_prod_promotion_is_pending_with_one_signature_and_completes_with_two(keys, cli, tmp_path,
+                                                                                       monkeypatch):
+    d, trusted = keys
+    code, _, err = cli("key", "generate", "--out", d, "--role", "promoter", "--name", "promoter2")
+    assert code == 0, err
+    (trusted / "promoter" / "promoter2.pub").write_bytes((d / "promoter2.pub").read_bytes())
+    (trusted / "thresholds.json").write_text(json.dumps({"channels": {"prod": 2}}))
+    env, store_dir = Env(monkeypatch, keys), tmp_path / "store"
+    a = publish(env, cli, store_dir, make_tree(tmp_path / "a", {"rank0.engine": b"engine A"}))
+    b = publish(env, cli, store_dir, make_tree(tmp_path / "b", {"rank0.engine": b"engine B"}))
+    env.as_("promoter")
+    code, out, err = cli("--store", store_dir, "--json", "promote", a, "--channel", "prod")
+    got = json.loads(out)
+    assert code == 0 and got["pending"] and (got["signatures"], got["required"]) == (1, 2), err
+    assert pull(cli, store_dir, tmp_path / "n0")[0] == 3  # nothing on the channel yet
+    code, out, err = cli("--store", store_dir, "--json", "promote", a, "--channel", "prod")  # the same key again
+    assert code == 0 and json.loads(out)["signatures"] == 1, err
+    monkeypatch.setenv("BUILDCTL_SIGNING_KEY", str(d / "promoter2.key"))
+    code, out, err = cli("--store", store_dir, "--json", "promote", a, "--channel", "prod")
+    assert code == 0 and "pending" not in json.loads(out) and len(json.loads(out)["cosignatures"]) == 1, err
+    code, out, err = pull(cli, store_dir, tmp_path / "n1")
+    assert code == 0 and json.loads(out)["artifact_id"] == a, err
+
+    # one promoter key alone writes a record straight into the ref: nodes refuse it
+    store = open_store(str(store_dir))
+    m = ops.get_manifest(store, b)
+    env.as_("promoter")
+    forged = ops.set_channel(store, b, m, "prod", signer=signer_of(settings()), who="one promoter")
+    assert forged.cosignatures is None
+    code, _, err = pull(cli, store_dir, tmp_path / "n2")
+    assert code == 4 and "1 of the 2 promoter signatures the channel requires" in err, err
+    # a rollback by one promoter to what the quorum approved before is accepted
+    code, _, err = cli("--store", store_dir, "rollback", "--profile", "tiny-llama-cpu", "--channel", "prod", "--to", a)
+    assert code == 0, err
+    code, out, err = pull(cli, store_dir, tmp_path / "n3")
+    assert code == 0 and json.loads(out)["artifact_id"] == a, err
+    (trusted / "thresholds.json").write_text(json.dumps({"channels": {"prod": 3}}))
+    code, _, err = pull(cli, store_dir, tmp_path / "n4")
+    assert code == 2 and "prod needs 3 promoter signatures but only 2 promoter key(s)" in err

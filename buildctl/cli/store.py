@@ -175,8 +175,21 @@ def promote_cmd(
         plan = RolloutPlan(waves=parse_waves(rollout, max_failures), bake_s=parse_duration(bake or "30m"))
     elif max_failures is not None or bake is not None:
         raise StoreArgumentError("--bake and --max-failures need --rollout")
-    rec = promote_artifact(settings(ctx), open_store_for(ctx), artifact, channel, force=force, reason=reason,
-                           rollout=plan)
+    from buildctl.pipeline import trusted_of
+    from buildctl.store.channels import read_channel
+
+    st, store = settings(ctx), open_store_for(ctx)
+    rec = promote_artifact(st, store, artifact, channel, force=force, reason=reason, rollout=plan)
+    trusted = trusted_of(st)
+    current = read_channel(store, rec.profile, rec.channel, rec.compat_key)
+    if current is None or current[0].seq < rec.seq:  # waiting for more promoter signatures
+        have, need = len(rec.signers(trusted)) if trusted else 1, trusted.threshold(channel) if trusted else 1
+        if _quiet(ctx, json_out):
+            emit_json({**_record_json(rec), "pending": True, "signatures": have, "required": need})
+        else:
+            out().print(f"{rec.channel} #{rec.seq}: {rec.artifact_id} is pending: {have} of {need} promoter "
+                        f"signatures; another promoter runs the same command to complete it", highlight=False)
+        return
     if _quiet(ctx, json_out):
         emit_json(_record_json(rec))
     else:
