@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -32,7 +33,7 @@ RESULTS = REPO / "benchmarks" / "results"
 
 
 def config_text(module: str, tests: list[str], timeout: float, exclude: list[str], python: str) -> str:
-    command = " ".join([python, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests])
+    command = shlex.join([python, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests])  # -k expressions have spaces
     return "\n".join([
         "[cosmic-ray]", f'module-path = "{module}"', f"timeout = {timeout}", "excluded-modules = []",
         f"test-command = {json.dumps(command)}", "", "[cosmic-ray.distributor]", 'name = "local"', "",
@@ -148,6 +149,11 @@ def main(argv: list[str] | None = None) -> int:
         results = list(pool.map(lambda m: run_module(m, modules[m], conf["exclude-operators"], Path(args.cosmic_ray),
                                                      Path(tmp), args.budget_min, conf.get("equivalent", {})), chosen))
     RESULTS.mkdir(parents=True, exist_ok=True)
+    if args.modules and (RESULTS / "mutants.json").exists():  # a partial run: keep the other modules' results
+        ran = {r["module"] for r in results}
+        kept = [r for r in json.loads((RESULTS / "mutants.json").read_text()) if r["module"] not in ran]
+        order = list(modules)
+        results = sorted(kept + results, key=lambda r: order.index(r["module"]) if r["module"] in order else len(order))
     text = report(results, conf["exclude-operators"])
     (RESULTS / "mutants.md").write_text(text)
     (RESULTS / "mutants.json").write_text(json.dumps(results, indent=2) + "\n")
