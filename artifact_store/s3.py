@@ -186,7 +186,16 @@ class S3Store:
     def read_range(self, key: str, offset: int, length: int) -> bytes:
         if length <= 0:
             return b""
-        resp = self._get(key, Range=f"bytes={offset}-{offset + length - 1}")
+        try:
+            resp = self.client.get_object(Bucket=self.bucket, Key=self._k(key), Range=f"bytes={offset}-{offset + length - 1}")
+        except ClientError as err:
+            if _status(err) == 404 or _code(err) in ("NoSuchKey", "404"):
+                raise KeyNotFoundError(key) from None
+            if _status(err) == 416 or _code(err) == "InvalidRange":
+                return b""  # at or past the end: no bytes, as the protocol (and a local file) says
+            raise self._fail(err, f"get {key}") from None
+        except BotoCoreError as err:
+            raise self._fail(err, f"get {key}") from None
         try:
             return resp["Body"].read()
         except BotoCoreError as err:

@@ -245,3 +245,38 @@ def test_ranged_reads_and_stored_checksum(store, tmp_path):
         assert other.actual() != other.expected
     else:
         assert check is None
+
+
+# --- what the mutation run found unchecked in the local store (#20) ------------------------------
+
+def test_read_range_at_the_start_middle_end_and_past_the_end(store):
+    data = bytes(range(256)) * 40  # 10240 bytes
+    assert store.put_bytes("blobs/aa/" + "a" * 32, data)
+    key = "blobs/aa/" + "a" * 32
+    for offset, length in ((0, 1), (0, 10240), (100, 1000), (10000, 240), (10200, 100), (10240, 10), (5000, 0)):
+        assert store.read_range(key, offset, length) == data[offset:offset + length], (offset, length)
+
+
+def test_list_by_partial_and_directory_prefixes(store):
+    keys = ["manifests/ab12.json", "manifests/ab34.json", "manifests/cd56.json", "history/p/prod/k/000000000001.json",
+            "history/p/prod/k/000000000002.json", "history/p/staging/k/000000000001.json", "channels/p/prod/k.json"]
+    for k in keys:
+        assert store.put_bytes(k, b"{}")
+    assert list(store.list("manifests/ab")) == ["manifests/ab12.json", "manifests/ab34.json"]
+    assert list(store.list("manifests/")) == ["manifests/ab12.json", "manifests/ab34.json", "manifests/cd56.json"]
+    assert list(store.list("history/p/prod/")) == keys[3:5]
+    assert list(store.list("history/p/")) == keys[3:6]
+    assert list(store.list("history/p/prod/k/000000000002")) == [keys[4]]
+    assert list(store.list("nothing/")) == [] and list(store.list("manifests/zz")) == []
+    assert sorted(store.list("")) == sorted(keys)
+
+
+def test_bad_keys_are_refused_by_the_local_store(tmp_path):
+    from buildctl.store.backend import open_store
+    from buildctl.store.errors import StoreArgumentError
+
+    store = open_store(str(tmp_path / "store"))
+    for bad in ("", "/etc/passwd", "blobs/../../x", "a/../b", ".tmp/x", ".locks/y"):
+        with pytest.raises(StoreArgumentError):
+            store.put_bytes(bad, b"x")
+    assert store.put_bytes("blobs/ok/" + "b" * 32, b"x")
