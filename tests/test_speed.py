@@ -263,3 +263,42 @@ def test_the_report_states_each_sides_figures_in_milliseconds_and_the_time_spent
     assert side["ttft_p50_ms"] == pytest.approx(10.0) and side["ttft_p99_ms"] == pytest.approx(10.0)
     assert side["tpot_p50_ms"] == pytest.approx(1.0) and side["itl_p50_ms"] == pytest.approx(1.0)
     assert rep.budget["seconds"] == pytest.approx(2.5)  # the first reading after the start, minus the start
+
+
+class Ramp:
+    """Request i: first token (i+1) ms after submission, then a token every (i+1)/10 ms."""
+
+    name = "ramp"
+
+    def stream(self, prompts, max_tokens, concurrency):
+        for i in range(len(prompts)):
+            yield TokenEvent(i, None, 50.0)
+            for t in range(max_tokens):
+                yield TokenEvent(i, 1, 50.0 + (i + 1) * 1e-3 + t * (i + 1) * 1e-4)
+
+
+def test_every_reported_figure_of_a_side_by_hand():
+    """Five requests, three tokens each: TTFT 1..5 ms, TPOT and ITL 0.1..0.5 ms; linear-interpolated
+    percentiles computed here by hand; the candidate ran on 2 GPUs."""
+    gate = SpeedGate(min_throughput_ratio=1e-9, max_p99_ttft_ratio=None, concurrency=(1,), input_len=4, output_len=3,
+                     num_prompts=5, repetitions=6, max_repetitions=6, max_seconds=1e6, warmup=0)
+    rep = measure(Ramp(), Ramp(), gate, [[1]] * 5, candidate_gpus=2)
+    side = rep.levels[0].to_dict()["candidate"]
+    assert side["ttft_p50_ms"] == pytest.approx(3.0) and side["ttft_p99_ms"] == pytest.approx(4.96)
+    assert side["tpot_p50_ms"] == pytest.approx(0.3) and side["tpot_p99_ms"] == pytest.approx(0.496)
+    # ITL pools both gaps of every request: [.1, .1, .2, .2, ..., .5, .5]; p99 at index 8.91
+    assert side["itl_p50_ms"] == pytest.approx(0.3) and side["itl_p99_ms"] == pytest.approx(0.5)
+    assert side["output_tok_s_per_gpu"] == pytest.approx(side["output_tok_s"] / 2)
+    assert side["repetitions"] == 6 and side["output_tok_s_min"] <= side["output_tok_s"] <= side["output_tok_s_max"]
+    ref = rep.levels[0].to_dict()["reference"]
+    assert ref["output_tok_s_per_gpu"] == pytest.approx(ref["output_tok_s"])  # 1 GPU by default
+    lv = rep.levels[0]
+    assert lv.ratio("ttft_p50").interval.median == pytest.approx(1.0) and lv.ratio("tpot_p50").interval.median == pytest.approx(1.0)
+
+
+def test_safe_ratios_of_zero_and_nan():
+    from buildctl.validators.speed import _safe_ratio
+
+    assert _safe_ratio(2.0, 4.0) == 0.5
+    assert math.isinf(_safe_ratio(1.0, 0.0)) and math.isnan(_safe_ratio(0.0, 0.0))
+    assert math.isnan(_safe_ratio(math.nan, 1.0)) and math.isnan(_safe_ratio(1.0, math.nan))
