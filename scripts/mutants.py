@@ -91,7 +91,17 @@ def run_module(module: str, spec: dict, exclude: list[str], cr_bin: Path, work: 
             "survivors": survivors, "seconds": round(time.monotonic() - t0, 1), "stopped_at_budget": stopped}
 
 
+def _normalise(r: dict) -> dict:
+    """Results written before the equivalent table existed read as having none."""
+    if "error" not in r:
+        r.setdefault("equivalent", 0)
+        for x in r.get("survivors", []):
+            x.setdefault("equivalent", None)
+    return r
+
+
 def report(results: list[dict], exclude: list[str]) -> str:
+    results = [_normalise(r) for r in results]
     lines = ["### Mutation testing of the guard modules (cosmic-ray)", "",
              f"Operators left out as no realistic bug: `{'`, `'.join(exclude)}`. Score = killed / (killed + survived, "
              "less the survivors marked equivalent in pyproject.toml with a reason); "
@@ -126,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     conf = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["buildctl"]["mutants"]
     if args.report_only:
-        results = json.loads((RESULTS / "mutants.json").read_text())
+        results = [_normalise(r) for r in json.loads((RESULTS / "mutants.json").read_text())]
         for r in results:
             if "error" in r:
                 continue
@@ -145,13 +155,24 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         print(f"not configured in [tool.buildctl.mutants.modules]: {', '.join(unknown)}")
         return 2
+    partial = RESULTS / "mutants.partial.jsonl"  # each module's result as soon as it is done
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    partial.write_text("")
+
+    def one(m: str) -> dict:
+        r = run_module(m, modules[m], conf["exclude-operators"], Path(args.cosmic_ray), Path(tmp), args.budget_min,
+                       conf.get("equivalent", {}))
+        with partial.open("a") as f:
+            f.write(json.dumps(r) + "\n")
+        return r
+
     with tempfile.TemporaryDirectory(prefix="buildctl-mutants-") as tmp, ThreadPoolExecutor(args.jobs) as pool:
-        results = list(pool.map(lambda m: run_module(m, modules[m], conf["exclude-operators"], Path(args.cosmic_ray),
-                                                     Path(tmp), args.budget_min, conf.get("equivalent", {})), chosen))
+        results = list(pool.map(one, chosen))
+    partial.unlink()
     RESULTS.mkdir(parents=True, exist_ok=True)
     if args.modules and (RESULTS / "mutants.json").exists():  # a partial run: keep the other modules' results
         ran = {r["module"] for r in results}
-        kept = [r for r in json.loads((RESULTS / "mutants.json").read_text()) if r["module"] not in ran]
+        kept = [_normalise(r) for r in json.loads((RESULTS / "mutants.json").read_text()) if r["module"] not in ran]
         order = list(modules)
         results = sorted(kept + results, key=lambda r: order.index(r["module"]) if r["module"] in order else len(order))
     text = report(results, conf["exclude-operators"])
