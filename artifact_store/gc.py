@@ -85,7 +85,8 @@ class GcResult:
 
     @property
     def removed_artifacts(self) -> list[str]:
-        return [d.artifact_id for d in self.decisions if not d.protected_by]
+        """Removed (a dry run: would be); an artifact whose manifest the store refused to remove is not."""
+        return [d.artifact_id for d in self.decisions if not d.protected_by and (self.dry_run or d.removed)]
 
     @property
     def kept(self) -> int:

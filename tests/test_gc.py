@@ -168,6 +168,7 @@ def test_object_lock_refusals_are_reported_not_fatal(store, tmp_path):
     res = gc(LockedStore(store, "manifests/"), keep=0, keep_history=0, now=LATER)
     assert [d.error for d in res.decisions if d.error] and all(d.error.startswith("manifest not removed")
                                                               for d in res.decisions if d.error)
+    assert res.removed_artifacts == []  # refused: still there, and not counted as removed
 
 
 def test_touch_markers_are_written_and_swept(store, tmp_path):

@@ -354,7 +354,7 @@ def gc_cmd(
         return
     verb = "would remove" if dry_run else "removed"
     gone = [d for d in res.decisions if not d.protected_by]
-    out().print(f"{verb} {len(gone)} artifacts and {res.removed_blobs} blobs ({res.freed_bytes} bytes); "
+    out().print(f"{verb} {len(res.removed_artifacts)} artifacts and {res.removed_blobs} blobs ({res.freed_bytes} bytes); "
                 f"kept {res.kept} artifacts", highlight=False)
     for d in gone:
         out().print(f"  {verb} {d.artifact_id} ({d.profile} [{short_id(d.compat_key)}], {d.created_at})"
