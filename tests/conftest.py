@@ -8,8 +8,15 @@ from pathlib import Path
 
 import pytest
 
-# Prefect writes to ~/.prefect unless PREFECT_HOME is set: keep the suite's state in a temp dir.
-os.environ.setdefault("PREFECT_HOME", tempfile.mkdtemp(prefix="buildctl-prefect-"))
+# Prefect writes to ~/.prefect unless PREFECT_HOME is set: keep the suite's state in a temp dir,
+# removed when the session ends (a mutation run starts pytest once per mutant).
+if "PREFECT_HOME" not in os.environ:
+    import atexit
+    import shutil
+
+    _prefect_home = tempfile.mkdtemp(prefix="buildctl-prefect-")
+    os.environ["PREFECT_HOME"] = _prefect_home
+    atexit.register(shutil.rmtree, _prefect_home, True)
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
 REPO = Path(__file__).resolve().parent.parent
