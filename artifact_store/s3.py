@@ -156,12 +156,15 @@ class S3Store:
         except BotoCoreError as err:
             raise self._fail(err, f"head {key}") from None
 
-    def _get(self, key: str, **extra: str) -> dict[str, Any]:
+    def _get(self, key: str, **extra: str) -> dict[str, Any] | None:
+        """The GET response; ``None`` only for a ``Range`` at or past the object's end (416)."""
         try:
             return self.client.get_object(Bucket=self.bucket, Key=self._k(key), **extra)
         except ClientError as err:
             if _status(err) == 404 or _code(err) in ("NoSuchKey", "404"):
                 raise KeyNotFoundError(key) from None
+            if "Range" in extra and (_status(err) == 416 or _code(err) == "InvalidRange"):
+                return None
             raise self._fail(err, f"get {key}") from None
         except BotoCoreError as err:
             raise self._fail(err, f"get {key}") from None
@@ -186,16 +189,9 @@ class S3Store:
     def read_range(self, key: str, offset: int, length: int) -> bytes:
         if length <= 0:
             return b""
-        try:
-            resp = self.client.get_object(Bucket=self.bucket, Key=self._k(key), Range=f"bytes={offset}-{offset + length - 1}")
-        except ClientError as err:
-            if _status(err) == 404 or _code(err) in ("NoSuchKey", "404"):
-                raise KeyNotFoundError(key) from None
-            if _status(err) == 416 or _code(err) == "InvalidRange":
-                return b""  # at or past the end: no bytes, as the protocol (and a local file) says
-            raise self._fail(err, f"get {key}") from None
-        except BotoCoreError as err:
-            raise self._fail(err, f"get {key}") from None
+        resp = self._get(key, Range=f"bytes={offset}-{offset + length - 1}")
+        if resp is None:
+            return b""  # at or past the end: no bytes, as the protocol (and a local file) says
         try:
             return resp["Body"].read()
         except BotoCoreError as err:
