@@ -176,13 +176,13 @@ def promote_cmd(
     elif max_failures is not None or bake is not None:
         raise StoreArgumentError("--bake and --max-failures need --rollout")
     from buildctl.pipeline import trusted_of
-    from buildctl.store.channels import read_channel
+    from buildctl.store.channels import pending_promotion
 
     st, store = settings(ctx), open_store_for(ctx)
     rec = promote_artifact(st, store, artifact, channel, force=force, reason=reason, rollout=plan)
     trusted = trusted_of(st)
-    current = read_channel(store, rec.profile, rec.channel, rec.compat_key)
-    if current is None or current[0].seq < rec.seq:  # waiting for more promoter signatures
+    pend = pending_promotion(store, rec.profile, rec.channel, rec.compat_key)
+    if pend is not None and (pend.seq, pend.artifact_id) == (rec.seq, rec.artifact_id):  # waiting for more signatures
         have, need = len(rec.signers(trusted)) if trusted else 1, trusted.threshold(channel) if trusted else 1
         if _quiet(ctx, json_out):
             emit_json({**_record_json(rec), "pending": True, "signatures": have, "required": need})
