@@ -26,7 +26,15 @@ from typing import Iterable
 from buildctl.fleet import NodeRecord, read_inventory
 from buildctl.settings import Settings
 from buildctl.store.backend import Store
-from buildctl.store.channels import ChannelRecord, all_channel_records, parse_utc, read_channel, resign, rollout_step
+from buildctl.store.channels import (
+    ChannelRecord,
+    all_channel_records,
+    channel_compat_keys,
+    parse_utc,
+    read_channel,
+    resign,
+    rollout_step,
+)
 from buildctl.store.errors import CasConflictError, ChannelNotFoundError, StoreArgumentError
 from buildctl.store.rollout import in_wave
 from buildctl.store.signing import SigningKey
@@ -136,8 +144,12 @@ def decide(rec: ChannelRecord, nodes: list[NodeRecord], now: datetime) -> Rollou
 
 
 def _records(store: Store, profile: str | None, channel: str, compat_key: str | None) -> list[ChannelRecord]:
-    recs = [r for r in all_channel_records(store) if r.channel == channel and (profile is None or r.profile == profile)
-            and (compat_key is None or r.compat_key == compat_key)]
+    if profile is None:  # every profile's refs of the channel
+        recs = [r for r in all_channel_records(store) if r.channel == channel
+                and (compat_key is None or r.compat_key == compat_key)]
+    else:  # only this profile's refs: no need to read the whole store's channels
+        keys = [compat_key] if compat_key else channel_compat_keys(store, profile, channel)
+        recs = [got[0] for got in (read_channel(store, profile, channel, k) for k in keys) if got is not None]
     if not recs and profile is not None:
         raise ChannelNotFoundError(profile, channel, [compat_key or "<any>"])
     return sorted(recs, key=lambda r: (r.profile, r.compat_key))
