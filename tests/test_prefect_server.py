@@ -101,14 +101,15 @@ def test_driver_upgrade_to_completed_rebuild(tmp_path):
             states = {f"{r['name']}:{r.get('deployment_id')}": r["state_type"] for r in runs}
             bvp = [r for r in runs if r["parameters"].get("target_compat_key") == upgraded.compat_key("aoti")]
             final = ("COMPLETED", "FAILED", "CRASHED", "CANCELLED")
-            if bvp and bvp[0]["state_type"] in final:
+            trigger_runs = [r for r in runs if r["parameters"].get("node_id") == "gpu-node-1"]
+            # The parent waits for its child, so it finishes a moment after it: wait for both.
+            if bvp and bvp[0]["state_type"] in final and trigger_runs and trigger_runs[0]["state_type"] in final:
                 break
-            if any(r["parameters"].get("node_id") == "gpu-node-1" and r["state_type"] in final[1:] for r in runs):
+            if any(r["state_type"] in final[1:] for r in trigger_runs):
                 break  # the triggered run failed: no rebuild will come
             time.sleep(2)
         assert bvp, f"no rebuild run was started: {states}\n" + (tmp_path / "serve.log").read_text()[-3000:]
         assert bvp[0]["state_type"] == "COMPLETED", (tmp_path / "serve.log").read_text()[-4000:]
-        trigger_runs = [r for r in runs if r["parameters"].get("node_id") == "gpu-node-1"]
         assert trigger_runs and trigger_runs[0]["state_type"] == "COMPLETED"
         assert bvp[0]["name"] == f"tiny-llama-cpu@{upgraded.compat_key('aoti')[:13]}…"
         assert trigger_runs[0]["name"] == "driver-upgrade gpu-node-1"
