@@ -85,3 +85,78 @@ def test_hash_file_matches_bytes(tmp_path):
     data = bytes(range(256)) * 40000
     p.write_bytes(data)
     assert hash_file(p, buffer_size=4096) == (digest_bytes(data), len(data))
+
+
+def test_path_limits_are_inclusive():
+    from buildctl.store.manifest import MAX_COMPONENT_LEN, MAX_PATH_LEN
+
+    assert (MAX_PATH_LEN, MAX_COMPONENT_LEN) == (1024, 255)
+    longest = "/".join(["c" * 255] * 3 + ["d" * 254, "e"])  # 1024 bytes
+    assert len(longest) == 1024 and check_relpath(longest) == longest
+    with pytest.raises(ValueError, match="longer than 1024 bytes"):
+        check_relpath(longest + "e")
+    assert check_relpath("x" * 255) and check_relpath("é" * 127)  # 254 bytes
+    with pytest.raises(ValueError, match="component longer than 255 bytes"):
+        check_relpath("x" * 256)
+
+
+@pytest.mark.parametrize("ok", ["a b", "a~", "ab:c", ":x", "a", "a.b/c..d", "x/.hidden"])
+def test_ordinary_paths_are_accepted(ok):
+    assert check_relpath(ok) == ok
+
+
+@pytest.mark.parametrize("bad,why", [("", "empty path"), ("a\x1fb", "control"), ("\x01", "control"),
+                                     ("a\x00", "control"), ("c:", "absolute"), ("c:x", "absolute"),
+                                     (".", "'.'")])
+def test_unsafe_paths_are_refused_with_the_reason(bad, why):
+    with pytest.raises(ValueError, match=why):
+        check_relpath(bad)
+
+
+def test_entries_and_manifests_defaults_and_digests():
+    from buildctl.store.manifest import FileEntry
+
+    e = FileEntry(path="empty", size=0, digest=D)
+    assert e.executable is False and e.size == 0
+    body = json.loads(manifest([f("x")]))
+    body["schema_version"] = 1  # what every published manifest says
+    assert parse_manifest(json.dumps(body)).schema_version == 1
+    log = "xxh3-128:" + "b" * 32
+    m = parse_manifest(manifest([f("x")], build_log=log, model_digest="xxh3-128:" + "c" * 32))
+    assert m.blob_digests() == {D, log}
+    assert parse_manifest(manifest([f("x")])).blob_digests() == {D}
+    for field in ("build_log", "model_digest"):
+        with pytest.raises(ManifestError, match="bad digest"):
+            parse_manifest(manifest([f("x")], **{field: "md5:00"}))
+
+
+def test_scan_tree_walks_on_after_a_directory_and_refuses_what_it_cannot_hold(tmp_path):
+    import dataclasses
+    import os
+
+    from buildctl.store.errors import UnsafeTreeError
+    from buildctl.store.manifest import hash_tree, scan_tree
+
+    root = tmp_path / "t"
+    (root / "a").mkdir(parents=True)
+    (root / "a" / "x").write_bytes(b"1")
+    (root / "b").write_bytes(b"22")
+    (root / "c").write_bytes(b"333")
+    files = scan_tree(root)
+    assert [(s.path, s.size) for s in files] == [("a/x", 1), ("b", 2), ("c", 3)]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        files[0].size = 5  # type: ignore[misc]
+    assert hash_tree([]) == [] and hash_tree([], workers=4) == []
+    assert [e.path for e in hash_tree(files)] == ["a/x", "b", "c"]  # the default worker count
+    assert hash_tree(files, workers=1) == hash_tree(files, workers=3)
+    os.symlink(root / "b", root / "link")
+    with pytest.raises(UnsafeTreeError, match="symlink"):
+        scan_tree(root)
+    (root / "link").unlink()
+    (root / "bad\x01name").write_bytes(b"")
+    with pytest.raises(UnsafeTreeError, match="control character"):
+        scan_tree(root)
+    (root / "bad\x01name").unlink()
+    (root / "B").write_bytes(b"")
+    with pytest.raises(UnsafeTreeError, match="case-only"):
+        scan_tree(root)

@@ -1,0 +1,144 @@
+"""The local-directory store's own rules (buildctl.store.local): key checks, read-only objects,
+short reads, listing around its reserved directories, clean-up after failed writes, and a full
+disk. The behaviour both stores share is in test_store_contract.py."""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+
+import pytest
+
+import buildctl.store.local as local_mod
+from buildctl.store.errors import KeyNotFoundError, StoreArgumentError, StoreUnavailableError
+from buildctl.store.local import LocalStore
+
+KEY = "blobs/aa/" + "a" * 32
+
+
+@pytest.fixture
+def store(tmp_path):
+    return LocalStore(tmp_path / "store")
+
+
+def leftovers(store) -> list[str]:
+    return sorted(p.name for p in (store.root / ".tmp").iterdir())
+
+
+def mode(path) -> int:
+    return stat.S_IMODE(os.stat(path).st_mode)
+
+
+@pytest.mark.parametrize("bad", ["", "/etc/passwd", "a/../b", "..", ".tmp/x", ".locks/y", ".tmp"])
+def test_bad_keys_are_refused(store, bad):
+    with pytest.raises(StoreArgumentError, match="bad store key"):
+        store.put_bytes(bad, b"x")
+
+
+def test_reserved_names_only_count_at_the_top(store):
+    for key in ("x/.tmp", "x/.locks/y", "a..b/c"):
+        assert store.put_bytes(key, b"x") and store.get_bytes(key) == b"x"
+
+
+def test_an_unusable_root_is_a_clear_error(tmp_path):
+    (tmp_path / "file").write_text("")
+    with pytest.raises(StoreUnavailableError) as exc:
+        LocalStore(tmp_path / "file" / "store")
+    assert str(exc.value).endswith("cannot create store directory: Not a directory")
+
+
+def test_objects_are_read_only_whichever_way_they_were_written(store, tmp_path):
+    src = tmp_path / "src"
+    src.write_bytes(b"y" * 100)
+    store.put_bytes("a/one", b"x")
+    store.put_file("a/two", src, size=100)
+    store.replace_object("b/c/three", src, size=100)  # a new key, parents created
+    store.replace_object("a/two", src, size=100)  # over an existing object
+    for key in ("a/one", "a/two", "b/c/three"):
+        assert mode(store.root / key) == 0o444, key
+    assert store.get_bytes("b/c/three") == b"y" * 100 and leftovers(store) == []
+
+
+def test_missing_keys(store):
+    with pytest.raises(KeyNotFoundError):
+        store.get_bytes("no/such")
+    with pytest.raises(KeyNotFoundError):
+        with store.open_read("no/such"):
+            pass
+    with pytest.raises(KeyNotFoundError):
+        store.read_range("no/such", 0, 1)
+    with pytest.raises(KeyNotFoundError):
+        store.stored_checksum("no/such")
+    store.put_bytes("a/file", b"x")
+    with pytest.raises(KeyNotFoundError):  # a path through a file
+        with store.open_read("a/file/below"):
+            pass
+    with pytest.raises(KeyNotFoundError):
+        store.read_range("a/file/below", 0, 1)
+    assert store.stat("no/such") is None and store.get_ref("no/such") is None
+    store.delete("no/such")  # deleting what is not there is not an error
+
+
+def test_read_range_assembles_short_reads(store, monkeypatch):
+    """pread may return fewer bytes than asked: the store keeps reading, and never past the range."""
+    data = bytes(range(256)) * 40
+    store.put_bytes(KEY, data)
+    real = os.pread
+    calls = []
+
+    def short(fd, n, offset):
+        calls.append(n)
+        return real(fd, min(n, 1000), offset)
+
+    monkeypatch.setattr(local_mod.os, "pread", short)
+    for offset, length in ((0, 1000), (0, 2000), (10, 2500), (5, 2990), (9000, 5000), (10240, 5), (3, 0)):
+        assert store.read_range(KEY, offset, length) == data[offset:offset + length], (offset, length)
+    assert max(calls) == 5000
+
+
+def test_list_leaves_out_the_reserved_directories_and_temp_files(store):
+    store.cas("channels/p/prod/k.json", b"{}", None)  # leaves a lock file in .locks/
+    store.put_bytes("manifests/ab.json", b"{}")
+    (store.root / ".tmp" / "stray.part").write_bytes(b"")
+    (store.root / "manifests" / "half.json.part").write_bytes(b"")
+    assert list(store.list("")) == ["channels/p/prod/k.json", "manifests/ab.json"]
+    assert list(store.list("man")) == ["manifests/ab.json"]
+    assert list(store.list("manifests/a")) == ["manifests/ab.json"]
+    assert list(store.list("channels/p/prod/k")) == ["channels/p/prod/k.json"]
+
+
+def test_a_failed_copy_leaves_no_temp_file(store, tmp_path):
+    src = tmp_path / "src"
+    src.write_bytes(b"x" * 10)
+    with pytest.raises(StoreUnavailableError, match=r"changed during upload \(11 -> 10 bytes\)"):
+        store.put_file(KEY, src, size=11)
+    with pytest.raises(IsADirectoryError):  # the source's own error, not one from the clean-up
+        store.put_file(KEY, tmp_path, size=1)
+    assert leftovers(store) == [] and store.stat(KEY) is None
+
+
+@pytest.mark.parametrize("code,raised", [(errno.ENOSPC, StoreUnavailableError), (errno.EIO, OSError)])
+def test_a_failed_ref_write_leaves_the_ref_and_no_temp_file(store, monkeypatch, code, raised):
+    assert store.cas("channels/p/prod/k.json", b"old", None)
+    token = store.get_ref("channels/p/prod/k.json")[1]
+
+    def fail(*a, **k):
+        raise OSError(code, os.strerror(code))
+
+    monkeypatch.setattr(local_mod.os, "replace", fail)
+    with pytest.raises(raised) as exc:
+        store.cas("channels/p/prod/k.json", b"new", token)
+    if raised is StoreUnavailableError:
+        assert "no space left on device" in str(exc.value)
+    monkeypatch.undo()
+    assert store.get_bytes("channels/p/prod/k.json") == b"old" and leftovers(store) == []
+
+
+def test_a_ref_write_that_cannot_even_open_its_temp_file(store, monkeypatch):
+    def fail(*a, **k):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(local_mod, "open", fail, raising=False)
+    with pytest.raises(StoreUnavailableError, match="no space left"):
+        store.cas("channels/p/prod/k.json", b"new", None)
