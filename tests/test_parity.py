@@ -118,14 +118,16 @@ def test_max_abs_logprob_diff_is_over_shared_top_k_tokens_of_the_common_prefix()
 def test_report_counts_and_defaults():
     """The report's counts per status, its fraction over one prompt, and the gate's default minimum
     (0: a 'close' prompt alone passes)."""
-    ref = [G([1, 2]), G([1, 2]), G([1, 2], [{1: -0.1}, {2: -0.1, 9: -0.2}]), G([1, 2])]
-    cand = [G([1, 2]), G([1, 2]), G([1, 9], [{1: -0.1}, {9: -0.1, 2: -0.2}]), G([5, 5])]
+    ref = [G([1, 2]), G([1, 2]), G([3]), G([1, 2], [{1: -0.1}, {2: -0.1, 9: -0.2}]), G([1, 2])]
+    cand = [G([1, 2]), G([1, 2]), G([3]), G([1, 9], [{1: -0.1}, {9: -0.1, 2: -0.2}]), G([5, 5])]
     d = check_parity(ref, cand).to_dict()
-    assert (d["prompts"], d["identical"], d["close"], d["failed"]) == (4, 2, 1, 1)
-    assert d["identical_fraction"] == 0.5 and d["max_abs_logprob_diff"] == 0.0
+    assert (d["prompts"], d["identical"], d["close"], d["failed"]) == (5, 3, 1, 1)
+    assert d["identical_fraction"] == 0.6 and d["max_abs_logprob_diff"] == 0.0
+    no_shared_top_k = compare(0, G([1, 2], [{}, {}]), G([1, 2], [{}, {}]))
+    assert no_shared_top_k.max_abs_logprob_diff == 0.0
     one = check_parity([G([1, 2])], [G([1, 2])])
     assert one.identical_fraction == 1.0 and one.max_abs_logprob_diff == 0.0
-    close_only = check_parity([ref[2]], [cand[2]])
+    close_only = check_parity([ref[3]], [cand[3]])
     assert close_only.passed and close_only.identical_fraction == 0.0 and close_only.min_identical_fraction == 0.0
 
 
