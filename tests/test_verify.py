@@ -30,7 +30,7 @@ def publish(store, tmp_path, draft, name: str, files=None, **kw) -> str:
 
 class Ranged:
     """The local store with ranged reads on (the S3 path); ``short_from``: ranges from that offset
-    on come back empty, as from an object truncated after its size was read."""
+    on come back short, as from an object truncated after its size was read."""
 
     ranged_reads = True
 
@@ -41,9 +41,10 @@ class Ranged:
         return getattr(self._store, name)
 
     def read_range(self, key: str, offset: int, length: int) -> bytes:
+        data = self._store.read_range(key, offset, length)
         if self.short_from is not None and offset >= self.short_from:
-            return b""
-        return self._store.read_range(key, offset, length)
+            return data[: length // 4]  # a short read: a quarter of the range, then the caller stops
+        return data
 
 
 def test_resolve_full_ids_hex_and_unique_prefixes(local, tmp_path, draft):
@@ -115,6 +116,20 @@ def test_shallow_verify_checks_sizes_deep_checks_bytes(local, tmp_path, draft):
     assert [(p.path, p.kind) for p in exc.value.problems] == [("rank0.engine", "digest")]
 
 
+def test_shallow_verify_catches_a_truncated_or_missing_blob(local, tmp_path, draft):
+    aid = publish(local, tmp_path, draft, "a")
+    entry = next(f for f in get_manifest(local, aid).files if f.path == "rank0.engine")
+    rot(local, entry.digest, "truncate")
+    with pytest.raises(VerificationError) as exc:
+        verify(local, aid)
+    (p,) = exc.value.problems
+    assert (p.path, p.kind, p.expected, p.actual) == ("rank0.engine", "size", entry.size, entry.size // 2)
+    local.delete(blob_key(entry.digest))
+    with pytest.raises(VerificationError) as exc:
+        verify(local, aid)
+    assert [(p.path, p.kind) for p in exc.value.problems] == [("rank0.engine", "missing")]
+
+
 def test_deep_verify_reports_progress(local, tmp_path, draft):
     aid = publish(local, tmp_path, draft, "a")
     seen: list[int] = []
@@ -129,7 +144,7 @@ def test_ranged_deep_verify_catches_a_flipped_range_and_a_short_object(local, tm
     with pytest.raises(VerificationError) as exc:
         verify(Ranged(local, short_from=2 * MiB), aid, deep=True)
     (p,) = exc.value.problems
-    assert (p.path, p.kind, p.expected, p.actual) == ("rank0.engine", "size", entry.size, 2 * MiB)
+    assert (p.path, p.kind, p.expected, p.actual) == ("rank0.engine", "size", entry.size, 2 * MiB + MiB // 4)
     rot(local, entry.digest, "flip")
     with pytest.raises(VerificationError) as exc:
         verify(Ranged(local), aid, deep=True)
