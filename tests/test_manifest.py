@@ -160,3 +160,15 @@ def test_scan_tree_walks_on_after_a_directory_and_refuses_what_it_cannot_hold(tm
     (root / "B").write_bytes(b"")
     with pytest.raises(UnsafeTreeError, match="case-only"):
         scan_tree(root)
+
+
+def test_entries_are_frozen_and_root_level_errors_are_named():
+    from pydantic import ValidationError
+
+    from buildctl.store.manifest import FileEntry
+
+    e = FileEntry(path="x", size=1, digest=D)
+    with pytest.raises(ValidationError):
+        e.size = 2  # type: ignore[misc]
+    with pytest.raises(ManifestError, match=r"<root>: Value error, files must be sorted by path"):
+        parse_manifest(manifest([f("b"), f("a")]))
