@@ -116,3 +116,36 @@ def test_generated_key_loads_and_matches_its_id(tmp_path):
     loaded = load_signing_key(key_path)
     assert loaded is not None and loaded.key_id == kid and len(kid) == 16
     assert load_signing_key(None) is None
+
+
+def test_a_revoked_key_counts_only_on_records_made_before_its_revocation():
+    from datetime import datetime, timedelta, timezone
+
+    k = signer()
+    at = datetime(2026, 6, 1, 12, 0, tzinfo=timezone.utc)
+    trusted = TrustedKeys({"promoter": {k.key_id: k.private.public_key()}}, revoked={k.key_id: (at, "laptop lost")})
+    sig = k.sign(b"record")
+    from buildctl.store.signing import verify_signature
+
+    before = (at - timedelta(microseconds=1)).isoformat().replace("+00:00", "Z")
+    assert verify_signature("r", b"record", sig, trusted, "promoter", signed_at=before) == k.key_id
+    for when in (at.isoformat(), (at + timedelta(seconds=1)).isoformat(), None):
+        with pytest.raises(SignatureError, match="revoked from 2026-06-01T12:00:00\\+00:00 \\(laptop lost\\)"):
+            verify_signature("r", b"record", sig, trusted, "promoter", signed_at=when)
+
+
+def test_generate_refuses_when_either_file_exists(tmp_path):
+    (tmp_path / "k.pub").write_text("")
+    with pytest.raises(StoreArgumentError, match="refusing to overwrite"):
+        generate(tmp_path, "k")
+    (tmp_path / "j.key").write_text("")
+    with pytest.raises(StoreArgumentError, match="refusing to overwrite"):
+        generate(tmp_path, "j")
+
+
+def test_a_trusted_key_that_is_not_a_key(tmp_path):
+    d = trust_dir(tmp_path, promoters=1)
+    (d / "builder").mkdir()
+    (d / "builder" / "bad.pub").write_text("-----BEGIN PUBLIC KEY-----\nnot base64\n-----END PUBLIC KEY-----\n")
+    with pytest.raises(StoreArgumentError, match="cannot load trusted key .*bad.pub"):
+        load_trusted_keys(d)
