@@ -92,6 +92,13 @@ def test_no_current_or_previous_on_a_fresh_or_broken_node(env, tmp_path):
     assert previous_artifact(dest) is None
 
 
+def test_by_default_two_versions_stay_and_files_download_even_with_zero_workers(env):
+    store, ids, dest, _ = env
+    for aid in ids:
+        install_artifact(store, aid, dest, workers=0)
+    assert len(list((dest / "versions").iterdir())) == 2 and current_artifact(dest) == ids[-1]
+
+
 @pytest.mark.parametrize("keep,left", [(2, 2), (3, 3), (4, 4)])
 def test_prune_keeps_current_previous_and_the_newest_others(env, keep, left):
     store, ids, dest, _ = env
@@ -185,8 +192,10 @@ def test_write_errors_while_installing(env, monkeypatch, code, raised):
         return real(path, mode, *args, **kw)
 
     monkeypatch.setattr(pull_mod, "open", failing, raising=False)
-    with pytest.raises(raised):
+    with pytest.raises(raised) as exc:
         install_artifact(store, b, dest)
+    if raised is InstallError:
+        assert f"{os.strerror(code)} while writing {dest}/.staging-" in str(exc.value)
     assert current_artifact(dest) == a and not list(dest.glob(".staging-*"))
 
 
@@ -270,6 +279,8 @@ def test_a_fresh_node_refuses_a_ref_behind_the_signed_history(signed, tmp_path):
     store.put_bytes(history_key(P, "prod", m.compat_key, 9), forged.to_bytes())
     rec2 = ops.history(store, P, "prod", m.compat_key)[1]
     check_trust(store, rec2, tmp_path / "fresh2", trusted)
+    with pytest.raises(StaleRecordError):  # the forged #9 does not hide the signed #2 either
+        check_trust(store, r1, tmp_path / "fresh3", trusted)
 
 
 def test_k_of_n_records_and_what_one_signature_may_still_do(signed, tmp_path):
@@ -291,3 +302,23 @@ def test_k_of_n_records_and_what_one_signature_may_still_do(signed, tmp_path):
     with pytest.raises(SignatureError, match="1 of the 2"):
         check_trust(store, to_c, tmp_path / "n3", trusted2)
     assert json.loads(to_c.to_bytes())["action"] == "rollback"
+
+
+def test_a_quorum_approved_rollout_does_not_approve_a_rollback_elsewhere(signed, tmp_path):
+    """k-of-n: a single-signature record may point only at an artifact a quorum record moved the
+    channel to (or rolled out); a quorum-approved rollout of b approves b, not c."""
+    from buildctl.store.rollout import RolloutPlan, parse_waves
+
+    store, (a, b, c, _), dest, trusted, p1, p2 = signed
+    trusted2 = TrustedKeys(trusted.by_role, thresholds={"prod": 2})
+    m = ops.get_manifest(store, a)
+    set_channel(store, a, m, "prod", signer=p1, trusted=trusted2, action="rollback")
+    plan = RolloutPlan(waves=parse_waves("10,100", None), bake_s=0)
+    set_channel(store, b, m, "prod", signer=p1, trusted=trusted2, rollout=plan)
+    started = set_channel(store, b, m, "prod", signer=p2, trusted=trusted2, rollout=plan)
+    assert started.rollout is not None and len(started.signers(trusted2)) == 2
+    to_c = set_channel(store, c, m, "prod", signer=p1, trusted=trusted2, action="rollback")
+    with pytest.raises(SignatureError, match="1 of the 2"):
+        check_trust(store, to_c, tmp_path / "n", trusted2)
+    to_b = set_channel(store, b, m, "prod", signer=p1, trusted=trusted2, action="rollback")
+    check_trust(store, to_b, tmp_path / "n2", trusted2)
