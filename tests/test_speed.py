@@ -302,3 +302,80 @@ def test_safe_ratios_of_zero_and_nan():
     assert _safe_ratio(2.0, 4.0) == 0.5
     assert math.isinf(_safe_ratio(1.0, 0.0)) and math.isnan(_safe_ratio(0.0, 0.0))
     assert math.isnan(_safe_ratio(math.nan, 1.0)) and math.isnan(_safe_ratio(1.0, math.nan))
+
+
+class Curve:
+    """Request i: first token (i+1) ms after submission, token t at t² x (i+1)/10 ms after the first:
+    every ITL distinct enough that p98, p99 and p100 differ."""
+
+    name = "curve"
+
+    def __init__(self) -> None:
+        self.prompt_counts: list[int] = []
+
+    def stream(self, prompts, max_tokens, concurrency):
+        self.prompt_counts.append(len(prompts))
+        for i in range(len(prompts)):
+            yield TokenEvent(i, None, 50.0)
+            for t in range(max_tokens):
+                yield TokenEvent(i, 1, 50.0 + (i + 1) * 1e-3 + t * t * (i + 1) * 1e-4)
+
+
+def curve_gate(**kw) -> SpeedGate:
+    return SpeedGate(**{"min_throughput_ratio": 1e-9, "max_p99_ttft_ratio": None, "concurrency": (1,), "input_len": 4,
+                        "output_len": 3, "num_prompts": 5, "repetitions": 6, "max_repetitions": 6,
+                        "max_seconds": 1e6, "warmup": 0, **kw})
+
+
+def test_tail_figures_and_defaults_by_hand():
+    """ITLs 0.1, 0.3 | 0.2, 0.6 | ... | 0.5, 1.5 ms; TPOT 0.2 (i+1) ms. One GPU a side by default,
+    at evaluate_level as at measure."""
+    from buildctl.validators.speed import evaluate_level, run_once
+
+    rep = measure(Curve(), Curve(), curve_gate(), [[1]] * 5)
+    side = rep.levels[0].to_dict()["candidate"]
+    assert side["itl_p99_ms"] == pytest.approx(1.473) and side["itl_p50_ms"] == pytest.approx(0.45)
+    assert side["tpot_p99_ms"] == pytest.approx(0.992) and side["tpot_p50_ms"] == pytest.approx(0.6)
+    assert side["output_tok_s_per_gpu"] == pytest.approx(side["output_tok_s"])
+    runs = [run_once(Curve(), [[1]] * 5, 3, 1) for _ in range(6)]
+    level = evaluate_level(1, runs, runs, curve_gate())
+    assert level.to_dict()["candidate"]["output_tok_s_per_gpu"] == pytest.approx(level.to_dict()["candidate"]["output_tok_s"])
+    assert runs[0].value("tpot_p50") == pytest.approx(0.6e-3) and runs[0].value("ttft_p50") == pytest.approx(3e-3)
+
+
+def test_the_spread_of_throughput_is_its_coefficient_of_variation():
+    from buildctl.validators.speed import RunMetrics, _side
+
+    runs = [RunMetrics([0.1], [0.1], [0.1], output_tokens=n, wall_s=1.0, requests=1) for n in (10, 20, 30)]
+    side = _side(runs, 1)
+    assert side["output_tok_s_cv"] == pytest.approx(math.sqrt(200 / 3) / 20)
+    assert (side["output_tok_s_min"], side["output_tok_s"], side["output_tok_s_max"]) == (10, 20, 30)
+    assert _side(runs[:1], 1)["output_tok_s_cv"] == 0.0
+
+
+def test_metrics_skip_requests_without_tokens_and_single_tokens_have_no_tpot():
+    ev = [TokenEvent(0, None, 1.0), TokenEvent(1, None, 1.0), TokenEvent(2, None, 1.0),
+          TokenEvent(1, 7, 1.5),  # request 0 produced nothing; request 1 one token
+          TokenEvent(2, 7, 1.2), TokenEvent(2, 7, 1.4)]
+    m = metrics_from_events(ev, 3, wall_s=2.0)
+    assert m.ttft_s == pytest.approx([0.5, 0.2]) and m.tpot_s == pytest.approx([0.2]) and m.itl_s == pytest.approx([0.2])
+    assert m.output_tokens == 3 and m.request_s == pytest.approx(1.5)
+    zero = metrics_from_events([], 1, wall_s=0.0)
+    assert math.isinf(zero.output_tok_s) and math.isinf(zero.request_s)
+
+
+def test_warmup_progress_and_budget_are_reported():
+    c, r = Curve(), Curve()
+    ticks = itertools.count(0.0, 0.123456)
+    progress: list[str] = []
+    rep = measure(c, r, curve_gate(warmup=3), [[1]] * 5, budget_scale=2.0, on_progress=progress.append,
+                  clock=lambda: next(ticks))
+    assert c.prompt_counts[0] == 3 and r.prompt_counts[0] == 3 and c.prompt_counts[1:] == [5] * 6
+    one = Curve()
+    measure(one, Curve(), curve_gate(warmup=1), [[1]] * 5)
+    assert one.prompt_counts[0] == 1
+    assert progress[0].startswith("concurrency 1, repetition 1 (C/R): ") and progress[1].startswith(
+        "concurrency 1, repetition 2 (R/C): ")
+    assert rep.budget == {"scale": 2.0, "max_repetitions": 12, "max_seconds": 2e6, "seconds": 0.123,
+                          "exhausted": False}
+    assert rep.to_dict()["budget"] == rep.budget and rep.to_dict()["noise"] == rep.noise
