@@ -101,16 +101,28 @@ class Contended:
         return self._store.cas(key, data, expected)
 
 
-def test_lost_swaps_are_retried_with_growing_jittered_waits(env):
-    store, (a, *_), _, compat = env
+def test_lost_swaps_are_retried_with_growing_jittered_waits(env, monkeypatch):
+    import buildctl.store.channels as channels_mod
+
+    store, (a, *_), m, compat = env
+    ranges: list[tuple[float, float]] = []
+
+    def uniform(lo, hi):
+        ranges.append((lo, hi))
+        return hi
+
+    monkeypatch.setattr(channels_mod.random, "uniform", uniform)
     waits: list[float] = []
     rec = move_channel(Contended(store, 8), P, "prod", compat, lambda cur: fields(a), sleep=waits.append)
     assert rec.seq == 1 and len(waits) == 8
-    for attempt, w in enumerate(waits):
-        assert 0 <= w <= min(1.0, 0.01 * 2 ** attempt)
+    expected = [0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.0]  # full jitter up to 10 ms x 2^attempt, capped at 1 s
+    assert ranges == [(0, w) for w in expected] and waits == expected
     with pytest.raises(CasConflictError) as exc:
         move_channel(Contended(store, 100), P, "prod", compat, lambda cur: fields(a), sleep=waits.append)
     assert exc.value.attempts == 30  # the default
+    with pytest.raises(CasConflictError) as exc:
+        set_channel(Contended(store, 100), a, m, "staging", sleep=waits.append)
+    assert exc.value.attempts == 30
 
 
 def test_a_move_that_makes_nothing(env):
@@ -220,8 +232,9 @@ def test_pause_resume_and_halt_back_to_the_base(env):
         rollout_step(store, P, "prod", compat, "advance")
     resumed = rollout_step(store, P, "prod", compat, "resume")
     assert resumed.rollout.state == "active" and rollout_step(store, P, "prod", compat, "resume") == resumed
-    with pytest.raises(CasConflictError):
+    with pytest.raises(CasConflictError) as exc:
         rollout_step(store, P, "prod", compat, "halt", expect_seq=rec.seq)  # decided on an older record
+    assert exc.value.attempts == 1  # not retried: the decision must be made again
     halted = rollout_step(store, P, "prod", compat, "halt", expect_seq=resumed.seq, failed_nodes=("n1",))
     assert (halted.artifact_id, halted.previous, halted.action) == (a, b, "rollback")
     assert halted.rollout.state == "halted" and halted.rollout.failed_nodes == ("n1",)
