@@ -379,3 +379,35 @@ def test_warmup_progress_and_budget_are_reported():
     assert rep.budget == {"scale": 2.0, "max_repetitions": 12, "max_seconds": 2e6, "seconds": 0.123,
                           "exhausted": False}
     assert rep.to_dict()["budget"] == rep.budget and rep.to_dict()["noise"] == rep.noise
+
+
+def test_level_and_ratio_records():
+    rep = measure(Curve(), Curve(), curve_gate(), [[1]] * 5)
+    lv = rep.levels[0]
+    assert lv.passed and lv.to_dict()["passed"] and lv.verdict == "pass"
+    d = lv.ratio("throughput").to_dict()
+    assert d["low"] == lv.ratio("throughput").interval.low and d["high"] == lv.ratio("throughput").interval.high
+    assert d["low"] is not None and d["high"] is not None
+    from buildctl.validators.speed import RunMetrics, evaluate_level
+
+    few = [RunMetrics([0.1], [0.1], [0.1], 10, 1.0, 1)] * 3  # too few pairs for an interval
+    d = evaluate_level(1, few, few, curve_gate()).ratio("throughput").to_dict()
+    assert d["low"] is None and d["high"] is None
+    refs = rep.levels[0].to_dict()["reference"]
+    assert refs["output_tok_s_per_gpu"] == pytest.approx(refs["output_tok_s"])
+    run = RunMetrics([0.001, 0.002, 0.003, 0.004, 0.005], [0.1], [0.1], 10, 1.0, 5)
+    assert run.value("ttft_p99") == pytest.approx(4.96e-3) and run.value("ttft_p50") == pytest.approx(3e-3)
+
+
+def test_the_time_budget_is_measured_from_the_start_not_from_clock_zero():
+    """An inconclusive level on a clock that starts at 1000 s: the time budget (5 s) is not spent
+    while the clock stands still, and is spent once exactly 5 s have passed."""
+    c, r = cand_ref([1.0, 0.5, 1.5], ref_ttft=0.010)
+    still = itertools.repeat(1000.0)
+    rep = measure(c, r, ttft_gate(max_repetitions=10, max_seconds=5.0), [[1]] * 3, clock=lambda: next(still))
+    assert rep.levels[0].verdict == "inconclusive" and rep.levels[0].repetitions == 10
+    assert rep.budget["exhausted"] and rep.budget["seconds"] == 0.0
+    c, r = cand_ref([1.0, 0.5, 1.5], ref_ttft=0.010)
+    steps = itertools.chain([1000.0], itertools.repeat(1005.0))
+    rep = measure(c, r, ttft_gate(max_repetitions=10, max_seconds=5.0), [[1]] * 3, clock=lambda: next(steps))
+    assert rep.levels[0].repetitions == 6 and rep.budget["exhausted"]  # stopped by time at exactly 5 s
