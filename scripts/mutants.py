@@ -46,15 +46,22 @@ def run_module(module: str, spec: dict, exclude: list[str], cr_bin: Path, work: 
     clone = work / module.replace("/", "_")
     subprocess.run(["git", "clone", "-q", str(REPO), str(clone)], check=True)
     cfg, db = clone / "cr.toml", clone / "cr.sqlite"
-    cfg.write_text(config_text(module, spec["tests"], float(spec.get("timeout", 120)), exclude,
-                               str(REPO / ".venv" / "bin" / "python")))
+    python = str(REPO / ".venv" / "bin" / "python")
+    cfg.write_text(config_text(module, spec["tests"], 600.0, exclude, python))
     cr = str(cr_bin / "cosmic-ray")
     subprocess.run([cr, "init", str(cfg), str(db)], cwd=clone, check=True, capture_output=True)
     subprocess.run([str(cr_bin / "cr-filter-operators"), str(db), str(cfg)], cwd=clone, check=True, capture_output=True)
+    t_base = time.monotonic()
     base = subprocess.run([cr, "baseline", str(cfg)], cwd=clone, capture_output=True, text=True)
+    baseline_s = time.monotonic() - t_base
     if base.returncode != 0:
         return {"module": module, "error": "baseline failed: the tests fail without any mutation",
                 "output": (base.stdout + base.stderr)[-2000:]}
+    # A mutant that hangs (a loop that never ends) is killed by the timeout; waiting the default
+    # two minutes for each made hangs most of a module's run. Four times the unmutated selection's
+    # own time (at least 20 s) leaves room for a busy machine.
+    timeout = float(spec.get("timeout", max(20.0, 4 * baseline_s)))
+    cfg.write_text(config_text(module, spec["tests"], timeout, exclude, python))
     budget = float(spec.get("budget_min", budget_min)) * 60
     stopped = False
     try:  # a module's time budget: what is left is reported as not run
@@ -88,7 +95,8 @@ def run_module(module: str, spec: dict, exclude: list[str], cr_bin: Path, work: 
     counts["equivalent"] = sum(1 for x in survivors if x["equivalent"])
     tested = counts["killed"] + counts["survived"] - counts["equivalent"]
     return {"module": module, "tests": spec["tests"], **counts, "score": counts["killed"] / tested if tested else None,
-            "survivors": survivors, "seconds": round(time.monotonic() - t0, 1), "stopped_at_budget": stopped}
+            "survivors": survivors, "seconds": round(time.monotonic() - t0, 1), "stopped_at_budget": stopped,
+            "baseline_s": round(baseline_s, 1), "timeout_s": round(timeout, 1)}
 
 
 def _normalise(r: dict) -> dict:
