@@ -296,8 +296,12 @@ def test_history_includes_a_record_whose_history_write_was_lost(env):
 
 
 def test_records_leave_unset_optional_fields_out_of_their_bytes(env):
+    from pydantic import ValidationError
+
     store, (a, *_), m, compat = env
     rec = set_channel(store, a, m, "prod")
+    with pytest.raises(ValidationError):
+        rec.seq = 7  # records are frozen
     body = rec.body()
     assert not {"rollout", "expires", "cosignatures"} & set(body)
     assert ChannelRecord.model_validate_json(store.get_bytes(channel_key(P, "prod", compat))) == rec

@@ -110,8 +110,9 @@ def test_the_memory_limit_is_a_strict_bound_in_mib(tmp_path, monkeypatch):
 
 
 def test_group_rss_counts_the_group_and_skips_what_it_cannot_read(monkeypatch):
-    child = subprocess.Popen([sys.executable, "-c", "import time; b = bytearray(20_000_000); time.sleep(30)"],
-                             process_group=0)  # its own group, this session
+    # 20 MB resident, and 1 GiB of address space never touched: resident memory is what counts
+    child = subprocess.Popen([sys.executable, "-c", "import mmap, time; b = bytearray(20_000_000); "
+                              "m = mmap.mmap(-1, 1 << 30); time.sleep(30)"], process_group=0)  # own group, this session
     try:
         time.sleep(0.5)
         rss = group_rss_bytes(child.pid)
