@@ -215,6 +215,20 @@ def test_item_2_streaming_uses_sequence_lengths_and_deltas(hf_model, fake_tools,
     assert all(last[i] > first[i] for i in per)
 
 
+def test_requests_never_end_early_at_a_token_id(hf_model, fake_tools, fake_runtime, tmp_path):
+    """buildctl asks for exactly max_tokens (end_id -1, which no token equals): greedy outputs that
+    contain token 0 or 1 (prompts 92 and 140 of the toy model) are not cut there, in generate or
+    stream. Parity and speed compare equal-length outputs."""
+    runner = TrtllmRunner(small_engine(tmp_path, hf_model))
+    prompts = [[92], [140]]
+    assert 0 in toy_greedy([92], 12)[:-1] and 1 in toy_greedy([140], 12)[:-1]
+    assert [g.token_ids for g in runner.generate(prompts, max_tokens=12, top_logprobs=0)] == [
+        toy_greedy(p, 12) for p in prompts]
+    events = list(runner.stream(prompts, max_tokens=12, concurrency=2))
+    assert [[e.token_id for e in events if e.index == i and e.token_id is not None] for i in (0, 1)] == [
+        toy_greedy(p, 12) for p in prompts]
+
+
 def test_item_3_tp_engine_runs_in_orchestrator_mode_and_results_come_from_the_leader(
         hf_model, fake_tools, fake_runtime, tmp_path, monkeypatch):
     engine = small_engine(tmp_path, hf_model, tp=2)

@@ -37,6 +37,7 @@ class Request:
         _only("Request", REQUEST_KEYWORDS, kwargs)
         self.input_token_ids = list(kwargs["input_token_ids"])
         self.max_tokens = int(kwargs["max_tokens"])
+        self.end_id = kwargs.get("end_id")  # the request ends at the step that generates it
         self.streaming = bool(kwargs.get("streaming", False))
         self.output_config = kwargs.get("output_config") or OutputConfig()
 
@@ -101,7 +102,7 @@ class Executor:
         live = self.live[rid]
         tok, logits = self.model(live.request.input_token_ids + live.tokens)
         live.tokens.append(tok)
-        final = len(live.tokens) >= live.request.max_tokens
+        final = len(live.tokens) >= live.request.max_tokens or tok == live.request.end_id
         if final:
             del self.live[rid]
         new = [tok] if live.request.streaming else (live.request.input_token_ids + live.tokens)

@@ -9,7 +9,10 @@
 * ``generate`` returns ``[]`` on a non-leader rank;
 * a TP/PP engine loads only when the MPI world matches it, or in orchestrator mode;
 * keywords outside the fixture's lists are a TypeError (the real ``generate`` swallows unknown
-  ``**kwargs`` silently: stricter here, so a misspelt option fails a test instead of doing nothing).
+  ``**kwargs`` silently: stricter here, so a misspelt option fails a test instead of doing nothing);
+* a sequence ends at the step that generates ``end_id`` (the end token is kept here; whether the
+  real runtime counts it in ``sequence_lengths`` is not modelled: buildctl passes ``end_id=-1``,
+  which no token equals, so its requests never end early, and a test checks that they do not).
 
 ``ModelRunner`` is the Python runner: every rank must run under MPI for a TP/PP engine.
 """
@@ -98,17 +101,22 @@ class ModelRunnerCpp:
                 tok, row = self.model(seq)
                 seq.append(tok)
                 rows.append(row)
+                if tok == end_id:
+                    break
             seqs.append(seq)
-            logits.append(torch.stack(rows))
+            logits.append(torch.stack(rows + [rows[-1]] * (n - len(rows))))
         return self._output(seqs, end_id, kwargs, torch.stack(logits)[:, None] if want_logits else None)
 
     def _stream(self, prompts, n, end_id, want_logits, kwargs):
         seqs = [list(p) for p in prompts]
+        ended = [False] * len(seqs)
         for _ in range(n):
             rows = []
-            for seq in seqs:
+            for k, seq in enumerate(seqs):
                 tok, row = self.model(seq)
-                seq.append(tok)
+                if not ended[k]:
+                    seq.append(tok)
+                    ended[k] = tok == end_id
                 rows.append(row)
             yield self._output(seqs, end_id, kwargs, torch.stack(rows)[:, None, None] if want_logits else None)
 
