@@ -16,6 +16,7 @@ runbook for a GPU node.
 from __future__ import annotations
 
 import json
+import time
 import os
 import subprocess
 import sys
@@ -290,6 +291,28 @@ def test_item_5_fp8_kv_cache_on_the_converter_path(hf_model, fake_tools, calib, 
     plain = parse_profile({"name": "kv", "model": {"path": "/m"}, "engine": {"backend": "trtllm"}})
     assert check_quantization(out, plain.engine) == [
         "config.json records kv_cache_quant_algo FP8, the profile's kv_cache_dtype auto needs None"]
+
+
+def test_a_built_engine_whose_recorded_quantization_differs_is_refused(hf_model, fake_tools, tmp_path, monkeypatch):
+    """A complete engine directory is still refused when its config.json records another KV dtype
+    than the profile asks for (a converter flag dropped on the way); a good build reports its files,
+    wall time and tool versions."""
+    import buildctl.engines.trtllm as trtllm_mod
+    from buildctl.engines.errors import EngineBuildError
+
+    p = parse_profile({"name": "kv", "model": {"path": str(hf_model), "dtype": "bfloat16"},
+                       "engine": {"backend": "trtllm", "kv_cache_dtype": "fp8", "max_batch_size": 4}})
+    t0 = time.monotonic()
+    res = TrtllmBackend(settings()).build(p, hf_model, tmp_path / "ok", h100x8(), tmp_path / "log")
+    assert 0 < res.wall_s <= time.monotonic() - t0 and res.files == ["config.json", "rank0.engine"]
+    assert res.tool_versions == {"tensorrt_llm": "1.2.1", "tensorrt": h100x8().tensorrt_version}
+    real = trtllm_mod.convert_command
+    monkeypatch.setattr(trtllm_mod, "convert_command",
+                        lambda *a: [x for x in real(*a) if x != "--fp8_kv_cache"])
+    with pytest.raises(EngineBuildError) as exc:
+        TrtllmBackend(settings()).build(p, hf_model, tmp_path / "dropped", h100x8(), tmp_path / "log2")
+    assert exc.value.kind == "incomplete" and "kv_cache_quant_algo None" in str(exc.value)
+    assert not (tmp_path / "dropped").exists() and not list(tmp_path.glob(".build-*"))
 
 
 def test_item_6_calibration_is_local_and_never_downloads(hf_model, fake_tools, prod, calib, tmp_path):
