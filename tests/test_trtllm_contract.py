@@ -16,10 +16,10 @@ runbook for a GPU node.
 from __future__ import annotations
 
 import json
-import time
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -298,7 +298,6 @@ def test_a_built_engine_whose_recorded_quantization_differs_is_refused(hf_model,
     than the profile asks for (a converter flag dropped on the way); a good build reports its files,
     wall time and tool versions."""
     import buildctl.engines.trtllm as trtllm_mod
-    from buildctl.engines.errors import EngineBuildError
 
     p = parse_profile({"name": "kv", "model": {"path": str(hf_model), "dtype": "bfloat16"},
                        "engine": {"backend": "trtllm", "kv_cache_dtype": "fp8", "max_batch_size": 4}})
