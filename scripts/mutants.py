@@ -96,7 +96,8 @@ def run_module(module: str, spec: dict, exclude: list[str], cr_bin: Path, work: 
     tested = counts["killed"] + counts["survived"] - counts["equivalent"]
     return {"module": module, "tests": spec["tests"], **counts, "score": counts["killed"] / tested if tested else None,
             "survivors": survivors, "seconds": round(time.monotonic() - t0, 1), "stopped_at_budget": stopped,
-            "baseline_s": round(baseline_s, 1), "timeout_s": round(timeout, 1)}
+            "baseline_s": round(baseline_s, 1), "timeout_s": round(timeout, 1),
+            "finished_at": time.strftime("%Y-%m-%d %H:%M", time.gmtime())}
 
 
 def _normalise(r: dict) -> dict:
@@ -111,20 +112,30 @@ def _normalise(r: dict) -> dict:
 def report(results: list[dict], exclude: list[str]) -> str:
     results = [_normalise(r) for r in results]
     lines = ["### Mutation testing of the guard modules (cosmic-ray)", "",
+             "`make mutants` (scripts/mutants.py) runs cosmic-ray 8.7 over each guard module in its own clone of the "
+             "repository, with that module's test selection from `[tool.buildctl.mutants.modules]` in pyproject.toml "
+             "(its own fast tests first, then the slower ones), `pytest -x`, and a per-mutant timeout of four times "
+             "the unmutated selection's time (at least 20 s); two modules at a time. `make faults` runs it; CI does not.", "",
              f"Operators left out as no realistic bug: `{'`, `'.join(exclude)}`. Score = killed / (killed + survived, "
-             "less the survivors marked equivalent in pyproject.toml with a reason); "
-             "a mutant that made the tests time out counts as killed. *Not run*: left when the module's time budget ran out.", "",
-             "| module | mutants run | killed | survived | of them equivalent | score | filtered out | not run | minutes |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "less the survivors marked equivalent); a mutant that made the tests time out counts as killed. "
+             "*Not run*: left when the module's time budget ran out. Every survivor is listed below: *equivalent* "
+             "with the one-line reason from `[tool.buildctl.mutants.equivalent]` (no test can tell it from the "
+             "original: a speed or parallelism choice, a default no caller uses, a bare `*` cosmic-ray \"mutates\" "
+             "into the same code; where the reason is only that tests run as root or that a timing coincides, it "
+             "says so), or *open*.", "",
+             "| module | first tests of its selection | mutants run | killed | survived | of them equivalent | score "
+             "| filtered out | not run | timeout (s) | minutes | run (UTC) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         if "error" in r:
-            lines.append(f"| `{r['module']}` | - | - | - | - | {r['error']} | - | - | - |")
+            lines.append(f"| `{r['module']}` | - | - | - | - | - | {r['error']} | - | - | - | - | - |")
             continue
         tested = r["killed"] + r["survived"]
         score = f"{100 * r['score']:.1f}%" if r["score"] is not None else "-"
-        lines.append(f"| `{r['module']}` | {tested} | {r['killed']} | {r['survived']} | {r['equivalent']} | {score} | "
-                     f"{r['skipped']} | "
-                     f"{r['incompetent'] + r['pending']} | {r['seconds'] / 60:.1f} |")
+        first = next((t for t in r.get("tests", []) if t.startswith("tests/")), "-")
+        lines.append(f"| `{r['module']}` | `{first}` | {tested} | {r['killed']} | {r['survived']} | {r['equivalent']} | "
+                     f"{score} | {r['skipped']} | {r['incompetent'] + r['pending']} | {r.get('timeout_s', '-')} | "
+                     f"{r['seconds'] / 60:.1f} | {r.get('finished_at', '-')} |")
     for r in results:
         if r.get("survivors"):
             lines += ["", f"Survivors in `{r['module']}`:", ""]
