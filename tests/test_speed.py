@@ -351,6 +351,9 @@ def test_the_spread_of_throughput_is_its_coefficient_of_variation():
     assert side["output_tok_s_cv"] == pytest.approx(math.sqrt(200 / 3) / 20)
     assert (side["output_tok_s_min"], side["output_tok_s"], side["output_tok_s_max"]) == (10, 20, 30)
     assert _side(runs[:1], 1)["output_tok_s_cv"] == 0.0
+    assert _side(runs[:2], 1)["output_tok_s_cv"] == pytest.approx(5 / 15)
+    idle = [RunMetrics([], [], [], output_tokens=0, wall_s=1.0, requests=1)] * 2  # no tokens at all: no spread
+    assert _side(idle, 1)["output_tok_s_cv"] == 0.0
 
 
 def test_metrics_skip_requests_without_tokens_and_single_tokens_have_no_tpot():
