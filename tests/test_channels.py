@@ -4,6 +4,7 @@ re-signing. Fast; `make mutants` runs these first for the module."""
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -213,6 +214,7 @@ def test_rollout_steps_advance_then_complete(env):
     assert rollout_step(store, P, "prod", compat, "advance").rollout.wave == 1
     last = rollout_step(store, P, "prod", compat, "advance")
     assert last.rollout.wave == 2 and last.action == "advance" and last.artifact_id == b
+    assert last.forced is False  # a rollout step overrides no gate
     with pytest.raises(RolloutStateError, match="last wave"):
         rollout_step(store, P, "prod", compat, "advance")
     done = rollout_step(store, P, "prod", compat, "complete")
@@ -305,3 +307,80 @@ def test_records_leave_unset_optional_fields_out_of_their_bytes(env):
     body = rec.body()
     assert not {"rollout", "expires", "cosignatures"} & set(body)
     assert ChannelRecord.model_validate_json(store.get_bytes(channel_key(P, "prod", compat))) == rec
+
+
+# --- the promote gate and rollback, called directly ------------------------------------------------
+
+
+def test_promote_refuses_a_pass_whose_figures_fail_and_records_force_only_when_it_overrode(env):
+    from buildctl.store.errors import PromotionRefusedError
+
+    from .conftest import attestation
+
+    store, (a, b, _), m, compat = env
+    good = attestation(b, compat, "pass")
+    slow = good.model_copy(update={"created_at": "2099-01-01T00:00:00.000000Z", "speed": good.speed.model_copy(update={
+        "levels": (good.speed.levels[0].model_copy(update={"ratios": (
+            good.speed.levels[0].ratios[0].model_copy(update={"samples": (0.1,) * 6}),
+            good.speed.levels[0].ratios[1])}),)})})
+    ops.write_attestation(store, slow)
+    with pytest.raises(PromotionRefusedError) as exc:
+        ops.promote(store, b, "prod")
+    assert any("says pass but its recorded figures give fail: " in r for r in exc.value.reasons)
+    plain = ops.promote(store, a, "prod", force=True, reason="nothing to override")
+    assert plain.forced is False  # the gates passed: nothing was forced
+    forced = ops.promote(store, b, "prod", force=True, reason="known slow; hotfix")
+    assert forced.forced is True and forced.reason == "known slow; hotfix"
+
+
+def test_promote_with_trusted_keys_refuses_an_unsigned_attestation(env):
+    from buildctl.store.errors import PromotionRefusedError
+
+    store, (a, *_), _, _ = env
+    k = signer()
+    trusted = TrustedKeys({"promoter": {k.key_id: k.private.public_key()}})
+    with pytest.raises(PromotionRefusedError) as exc:
+        ops.promote(store, a, "prod", trusted=trusted, signer=k)
+    assert any(r.startswith("attestation signature: unsigned") for r in exc.value.reasons)
+
+
+def test_a_co_signature_that_races_another_is_merged_not_lost(env):
+    """Two promoters sign the same 2-of-n move at once: the second's swap of the pending proposal
+    loses to the first's, looks again, and adds its signature to the proposal that won."""
+    store, (a, b, _), m, compat = env
+    k1, k2 = signer(), signer()
+    trusted = promoters(k1, k2)
+    set_channel(store, a, m, "prod", signer=k1, trusted=trusted, action="rollback")
+
+    class Racing:
+        def __init__(self) -> None:
+            self.raced = False
+
+        def __getattr__(self, name):
+            return getattr(store, name)
+
+        def cas(self, key, data, expected):
+            if key == pending_key(P, "prod", compat) and not self.raced:
+                self.raced = True
+                set_channel(store, b, m, "prod", signer=k1, trusted=trusted)  # k1's proposal lands first
+                return False
+            return store.cas(key, data, expected)
+
+    done = set_channel(Racing(), b, m, "prod", signer=k2, trusted=trusted)
+    assert done.signers(trusted) == {k1.key_id, k2.key_id}
+    assert read_channel(store, P, "prod", compat)[0] == done
+
+
+def test_rollback_refuses_another_profiles_artifact_and_an_ambiguous_channel(env, tmp_path, draft):
+    store, (a, b, _), m, compat = env
+    set_channel(store, a, m, "prod")
+    set_channel(store, b, m, "prod")
+    other = dataclasses.replace(draft, profile_name="other-profile")
+    foreign = ops.publish_tree(store, make_tree(tmp_path / "f", {"config.json": b"foreign"}), other).artifact_id
+    with pytest.raises(StoreArgumentError, match="is for other-profile/"):
+        rollback(store, P, "prod", to=foreign)
+    elsewhere = ops.get_manifest(store, a).model_copy(update={"compat_key": "aoti-elsewhere"})
+    set_channel(store, a, elsewhere, "prod")  # a second compat key on the same channel
+    with pytest.raises(StoreArgumentError, match="refs for 2 compat keys; pass --compat-key"):
+        rollback(store, P, "prod")
+    assert rollback(store, P, "prod", compat_key=compat).artifact_id == a
