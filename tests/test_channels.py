@@ -384,3 +384,55 @@ def test_rollback_refuses_another_profiles_artifact_and_an_ambiguous_channel(env
     with pytest.raises(StoreArgumentError, match="refs for 2 compat keys; pass --compat-key"):
         rollback(store, P, "prod")
     assert rollback(store, P, "prod", compat_key=compat).artifact_id == a
+
+
+def test_channel_lookups_defaults_and_record_rules(env):
+    from pydantic import ValidationError
+
+    from buildctl.store.channels import channels_pointing_at, history
+
+    store, (a, b, c), m, compat = env
+    rec = set_channel(store, a, m, "prod")
+    assert rec.forced is False and rec.action == "promote"  # set_channel's defaults
+    set_channel(store, b, m, "staging")
+    assert [(r.channel, r.artifact_id) for r in channels_pointing_at(store, a)] == [("prod", a)]
+    assert channels_pointing_at(store, c) == []
+    assert history(store, P, "prod", "no-such-key") == []
+    with pytest.raises(ChannelNotFoundError) as exc:
+        rollback(store, P, "canary")
+    assert exc.value.compat_keys == ["<none>"]
+    with pytest.raises(ValidationError):
+        ChannelRecord.model_validate(rec.model_dump() | {"seq": 0})  # sequences start at 1
+    with pytest.raises(StoreArgumentError, match="--force needs --reason"):
+        ops.promote(store, b, "prod", force=True)
+
+
+def test_promote_retries_30_times_by_default(env, monkeypatch):
+    import buildctl.store.channels as channels_mod
+
+    monkeypatch.setattr(channels_mod.random, "uniform", lambda lo, hi: 0.0)  # no waiting between attempts
+    store, (a, *_), _, _ = env
+    with pytest.raises(CasConflictError) as exc:
+        ops.promote(Contended(store, 1000), a, "prod")
+    assert exc.value.attempts == 30
+
+
+def test_history_on_a_read_only_store_still_reports_the_unsettled_record(env):
+    store, (a, b, _), m, compat = env
+    set_channel(store, a, m, "prod")
+    r2 = set_channel(store, b, m, "prod")
+    store.delete(history_key(P, "prod", compat, 2))
+
+    class ReadOnly:
+        def __getattr__(self, name):
+            return getattr(store, name)
+
+        def put_bytes(self, key, data):
+            from buildctl.store.errors import StoreUnavailableError
+
+            raise StoreUnavailableError(store.uri, "read-only credentials")
+
+    from buildctl.store.channels import history
+
+    assert [r.seq for r in history(ReadOnly(), P, "prod", compat)] == [1, 2]
+    assert store.stat(history_key(P, "prod", compat, 2)) is None and r2.seq == 2
