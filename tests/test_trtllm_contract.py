@@ -216,6 +216,23 @@ def test_item_2_streaming_uses_sequence_lengths_and_deltas(hf_model, fake_tools,
     assert all(last[i] > first[i] for i in per)
 
 
+def test_top_logprobs_are_the_log_softmax_over_the_vocabulary_of_each_step(hf_model, fake_tools, fake_runtime, tmp_path):
+    """The values, not only the ranking: each step's top-k logprobs equal log_softmax over the
+    vocabulary of that step's generation logits, computed here from the fake's toy model."""
+    import torch
+    from tensorrt_llm.runtime import toy_model
+
+    runner = TrtllmRunner(small_engine(tmp_path, hf_model))
+    (gen,) = runner.generate([[5, 6, 7]], max_tokens=4, top_logprobs=3)
+    step, seq = toy_model(1024), [5, 6, 7]
+    for tok, top in zip(gen.token_ids, gen.top_logprobs):
+        nxt, row = step(seq)
+        lp = torch.log_softmax(row.float(), dim=-1)
+        vals, idx = torch.topk(lp, 3)
+        assert nxt == tok and top == pytest.approx({int(i): float(v) for i, v in zip(idx, vals)})
+        seq.append(nxt)
+
+
 def test_requests_never_end_early_at_a_token_id(hf_model, fake_tools, fake_runtime, tmp_path):
     """buildctl asks for exactly max_tokens (end_id -1, which no token equals): greedy outputs that
     contain token 0 or 1 (prompts 92 and 140 of the toy model) are not cut there, in generate or
@@ -312,6 +329,26 @@ def test_a_built_engine_whose_recorded_quantization_differs_is_refused(hf_model,
         TrtllmBackend(settings()).build(p, hf_model, tmp_path / "dropped", h100x8(), tmp_path / "log2")
     assert exc.value.kind == "incomplete" and "kv_cache_quant_algo None" in str(exc.value)
     assert not (tmp_path / "dropped").exists() and not list(tmp_path.glob(".build-*"))
+
+
+def test_each_step_gets_what_is_left_of_the_build_timeout(hf_model, fake_tools, tmp_path, monkeypatch):
+    """Steps that take 1.2 s each finish under a 60 s build timeout; a step that hangs is stopped
+    once the build's 2 s are spent."""
+    from buildctl.engines.errors import EngineBuildError
+
+    def profile(timeout_s):
+        return parse_profile({"name": "slow", "model": {"path": str(hf_model), "dtype": "bfloat16"},
+                              "engine": {"backend": "trtllm", "max_batch_size": 4, "build_timeout_s": timeout_s}})
+
+    monkeypatch.setenv("FAKE_TRTLLM_DELAY_S", "1.2")
+    assert TrtllmBackend(settings()).build(profile(60), hf_model, tmp_path / "ok", h100x8(), tmp_path / "log").files
+    monkeypatch.setenv("FAKE_TRTLLM_DELAY_S", "0")
+    monkeypatch.setenv("FAKE_TRTLLM_MODE", "hang")
+    t0 = time.monotonic()
+    with pytest.raises(EngineBuildError) as exc:
+        TrtllmBackend(settings()).build(profile(2), hf_model, tmp_path / "hung", h100x8(), tmp_path / "log2")
+    assert exc.value.kind == "timeout" and "trtllm-build ran past" in exc.value.detail
+    assert time.monotonic() - t0 < 30
 
 
 def test_item_6_calibration_is_local_and_never_downloads(hf_model, fake_tools, prod, calib, tmp_path):

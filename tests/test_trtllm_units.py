@@ -33,6 +33,13 @@ def test_release_lookup_is_by_major_minor():
     assert release_for("1.3.0") is None and release_for(None) is None and release_for("") is None
 
 
+def test_tools_follow_the_release_installed_on_the_host(monkeypatch):
+    use_release(monkeypatch, "1.2.1")
+    backend = TrtllmBackend(settings())
+    assert backend.tools(h100x8(version="0.16")).release is RELEASES[1]
+    assert backend.tools(h100x8()).release is RELEASES[0] and backend.tools().release is RELEASES[0]
+
+
 def test_explicit_tool_paths_win_over_the_release_layout(monkeypatch):
     use_release(monkeypatch, "1.2.1")
     t = TrtllmTools.from_settings(settings())

@@ -16,6 +16,7 @@ Controlled by environment variables:
   ``oom`` writes memory until killed; ``reserve`` maps 4 GiB of address space without touching
   it (as CUDA does at start-up) and then succeeds.
 * ``FAKE_TRTLLM_RECORD``: a directory where each tool appends the argv it received.
+* ``FAKE_TRTLLM_DELAY_S``: seconds each tool sleeps before it starts working (default 0).
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ def start(tool: str, argv: list[str]) -> str:
             print(f"  expected: {expected}", file=sys.stderr)
             print(f"  received: {argv}", file=sys.stderr)
             sys.exit(3)
+    time.sleep(float(os.environ.get("FAKE_TRTLLM_DELAY_S", "0")))  # a step that takes a while, as real ones do
     mode = os.environ.get("FAKE_TRTLLM_MODE", "ok")
     if os.environ.get("FAKE_TRTLLM_FAIL_AT", "build") != tool:
         return "ok"

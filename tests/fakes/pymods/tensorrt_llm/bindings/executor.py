@@ -40,6 +40,9 @@ class Request:
         self.end_id = kwargs.get("end_id")  # the request ends at the step that generates it
         self.streaming = bool(kwargs.get("streaming", False))
         self.output_config = kwargs.get("output_config") or OutputConfig()
+        sampling = kwargs.get("sampling_config")
+        if sampling is None or sampling.beam_width != 1 or sampling.top_k != 1:  # stricter: real ones sample
+            raise ValueError("the fake executor decodes greedily only: SamplingConfig(beam_width=1, top_k=1)")
 
 
 @dataclass

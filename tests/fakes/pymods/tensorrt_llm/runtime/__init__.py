@@ -10,6 +10,8 @@
 * a TP/PP engine loads only when the MPI world matches it, or in orchestrator mode;
 * keywords outside the fixture's lists are a TypeError (the real ``generate`` swallows unknown
   ``**kwargs`` silently: stricter here, so a misspelt option fails a test instead of doing nothing);
+* decoding is greedy only: ``top_k`` other than 1 (sampling) or a beam width other than 1 is a
+  ValueError here (the real runtime would sample or search beams; buildctl's parity needs greedy);
 * a sequence ends at the step that generates ``end_id`` (the end token is kept here; whether the
   real runtime counts it in ``sequence_lengths`` is not modelled: buildctl passes ``end_id=-1``,
   which no token equals, so its requests never end early, and a test checks that they do not).
@@ -84,6 +86,8 @@ class ModelRunnerCpp:
         _check("generate", GENERATE, kwargs)
         if not self.executor.can_enqueue_requests():
             return []
+        if kwargs.get("top_k") != 1:  # stricter than the real runtime, which would sample
+            raise ValueError(f"the fake runtime decodes greedily only (top_k=1), got top_k={kwargs.get('top_k')!r}")
         prompts = [t.tolist() for t in batch_input_ids]
         if len(prompts) > self.max_batch_size:
             raise RuntimeError(f"Input batch size ({len(prompts)}) exceeds the engine or specified limit ({self.max_batch_size})")
