@@ -388,6 +388,7 @@ def test_level_and_ratio_records():
     rep = measure(Curve(), Curve(), curve_gate(), [[1]] * 5)
     lv = rep.levels[0]
     assert lv.passed and lv.to_dict()["passed"] and lv.verdict == "pass"
+    assert rep.passed and rep.verdict == "pass" and rep.to_dict()["passed"] is True
     d = lv.ratio("throughput").to_dict()
     assert d["low"] == lv.ratio("throughput").interval.low and d["high"] == lv.ratio("throughput").interval.high
     assert d["low"] is not None and d["high"] is not None
