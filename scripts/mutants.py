@@ -109,6 +109,24 @@ def _normalise(r: dict) -> dict:
     return r
 
 
+def annotate(results: list[dict], conf: dict) -> list[dict]:
+    """Mark each survivor with the current tables: its equivalence reason, or the test written
+    since the run that kills it (applied by hand); recount and rescore."""
+    for r in results:
+        if "error" in r:
+            continue
+        for x in r["survivors"]:
+            key = f"{r['module']}:{x['line']}:{x['operator']}"
+            x["equivalent"] = conf.get("equivalent", {}).get(key)
+            x["killed_since"] = None if x["equivalent"] else conf.get("killed_since", {}).get(key)
+        r["equivalent"] = sum(1 for x in r["survivors"] if x["equivalent"])
+        r["killed_since"] = sum(1 for x in r["survivors"] if x.get("killed_since"))
+        tested = r["killed"] + r["survived"] - r["equivalent"]
+        r["score"] = r["killed"] / tested if tested else None
+        r["score_since"] = (r["killed"] + r["killed_since"]) / tested if tested else None
+    return results
+
+
 def report(results: list[dict], exclude: list[str]) -> str:
     results = [_normalise(r) for r in results]
     lines = ["### Mutation testing of the guard modules (cosmic-ray)", "",
@@ -123,24 +141,30 @@ def report(results: list[dict], exclude: list[str]) -> str:
              "original: a speed or parallelism choice, a default no caller uses, a bare `*` cosmic-ray \"mutates\" "
              "into the same code; where the reason is only that tests run as root or that a timing coincides, it "
              "says so), or *open*.", "",
+             "*Killed since*: a survivor that a test written after the module's last run kills (the test was "
+             "applied to that mutant by hand and failed; `[tool.buildctl.mutants.killed_since]` names it); the "
+             "last column counts them as killed, the score column does not.", "",
              "| module | first tests of its selection | mutants run | killed | survived | of them equivalent | score "
-             "| filtered out | not run | timeout (s) | minutes | run (UTC) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| filtered out | not run | timeout (s) | minutes | run (UTC) | with the tests since |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         if "error" in r:
-            lines.append(f"| `{r['module']}` | - | - | - | - | - | {r['error']} | - | - | - | - | - |")
+            lines.append(f"| `{r['module']}` | - | - | - | - | - | {r['error']} | - | - | - | - | - | - |")
             continue
         tested = r["killed"] + r["survived"]
         score = f"{100 * r['score']:.1f}%" if r["score"] is not None else "-"
         first = next((t for t in r.get("tests", []) if t.startswith("tests/")), "-")
         lines.append(f"| `{r['module']}` | `{first}` | {tested} | {r['killed']} | {r['survived']} | {r['equivalent']} | "
                      f"{score} | {r['skipped']} | {r['incompetent'] + r['pending']} | {r.get('timeout_s', '-')} | "
-                     f"{r['seconds'] / 60:.1f} | {r.get('finished_at', '-')} |")
+                     f"{r['seconds'] / 60:.1f} | {r.get('finished_at', '-')} | "
+                     + (f"{100 * r['score_since']:.1f}% |" if r.get("score_since") is not None else "- |"))
     for r in results:
         if r.get("survivors"):
             lines += ["", f"Survivors in `{r['module']}`:", ""]
             lines += [f"- line {s['line']} (`{s['function']}`), {s['operator']}: `{s['source']}`"
-                      + (f": equivalent, {s['equivalent']}" if s["equivalent"] else ": open") for s in r["survivors"]]
+                      + (f": equivalent, {s['equivalent']}" if s["equivalent"] else
+                         f": killed since by `{s['killed_since']}`" if s.get("killed_since") else ": open")
+                      for s in r["survivors"]]
     return "\n".join(lines) + "\n"
 
 
@@ -155,15 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     conf = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["buildctl"]["mutants"]
     if args.report_only:
-        results = [_normalise(r) for r in json.loads((RESULTS / "mutants.json").read_text())]
-        for r in results:
-            if "error" in r:
-                continue
-            for x in r["survivors"]:
-                x["equivalent"] = conf.get("equivalent", {}).get(f"{r['module']}:{x['line']}:{x['operator']}")
-            r["equivalent"] = sum(1 for x in r["survivors"] if x["equivalent"])
-            tested = r["killed"] + r["survived"] - r["equivalent"]
-            r["score"] = r["killed"] / tested if tested else None
+        results = annotate([_normalise(r) for r in json.loads((RESULTS / "mutants.json").read_text())], conf)
         (RESULTS / "mutants.json").write_text(json.dumps(results, indent=2) + "\n")
         (RESULTS / "mutants.md").write_text(report(results, conf["exclude-operators"]))
         print(report(results, conf["exclude-operators"]))
@@ -194,6 +210,7 @@ def main(argv: list[str] | None = None) -> int:
         kept = [_normalise(r) for r in json.loads((RESULTS / "mutants.json").read_text()) if r["module"] not in ran]
         order = list(modules)
         results = sorted(kept + results, key=lambda r: order.index(r["module"]) if r["module"] in order else len(order))
+    results = annotate(results, conf)
     text = report(results, conf["exclude-operators"])
     (RESULTS / "mutants.md").write_text(text)
     (RESULTS / "mutants.json").write_text(json.dumps(results, indent=2) + "\n")

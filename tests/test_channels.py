@@ -436,3 +436,12 @@ def test_history_on_a_read_only_store_still_reports_the_unsettled_record(env):
 
     assert [r.seq for r in history(ReadOnly(), P, "prod", compat)] == [1, 2]
     assert store.stat(history_key(P, "prod", compat, 2)) is None and r2.seq == 2
+
+
+def test_a_malformed_channel_ref_is_a_corrupt_object(env):
+    from buildctl.store.errors import CorruptObjectError
+
+    store, _, _, compat = env
+    store.cas(channel_key(P, "prod", compat), b'{"seq": 0}', None)
+    with pytest.raises(CorruptObjectError, match="malformed channel record: "):
+        read_channel(store, P, "prod", compat)

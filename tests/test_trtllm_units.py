@@ -40,6 +40,17 @@ def test_tools_follow_the_release_installed_on_the_host(monkeypatch):
     assert backend.tools(h100x8()).release is RELEASES[0] and backend.tools().release is RELEASES[0]
 
 
+def test_tool_paths_are_frozen_and_an_unknown_installed_release_is_named(monkeypatch, tmp_path, calib):
+    import dataclasses
+
+    use_release(monkeypatch, "1.2.1")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        TrtllmTools.from_settings(settings()).build = "/bin/true"  # type: ignore[misc]
+    fp = h100x8().model_copy(update={"tensorrt_llm_version": "1.4.0"})
+    unmet = TrtllmBackend(settings()).unmet_requirements(load_profile(profile_yaml(tmp_path, calib)), fp)
+    assert unmet[-1] == "a TensorRT-LLM release buildctl drives (1.2, 0.16): 1.4.0 is not one"
+
+
 def test_explicit_tool_paths_win_over_the_release_layout(monkeypatch):
     use_release(monkeypatch, "1.2.1")
     t = TrtllmTools.from_settings(settings())
