@@ -122,10 +122,10 @@ def test_group_rss_counts_the_group_and_skips_what_it_cannot_read(monkeypatch):
     # 20 MB resident, and 1 GiB of address space never touched: resident memory is what counts
     # (its name has a ')' in it, as /proc/PID/stat shows it: the command is parsed from the last ')')
     child = subprocess.Popen([sys.executable, "-c", "import mmap, time; open('/proc/self/comm', 'w').write('x) y'); "
-                              "b = bytearray(20_000_000); m = mmap.mmap(-1, 1 << 30); time.sleep(30)"],
-                             process_group=0)  # own group, this session
+                              "b = bytearray(20_000_000); m = mmap.mmap(-1, 1 << 30); print('ready', flush=True); "
+                              "time.sleep(60)"], process_group=0, stdout=subprocess.PIPE, text=True)  # own group
     try:
-        time.sleep(0.5)
+        assert child.stdout.readline().strip() == "ready"  # allocated, however busy the machine
         rss = group_rss_bytes(child.pid)
         assert 20_000_000 <= rss < 500 * MiB
         assert group_rss_bytes(2**22 + 12345) == 0  # no such group
