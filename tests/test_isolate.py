@@ -82,7 +82,8 @@ def test_a_step_that_ignores_sigterm_is_killed_after_its_grace(tmp_path):
 
 def test_stragglers_that_ignore_sigterm_are_killed_when_the_step_exits(tmp_path):
     pidfile = tmp_path / "straggler.pid"
-    step(tmp_path, f'(trap "" TERM; echo $(sh -c "echo \\$PPID") > {pidfile}; exec sleep 60) & sleep 0.3; exit 0')
+    step(tmp_path, f'(trap "" TERM; echo $(sh -c "echo \\$PPID") > {pidfile}.tmp; mv {pidfile}.tmp {pidfile}; '
+                   f'exec sleep 60) & while [ ! -s {pidfile} ]; do sleep 0.05; done; exit 0')
     pid = int(pidfile.read_text())
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline:
