@@ -233,6 +233,13 @@ def test_top_logprobs_are_the_log_softmax_over_the_vocabulary_of_each_step(hf_mo
         seq.append(nxt)
 
 
+def test_streaming_at_concurrency_one_keeps_one_request_in_flight(hf_model, fake_tools, fake_runtime, tmp_path):
+    runner = TrtllmRunner(small_engine(tmp_path, hf_model))
+    order = [(e.index, e.token_id) for e in runner.stream(PROMPTS[:3], max_tokens=3, concurrency=1)]
+    # request k is submitted only after request k-1's last token
+    assert order == [(i, t) for i, p in enumerate(PROMPTS[:3]) for t in [None, *toy_greedy(p, 3)]]
+
+
 def test_requests_never_end_early_at_a_token_id(hf_model, fake_tools, fake_runtime, tmp_path):
     """buildctl asks for exactly max_tokens (end_id -1, which no token equals): greedy outputs that
     contain token 0 or 1 (prompts 92 and 140 of the toy model) are not cut there, in generate or
@@ -349,6 +356,10 @@ def test_each_step_gets_what_is_left_of_the_build_timeout(hf_model, fake_tools, 
         TrtllmBackend(settings()).build(profile(2), hf_model, tmp_path / "hung", h100x8(), tmp_path / "log2")
     assert exc.value.kind == "timeout" and "trtllm-build ran past" in exc.value.detail
     assert time.monotonic() - t0 < 30
+    monkeypatch.setenv("FAKE_TRTLLM_FAIL_AT", "convert")  # the checkpoint conversion hangs instead
+    with pytest.raises(EngineBuildError) as exc:
+        TrtllmBackend(settings()).build(profile(2), hf_model, tmp_path / "hung2", h100x8(), tmp_path / "log3")
+    assert exc.value.kind == "timeout" and "checkpoint conversion ran past" in exc.value.detail
 
 
 def test_item_6_calibration_is_local_and_never_downloads(hf_model, fake_tools, prod, calib, tmp_path):
