@@ -194,6 +194,19 @@ def test_each_unmet_requirement_alone(tmp_path, calib, fake_tools, monkeypatch, 
     assert len(unmet) == 1 and expected in unmet[0], unmet
 
 
+def test_sm_floors_come_from_fp8_only(tmp_path, calib, fake_tools):
+    """An unquantized profile needs no particular SM; fp8 weights alone (KV cache auto) need 8.9."""
+    import dataclasses
+
+    plain = load_profile(profile_yaml(tmp_path, calib, **no_fp8(kv_cache_dtype="auto")))
+    assert TrtllmBackend(settings()).unmet_requirements(plain, h100x8(sm="8.0")) == []
+    weights_only = load_profile(profile_yaml(tmp_path, calib, kv_cache_dtype="auto", min_sm=None))
+    assert TrtllmBackend(settings()).unmet_requirements(weights_only, h100x8(sm="8.6")) == [
+        "GPU SM >= 8.9 (fp8): this host has SM 8.6"]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        RELEASES[0].series = "9.9"  # type: ignore[misc]
+
+
 def test_an_fp8_kv_cache_without_quantization_on_a_release_without_the_flag(tmp_path, calib, monkeypatch):
     use_release(monkeypatch, "0.16")
     p = load_profile(profile_yaml(tmp_path, calib, **no_fp8(kv_cache_dtype="fp8")))
