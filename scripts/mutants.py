@@ -158,6 +158,9 @@ def report(results: list[dict], exclude: list[str]) -> str:
                      f"{score} | {r['skipped']} | {r['incompetent'] + r['pending']} | {r.get('timeout_s', '-')} | "
                      f"{r['seconds'] / 60:.1f} | {r.get('finished_at', '-')} | "
                      + (f"{100 * r['score_since']:.1f}% |" if r.get("score_since") is not None else "- |"))
+    notes = [f"- `{r['module']}`: {r['resumed']}." for r in results if r.get("resumed")]
+    if notes:
+        lines += [""] + notes
     for r in results:
         if r.get("survivors"):
             lines += ["", f"Survivors in `{r['module']}`:", ""]
