@@ -83,7 +83,7 @@ bench: install
 
 FAULTS_SCALE ?= 3
 MUTANTS_JOBS ?= 2
-MUTANTS_BUDGET_MIN ?= 15
+MUTANTS_BUDGET_MIN ?= 40
 
 # Mutation testing of the guard modules (cosmic-ray in its own environment; the tests run in .venv).
 mutants: install test-deps

@@ -175,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--modules", default=None, help="comma-separated module paths (default: every one configured)")
     ap.add_argument("--jobs", type=int, default=2)
-    ap.add_argument("--budget-min", type=float, default=15.0, help="minutes per module; the rest is reported as not run")
+    ap.add_argument("--budget-min", type=float, default=40.0, help="minutes per module; the rest is reported as not run")
     ap.add_argument("--cosmic-ray", default=str(REPO / ".mutants-venv" / "bin"), help="directory of the cosmic-ray executables")
     ap.add_argument("--report-only", action="store_true",
                     help="re-render benchmarks/results/mutants.md from mutants.json with the current equivalent table")
