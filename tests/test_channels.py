@@ -8,7 +8,6 @@ import dataclasses
 from datetime import datetime, timedelta, timezone
 
 import pytest
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 import buildctl.store as ops
 from buildctl.store.backend import open_store
@@ -33,16 +32,12 @@ from buildctl.store.errors import (
 )
 from buildctl.store.layout import channel_key, history_key, pending_key
 from buildctl.store.rollout import RolloutPlan, parse_waves
-from buildctl.store.signing import SigningKey, TrustedKeys, key_id
+from buildctl.store.signing import SigningKey, TrustedKeys
 
-from .conftest import make_tree, write_attestation
+from .conftest import make_signer, make_tree, write_attestation
 
 P = "tiny-llama-cpu"
 
-
-def signer() -> SigningKey:
-    private = Ed25519PrivateKey.generate()
-    return SigningKey(private, key_id(private.public_key()))
 
 
 def promoters(*keys: SigningKey, prod: int = 2) -> TrustedKeys:
@@ -136,7 +131,7 @@ def test_a_move_that_makes_nothing(env):
 
 def test_signed_records_expire_ttl_after_they_are_written(env):
     store, (a, b, _), m, compat = env
-    k = signer()
+    k = make_signer()
     rec = set_channel(store, a, m, "prod", signer=k, ttl_s=3600)
     assert parse_utc(rec.expires) - parse_utc(rec.when) == timedelta(hours=1)
     assert not rec.expired() and rec.expired(parse_utc(rec.expires)) and not rec.expired(
@@ -152,7 +147,7 @@ def test_parse_utc_reads_naive_and_zoned_times_as_utc():
 
 def test_two_of_n_waits_pending_then_moves_with_the_second_signature(env):
     store, (a, b, _), m, compat = env
-    k1, k2, k3 = signer(), signer(), signer()
+    k1, k2, k3 = make_signer(), make_signer(), make_signer()
     trusted = promoters(k1, k2, k3)
     set_channel(store, a, m, "prod", signer=k1, trusted=trusted, action="rollback")  # a first record, 1 signature
     with pytest.raises(StoreArgumentError, match="needs 2 promoter signatures"):
@@ -170,7 +165,7 @@ def test_two_of_n_waits_pending_then_moves_with_the_second_signature(env):
 
 def test_a_different_proposal_replaces_the_pending_one(env):
     store, (a, b, c), m, compat = env
-    k1, k2 = signer(), signer()
+    k1, k2 = make_signer(), make_signer()
     trusted = promoters(k1, k2)
     set_channel(store, a, m, "prod", signer=k1, trusted=trusted, action="rollback")
     set_channel(store, b, m, "prod", signer=k1, trusted=trusted)
@@ -181,8 +176,8 @@ def test_a_different_proposal_replaces_the_pending_one(env):
 
 def test_a_staging_promotion_needs_one_signature(env):
     store, (a, *_), m, compat = env
-    k1 = signer()
-    rec = set_channel(store, a, m, "staging", signer=k1, trusted=promoters(k1, signer()))
+    k1 = make_signer()
+    rec = set_channel(store, a, m, "staging", signer=k1, trusted=promoters(k1, make_signer()))
     assert read_channel(store, P, "staging", compat)[0] == rec
 
 
@@ -279,7 +274,7 @@ def test_rollback_to_the_previous_artifact_or_a_named_one(env):
 
 def test_resign_rewrites_the_current_record_only(env):
     store, (a, b, _), m, compat = env
-    k = signer()
+    k = make_signer()
     rec = set_channel(store, a, m, "prod", signer=k, ttl_s=60, reason="first")
     again = resign(store, rec, who="timer", signer=k, ttl_s=7200)
     assert (again.seq, again.artifact_id, again.action, again.previous) == (2, a, "resign", rec.previous)
@@ -337,7 +332,7 @@ def test_promote_with_trusted_keys_refuses_an_unsigned_attestation(env):
     from buildctl.store.errors import PromotionRefusedError
 
     store, (a, *_), _, _ = env
-    k = signer()
+    k = make_signer()
     trusted = TrustedKeys({"promoter": {k.key_id: k.private.public_key()}})
     with pytest.raises(PromotionRefusedError) as exc:
         ops.promote(store, a, "prod", trusted=trusted, signer=k)
@@ -348,7 +343,7 @@ def test_a_co_signature_that_races_another_is_merged_not_lost(env):
     """Two promoters sign the same 2-of-n move at once: the second's swap of the pending proposal
     loses to the first's, looks again, and adds its signature to the proposal that won."""
     store, (a, b, _), m, compat = env
-    k1, k2 = signer(), signer()
+    k1, k2 = make_signer(), make_signer()
     trusted = promoters(k1, k2)
     set_channel(store, a, m, "prod", signer=k1, trusted=trusted, action="rollback")
 

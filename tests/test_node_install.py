@@ -11,7 +11,6 @@ import stat
 from datetime import timedelta
 
 import pytest
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 import buildctl.store as ops
 import buildctl.store.pull as pull_mod
@@ -39,17 +38,13 @@ from buildctl.store.pull import (
     pull,
     switch_back,
 )
-from buildctl.store.signing import SigningKey, TrustedKeys, key_id, sign_manifest
+from buildctl.store.signing import TrustedKeys, sign_manifest
 
-from .conftest import make_tree, write_attestation
+from .conftest import RangedStore as Ranged, make_signer, make_tree, write_attestation
 
 MiB = 1024 * 1024
 P = "tiny-llama-cpu"
 
-
-def signer() -> SigningKey:
-    private = Ed25519PrivateKey.generate()
-    return SigningKey(private, key_id(private.public_key()))
 
 
 @pytest.fixture
@@ -123,26 +118,6 @@ def test_switch_back_restores_current_and_previous(env):
     res = install_artifact(store, c, dest)
     install_artifact(store, a, dest)  # something else went in meanwhile: left alone
     assert switch_back(dest, res) == a and current_artifact(dest) == a
-
-
-class Ranged:
-    ranged_reads = True
-
-    def __init__(self, store, short_from=None, vanish=False) -> None:
-        self._store, self.short_from, self.vanish = store, short_from, vanish
-
-    def __getattr__(self, name):
-        return getattr(self._store, name)
-
-    def read_range(self, key, offset, length):
-        if self.vanish:
-            from buildctl.store.errors import KeyNotFoundError
-
-            raise KeyNotFoundError(key)
-        data = self._store.read_range(key, offset, length)
-        if self.short_from is not None and offset >= self.short_from:
-            return data[: length // 4]  # short, as from an object truncated after its size was read
-        return data
 
 
 def big(store, tmp_path, draft, executable=False) -> str:
@@ -231,7 +206,7 @@ def test_state_and_health_files_survive_garbage(tmp_path):
 def test_check_fresh_floor_and_expiry(env):
     store, (a, *_), _, draft = env
     m = ops.get_manifest(store, a)
-    rec = set_channel(store, a, m, "prod", signer=signer(), ttl_s=60)
+    rec = set_channel(store, a, m, "prod", signer=make_signer(), ttl_s=60)
     check_fresh(rec, min_seq=1)
     with pytest.raises(StaleRecordError):
         check_fresh(rec, min_seq=2)
@@ -243,7 +218,7 @@ def test_check_fresh_floor_and_expiry(env):
 @pytest.fixture
 def signed(env):
     store, ids, dest, draft = env
-    builder, p1, p2 = signer(), signer(), signer()
+    builder, p1, p2 = make_signer(), make_signer(), make_signer()
     for aid in ids:
         sign_manifest(store, aid, builder)
     trusted = TrustedKeys({"builder": {builder.key_id: builder.private.public_key()},

@@ -6,7 +6,6 @@ import dataclasses
 import json
 
 import pytest
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from buildctl.store.backend import open_store
 from buildctl.store.errors import SignatureError, StoreArgumentError
@@ -15,7 +14,6 @@ from buildctl.store.signing import (
     SigningKey,
     TrustedKeys,
     generate,
-    key_id,
     load_signing_key,
     load_trusted_keys,
     promoter_signers,
@@ -23,10 +21,8 @@ from buildctl.store.signing import (
     verify_manifest_signature,
 )
 
+from .conftest import make_signer
 
-def signer() -> SigningKey:
-    private = Ed25519PrivateKey.generate()
-    return SigningKey(private, key_id(private.public_key()))
 
 
 def trust(**roles: list[SigningKey]) -> TrustedKeys:
@@ -78,7 +74,7 @@ def test_thresholds_must_be_at_least_one(tmp_path):
 
 
 def test_promoter_signers_skips_signatures_that_do_not_verify():
-    a, b, outsider = signer(), signer(), signer()
+    a, b, outsider = make_signer(), make_signer(), make_signer()
     trusted = trust(promoter=[a, b])
     data = b"record"
     sigs = [outsider.sign(data), None, a.sign(b"other bytes"), a.sign(data), b.sign(data), b.sign(data)]
@@ -91,20 +87,20 @@ def test_sign_manifest_signs_the_given_bytes_or_the_stored_manifest(tmp_path):
     aid = "xxh3-128:" + "ab" * 16
     body = json.dumps({"created_at": "2026-01-01T00:00:00Z"}).encode()
     store.put_bytes(manifest_key(aid), body)
-    k = signer()
+    k = make_signer()
     trusted = trust(builder=[k])
     assert sign_manifest(store, aid, k) == k.key_id  # reads the stored manifest
     assert verify_manifest_signature(store, aid, trusted) == k.key_id
     other = "xxh3-128:" + "cd" * 16
     store.put_bytes(manifest_key(other), body)
-    k2 = signer()
+    k2 = make_signer()
     sign_manifest(store, other, k2, body=b"bytes that are not the manifest")  # signs what it is given
     with pytest.raises(SignatureError, match="bad signature"):
         verify_manifest_signature(store, other, trust(builder=[k2]))
 
 
 def test_keys_and_trust_are_frozen(tmp_path):
-    k = signer()
+    k = make_signer()
     with pytest.raises(dataclasses.FrozenInstanceError):
         k.key_id = "0" * 16  # type: ignore[misc]
     with pytest.raises(dataclasses.FrozenInstanceError):
@@ -121,7 +117,7 @@ def test_generated_key_loads_and_matches_its_id(tmp_path):
 def test_a_revoked_key_counts_only_on_records_made_before_its_revocation():
     from datetime import datetime, timedelta, timezone
 
-    k = signer()
+    k = make_signer()
     at = datetime(2026, 6, 1, 12, 0, tzinfo=timezone.utc)
     trusted = TrustedKeys({"promoter": {k.key_id: k.private.public_key()}}, revoked={k.key_id: (at, "laptop lost")})
     sig = k.sign(b"record")

@@ -13,7 +13,7 @@ from buildctl.store.errors import ArtifactNotFoundError, VerificationError
 from buildctl.store.layout import blob_key, manifest_key
 from buildctl.store.verify import BUILD_LOG_PATH, get_manifest, list_artifacts, resolve_artifact, verify
 
-from .conftest import make_tree, rot
+from .conftest import RangedStore as Ranged, make_tree, rot
 
 MiB = 1024 * 1024
 
@@ -26,25 +26,6 @@ def local(tmp_path):
 def publish(store, tmp_path, draft, name: str, files=None, **kw) -> str:
     root = make_tree(tmp_path / name, files or {"config.json": name.encode(), "rank0.engine": 4096}, seed=len(name))
     return ops.publish_tree(store, root, draft, **kw).artifact_id
-
-
-class Ranged:
-    """The local store with ranged reads on (the S3 path); ``short_from``: ranges from that offset
-    on come back short, as from an object truncated after its size was read."""
-
-    ranged_reads = True
-
-    def __init__(self, store, short_from: int | None = None) -> None:
-        self._store, self.short_from = store, short_from
-
-    def __getattr__(self, name):
-        return getattr(self._store, name)
-
-    def read_range(self, key: str, offset: int, length: int) -> bytes:
-        data = self._store.read_range(key, offset, length)
-        if self.short_from is not None and offset >= self.short_from:
-            return data[: length // 4]  # a short read: a quarter of the range, then the caller stops
-        return data
 
 
 def test_resolve_full_ids_hex_and_unique_prefixes(local, tmp_path, draft):
