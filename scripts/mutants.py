@@ -40,8 +40,8 @@ def config_text(module: str, tests: list[str], timeout: float, exclude: list[str
         "[cosmic-ray.filters.operators-filter]", f"exclude-operators = {json.dumps(exclude)}", ""])
 
 
-def run_module(module: str, spec: dict, exclude: list[str], cr_bin: Path, work: Path, budget_min: float,
-               equivalent: dict[str, str]) -> dict:
+def run_module(module: str, spec: dict, exclude: list[str], cr_bin: Path, work: Path, budget_min: float) -> dict:
+    """One module's run: counts and survivors (:func:`annotate` marks and scores them)."""
     t0 = time.monotonic()
     clone = work / module.replace("/", "_")
     subprocess.run(["git", "clone", "-q", str(REPO), str(clone)], check=True)
@@ -88,14 +88,10 @@ def run_module(module: str, spec: dict, exclude: list[str], cr_bin: Path, work: 
             op = m["operator_name"].removeprefix("core/")
             survivors.append({"operator": op, "line": row,
                               "function": m.get("definition_name"), "occurrence": m["occurrence"],
-                              "source": source[row - 1].strip() if 0 < row <= len(source) else "",
-                              "equivalent": equivalent.get(f"{module}:{row}:{op}")})
+                              "source": source[row - 1].strip() if 0 < row <= len(source) else ""})
         else:
             counts["killed"] += 1
-    counts["equivalent"] = sum(1 for x in survivors if x["equivalent"])
-    tested = counts["killed"] + counts["survived"] - counts["equivalent"]
-    return {"module": module, "tests": spec["tests"], **counts, "score": counts["killed"] / tested if tested else None,
-            "survivors": survivors, "seconds": round(time.monotonic() - t0, 1), "stopped_at_budget": stopped,
+    return {"module": module, "tests": spec["tests"], **counts, "survivors": survivors, "seconds": round(time.monotonic() - t0, 1), "stopped_at_budget": stopped,
             "baseline_s": round(baseline_s, 1), "timeout_s": round(timeout, 1),
             "finished_at": time.strftime("%Y-%m-%d %H:%M", time.gmtime())}
 
@@ -198,8 +194,8 @@ def main(argv: list[str] | None = None) -> int:
     partial.write_text("")
 
     def one(m: str) -> dict:
-        r = run_module(m, modules[m], conf["exclude-operators"], Path(args.cosmic_ray), Path(tmp), args.budget_min,
-                       conf.get("equivalent", {}))
+        (r,) = annotate([run_module(m, modules[m], conf["exclude-operators"], Path(args.cosmic_ray), Path(tmp),
+                                    args.budget_min)], conf)
         with partial.open("a") as f:
             f.write(json.dumps(r) + "\n")
         return r
