@@ -17,7 +17,7 @@ from buildctl import pipeline
 from buildctl.engines import isolate
 from buildctl.engines.profile import load_profile
 from buildctl.settings import load_settings
-from buildctl.store.backend import open_store
+from buildctl.artifact_store.backend import open_store
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -37,8 +37,8 @@ def main(argv: list[str] | None = None) -> int:
     from buildctl import pipeline
     from buildctl.engines.profile import load_profile
     from buildctl.settings import load_settings
-    from buildctl.store.backend import open_store
-    from buildctl.store.verify import verify
+    from buildctl.artifact_store.backend import open_store
+    from buildctl.artifact_store.verify import verify
     from tests.s3server import SeaweedServer
 
     work = Path(tempfile.mkdtemp(prefix="buildctl-bench-verify-"))
@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
         draft = pipeline.manifest_draft(profile, pipeline.host_fingerprint(settings))
         tree = make_engine_tree(work / "tree", int(args.size_gib * GIB))
         stores = {"local": open_store(str(work / "store")), "s3": open_store(f"s3://{server.new_bucket()}/bench")}
-        from buildctl.store.publish import publish_tree
+        from buildctl.artifact_store.publish import publish_tree
 
         ids = {name: publish_tree(s, tree, draft).artifact_id for name, s in stores.items()}
         size = sum(p.stat().st_size for p in tree.rglob("*") if p.is_file())

@@ -27,8 +27,8 @@ def one_run() -> list[tuple[str, float]]:
     from buildctl.engines.profile import load_profile
     from buildctl.engines.tiny import make_tiny
     from buildctl.settings import load_settings
-    from buildctl.store.backend import open_store
-    from buildctl.store.pull import install_artifact
+    from buildctl.artifact_store.backend import open_store
+    from buildctl.artifact_store.pull import install_artifact
 
     profile = load_profile(REPO / "build_profiles" / "tiny-llama-cpu.yaml")
     work = Path(tempfile.mkdtemp(prefix="buildctl-bench-pipeline-"))

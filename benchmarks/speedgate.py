@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     from buildctl.engines.fingerprint import detect
     from buildctl.engines.profile import load_profile
     from buildctl.settings import load_settings
-    from buildctl.store.backend import open_store
+    from buildctl.artifact_store.backend import open_store
     from buildctl.validators.errors import ValidationFailedError
     from buildctl.validators.reference import VllmRunner
     from buildctl.validators.validate import validate_artifact

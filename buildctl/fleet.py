@@ -21,12 +21,12 @@ from buildctl.engines.fingerprint import Fingerprint
 from buildctl.engines.profile import BuildProfile
 from buildctl.engines.registry import backend_names, get_backend
 from buildctl.settings import Settings
-from buildctl.store.backend import Store
-from buildctl.store.errors import CasConflictError, CorruptObjectError, StoreArgumentError
-from buildctl.store.gc import GcResult, gc
-from buildctl.store.layout import NODES, node_key
-from buildctl.store.manifest import utc_now
-from buildctl.store.verify import list_artifacts
+from buildctl.artifact_store.backend import Store
+from buildctl.artifact_store.errors import CasConflictError, CorruptObjectError, StoreArgumentError
+from buildctl.artifact_store.gc import GcResult, gc
+from buildctl.artifact_store.layout import NODES, node_key
+from buildctl.artifact_store.manifest import utc_now
+from buildctl.artifact_store.verify import list_artifacts
 
 NODE_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")
 

@@ -17,13 +17,13 @@ from typing import Callable
 
 from buildctl.pipeline import PROTECTED_CHANNELS, passing_attestation, signer_of, store_of
 from buildctl.settings import Settings
-from buildctl.store.backend import Store
-from buildctl.store.channels import all_channel_records, channels_pointing_at, history, rollback
-from buildctl.store.errors import ArtifactNotFoundError, QuarantinedError, StoreArgumentError, VerificationError
-from buildctl.store.integrity import check_integrity, deep_check
-from buildctl.store.quarantine import active_quarantine, quarantine
-from buildctl.store.repair import RepairResult, repair_from
-from buildctl.store.verify import get_manifest, list_artifacts, resolve_artifact
+from buildctl.artifact_store.backend import Store
+from buildctl.artifact_store.channels import all_channel_records, channels_pointing_at, history, rollback
+from buildctl.artifact_store.errors import ArtifactNotFoundError, QuarantinedError, StoreArgumentError, VerificationError
+from buildctl.artifact_store.integrity import check_integrity, deep_check
+from buildctl.artifact_store.quarantine import active_quarantine, quarantine
+from buildctl.artifact_store.repair import RepairResult, repair_from
+from buildctl.artifact_store.verify import get_manifest, list_artifacts, resolve_artifact
 
 
 @dataclass

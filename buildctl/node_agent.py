@@ -24,11 +24,11 @@ from buildctl.errors import BuildctlError
 from buildctl.fleet import EngineState, HealthStatus, record_engine_state
 from buildctl.pipeline import host_compat_keys, preflight_for, trusted_of
 from buildctl.settings import Settings
-from buildctl.store.backend import ProgressFn, Store
-from buildctl.store.channels import ChannelRecord
-from buildctl.store.errors import EngineUnhealthyError
-from buildctl.store.manifest import Manifest, utc_now
-from buildctl.store.pull import (
+from buildctl.artifact_store.backend import ProgressFn, Store
+from buildctl.artifact_store.channels import ChannelRecord
+from buildctl.artifact_store.errors import EngineUnhealthyError
+from buildctl.artifact_store.manifest import Manifest, utc_now
+from buildctl.artifact_store.pull import (
     PullResult,
     current_artifact,
     health_marks,
@@ -38,7 +38,7 @@ from buildctl.store.pull import (
     resolve_channel,
     switch_back,
 )
-from buildctl.store.verify import get_manifest
+from buildctl.artifact_store.verify import get_manifest
 
 HEALTH_TIMEOUT_S = 600.0
 SMOKE_TOKENS = 8

@@ -37,18 +37,18 @@ from buildctl.engines.registry import backend_names, backend_of_engine_dir, get_
 from buildctl.fleet import PullFailure, record_pull_failure
 from buildctl.errors import BadInputError, BuildctlError, BuildFailedError
 from buildctl.settings import Settings
-from buildctl.store.attestations import StoredAttestation, latest_attestation
-from buildctl.store.backend import ProgressFn, Store, open_store
-from buildctl.store.channels import ChannelRecord, promote
-from buildctl.store.checkpoints import download_checkpoint
-from buildctl.store.errors import StoreArgumentError, VerificationError
-from buildctl.store.manifest import Manifest, tree_digest, utc_now
-from buildctl.store.publish import ManifestDraft, PublishResult, lookup_build_key, publish_tree
-from buildctl.store.pull import PullResult, pull, resolve_channel
-from buildctl.store.rollout import RolloutPlan
-from buildctl.store.signing import SigningKey, TrustedKeys, load_signing_key, load_trusted_keys
-from buildctl.store.integrity import check_integrity, deep_check
-from buildctl.store.verify import get_manifest, resolve_artifact
+from buildctl.artifact_store.attestations import StoredAttestation, latest_attestation
+from buildctl.artifact_store.backend import ProgressFn, Store, open_store
+from buildctl.artifact_store.channels import ChannelRecord, promote
+from buildctl.artifact_store.checkpoints import download_checkpoint
+from buildctl.artifact_store.errors import StoreArgumentError, VerificationError
+from buildctl.artifact_store.manifest import Manifest, tree_digest, utc_now
+from buildctl.artifact_store.publish import ManifestDraft, PublishResult, lookup_build_key, publish_tree
+from buildctl.artifact_store.pull import PullResult, pull, resolve_channel
+from buildctl.artifact_store.rollout import RolloutPlan
+from buildctl.artifact_store.signing import SigningKey, TrustedKeys, load_signing_key, load_trusted_keys
+from buildctl.artifact_store.integrity import check_integrity, deep_check
+from buildctl.artifact_store.verify import get_manifest, resolve_artifact
 
 Say = Callable[[str], None]
 

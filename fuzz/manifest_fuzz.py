@@ -11,8 +11,8 @@ import sys
 import atheris
 
 with atheris.instrument_imports():
-    from buildctl.store.errors import ManifestError
-    from buildctl.store.manifest import check_relpath, parse_manifest
+    from buildctl.artifact_store.errors import ManifestError
+    from buildctl.artifact_store.manifest import check_relpath, parse_manifest
 
 SEED = (b'{"schema_version":1,"files":[{"path":"a/rank0.engine","size":1,"digest":"xxh3-128:'
         + b"0" * 32 + b'","executable":false}],"profile_name":"p","profile_hash":"xxh3-128:' + b"1" * 32

@@ -20,25 +20,25 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 
 REVERTS = [  # (item, file, the fix, what was there before)
-    ("item_1", "engines/trtllm.py", "output_generation_logits=bool(top_logprobs)))", "output_generation_logits=False))"),
-    ("item_2", "engines/trtllm.py", "                for tok in response.result.output_token_ids[0]:",
+    ("item_1", "buildctl/engines/trtllm.py", "output_generation_logits=bool(top_logprobs)))", "output_generation_logits=False))"),
+    ("item_2", "buildctl/engines/trtllm.py", "                for tok in response.result.output_token_ids[0]:",
      "                for tok in [-1] * max_tokens:"),
-    ("item_3", "engines/trtllm.py",
+    ("item_3", "buildctl/engines/trtllm.py",
      "            kwargs.update(is_orchestrator_mode=True, device_ids=list(range(self.world_size)))", "            pass"),
-    ("item_4", "engines/trtllm.py", "                    if pending:\n                        yield submit()",
+    ("item_4", "buildctl/engines/trtllm.py", "                    if pending:\n                        yield submit()",
      "                    if pending and not in_flight:\n"
      "                        while pending and len(in_flight) < max(1, concurrency):\n"
      "                            yield submit()"),
-    ("item_5", "engines/trtllm.py", "            cmd.append(flag)", "            pass"),
-    ("item_6", "engines/trtllm.py", '        cmd += ["--calib_dataset", calib.dataset, "--calib_size", str(calib.size)]',
+    ("item_5", "buildctl/engines/trtllm.py", "            cmd.append(flag)", "            pass"),
+    ("item_6", "buildctl/engines/trtllm.py", '        cmd += ["--calib_dataset", calib.dataset, "--calib_size", str(calib.size)]',
      '        cmd += ["--calib_size", str(calib.size)]'),
-    ("item_7", "engines/trtllm.py", "        release = release_for(version or settings.trtllm_version) or RELEASES[0]",
+    ("item_7", "buildctl/engines/trtllm.py", "        release = release_for(version or settings.trtllm_version) or RELEASES[0]",
      "        release = RELEASES[0]"),
     ("item_8", "build_profiles/llama-3-8b-instruct-fp8-tp1.yaml", "    gemm_plugin: disable", "    gemm_plugin: auto"),
-    ("item_9", "engines/trtllm.py", '            "platform": fingerprint.platform,', ""),
+    ("item_9", "buildctl/engines/trtllm.py", '            "platform": fingerprint.platform,', ""),
     ("item_10", "tests/trtllm_kit.py", 'driver_version=s["driver"], cuda_version=s["cuda"]',
      'driver_version="550.54.15", cuda_version="12.4"'),
-    ("item_11", "engines/isolate.py",
+    ("item_11", "buildctl/engines/isolate.py",
      "                                    env=dict(env) if env is not None else None, cwd=cwd, start_new_session=True)",
      "                                    env=dict(env) if env is not None else None, cwd=cwd, start_new_session=True,\n"
      "                                    preexec_fn=(lambda: __import__('resource').setrlimit(__import__('resource')"

@@ -23,6 +23,16 @@ REPO = Path(__file__).resolve().parent.parent
 PROFILES = REPO / "build_profiles"
 
 
+MODULES_PARSED = pytest.StashKey[int]()
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
+    """Say how many library modules the architecture guards parsed (tests/test_architecture.py)."""
+    if MODULES_PARSED in config.stash:
+        terminalreporter.write_line(f"architecture guards: parsed {config.stash[MODULES_PARSED]} library modules "
+                                    "under buildctl/")
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--hog", action="store_true",
                      help="run the session with one busy-looping process per core (the speed gate's verdicts "
@@ -53,7 +63,7 @@ def _isolated_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
 def _small_ranges(monkeypatch: pytest.MonkeyPatch) -> None:
     """1 MiB ranges in-process, so the multi-MiB blobs of the S3 pull, verify and fault tests go
     through the parallel ranged path (8 MiB in production; subprocesses keep that)."""
-    from buildctl.store import ranged
+    from buildctl.artifact_store import ranged
 
     monkeypatch.setattr(ranged, "RANGE_SIZE", 1024 * 1024)
 
@@ -66,7 +76,7 @@ def _short_delete_window(monkeypatch: pytest.MonkeyPatch) -> None:
     """A publish that reuses a blob checks it again one delete window after touching it (5 s in
     production): 50 ms here, in-process and in the CLI subprocesses, so the many re-publishes of
     the suite do not wait. The gc race tests set their own windows."""
-    from buildctl.store import grace
+    from buildctl.artifact_store import grace
 
     monkeypatch.setattr(grace, "DEFAULT_DELETE_WINDOW_S", SHORT_DELETE_WINDOW_S)
     monkeypatch.setenv("BUILDCTL_GC_DELETE_WINDOW_S", str(SHORT_DELETE_WINDOW_S))
@@ -84,8 +94,8 @@ def attestation(artifact_id: str, compat_key: str, verdict: str = "pass", create
     """A complete, typed attestation whose recorded figures give ``verdict`` (promote recomputes
     it): paired throughput ratios of 1.0 against a 0.2 gate for a pass, 0.1 for a fail, straddling
     it for inconclusive; one identical prompt."""
-    from buildctl.store.attestations import Attestation
-    from buildctl.store.manifest import utc_now
+    from buildctl.artifact_store.attestations import Attestation
+    from buildctl.artifact_store.manifest import utc_now
 
     side = {"output_tok_s": 1000.0, "output_tok_s_per_gpu": 1000.0, "request_throughput": 10.0,
             "ttft_p50_ms": 10.0, "ttft_p99_ms": 12.0, "tpot_p50_ms": 1.0, "tpot_p99_ms": 1.2,
@@ -127,7 +137,7 @@ def attestation(artifact_id: str, compat_key: str, verdict: str = "pass", create
 def write_attestation(store, artifact_id: str, compat_key: str, verdict: str = "pass", created_at: str | None = None,
                       signer=None) -> str:
     """Store :func:`attestation` for the artifact (signed by ``signer``); returns its id."""
-    from buildctl.store.attestations import write_attestation as write
+    from buildctl.artifact_store.attestations import write_attestation as write
 
     return write(store, attestation(artifact_id, compat_key, verdict, created_at), signer=signer)
 
@@ -178,7 +188,7 @@ def store_uri(request, tmp_path: Path) -> str:
 
 @pytest.fixture
 def store(store_uri: str):
-    from buildctl.store.backend import open_store
+    from buildctl.artifact_store.backend import open_store
 
     return open_store(store_uri)
 
@@ -232,8 +242,8 @@ def tiny_build(tmp_path_factory):
 
     from buildctl import pipeline
     from buildctl.engines.profile import load_profile
-    from buildctl.store.backend import open_store
-    from buildctl.store.pull import install_artifact
+    from buildctl.artifact_store.backend import open_store
+    from buildctl.artifact_store.pull import install_artifact
 
     root = tmp_path_factory.mktemp("aoti")
     store = open_store(str(root / "store"))
@@ -277,8 +287,8 @@ def rot(store, digest: str, kind: str, rng=None) -> None:
     behind the store's back (no create-only condition)."""
     import os
 
-    from buildctl.store.layout import blob_key
-    from buildctl.store.local import LocalStore
+    from buildctl.artifact_store.layout import blob_key
+    from buildctl.artifact_store.local import LocalStore
 
     key = blob_key(digest)
     if kind == "missing":
@@ -308,7 +318,7 @@ def make_signer():
     """A fresh Ed25519 signing key (in memory) with its key id."""
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-    from buildctl.store.signing import SigningKey, key_id
+    from buildctl.artifact_store.signing import SigningKey, key_id
 
     private = Ed25519PrivateKey.generate()
     return SigningKey(private, key_id(private.public_key()))
@@ -329,7 +339,7 @@ class RangedStore:
 
     def read_range(self, key: str, offset: int, length: int) -> bytes:
         if self.vanish:
-            from buildctl.store.errors import KeyNotFoundError
+            from buildctl.artifact_store.errors import KeyNotFoundError
 
             raise KeyNotFoundError(key)
         data = self._store.read_range(key, offset, length)

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-import buildctl.store as ops
-from buildctl.store.errors import PreflightError
-from buildctl.store.pull import current_artifact, install_artifact
+import buildctl.artifact_store as ops
+from buildctl.artifact_store.errors import PreflightError
+from buildctl.artifact_store.pull import current_artifact, install_artifact
 from buildctl import pipeline
 from buildctl.engines.aoti import AotiBackend
 from buildctl.engines.errors import EngineLoadError, IncompatibleTargetError

@@ -13,10 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import REPO, settings
+from .conftest import MODULES_PARSED, REPO, settings
 
 BIN = Path(sys.executable).parent
-PACKAGE_DIRS = ("buildctl", "engines", "artifact_store", "validators", "flows")
+# The packages whose modules the AST guards below must see: each is a real folder under buildctl/.
+LIBRARY_PACKAGES = ("artifact_store", "cli", "engines", "flows", "validators")
 
 
 def lint_imports(root: Path) -> subprocess.CompletedProcess:
@@ -33,21 +34,20 @@ def test_import_linter_contracts_hold():
 
 VIOLATIONS = {
     # (file under the copied tree, line appended, the contract it must break)
-    "prefect-in-engines": ("engines/profile.py", "import prefect", "Prefect only in the flows"),
-    "prefect-via-cli": ("buildctl/cli/store.py", "import buildctl.flows.pipeline", "Prefect only in the flows"),
-    "boto3-in-local-store": ("artifact_store/local.py", "import boto3", "boto3 only in the S3 store"),
-    "vllm-in-speed": ("validators/speed.py", "import vllm", "vllm only in the reference runner"),
+    "prefect-in-engines": ("buildctl/engines/profile.py", "import prefect", "Prefect only in the flows"),
+    "prefect-via-cli": ("buildctl/cli/store.py", "import buildctl.flows.build_validate_publish", "Prefect only in the flows"),
+    "boto3-in-local-store": ("buildctl/artifact_store/local.py", "import boto3", "boto3 only in the S3 store"),
+    "vllm-in-speed": ("buildctl/validators/speed.py", "import vllm", "vllm only in the reference runner"),
     "torch-in-pipeline": ("buildctl/pipeline.py", "import torch", "torch only in the aoti backend"),
-    "store-imports-pipeline": ("artifact_store/verify.py", "import buildctl.pipeline", "Layers"),
-    "engines-import-store": ("engines/model_hub.py", "import buildctl.store.backend", "Layers"),
+    "store-imports-pipeline": ("buildctl/artifact_store/verify.py", "import buildctl.pipeline", "Layers"),
+    "engines-import-store": ("buildctl/engines/model_hub.py", "import buildctl.artifact_store.backend", "Layers"),
 }
 
 
 @pytest.mark.parametrize("case", sorted(VIOLATIONS))
 def test_each_contract_catches_a_violation(case, tmp_path):
     rel, line, contract = VIOLATIONS[case]
-    for d in PACKAGE_DIRS:
-        shutil.copytree(REPO / d, tmp_path / d, symlinks=True, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(REPO / "buildctl", tmp_path / "buildctl", ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(REPO / "pyproject.toml", tmp_path / "pyproject.toml")
     target = tmp_path / rel
     target.write_text((target.read_text() if target.exists() else "") + f"\n{line}\n")
@@ -57,9 +57,44 @@ def test_each_contract_catches_a_violation(case, tmp_path):
     assert any(contract in ln for ln in broken), r.stdout[-3000:]
 
 
-def _library_modules() -> list[Path]:
-    root = REPO / "buildctl"
-    return sorted(p for p in root.rglob("*.py") if "__pycache__" not in p.parts)
+def _library_modules(root: Path = REPO) -> list[Path]:
+    """Every module of the package under ``root``, found by walking ``root/buildctl`` (which
+    follows no link: every package folder must be a real one). Fails when a library package
+    contributes no module, so a folder that went missing or became a link is noticed."""
+    mods = sorted(p for p in (root / "buildctl").rglob("*.py") if "__pycache__" not in p.parts)
+    seen = {p.relative_to(root / "buildctl").parts[0] for p in mods}
+    missing = [pkg for pkg in LIBRARY_PACKAGES if pkg not in seen]
+    assert not missing, f"no module seen in buildctl/{missing}: a missing or linked package folder"
+    return mods
+
+
+def test_the_guards_parse_every_library_module(request):
+    """The AST guards see exactly the modules git tracks under buildctl/ (none hidden behind a
+    link), and the count is reported at the end of the session."""
+    mods = _library_modules()
+    tracked = subprocess.run(["git", "ls-files", "-s", "buildctl"], cwd=REPO, capture_output=True, text=True,
+                             check=True).stdout.splitlines()
+    links = [ln.split("\t")[1] for ln in tracked if ln.startswith("120000")]
+    assert links == []  # no symlinked package folder (or file) under buildctl/
+    files = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "buildctl"], cwd=REPO,
+                           capture_output=True, text=True, check=True).stdout.split()
+    py = sorted({REPO / f for f in files if f.endswith(".py") and (REPO / f).exists()})
+    assert mods == py
+    assert len(mods) >= 80  # 25 when three package folders were links the walk did not enter
+    request.config.stash[MODULES_PARSED] = len(mods)
+
+
+def test_a_library_folder_that_reads_the_environment_is_caught(tmp_path):
+    """On a copy of the tree, an ``os.environ`` read in each library package is found, and a
+    package folder that went missing fails the walk."""
+    shutil.copytree(REPO / "buildctl", tmp_path / "buildctl", ignore=shutil.ignore_patterns("__pycache__"))
+    for pkg in LIBRARY_PACKAGES:
+        target = next(p for p in sorted((tmp_path / "buildctl" / pkg).glob("*.py")) if p.name != "__init__.py")
+        target.write_text(target.read_text() + "\nimport os\nLEAK = os.environ.get('X')\n")
+    assert sorted({p.parent.name for p in _env_offenders(tmp_path)}) == sorted(LIBRARY_PACKAGES)
+    shutil.rmtree(tmp_path / "buildctl" / "validators")
+    with pytest.raises(AssertionError, match="validators"):
+        _library_modules(tmp_path)
 
 
 def _env_reads(tree: ast.AST) -> list[int]:
@@ -82,17 +117,15 @@ def _env_reads(tree: ast.AST) -> list[int]:
     return lines
 
 
+def _env_offenders(root: Path) -> dict[Path, list[int]]:
+    return {p: found for p in _library_modules(root) if p.name != "settings.py"
+            and (found := _env_reads(ast.parse(p.read_text(), str(p))))}
+
+
 def test_only_settings_reads_the_environment():
     """Library code takes configuration from Settings; copying the environment to a child process
     (``dict(os.environ)``) and setting variables before importing vllm are not reads."""
-    offenders = {}
-    for p in _library_modules():
-        if p.name == "settings.py":
-            continue
-        found = _env_reads(ast.parse(p.read_text(), str(p)))
-        if found:
-            offenders[str(p.relative_to(REPO))] = found
-    assert offenders == {}
+    assert {str(p.relative_to(REPO)): lines for p, lines in _env_offenders(REPO).items()} == {}
     # the check itself sees a read
     assert _env_reads(ast.parse("import os\nx = os.environ.get('A')\ny = os.getenv('B')\nz = os.environ['C']\n")) == [2, 3, 4]
 

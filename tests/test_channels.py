@@ -1,4 +1,4 @@
-"""Channel moves (buildctl.store.channels) called directly on a local store: compare-and-swap
+"""Channel moves (buildctl.artifact_store.channels) called directly on a local store: compare-and-swap
 with retries, expiry, k-of-n pending promotions, idempotence, rollout steps, rollback and
 re-signing. Fast; `make mutants` runs these first for the module."""
 
@@ -9,9 +9,9 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-import buildctl.store as ops
-from buildctl.store.backend import open_store
-from buildctl.store.channels import (
+import buildctl.artifact_store as ops
+from buildctl.artifact_store.backend import open_store
+from buildctl.artifact_store.channels import (
     ChannelRecord,
     move_channel,
     parse_utc,
@@ -22,7 +22,7 @@ from buildctl.store.channels import (
     rollout_step,
     set_channel,
 )
-from buildctl.store.errors import (
+from buildctl.artifact_store.errors import (
     ArtifactNotFoundError,
     CasConflictError,
     ChannelNotFoundError,
@@ -30,9 +30,9 @@ from buildctl.store.errors import (
     RolloutStateError,
     StoreArgumentError,
 )
-from buildctl.store.layout import channel_key, history_key, pending_key
-from buildctl.store.rollout import RolloutPlan, parse_waves
-from buildctl.store.signing import SigningKey, TrustedKeys
+from buildctl.artifact_store.layout import channel_key, history_key, pending_key
+from buildctl.artifact_store.rollout import RolloutPlan, parse_waves
+from buildctl.artifact_store.signing import SigningKey, TrustedKeys
 
 from .conftest import make_signer, make_tree, write_attestation
 
@@ -98,7 +98,7 @@ class Contended:
 
 
 def test_lost_swaps_are_retried_with_growing_jittered_waits(env, monkeypatch):
-    import buildctl.store.channels as channels_mod
+    import buildctl.artifact_store.channels as channels_mod
 
     store, (a, *_), m, compat = env
     ranges: list[tuple[float, float]] = []
@@ -308,7 +308,7 @@ def test_records_leave_unset_optional_fields_out_of_their_bytes(env):
 
 
 def test_promote_refuses_a_pass_whose_figures_fail_and_records_force_only_when_it_overrode(env):
-    from buildctl.store.errors import PromotionRefusedError
+    from buildctl.artifact_store.errors import PromotionRefusedError
 
     from .conftest import attestation
 
@@ -329,7 +329,7 @@ def test_promote_refuses_a_pass_whose_figures_fail_and_records_force_only_when_i
 
 
 def test_promote_with_trusted_keys_refuses_an_unsigned_attestation(env):
-    from buildctl.store.errors import PromotionRefusedError
+    from buildctl.artifact_store.errors import PromotionRefusedError
 
     store, (a, *_), _, _ = env
     k = make_signer()
@@ -384,7 +384,7 @@ def test_rollback_refuses_another_profiles_artifact_and_an_ambiguous_channel(env
 def test_channel_lookups_defaults_and_record_rules(env):
     from pydantic import ValidationError
 
-    from buildctl.store.channels import channels_pointing_at, history
+    from buildctl.artifact_store.channels import channels_pointing_at, history
 
     store, (a, b, c), m, compat = env
     rec = set_channel(store, a, m, "prod")
@@ -403,7 +403,7 @@ def test_channel_lookups_defaults_and_record_rules(env):
 
 
 def test_promote_retries_30_times_by_default(env, monkeypatch):
-    import buildctl.store.channels as channels_mod
+    import buildctl.artifact_store.channels as channels_mod
 
     monkeypatch.setattr(channels_mod.random, "uniform", lambda lo, hi: 0.0)  # no waiting between attempts
     store, (a, *_), _, _ = env
@@ -423,18 +423,18 @@ def test_history_on_a_read_only_store_still_reports_the_unsettled_record(env):
             return getattr(store, name)
 
         def put_bytes(self, key, data):
-            from buildctl.store.errors import StoreUnavailableError
+            from buildctl.artifact_store.errors import StoreUnavailableError
 
             raise StoreUnavailableError(store.uri, "read-only credentials")
 
-    from buildctl.store.channels import history
+    from buildctl.artifact_store.channels import history
 
     assert [r.seq for r in history(ReadOnly(), P, "prod", compat)] == [1, 2]
     assert store.stat(history_key(P, "prod", compat, 2)) is None and r2.seq == 2
 
 
 def test_a_malformed_channel_ref_is_a_corrupt_object(env):
-    from buildctl.store.errors import CorruptObjectError
+    from buildctl.artifact_store.errors import CorruptObjectError
 
     store, _, _, compat = env
     store.cas(channel_key(P, "prod", compat), b'{"seq": 0}', None)

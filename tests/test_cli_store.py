@@ -8,8 +8,8 @@ import unicodedata
 
 import pytest
 
-import buildctl.store as ops
-from buildctl.store.layout import blob_key
+import buildctl.artifact_store as ops
+from buildctl.artifact_store.layout import blob_key
 
 from .conftest import PROFILES, make_tree, write_attestation
 

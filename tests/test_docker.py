@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-import buildctl.store as ops
-from buildctl.store.errors import StoreUnavailableError
-from buildctl.store.s3 import S3Store
+import buildctl.artifact_store as ops
+from buildctl.artifact_store.errors import StoreUnavailableError
+from buildctl.artifact_store.s3 import S3Store
 
 from .conftest import REPO, make_tree, write_attestation
 

@@ -45,7 +45,8 @@ def read_artifact(key: str):
 
 
 def test_build_validate_publish_end_to_end_then_cache_hit(prefect_api, in_repo, tmp_path, monkeypatch):
-    from buildctl.flows.pipeline import artifact_key, build_validate_publish
+    from buildctl.flows.common import artifact_key
+    from buildctl.flows.build_validate_publish import build_validate_publish
 
     monkeypatch.setenv("BUILDCTL_BUILD_LIMIT", "test-builds")
     ensure_limit("test-builds", 1)
@@ -70,7 +71,7 @@ def test_build_validate_publish_end_to_end_then_cache_hit(prefect_api, in_repo, 
 
 
 def test_production_channels_are_refused_by_the_flow(prefect_api, in_repo):
-    from buildctl.flows.pipeline import build_validate_publish
+    from buildctl.flows.build_validate_publish import build_validate_publish
 
     from buildctl.errors import BadInputError
 
@@ -81,7 +82,7 @@ def test_production_channels_are_refused_by_the_flow(prefect_api, in_repo):
 def test_build_slots_honour_the_limit_and_are_strict(prefect_api, monkeypatch):
     from prefect import flow
 
-    from buildctl.flows.pipeline import build_slot
+    from buildctl.flows.build_validate_publish import build_slot
 
     monkeypatch.setenv("BUILDCTL_BUILD_LIMIT", "slot-test")
     ensure_limit("slot-test", 1)
@@ -117,7 +118,7 @@ def test_driver_upgrade_trigger_creates_a_run_with_mapped_parameters(prefect_api
 
     from buildctl.engines.fingerprint import detect
     from buildctl.flows.events import emit_driver_upgraded
-    from buildctl.flows.pipeline import on_driver_upgrade
+    from buildctl.flows.on_driver_upgrade import on_driver_upgrade
 
     spec = next(d for d in yaml.safe_load((REPO / "prefect.yaml").read_text())["deployments"]
                 if d["name"] == "on-driver-upgrade")
@@ -147,9 +148,9 @@ def test_driver_upgrade_trigger_creates_a_run_with_mapped_parameters(prefect_api
 
 
 def test_scrub_store_flow_quarantines_and_emits_an_event_per_corrupt_artifact(prefect_api, tmp_path, draft):
-    import buildctl.store as ops
-    from buildctl.flows.pipeline import scrub_store
-    from buildctl.store.quarantine import active_quarantine
+    import buildctl.artifact_store as ops
+    from buildctl.flows.scrub_store import scrub_store
+    from buildctl.artifact_store.quarantine import active_quarantine
 
     from .conftest import make_tree, rot
 
@@ -170,7 +171,7 @@ def test_an_inconclusive_validation_is_retried_once_with_double_the_budget(prefe
                                                                           monkeypatch, second):
     """The flow's retry rule, with the validation child replaced by recorded verdicts (the real
     child's inconclusive path is tested in test_validate)."""
-    import buildctl.flows.pipeline as fp
+    import buildctl.flows.build_validate_publish as fp
     from buildctl.validate_process import ValidationOutcome
     from buildctl.validators.errors import ValidationInconclusiveError
 
@@ -217,7 +218,8 @@ def test_a_failed_run_has_a_summary_with_the_cause_and_a_readable_name(prefect_a
     from prefect.client.orchestration import get_client
 
     from buildctl.engines.errors import ProfileNotFoundError
-    from buildctl.flows.pipeline import artifact_key, build_validate_publish
+    from buildctl.flows.common import artifact_key
+    from buildctl.flows.build_validate_publish import build_validate_publish
 
     state = build_validate_publish(profile="no-such-profile", return_state=True)
     assert state.is_failed()
@@ -239,11 +241,12 @@ def test_rollout_channel_flow_takes_a_healthy_rollout_to_100_percent(prefect_api
     """Simulated nodes pull between runs of the rollout-channel flow: each run advances one wave
     (bake 0, no failures) until the last completes; a second rollout whose canary fails is halted
     by the flow and the channel rolled back."""
-    import buildctl.store as ops
-    from buildctl.flows.pipeline import artifact_key, rollout_channel
-    from buildctl.store.backend import open_store
-    from buildctl.store.channels import history, read_channel
-    from buildctl.store.rollout import RolloutPlan, parse_waves, wave_bucket
+    import buildctl.artifact_store as ops
+    from buildctl.flows.common import artifact_key
+    from buildctl.flows.rollout_channel import rollout_channel
+    from buildctl.artifact_store.backend import open_store
+    from buildctl.artifact_store.channels import history, read_channel
+    from buildctl.artifact_store.rollout import RolloutPlan, parse_waves, wave_bucket
 
     from .test_rollout import PROFILE, Fleet, publish
 
@@ -281,11 +284,11 @@ def test_rollout_channel_flow_takes_a_healthy_rollout_to_100_percent(prefect_api
 
 
 def test_resign_channels_flow_re_signs_what_is_due(prefect_api, tmp_path, draft, monkeypatch):
-    import buildctl.store as ops
-    from buildctl.flows.pipeline import resign_channels
-    from buildctl.store.backend import open_store
-    from buildctl.store.errors import StoreArgumentError
-    from buildctl.store.signing import generate, load_signing_key
+    import buildctl.artifact_store as ops
+    from buildctl.flows.resign_channels import resign_channels
+    from buildctl.artifact_store.backend import open_store
+    from buildctl.artifact_store.errors import StoreArgumentError
+    from buildctl.artifact_store.signing import generate, load_signing_key
 
     from .test_rollout import publish
 
@@ -305,9 +308,9 @@ def test_resign_channels_flow_re_signs_what_is_due(prefect_api, tmp_path, draft,
 
 
 def test_gc_store_flow_publishes_the_dry_run_then_removes(prefect_api, tmp_path, draft):
-    import buildctl.store as ops
-    from buildctl.flows.pipeline import gc_store
-    from buildctl.store.backend import open_store
+    import buildctl.artifact_store as ops
+    from buildctl.flows.gc_store import gc_store
+    from buildctl.artifact_store.backend import open_store
 
     from .test_rollout import publish
 

@@ -7,13 +7,13 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-import buildctl.store as ops
+import buildctl.artifact_store as ops
 from buildctl.fleet import EngineState, collect_garbage, record_engine_state
 from buildctl.engines.fingerprint import detect
-from buildctl.store import errors as ops_errors
-from buildctl.store.errors import StoreUnavailableError
-from buildctl.store.gc import gc
-from buildctl.store.layout import blob_key, touch_key
+from buildctl.artifact_store import errors as ops_errors
+from buildctl.artifact_store.errors import StoreUnavailableError
+from buildctl.artifact_store.gc import gc
+from buildctl.artifact_store.layout import blob_key, touch_key
 
 from .conftest import make_tree, settings, write_attestation
 
@@ -86,7 +86,7 @@ def test_keep_counts_per_profile_and_compat_key_and_dry_run_gives_reasons(store,
 
 def test_quarantined_artifacts_are_kept_for_their_retention(store, tmp_path):
     aid = publish(store, tmp_path, "aoti-q" + "0" * 30, "v0")
-    from buildctl.store.quarantine import quarantine
+    from buildctl.artifact_store.quarantine import quarantine
 
     quarantine(store, aid, "segfaults past 4096 tokens", who="test")
     res = gc(store, keep=0, keep_history=0, dry_run=True, now=LATER)

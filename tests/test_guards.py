@@ -17,14 +17,14 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings as hsettings, strategies as st
 
-import buildctl.store as ops
+import buildctl.artifact_store as ops
 from buildctl.engines.backend import TokenEvent
 from buildctl.engines.buildkey import build_key, build_key_for
 from buildctl.engines.errors import HostRequirementsError, ProfileError
 from buildctl.engines.profile import SpeedGate, load_profile
 from buildctl.engines.trtllm import RELEASES, TrtllmTools, convert_command
-from buildctl.store.errors import VerificationError
-from buildctl.store.pull import current_artifact, install_artifact
+from buildctl.artifact_store.errors import VerificationError
+from buildctl.artifact_store.pull import current_artifact, install_artifact
 from buildctl.validators.speed import measure
 
 from .conftest import PROFILES, make_tree
@@ -268,8 +268,8 @@ def test_pull_refuses_a_corrupted_first_middle_or_last_file(store, tmp_path, dra
 def test_any_single_byte_change_in_any_file_is_refused(tmp_path_factory, draft, data):
     """Property: for a small tree, any file and any byte of it changed to any other value: the pull
     is refused naming that file, and ``current`` stays what it was."""
-    from buildctl.store.backend import open_store
-    from buildctl.store.layout import blob_key
+    from buildctl.artifact_store.backend import open_store
+    from buildctl.artifact_store.layout import blob_key
 
     root = tmp_path_factory.mktemp("prop")
     store = open_store("file://" + str(root / "store"))

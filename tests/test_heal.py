@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-import buildctl.store as ops
+import buildctl.artifact_store as ops
 
 from .conftest import PROFILES, make_tree, rot, settings, write_attestation
 from .trtllm_kit import calib, fake_tools, h100x8, hf_model, prod  # noqa: F401  (fixtures)
@@ -118,12 +118,12 @@ def test_recovery_skips_earlier_artifacts_that_are_bad_or_unvalidated(store, dra
     newest = published(store, tmp_path / "n", draft, seed=3)
     ops.promote(store, newest, "prod")
     rot(store, digest_of(store, rotten, "rank0.engine"), "flip")
-    from buildctl.store.quarantine import quarantine
+    from buildctl.artifact_store.quarantine import quarantine
 
     quarantine(store, newest, "bad engine", who="test")
     (rec,) = recover_channels(settings(), store, newest)
     assert rec.rolled_back_to == oldest  # the rotten one in between deep-failed and was quarantined too
-    from buildctl.store.quarantine import active_quarantine
+    from buildctl.artifact_store.quarantine import active_quarantine
 
     assert active_quarantine(store, rotten) is not None
 
@@ -193,8 +193,8 @@ def test_scrub_checks_channel_artifacts_first_and_quarantines_failures(store, st
 
 
 def test_build_key_generations_follow_quarantine(store, draft, tmp_path):
-    from buildctl.store.publish import build_key_owners, claim_build_key, lookup_build_key
-    from buildctl.store.quarantine import lift, quarantine
+    from buildctl.artifact_store.publish import build_key_owners, claim_build_key, lookup_build_key
+    from buildctl.artifact_store.quarantine import lift, quarantine
 
     key = "xxh3-128:" + "b" * 32
     a = published(store, tmp_path / "a", draft, seed=1)
@@ -220,7 +220,7 @@ def test_cache_check_quarantines_a_rotted_hit_and_rebuilds(store_uri, hf_model, 
     rot(store, digest_of(store, first["artifact_id"], "rank3.engine"), kind)
     second = j(cli(*build))
     assert not second["cache_hit"], "a rotted cached artifact is no hit"
-    from buildctl.store.quarantine import quarantine_records
+    from buildctl.artifact_store.quarantine import quarantine_records
 
     records = [r.action for _, r in quarantine_records(store, first["artifact_id"])]
     assert records[0] == "quarantine"
@@ -237,8 +237,8 @@ def test_validation_quarantines_an_artifact_whose_store_copy_is_bad(tmp_path, dr
     """The validator pulls the artifact with verification first: bad bytes quarantine it before
     any engine or reference runs (the reference given here would fail if it were used)."""
     from buildctl import pipeline
-    from buildctl.store.errors import VerificationError
-    from buildctl.store.quarantine import active_quarantine
+    from buildctl.artifact_store.errors import VerificationError
+    from buildctl.artifact_store.quarantine import active_quarantine
 
     store = ops.open_store(str(tmp_path / "store"))
     aid = ops.publish_tree(store, make_tree(tmp_path / "e", {"engine.json": b"{}", "model.pt2": 50_000}), draft).artifact_id

@@ -1,4 +1,4 @@
-"""The local-directory store's own rules (buildctl.store.local): key checks, read-only objects,
+"""The local-directory store's own rules (buildctl.artifact_store.local): key checks, read-only objects,
 short reads, listing around its reserved directories, clean-up after failed writes, and a full
 disk. The behaviour both stores share is in test_store_contract.py."""
 
@@ -10,9 +10,9 @@ import stat
 
 import pytest
 
-import buildctl.store.local as local_mod
-from buildctl.store.errors import KeyNotFoundError, StoreArgumentError, StoreUnavailableError
-from buildctl.store.local import LocalStore
+import buildctl.artifact_store.local as local_mod
+from buildctl.artifact_store.errors import KeyNotFoundError, StoreArgumentError, StoreUnavailableError
+from buildctl.artifact_store.local import LocalStore
 
 KEY = "blobs/aa/" + "a" * 32
 

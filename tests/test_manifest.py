@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, strategies as st
 
 from buildctl.digest import digest_bytes, hash_file
-from buildctl.store.errors import ManifestError
-from buildctl.store.manifest import MANIFEST_SCHEMA_VERSION, check_relpath, parse_manifest
+from buildctl.artifact_store.errors import ManifestError
+from buildctl.artifact_store.manifest import MANIFEST_SCHEMA_VERSION, check_relpath, parse_manifest
 
 D = "xxh3-128:" + "a" * 32
 
@@ -88,7 +88,7 @@ def test_hash_file_matches_bytes(tmp_path):
 
 
 def test_path_limits_are_inclusive():
-    from buildctl.store.manifest import MAX_COMPONENT_LEN, MAX_PATH_LEN
+    from buildctl.artifact_store.manifest import MAX_COMPONENT_LEN, MAX_PATH_LEN
 
     assert (MAX_PATH_LEN, MAX_COMPONENT_LEN) == (1024, 255)
     longest = "/".join(["c" * 255] * 3 + ["d" * 254, "e"])  # 1024 bytes
@@ -114,7 +114,7 @@ def test_unsafe_paths_are_refused_with_the_reason(bad, why):
 
 
 def test_entries_and_manifests_defaults_and_digests():
-    from buildctl.store.manifest import FileEntry
+    from buildctl.artifact_store.manifest import FileEntry
 
     e = FileEntry(path="empty", size=0, digest=D)
     assert e.executable is False and e.size == 0
@@ -134,8 +134,8 @@ def test_scan_tree_walks_on_after_a_directory_and_refuses_what_it_cannot_hold(tm
     import dataclasses
     import os
 
-    from buildctl.store.errors import UnsafeTreeError
-    from buildctl.store.manifest import hash_tree, scan_tree
+    from buildctl.artifact_store.errors import UnsafeTreeError
+    from buildctl.artifact_store.manifest import hash_tree, scan_tree
 
     root = tmp_path / "t"
     (root / "a").mkdir(parents=True)
@@ -165,7 +165,7 @@ def test_scan_tree_walks_on_after_a_directory_and_refuses_what_it_cannot_hold(tm
 def test_entries_are_frozen_and_root_level_errors_are_named():
     from pydantic import ValidationError
 
-    from buildctl.store.manifest import FileEntry
+    from buildctl.artifact_store.manifest import FileEntry
 
     e = FileEntry(path="x", size=1, digest=D)
     with pytest.raises(ValidationError):

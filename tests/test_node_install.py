@@ -1,4 +1,4 @@
-"""Install, switch back and the node-side refusals (buildctl.store.pull), called directly on a
+"""Install, switch back and the node-side refusals (buildctl.artifact_store.pull), called directly on a
 local store: fast, and `make mutants` runs these first for the module. The fault cases on both
 stores are in test_pull.py and tests/faults/."""
 
@@ -12,11 +12,11 @@ from datetime import timedelta
 
 import pytest
 
-import buildctl.store as ops
-import buildctl.store.pull as pull_mod
-from buildctl.store.backend import open_store
-from buildctl.store.channels import parse_utc, set_channel
-from buildctl.store.errors import (
+import buildctl.artifact_store as ops
+import buildctl.artifact_store.pull as pull_mod
+from buildctl.artifact_store.backend import open_store
+from buildctl.artifact_store.channels import parse_utc, set_channel
+from buildctl.artifact_store.errors import (
     ExpiredRecordError,
     InstallError,
     PreflightError,
@@ -25,8 +25,8 @@ from buildctl.store.errors import (
     StaleRecordError,
     VerificationError,
 )
-from buildctl.store.layout import blob_key, history_key
-from buildctl.store.pull import (
+from buildctl.artifact_store.layout import blob_key, history_key
+from buildctl.artifact_store.pull import (
     check_fresh,
     check_trust,
     current_artifact,
@@ -38,7 +38,7 @@ from buildctl.store.pull import (
     pull,
     switch_back,
 )
-from buildctl.store.signing import TrustedKeys, sign_manifest
+from buildctl.artifact_store.signing import TrustedKeys, sign_manifest
 
 from .conftest import RangedStore as Ranged, make_signer, make_tree, write_attestation
 
@@ -291,7 +291,7 @@ def test_k_of_n_records_and_what_one_signature_may_still_do(signed, tmp_path):
 def test_a_quorum_approved_rollout_does_not_approve_a_rollback_elsewhere(signed, tmp_path):
     """k-of-n: a single-signature record may point only at an artifact a quorum record moved the
     channel to (or rolled out); a quorum-approved rollout of b approves b, not c."""
-    from buildctl.store.rollout import RolloutPlan, parse_waves
+    from buildctl.artifact_store.rollout import RolloutPlan, parse_waves
 
     store, (a, b, c, _), dest, trusted, p1, p2 = signed
     trusted2 = TrustedKeys(trusted.by_role, thresholds={"prod": 2})

@@ -143,7 +143,7 @@ def a_failing_child_fails_its_parents(url: str, env: dict, tmp_path) -> None:
     """Node 2 upgrades to a toolchain no worker here has: its build fails (the serving host's compat
     key differs), and so do the reconcile and on-driver-upgrade runs above it, each with a summary
     that names the cause."""
-    from buildctl.flows.pipeline import artifact_key
+    from buildctl.flows.common import artifact_key
 
     fp2 = tmp_path / "node2.json"
     node2 = {**env, "BUILDCTL_FINGERPRINT_FILE": str(fp2)}
@@ -181,9 +181,9 @@ def heal_through_the_automation(url: str, env: dict, tmp_path, compat_key: str) 
     """The rebuilt artifact rots in the store; a node's pull of it fails and emits
     buildctl.node.pull-failed; the heal-artifact automation quarantines it and, in that one run,
     rebuilds, validates and promotes a good artifact to staging."""
-    import buildctl.store as ops
-    from buildctl.store.integrity import deep_check
-    from buildctl.store.quarantine import active_quarantine
+    import buildctl.artifact_store as ops
+    from buildctl.artifact_store.integrity import deep_check
+    from buildctl.artifact_store.quarantine import active_quarantine
 
     store = ops.open_store(env["BUILDCTL_STORE"])
     (aid,) = [a for a, m in ops.list_artifacts(store) if m.compat_key == compat_key]
@@ -223,7 +223,7 @@ def rollout_halted_through_the_automation(url: str, env: dict, tmp_path, compat_
     """A rollout to prod whose canary fails its smoke check: the node switches back, reports
     `failed` and emits buildctl.node.engine-health; the rollout-channel automation halts the
     rollout at once (no scheduled run needed) and rolls prod back, naming the node."""
-    import buildctl.store as ops
+    import buildctl.artifact_store as ops
 
     from .conftest import write_attestation
 
@@ -277,7 +277,7 @@ def test_builds_are_routed_to_workers_of_their_compat_key(tmp_path, tiny_build):
     first two lands on the matching worker and completes (a worker of the other key would fail it
     with IncompatibleTargetError); the third, for a key no worker serves, waits."""
     from buildctl import pipeline
-    from buildctl.store.backend import open_store
+    from buildctl.artifact_store.backend import open_store
 
     from .conftest import settings, write_attestation
 
@@ -352,8 +352,8 @@ def test_builds_are_routed_to_workers_of_their_compat_key(tmp_path, tiny_build):
 def heal_rebuilds_on_the_matching_worker(url: str, store, env: dict, tmp_path, artifact_id: str, key: str) -> None:
     """Artifact a rots; a heal-artifact run (on 'default', which worker a serves) quarantines it and
     starts its rebuild on a's compat-key queue, waits for it, and reports what staging points at."""
-    import buildctl.store as ops
-    from buildctl.store.quarantine import active_quarantine
+    import buildctl.artifact_store as ops
+    from buildctl.artifact_store.quarantine import active_quarantine
 
     blob = next(f for f in ops.get_manifest(store, artifact_id).files if f.path == "model.pt2")
     rot(store, blob.digest, "flip")

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-import buildctl.store as ops
-from buildctl.store.errors import PreflightError, VerificationError
-from buildctl.store.manifest import FileEntry
-from buildctl.store.pull import current_artifact, install_artifact, pull
-from buildctl.store.layout import blob_key, manifest_key
+import buildctl.artifact_store as ops
+from buildctl.artifact_store.errors import PreflightError, VerificationError
+from buildctl.artifact_store.manifest import FileEntry
+from buildctl.artifact_store.pull import current_artifact, install_artifact, pull
+from buildctl.artifact_store.layout import blob_key, manifest_key
 from buildctl.engines.fingerprint import detect
 
 from .conftest import REPO, make_tree, write_attestation

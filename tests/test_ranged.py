@@ -1,4 +1,4 @@
-"""Parallel ranged reads hashed in order (buildctl.store.ranged): order, corruption, memory."""
+"""Parallel ranged reads hashed in order (buildctl.artifact_store.ranged): order, corruption, memory."""
 
 from __future__ import annotations
 
@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-import buildctl.store as ops
-from buildctl.store.checkpoints import download_checkpoint
-from buildctl.store.errors import StoreUnavailableError, VerificationError
-from buildctl.store.pull import current_artifact, install_artifact
-from buildctl.store.ranged import RangedReader
+import buildctl.artifact_store as ops
+from buildctl.artifact_store.checkpoints import download_checkpoint
+from buildctl.artifact_store.errors import StoreUnavailableError, VerificationError
+from buildctl.artifact_store.pull import current_artifact, install_artifact
+from buildctl.artifact_store.ranged import RangedReader
 
 from .conftest import REPO, make_tree
 
@@ -94,9 +94,9 @@ def test_checkpoint_download_is_ranged_and_checked(store, tmp_path):
 
 MEASURE = r"""
 import json, os, sys
-from buildctl.store.backend import open_store
-from buildctl.store import ranged
-from buildctl.store.pull import install_artifact
+from buildctl.artifact_store.backend import open_store
+from buildctl.artifact_store import ranged
+from buildctl.artifact_store.pull import install_artifact
 ranged.RANGE_SIZE = int(sys.argv[4])
 store = open_store(sys.argv[1])
 store.ranged_reads = True

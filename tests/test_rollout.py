@@ -10,15 +10,15 @@ from pathlib import Path
 
 import pytest
 
-import buildctl.store as ops
+import buildctl.artifact_store as ops
 from buildctl import rollouts
 from buildctl.engines.fingerprint import detect
 from buildctl.fleet import read_node
 from buildctl.node_agent import node_pull
-from buildctl.store.channels import history, read_channel
-from buildctl.store.errors import EngineUnhealthyError, RolloutInProgressError, RolloutStateError, StoreArgumentError
-from buildctl.store.pull import current_artifact, previous_artifact, pull
-from buildctl.store.rollout import RolloutPlan, in_wave, parse_duration, parse_waves, wave_bucket
+from buildctl.artifact_store.channels import history, read_channel
+from buildctl.artifact_store.errors import EngineUnhealthyError, RolloutInProgressError, RolloutStateError, StoreArgumentError
+from buildctl.artifact_store.pull import current_artifact, previous_artifact, pull
+from buildctl.artifact_store.rollout import RolloutPlan, in_wave, parse_duration, parse_waves, wave_bucket
 
 from .conftest import make_tree, settings, write_attestation
 

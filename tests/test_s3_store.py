@@ -6,9 +6,9 @@ import os
 
 import pytest
 
-from buildctl.store import s3 as s3mod
-from buildctl.store.errors import StoreUnavailableError
-from buildctl.store.s3 import S3Store
+from buildctl.artifact_store import s3 as s3mod
+from buildctl.artifact_store.errors import StoreUnavailableError
+from buildctl.artifact_store.s3 import S3Store
 
 
 @pytest.fixture
@@ -94,7 +94,7 @@ def test_unreachable_endpoint_is_a_clean_error(monkeypatch):
 
 
 def test_bucket_name_rules():
-    from buildctl.store.errors import StoreUriError
+    from buildctl.artifact_store.errors import StoreUriError
 
     with pytest.raises(StoreUriError):
         S3Store("s3://ab/p")

@@ -8,10 +8,10 @@ import stat
 
 import pytest
 
-import buildctl.store as ops
+import buildctl.artifact_store as ops
 from buildctl.pipeline import signer_of
-from buildctl.store.backend import open_store
-from buildctl.store.layout import channel_key, history_key
+from buildctl.artifact_store.backend import open_store
+from buildctl.artifact_store.layout import channel_key, history_key
 
 from .conftest import PROFILES, make_tree, settings, write_attestation
 
@@ -332,7 +332,7 @@ def test_a_revoked_keys_later_signatures_are_refused(keys, cli, tmp_path, monkey
 
     env, store_dir = Env(monkeypatch, keys), tmp_path / "store"
     before = publish(env, cli, store_dir, make_tree(tmp_path / "a", {"rank0.engine": b"before the leak"}))
-    from buildctl.store.signing import load_signing_key
+    from buildctl.artifact_store.signing import load_signing_key
 
     builder_id = load_signing_key(keys[0] / "builder.key").key_id
     env.as_("validator")  # not a promoter: its revocation must not count

@@ -7,10 +7,10 @@ import json
 
 import pytest
 
-from buildctl.store.backend import open_store
-from buildctl.store.errors import SignatureError, StoreArgumentError
-from buildctl.store.layout import manifest_key
-from buildctl.store.signing import (
+from buildctl.artifact_store.backend import open_store
+from buildctl.artifact_store.errors import SignatureError, StoreArgumentError
+from buildctl.artifact_store.layout import manifest_key
+from buildctl.artifact_store.signing import (
     SigningKey,
     TrustedKeys,
     generate,
@@ -121,7 +121,7 @@ def test_a_revoked_key_counts_only_on_records_made_before_its_revocation():
     at = datetime(2026, 6, 1, 12, 0, tzinfo=timezone.utc)
     trusted = TrustedKeys({"promoter": {k.key_id: k.private.public_key()}}, revoked={k.key_id: (at, "laptop lost")})
     sig = k.sign(b"record")
-    from buildctl.store.signing import verify_signature
+    from buildctl.artifact_store.signing import verify_signature
 
     before = (at - timedelta(microseconds=1)).isoformat().replace("+00:00", "Z")
     assert verify_signature("r", b"record", sig, trusted, "promoter", signed_at=before) == k.key_id

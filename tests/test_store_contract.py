@@ -8,9 +8,9 @@ import sys
 
 import pytest
 
-import buildctl.store as ops
-from buildctl.store.errors import KeyNotFoundError
-from buildctl.store.layout import manifest_key
+import buildctl.artifact_store as ops
+from buildctl.artifact_store.errors import KeyNotFoundError
+from buildctl.artifact_store.layout import manifest_key
 
 from .conftest import REPO, make_tree, write_attestation
 
@@ -70,7 +70,7 @@ def test_manifest_verified_on_read(store, engine_tree, draft):
     other = ops.publish_tree(store, make_tree(engine_tree.parent / "other", {"a": b"a"}), draft)
     # a manifest stored under the wrong id is detected, not trusted
     store.put_bytes(manifest_key("xxh3-128:" + "0" * 32), store.get_bytes(manifest_key(res.artifact_id)))
-    from buildctl.store.errors import CorruptObjectError
+    from buildctl.artifact_store.errors import CorruptObjectError
 
     with pytest.raises(CorruptObjectError):
         ops.get_manifest(store, "xxh3-128:" + "0" * 32)
@@ -107,7 +107,7 @@ class CrashAfter:
 def test_publish_killed_at_every_write_then_rerun(store_uri, engine_tree, draft):
     """Kill publish at each of its writes in turn, on a fresh store each time: nothing partial is
     ever visible, and a re-run finishes the job with one complete artifact."""
-    from buildctl.store.backend import open_store
+    from buildctl.artifact_store.backend import open_store
 
     n = 1
     while True:
@@ -128,8 +128,8 @@ def test_publish_killed_at_every_write_then_rerun(store_uri, engine_tree, draft)
 
 PROMOTER = r"""
 import sys
-from buildctl.store.backend import open_store
-import buildctl.store as ops
+from buildctl.artifact_store.backend import open_store
+import buildctl.artifact_store as ops
 store = open_store(sys.argv[1])
 rec = ops.promote(store, sys.argv[2], "staging", attempts=200)
 print(rec.seq)
@@ -177,7 +177,7 @@ def test_lost_races_exit_6(store, store_uri, engine_tree, draft, cli, s3_env_if_
     res = ops.publish_tree(store, engine_tree, draft)
     write_attestation(store, res.artifact_id, draft.compat_key, "pass", "2026-01-01T00:00:00.000000Z")
     loser = AlwaysLoses(store)
-    from buildctl.store.errors import CasConflictError
+    from buildctl.artifact_store.errors import CasConflictError
 
     slept = []
     with pytest.raises(CasConflictError) as exc:
@@ -192,8 +192,8 @@ def test_lost_races_exit_6(store, store_uri, engine_tree, draft, cli, s3_env_if_
 
 RACER = r"""
 import sys
-from buildctl.store.backend import open_store
-import buildctl.store as ops
+from buildctl.artifact_store.backend import open_store
+import buildctl.artifact_store as ops
 store = open_store(sys.argv[1])
 draft = ops.ManifestDraft(profile_name="p", profile_hash="xxh3-128:" + "1" * 32, backend="aoti", compat_key="aoti-x",
                           fingerprint={}, build_key="xxh3-128:" + "2" * 32)
@@ -272,8 +272,8 @@ def test_list_by_partial_and_directory_prefixes(store):
 
 
 def test_bad_keys_are_refused_by_the_local_store(tmp_path):
-    from buildctl.store.backend import open_store
-    from buildctl.store.errors import StoreArgumentError
+    from buildctl.artifact_store.backend import open_store
+    from buildctl.artifact_store.errors import StoreArgumentError
 
     store = open_store(str(tmp_path / "store"))
     for bad in ("", "/etc/passwd", "blobs/../../x", "a/../b", ".tmp/x", ".locks/y"):

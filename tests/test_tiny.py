@@ -6,7 +6,7 @@ import pytest
 
 from buildctl.engines.profile import TinyModel
 from buildctl.engines.tiny import ARCH, make_tiny, recipe_key
-from buildctl.store.manifest import tree_digest as model_digest
+from buildctl.artifact_store.manifest import tree_digest as model_digest
 
 
 def test_recipe_key_depends_on_parameters():

@@ -63,7 +63,7 @@ def test_runtime_fixture_loads():
 
 @pytest.mark.parametrize("version", VERSIONS)
 def test_release_table_matches_the_fixtures(version):
-    """engines/trtllm.py's per-release facts agree with what the sources say."""
+    """buildctl/engines/trtllm.py's per-release facts agree with what the sources say."""
     release = release_for(stack(version)["tensorrt_llm"])
     assert release is not None
     conv = fixture(version, "convert_checkpoint")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-import buildctl.store as ops
+import buildctl.artifact_store as ops
 from buildctl.engines.errors import EngineBuildError, HostRequirementsError
 from buildctl.engines.profile import load_profile, parse_profile
 from buildctl.engines.trtllm import TrtllmBackend, TrtllmTools, build_command, check_complete, convert_command
@@ -139,7 +139,7 @@ def test_cli_build_publishes_and_caches(cli, hf_model, fake_tools, prod, tmp_pat
     assert code == 0, err
     res = json.loads(out)
     assert not res["cache_hit"]
-    from buildctl.store.backend import open_store
+    from buildctl.artifact_store.backend import open_store
 
     m = ops.get_manifest(open_store(str(store)), res["artifact_id"])
     assert m.backend == "trtllm" and m.build_key == res["build_key"] and m.build_log is not None

@@ -1,6 +1,6 @@
 """The trtllm backend's own rules, called directly: release table lookup, engine-directory checks,
 recorded quantization, and every requirement a build host must meet (each alone, so one check
-dropped or loosened fails here). Fast; `make mutants` runs these first for engines/trtllm.py."""
+dropped or loosened fails here). Fast; `make mutants` runs these first for buildctl/engines/trtllm.py."""
 
 from __future__ import annotations
 

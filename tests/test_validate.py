@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-import buildctl.store as ops
-from buildctl.store.backend import open_store
+import buildctl.artifact_store as ops
+from buildctl.artifact_store.backend import open_store
 from buildctl import pipeline
 from buildctl.engines.aoti import AotiBackend
 from buildctl.engines.fingerprint import detect

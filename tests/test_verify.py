@@ -1,4 +1,4 @@
-"""Reading artifacts with verification (buildctl.store.verify): id resolution, listing, and
+"""Reading artifacts with verification (buildctl.artifact_store.verify): id resolution, listing, and
 ``verify`` shallow and deep, streamed and ranged. Local store only: fast, and `make mutants`
 runs it for this module."""
 
@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import pytest
 
-import buildctl.store as ops
+import buildctl.artifact_store as ops
 from buildctl.digest import digest_bytes
-from buildctl.store.backend import open_store
-from buildctl.store.errors import ArtifactNotFoundError, VerificationError
-from buildctl.store.layout import blob_key, manifest_key
-from buildctl.store.verify import BUILD_LOG_PATH, get_manifest, list_artifacts, resolve_artifact, verify
+from buildctl.artifact_store.backend import open_store
+from buildctl.artifact_store.errors import ArtifactNotFoundError, VerificationError
+from buildctl.artifact_store.layout import blob_key, manifest_key
+from buildctl.artifact_store.verify import BUILD_LOG_PATH, get_manifest, list_artifacts, resolve_artifact, verify
 
 from .conftest import RangedStore as Ranged, make_tree, rot
 

@@ -11,7 +11,7 @@ import typer
 from rich.console import Console
 
 from buildctl.settings import Settings, load_settings
-from buildctl.store.backend import Store
+from buildctl.artifact_store.backend import Store
 
 JSON_OPT = typer.Option(False, "--json", help="JSON output.")
 

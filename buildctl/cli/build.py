@@ -55,7 +55,7 @@ def make_tiny_cmd(
     """Create the tiny Llama locally and deterministically (no download); cached by its parameters."""
     from buildctl.engines.profile import TinyModel
     from buildctl.engines.tiny import make_tiny
-    from buildctl.store.manifest import tree_digest
+    from buildctl.artifact_store.manifest import tree_digest
 
     path = make_tiny(TinyModel(seed=seed, train_steps=train_steps), settings(ctx).cache_dir, dest)
     digest = tree_digest(path)

@@ -36,7 +36,7 @@ def repair_cmd(
 ) -> None:
     """Put back exactly the blobs whose digests match the manifest, then lift the quarantine."""
     from buildctl.healing import repair_artifact
-    from buildctl.store.verify import verify
+    from buildctl.artifact_store.verify import verify
 
     st, store = settings(ctx), open_store_for(ctx)
     res = repair_artifact(st, store, artifact, source)
@@ -60,7 +60,7 @@ def scrub_cmd(
 ) -> None:
     """Deep-verify artifacts, channel-referenced first; quarantine every failure; exit 4 if any."""
     from buildctl.healing import scrub
-    from buildctl.store.errors import ScrubFoundCorruptionError
+    from buildctl.artifact_store.errors import ScrubFoundCorruptionError
 
     report = scrub(settings(ctx), open_store_for(ctx), sample=sample, channels_only=channels_only,
                    budget_bytes=int(budget_gib * GIB) if budget_gib is not None else None, seed=seed)

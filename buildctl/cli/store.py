@@ -59,8 +59,8 @@ def ls_cmd(
     json_out: bool = JSON_OPT,
 ) -> None:
     """List artifacts, newest first."""
-    from buildctl.store.quarantine import active_quarantine
-    from buildctl.store.verify import list_artifacts
+    from buildctl.artifact_store.quarantine import active_quarantine
+    from buildctl.artifact_store.verify import list_artifacts
 
     store = open_store_for(ctx)
     arts = [(a, m, active_quarantine(store, a)) for a, m in list_artifacts(store, profile)]
@@ -81,10 +81,10 @@ def ls_cmd(
 def show_cmd(ctx: typer.Context, artifact: str = typer.Argument(..., help="Artifact id or unique hex prefix."),
              json_out: bool = JSON_OPT) -> None:
     """Show an artifact's manifest, attestations, and the channels pointing at it."""
-    from buildctl.store.attestations import list_attestations
-    from buildctl.store.channels import channels_pointing_at
-    from buildctl.store.quarantine import active_of, quarantine_records
-    from buildctl.store.verify import get_manifest, resolve_artifact
+    from buildctl.artifact_store.attestations import list_attestations
+    from buildctl.artifact_store.channels import channels_pointing_at
+    from buildctl.artifact_store.quarantine import active_of, quarantine_records
+    from buildctl.artifact_store.verify import get_manifest, resolve_artifact
 
     store = open_store_for(ctx)
     aid = resolve_artifact(store, artifact)
@@ -133,8 +133,8 @@ def verify_cmd(
     """Check every blob exists with the right size (with --deep: and the right digest; a mismatch
     then quarantines the artifact, where this caller may write)."""
     from buildctl.pipeline import signer_of
-    from buildctl.store.integrity import deep_check
-    from buildctl.store.verify import get_manifest, resolve_artifact, verify
+    from buildctl.artifact_store.integrity import deep_check
+    from buildctl.artifact_store.verify import get_manifest, resolve_artifact, verify
 
     st, store = settings(ctx), open_store_for(ctx)
     aid = resolve_artifact(store, artifact)
@@ -167,8 +167,8 @@ def promote_cmd(
 ) -> None:
     """Move a channel to an artifact that verifies and passed validation (with --rollout: in waves)."""
     from buildctl.pipeline import promote_artifact
-    from buildctl.store.errors import StoreArgumentError
-    from buildctl.store.rollout import RolloutPlan, parse_duration, parse_waves
+    from buildctl.artifact_store.errors import StoreArgumentError
+    from buildctl.artifact_store.rollout import RolloutPlan, parse_duration, parse_waves
 
     plan = None
     if rollout is not None:
@@ -176,7 +176,7 @@ def promote_cmd(
     elif max_failures is not None or bake is not None:
         raise StoreArgumentError("--bake and --max-failures need --rollout")
     from buildctl.pipeline import trusted_of
-    from buildctl.store.channels import pending_promotion
+    from buildctl.artifact_store.channels import pending_promotion
 
     st, store = settings(ctx), open_store_for(ctx)
     rec = promote_artifact(st, store, artifact, channel, force=force, reason=reason, rollout=plan)
@@ -220,8 +220,8 @@ def history_cmd(
     json_out: bool = JSON_OPT,
 ) -> None:
     """The channel's promotion history, oldest first."""
-    from buildctl.store.errors import ChannelNotFoundError
-    from buildctl.store.channels import history
+    from buildctl.artifact_store.errors import ChannelNotFoundError
+    from buildctl.artifact_store.channels import history
 
     recs = history(open_store_for(ctx), profile, channel, compat_key)
     if not recs:
@@ -243,7 +243,7 @@ def rollback_cmd(
 ) -> None:
     """Point the channel back at an earlier artifact (recorded as a new promotion)."""
     from buildctl.pipeline import signer_of
-    from buildctl.store.channels import rollback
+    from buildctl.artifact_store.channels import rollback
 
     st = settings(ctx)
     rec = rollback(open_store_for(ctx), profile, channel, to=to, compat_key=compat_key, reason=reason,
@@ -337,7 +337,7 @@ def gc_cmd(
     """Remove artifacts nothing protects: not a channel's, not in its recent history, not on a node,
     not quarantined recently, not new, not among the newest N per (profile, compat key)."""
     from buildctl.fleet import collect_garbage
-    from buildctl.store.rollout import parse_duration
+    from buildctl.artifact_store.rollout import parse_duration
 
     st = settings(ctx)
     opts = {"keep": keep, "keep_history": keep_history, "dry_run": dry_run,
@@ -382,8 +382,8 @@ def key_generate_cmd(
     json_out: bool = JSON_OPT,
 ) -> None:
     """Make an Ed25519 key pair for one role: builder, validator or promoter."""
-    from buildctl.store.errors import StoreArgumentError
-    from buildctl.store.signing import ROLES, generate
+    from buildctl.artifact_store.errors import StoreArgumentError
+    from buildctl.artifact_store.signing import ROLES, generate
 
     if role is None or role not in ROLES:
         raise StoreArgumentError(f"--role {role or '(missing)'}: one of {', '.join(ROLES)} (each signs one kind of record, "
@@ -411,8 +411,8 @@ def key_revoke_cmd(
     import re
 
     from buildctl.pipeline import signer_of
-    from buildctl.store.errors import StoreArgumentError
-    from buildctl.store.revocation import revoke
+    from buildctl.artifact_store.errors import StoreArgumentError
+    from buildctl.artifact_store.revocation import revoke
 
     st = settings(ctx)
     signer = signer_of(st)
@@ -421,7 +421,7 @@ def key_revoke_cmd(
     if not re.fullmatch(r"[0-9a-f]{16}", key_id):
         raise StoreArgumentError(f"key id {key_id!r}: 16 lowercase hex digits")
     if revoked_from is not None:
-        from buildctl.store.channels import parse_utc
+        from buildctl.artifact_store.channels import parse_utc
 
         try:
             parse_utc(revoked_from)

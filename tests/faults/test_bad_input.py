@@ -12,8 +12,8 @@ import unicodedata
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from buildctl.store.errors import ManifestError, UnsafeTreeError
-from buildctl.store.manifest import check_relpath, check_unique_paths, parse_manifest, scan_tree
+from buildctl.artifact_store.errors import ManifestError, UnsafeTreeError
+from buildctl.artifact_store.manifest import check_relpath, check_unique_paths, parse_manifest, scan_tree
 from buildctl.engines.errors import ProfileError
 from buildctl.engines.profile import parse_profile
 

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-import buildctl.store as ops
-from buildctl.store.backend import open_store
+import buildctl.artifact_store as ops
+from buildctl.artifact_store.backend import open_store
 from buildctl import pipeline
 from buildctl.errors import BuildFailedError
 from buildctl.engines.profile import load_profile, parse_profile

@@ -11,19 +11,19 @@ from pathlib import Path
 
 import pytest
 
-import buildctl.store as ops
-from buildctl.store.errors import VerificationError
-from buildctl.store.pull import current_artifact, install_artifact
-from buildctl.store.backend import open_store
-from buildctl.store.layout import blob_key
+import buildctl.artifact_store as ops
+from buildctl.artifact_store.errors import VerificationError
+from buildctl.artifact_store.pull import current_artifact, install_artifact
+from buildctl.artifact_store.backend import open_store
+from buildctl.artifact_store.layout import blob_key
 
 from ..conftest import REPO, make_tree
 from .conftest import kill_at_random_point, scale
 
 PULLER = r"""
 import sys
-from buildctl.store.backend import open_store
-from buildctl.store.pull import install_artifact
+from buildctl.artifact_store.backend import open_store
+from buildctl.artifact_store.pull import install_artifact
 store = open_store(sys.argv[1])
 print("ready", flush=True)
 sys.stdin.readline()
@@ -80,9 +80,9 @@ def test_disk_full_during_pull(tmp_path, two_versions, record_fault):
     code = r"""
 import resource, sys
 resource.setrlimit(resource.RLIMIT_FSIZE, (1_000_000, 1_000_000))
-from buildctl.store.backend import open_store
-from buildctl.store.pull import install_artifact
-from buildctl.store.errors import InstallError
+from buildctl.artifact_store.backend import open_store
+from buildctl.artifact_store.pull import install_artifact
+from buildctl.artifact_store.errors import InstallError
 try:
     install_artifact(open_store(sys.argv[1]), sys.argv[2], sys.argv[3])
 except InstallError as err:

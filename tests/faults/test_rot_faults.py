@@ -10,12 +10,12 @@ import time
 
 import pytest
 
-import buildctl.store as ops
+import buildctl.artifact_store as ops
 from buildctl.healing import heal_artifact
-from buildctl.store.errors import QuarantinedError
-from buildctl.store.integrity import deep_check
-from buildctl.store.pull import install_artifact
-from buildctl.store.quarantine import active_quarantine
+from buildctl.artifact_store.errors import QuarantinedError
+from buildctl.artifact_store.integrity import deep_check
+from buildctl.artifact_store.pull import install_artifact
+from buildctl.artifact_store.quarantine import active_quarantine
 
 from ..conftest import make_tree, rot, settings, write_attestation
 from .conftest import scale

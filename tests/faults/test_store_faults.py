@@ -10,10 +10,10 @@ import time
 
 import pytest
 
-import buildctl.store as ops
-from buildctl.store import errors as ops_errors
-from buildctl.store.backend import open_store
-from buildctl.store.layout import blob_key
+import buildctl.artifact_store as ops
+from buildctl.artifact_store import errors as ops_errors
+from buildctl.artifact_store.backend import open_store
+from buildctl.artifact_store.layout import blob_key
 from buildctl.digest import digest_bytes
 
 from ..conftest import REPO, make_tree, write_attestation
@@ -22,8 +22,8 @@ from .proxy import FaultProxy
 
 PUBLISHER = r"""
 import sys
-from buildctl.store.backend import open_store
-import buildctl.store as ops
+from buildctl.artifact_store.backend import open_store
+import buildctl.artifact_store as ops
 store = open_store(sys.argv[1])
 draft = ops.ManifestDraft(profile_name="p", profile_hash="xxh3-128:" + "1" * 32, backend="aoti",
                           compat_key="aoti-x", fingerprint={}, build_key="xxh3-128:" + "3" * 32)
@@ -109,7 +109,7 @@ def test_throttling_and_5xx_are_retried(tmp_path, draft, seaweed, s3_env, monkey
         tree = make_tree(tmp_path / "tree", {f"f{i}": 20_000 + i for i in range(20)})
         res = ops.publish_tree(store, tree, draft)
         ops.verify(store, res.artifact_id, deep=True)
-        from buildctl.store.pull import install_artifact
+        from buildctl.artifact_store.pull import install_artifact
 
         install_artifact(store, res.artifact_id, tmp_path / "node")
         assert proxy.injected > 5, proxy.injected
@@ -126,8 +126,8 @@ def test_sixteen_concurrent_promoters_over_rounds(store, store_uri, tmp_path, dr
         artifacts.append(res.artifact_id)
     promoter = r"""
 import sys
-from buildctl.store.backend import open_store
-import buildctl.store as ops
+from buildctl.artifact_store.backend import open_store
+import buildctl.artifact_store as ops
 ops.promote(open_store(sys.argv[1]), sys.argv[2], "staging", attempts=400)
 """
     for r in range(rounds):
@@ -147,8 +147,8 @@ ops.promote(open_store(sys.argv[1]), sys.argv[2], "staging", attempts=400)
 
 RACE_PUBLISH = r"""
 import sys
-from buildctl.store.backend import open_store
-import buildctl.store as ops
+from buildctl.artifact_store.backend import open_store
+import buildctl.artifact_store as ops
 store = open_store(sys.argv[1])
 draft = ops.ManifestDraft(profile_name="p", profile_hash="xxh3-128:" + "1" * 32, backend="aoti",
                           compat_key="aoti-x", fingerprint={})
@@ -160,8 +160,8 @@ print("done", flush=True)
 
 RACE_GC = r"""
 import sys
-from buildctl.store.backend import open_store
-from buildctl.store.gc import gc
+from buildctl.artifact_store.backend import open_store
+from buildctl.artifact_store.gc import gc
 store = open_store(sys.argv[1])
 print("ready", flush=True)
 sys.stdin.readline()

@@ -1,0 +1,310 @@
+"""Attestations: the typed record of one validation, stored immutably under its artifact.
+
+The validators produce an :class:`Attestation`; the store writes it create-only (signed when a
+key is given), and promote, the flows and the CLI read it back as the same model. Nothing reads
+an attestation as a dict by string keys.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from buildctl.digest import canonical_json, digest_bytes, hex_of
+from buildctl.artifact_store.backend import Store
+from buildctl.artifact_store.errors import CorruptObjectError
+from buildctl.artifact_store.layout import attestation_key, attestation_prefix
+from buildctl.artifact_store.signing import SigningKey
+
+# Schema 2 (paired ratios with intervals, an inconclusive verdict, the noise record) adds fields
+# only: schema-1 records still read, their new fields at their defaults.
+ATTESTATION_SCHEMA = 2
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class ProfileRef(_Frozen):
+    """The profile an attestation validated against."""
+
+    name: str = Field(..., description="Profile name.")
+    build_hash: str = Field(..., description="The profile's build-affecting hash.")
+
+
+class PromptSetInfo(_Frozen):
+    """Which prompts ran."""
+
+    digest: str = Field(..., description="Digest of every prompt's token ids, in order.")
+    count: int = Field(..., ge=0, description="How many prompts.")
+    sets: tuple[str, ...] = Field(..., description="The prompt sets and files they came from.")
+    skipped: tuple[str, ...] = Field((), description="Prompt sets skipped because they do not fit the engine's limits.")
+
+
+class PromptParityRecord(_Frozen):
+    """One prompt's comparison (vLLM's check_logprobs_close rule)."""
+
+    index: int = Field(..., description="Prompt index.")
+    status: Literal["identical", "close", "failed"] = Field(..., description="identical, close (diverged inside the top-k) or failed.")
+    compared: int = Field(..., description="Positions compared.")
+    position: int | None = Field(None, description="First divergence, if any.")
+    reference_token: int | None = Field(None, description="The reference's token at the divergence.")
+    candidate_token: int | None = Field(None, description="The candidate's token at the divergence.")
+    max_abs_logprob_diff: float = Field(0.0, description="Largest |logprob difference| over the common prefix.")
+
+
+class ParitySummary(_Frozen):
+    """Output parity against the vLLM reference."""
+
+    passed: bool = Field(..., description="Whether parity passed.")
+    prompts: int = Field(..., ge=0, description="Prompts compared.")
+    identical: int = Field(..., ge=0, description="Prompts with identical tokens.")
+    close: int = Field(..., ge=0, description="Prompts that diverged inside the top-k.")
+    failed: int = Field(..., ge=0, description="Prompts that diverged outside the top-k.")
+    identical_fraction: float = Field(..., description="identical / prompts.")
+    min_identical_fraction: float = Field(..., description="The profile's required identical fraction.")
+    max_abs_logprob_diff: float = Field(..., description="Largest |logprob difference| over all prompts.")
+    per_prompt: tuple[PromptParityRecord, ...] = Field((), description="Each prompt's comparison.")
+
+
+class SideSpeed(_Frozen):
+    """One side's speed at one concurrency level: each figure is the median over repetitions of that
+    repetition's value (schema 1: percentiles of all repetitions' requests pooled)."""
+
+    output_tok_s: float = Field(..., description="Median output tokens/s.")
+    output_tok_s_per_gpu: float = Field(..., description="Median output tokens/s per GPU.")
+    request_throughput: float = Field(..., description="Median requests/s.")
+    ttft_p50_ms: float = Field(..., description="Median time to first token, ms.")
+    ttft_p99_ms: float = Field(..., description="p99 time to first token, ms.")
+    tpot_p50_ms: float = Field(..., description="Median time per output token, ms.")
+    tpot_p99_ms: float = Field(..., description="p99 time per output token, ms.")
+    itl_p50_ms: float = Field(..., description="Median inter-token latency, ms.")
+    itl_p99_ms: float = Field(..., description="p99 inter-token latency, ms.")
+    output_tok_s_min: float = Field(..., description="Lowest repetition's tokens/s.")
+    output_tok_s_max: float = Field(..., description="Highest repetition's tokens/s.")
+    output_tok_s_cv: float = Field(..., description="Coefficient of variation of tokens/s across repetitions.")
+    repetitions: int = Field(..., ge=0, description="Repetitions measured.")
+
+
+class RatioEstimate(_Frozen):
+    """One metric's candidate/reference ratio: the median of the paired repetitions' ratios, its
+    order-statistic confidence interval and, where gated, its verdict."""
+
+    metric: Literal["throughput", "ttft_p50", "ttft_p99", "tpot_p50"] = Field(..., description="The metric compared.")
+    median: float = Field(..., description="Median of the paired ratios.")
+    low: float | None = Field(..., description="Interval's low end (null: too few repetitions for the level).")
+    high: float | None = Field(..., description="Interval's high end (null: too few repetitions for the level).")
+    confidence: float = Field(..., description="The interval's confidence level.")
+    samples: tuple[float, ...] = Field(..., description="Each repetition's paired ratio, in measurement order.")
+    threshold: float | None = Field(None, description="The gate's threshold; null when not gated.")
+    bound: Literal["min", "max"] = Field(..., description="min: the ratio must be at least the threshold; max: at most.")
+    verdict: Literal["pass", "fail", "inconclusive", "not gated"] = Field(..., description="This metric's verdict.")
+
+
+class SpeedLevel(_Frozen):
+    """Candidate and reference side by side at one concurrency level."""
+
+    concurrency: int = Field(..., ge=1, description="Requests in flight.")
+    candidate: SideSpeed = Field(..., description="The engine under test.")
+    reference: SideSpeed = Field(..., description="The vLLM reference.")
+    throughput_ratio: float = Field(..., description="Median paired candidate / reference output tokens/s.")
+    p99_ttft_ratio: float = Field(..., description="Median paired candidate / reference p99 TTFT.")
+    passed: bool = Field(..., description="Whether this level passed the gate.")
+    reasons: tuple[str, ...] = Field((), description="Why it failed or is inconclusive, if it is.")
+    verdict: Literal["pass", "fail", "inconclusive"] | None = Field(None, description="The level's verdict (schema 1: see passed).")
+    ratios: tuple[RatioEstimate, ...] = Field((), description="Each metric's paired ratio with its interval (schema >= 2).")
+
+
+class NoiseRecord(_Frozen):
+    """What the machine was doing while speed was measured."""
+
+    cpu_count: int = Field(..., ge=1, description="Logical CPUs.")
+    load_avg_1m_before: float | None = Field(..., description="1-minute load average before measuring.")
+    load_avg_1m_after: float | None = Field(..., description="1-minute load average after measuring.")
+    cpu_steal_fraction: float | None = Field(..., description="CPU time stolen by the hypervisor while measuring; null: unreadable.")
+    calibration_before_ms: float = Field(..., description="A fixed calibration loop's time before measuring.")
+    calibration_after_ms: float = Field(..., description="The same loop's time after measuring.")
+
+
+class SpeedBudget(_Frozen):
+    """How much measuring the verdict took, against the profile's budget."""
+
+    scale: float = Field(..., gt=0, description="Budget multiplier of this run (2 on the flow's retry).")
+    max_repetitions: int = Field(..., description="Most repetitions per level allowed.")
+    max_seconds: float = Field(..., description="Wall-clock budget for added repetitions.")
+    seconds: float = Field(..., description="Wall-clock time the speed measurement took.")
+    exhausted: bool = Field(..., description="Whether a level stopped inconclusive because the budget ran out.")
+
+
+class SpeedGateRecord(_Frozen):
+    """The speed gate as it was applied."""
+
+    min_throughput_ratio: float = Field(..., description="Lowest allowed throughput ratio.")
+    max_p99_ttft_ratio: float | None = Field(..., description="Highest allowed p99 TTFT ratio; null: not gated.")
+    max_p50_ttft_ratio: float | None = Field(None, description="Highest allowed p50 TTFT ratio; null: not gated.")
+    max_tpot_ratio: float | None = Field(None, description="Highest allowed median TPOT ratio; null: not gated.")
+    levels: dict[int, dict[str, float | None]] = Field(default_factory=dict, description="Per-concurrency threshold overrides.")
+    concurrency: tuple[int, ...] = Field(..., description="Concurrency levels measured.")
+    input_len: int = Field(..., description="Prompt length of the speed workload.")
+    output_len: int = Field(..., description="Output length of the speed workload.")
+    num_prompts: int = Field(..., description="Requests per repetition.")
+    repetitions: int = Field(..., description="Paired repetitions before the first verdict.")
+    max_repetitions: int | None = Field(None, description="Most paired repetitions per level (schema >= 2).")
+    max_seconds: float | None = Field(None, description="Budget for added repetitions (schema >= 2).")
+    confidence: float | None = Field(None, description="Confidence level of the intervals (schema >= 2).")
+    cpu_threads: int | None = Field(None, description="Intra-op CPU threads while measuring; null: the default.")
+    warmup: int = Field(..., description="Unmeasured warm-up requests per side and level.")
+
+
+class SpeedSummary(_Frozen):
+    """Speed against the vLLM reference."""
+
+    passed: bool = Field(..., description="Whether every level passed.")
+    gate: SpeedGateRecord = Field(..., description="The gate applied.")
+    levels: tuple[SpeedLevel, ...] = Field(..., description="One entry per concurrency level.")
+    verdict: Literal["pass", "fail", "inconclusive"] | None = Field(None, description="Speed verdict over all levels (schema 1: see passed).")
+    noise: NoiseRecord | None = Field(None, description="What the machine was doing while measuring (schema >= 2).")
+    budget: SpeedBudget | None = Field(None, description="The measuring budget and its use (schema >= 2).")
+
+
+class Thresholds(SpeedGateRecord):
+    """Every threshold the verdict was computed with."""
+
+    parity_rule: str = Field(..., description="The parity rule (vLLM's check_logprobs_close).")
+    min_identical_fraction: float = Field(..., description="Required fraction of identical prompts.")
+    max_tokens: int = Field(..., description="Tokens generated per parity prompt.")
+    top_logprobs: int = Field(..., description="Top-k logprobs compared.")
+
+
+class Attestation(_Frozen):
+    """The immutable record of one validation of one artifact on one host."""
+
+    schema_version: Literal[1, 2] = Field(ATTESTATION_SCHEMA, description="Attestation schema version.")
+    artifact_id: str = Field(..., description="The artifact validated.")
+    verdict: Literal["pass", "fail", "inconclusive"] = Field(..., description="pass, fail, or inconclusive (a speed interval straddles a threshold).")
+    reasons: tuple[str, ...] = Field((), description="Every reason for a fail or an inconclusive verdict.")
+    compat_key: str = Field(..., description="The validating host's compat key for the artifact's backend.")
+    created_at: str = Field(..., description="UTC ISO-8601 time of the validation.")
+    profile: ProfileRef = Field(..., description="The profile validated against.")
+    validator_fingerprint: dict[str, Any] = Field(..., description="The validating host's full fingerprint.")
+    versions: dict[str, str | None] = Field(..., description="buildctl, vLLM, backend and tool versions.")
+    model_digest: str = Field(..., description="Digest of the checkpoint the reference ran.")
+    model_digest_verified: bool = Field(..., description="Whether the manifest recorded a model digest to compare with.")
+    prompt_set: PromptSetInfo = Field(..., description="The prompts that ran.")
+    thresholds: Thresholds = Field(..., description="The thresholds applied.")
+    reference_engine_args: dict[str, Any] = Field(..., description="The vLLM reference's engine arguments.")
+    parity: ParitySummary = Field(..., description="Output parity.")
+    speed: SpeedSummary = Field(..., description="Speed side by side.")
+    duration_s: float = Field(..., ge=0, description="How long the validation took.")
+    signature: dict[str, str] | None = Field(None, description="Ed25519 signature over the record without this field.")
+
+    @property
+    def passed(self) -> bool:
+        return self.verdict == "pass"
+
+    def content(self) -> dict[str, Any]:
+        """The JSON content without the signature (what is signed)."""
+        return self.model_dump(mode="json", exclude={"signature"})
+
+
+@dataclass(frozen=True)
+class StoredAttestation:
+    """An attestation as stored: its id (digest of the stored bytes), key and signed bytes."""
+
+    attestation_id: str
+    key: str
+    attestation: Attestation
+    signed_bytes: bytes  # canonical JSON of the stored record without its signature
+
+
+def write_attestation(store: Store, attestation: Attestation, *, signer: SigningKey | None = None) -> str:
+    """Store an attestation (create-only) under its artifact, signed by ``signer``; returns its id."""
+    content = attestation.content()
+    if signer is not None:
+        content["signature"] = signer.sign(canonical_json(content))
+    body = canonical_json(content)
+    att_id = digest_bytes(body)
+    store.put_bytes(attestation_key(attestation.artifact_id, attestation.created_at, att_id), body)
+    return att_id
+
+
+def list_attestations(store: Store, artifact_id: str) -> list[StoredAttestation]:
+    """Every attestation of an artifact, oldest first (keys sort by creation time)."""
+    out = []
+    for key in store.list(attestation_prefix(artifact_id)):
+        body = store.get_bytes(key)
+        att_id = digest_bytes(body)
+        if not key.endswith(f"-{hex_of(att_id)}.json"):
+            raise CorruptObjectError(key, "attestation bytes do not match their name")
+        try:
+            raw = json.loads(body)
+            att = Attestation.model_validate(raw)
+        except (ValueError, ValidationError) as err:
+            raise CorruptObjectError(key, f"not a valid attestation: {str(err).splitlines()[0]}") from None
+        signed = canonical_json({k: v for k, v in raw.items() if k != "signature"})
+        out.append(StoredAttestation(att_id, key, att, signed))
+    return out
+
+
+def latest_attestation(store: Store, artifact_id: str, compat_key: str) -> StoredAttestation | None:
+    """The newest attestation of an artifact made on a host with ``compat_key``."""
+    matching = [a for a in list_attestations(store, artifact_id) if a.attestation.compat_key == compat_key]
+    return matching[-1] if matching else None
+
+
+# --- the verdict, recomputed from the recorded figures ------------------------------------------
+
+_GATE_KEYS = {"throughput": "min_throughput_ratio", "ttft_p99": "max_p99_ttft_ratio",
+              "ttft_p50": "max_p50_ttft_ratio", "tpot_p50": "max_tpot_ratio"}
+
+
+def recomputed_verdict(att: Attestation) -> tuple[str, list[str]]:
+    """The verdict the attestation's own figures give under the thresholds it records, and why
+    (promote trusts this, not the ``verdict`` field). A record without the evidence (schema 1, no
+    per-prompt parity, no paired samples) cannot pass."""
+    from buildctl.stats import combine, gate_verdict, median_interval
+
+    reasons: list[str] = []
+    if att.schema_version < 2:
+        return "fail", ["schema-1 attestation: no paired samples to recompute the speed verdict from; revalidate"]
+    t, p = att.thresholds, att.parity
+    verdicts: list[str] = []
+    if p.prompts == 0 or len(p.per_prompt) != p.prompts:
+        verdicts.append("fail")
+        reasons.append(f"parity: {len(p.per_prompt)} per-prompt records for {p.prompts} prompts")
+    else:
+        failed = [x.index for x in p.per_prompt if x.status == "failed"]
+        identical = sum(x.status == "identical" for x in p.per_prompt) / p.prompts
+        if failed:
+            reasons.append(f"parity: prompts {failed[:5]} diverged outside the top-k")
+        if identical < t.min_identical_fraction:
+            reasons.append(f"parity: {identical:.0%} identical, the thresholds require {t.min_identical_fraction:.0%}")
+        verdicts.append("fail" if failed or identical < t.min_identical_fraction else "pass")
+    levels = {lv.concurrency: lv for lv in att.speed.levels}
+    for c in t.concurrency:
+        lv = levels.get(c)
+        if lv is None:
+            verdicts.append("fail")
+            reasons.append(f"speed: no measurement at concurrency {c}")
+            continue
+        ratios = {r.metric: r for r in lv.ratios}
+        for metric, key in _GATE_KEYS.items():
+            over = t.levels.get(c, {})  # a level's own threshold wins where it sets one (SpeedGate.thresholds_at)
+            gated = over[key] if over.get(key) is not None else getattr(t, key)
+            r = ratios.get(metric)
+            if gated is None:
+                continue
+            if r is None or r.threshold != gated or not r.samples:
+                verdicts.append("fail")
+                reasons.append(f"speed c={c}: {metric} is gated at {gated} but the record has "
+                               + ("no samples" if r is None or not r.samples else f"threshold {r.threshold}"))
+                continue
+            iv = median_interval(list(r.samples), r.confidence)
+            v = gate_verdict(iv, gated, r.bound)
+            verdicts.append(v)
+            if v != "pass":
+                reasons.append(f"speed c={c}: {metric} {iv.describe()} gives {v} against {gated}")
+    return combine(verdicts), reasons  # type: ignore[arg-type]

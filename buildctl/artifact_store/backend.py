@@ -1,0 +1,126 @@
+"""The Store protocol: one small interface, two backends (local directory, S3).
+
+Like restic's backend interface, it knows only keys and bytes. Everything else (manifests,
+channels, verification) is built on top in the modules beside it, and one contract test
+suite runs against every backend.
+
+Two kinds of write exist:
+
+* **create-only** (``put_bytes``/``put_file``): the key must not exist; an existing key is
+  never overwritten and the call returns ``False``. Blobs, manifests, indexes, attestations
+  and history records are written this way.
+* **compare-and-swap** (``cas``): replace a ref only if its current version token is the one
+  the caller read (``None``: only if absent). Channel refs and node records use it.
+"""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import BinaryIO, Callable, Iterator, Protocol, runtime_checkable
+
+from buildctl.artifact_store.errors import StoreUriError
+
+ProgressFn = Callable[[int], None]
+
+
+@runtime_checkable
+class ChecksumCheck(Protocol):
+    """A server-side checksum to compare with: ``update`` with the object's bytes in order."""
+
+    algorithm: str
+    expected: str
+
+    def update(self, data: bytes | memoryview) -> None:
+        ...
+
+    def actual(self) -> str:
+        ...
+
+
+class Store(Protocol):
+    """Key/bytes storage with create-only writes and compare-and-swap refs."""
+
+    uri: str
+    # Whether large objects read faster as parallel ranges than as one stream (S3, where one
+    # connection is capped); a local directory reads one stream at disk speed.
+    ranged_reads: bool
+
+    def stat(self, key: str) -> int | None:
+        """The object's size, or ``None`` if it does not exist."""
+        ...
+
+    def get_bytes(self, key: str) -> bytes:
+        """The whole object; raises ``KeyNotFoundError``."""
+        ...
+
+    def open_read(self, key: str, *, verify_checksum: bool = False) -> AbstractContextManager[BinaryIO]:
+        """A streaming reader; raises ``KeyNotFoundError``. ``verify_checksum``: have the backend
+        check the checksum the server stored with the object, where it keeps one (S3)."""
+        ...
+
+    def read_range(self, key: str, offset: int, length: int) -> bytes:
+        """``length`` bytes of the object from ``offset`` (fewer only past its end); raises
+        ``KeyNotFoundError``. Many may run at once (``buildctl.artifact_store.ranged``)."""
+        ...
+
+    def stored_checksum(self, key: str) -> "ChecksumCheck | None":
+        """A check against the full-object checksum the server stored with the object (S3:
+        CRC64NVME), fed the bytes in order; ``None`` where the backend keeps none. Raises
+        ``KeyNotFoundError``."""
+        ...
+
+    def put_bytes(self, key: str, data: bytes) -> bool:
+        """Create-only write. ``False`` if the key already existed (nothing written)."""
+        ...
+
+    def put_file(self, key: str, path: Path, *, size: int, on_bytes: ProgressFn | None = None) -> bool:
+        """Create-only upload of a local file. ``False`` if the key already existed."""
+        ...
+
+    def replace_object(self, key: str, path: Path, *, size: int) -> None:
+        """Replace an immutable object's bytes: repair only, with bytes the caller has checked are
+        the ones the key names (a blob's digest). Local: a temp file renamed over the old one.
+        S3: delete, then a create-only put (with versioning, the bad version stays readable)."""
+        ...
+
+    def list(self, prefix: str) -> Iterator[str]:
+        """Keys starting with ``prefix``, in lexicographic order."""
+        ...
+
+    def delete(self, key: str) -> None:
+        """Remove a key (missing keys are fine). Only garbage collection calls this."""
+        ...
+
+    def get_ref(self, key: str) -> tuple[bytes, str] | None:
+        """A mutable ref's bytes and version token, or ``None`` if absent."""
+        ...
+
+    def cas(self, key: str, data: bytes, expected: str | None) -> bool:
+        """Write ``data`` if the ref's version token is still ``expected`` (``None``: absent). ``False`` if another writer won."""
+        ...
+
+
+# --- opening -------------------------------------------------------------------------------
+
+
+def open_store(uri: str, *, endpoint_url: str | None = None) -> Store:
+    """Open ``file:///dir`` (or a plain path) or ``s3://bucket/prefix``. The default URI comes
+    from :class:`buildctl.settings.Settings`, never from here."""
+    if not uri:
+        raise StoreUriError(str(uri), "no store given (--store or BUILDCTL_STORE)")
+    if uri.startswith("s3://"):
+        from buildctl.artifact_store.s3 import S3Store  # the only boto3 importer
+
+        return S3Store(uri, endpoint_url=endpoint_url)
+    if uri.startswith("file://"):
+        path = uri[len("file://"):]
+    elif "://" in uri:
+        raise StoreUriError(uri, "unsupported scheme (use file:// or s3://)")
+    else:
+        path = uri
+    if not path:
+        raise StoreUriError(uri, "empty path")
+    from buildctl.artifact_store.local import LocalStore
+
+    return LocalStore(Path(path).expanduser().resolve())

@@ -1,0 +1,251 @@
+"""Garbage collection: remove what nothing protects, never a rollback target, never under a publish.
+
+An artifact is **protected** (every reason is reported, by ``gc --dry-run`` too) when:
+
+* a channel points at it now, or a live rollout keeps it (its base and its target);
+* one of the last ``keep_history`` records of any channel's history, for any compat key, names it
+  (``buildctl rollback`` can go back to it);
+* a node's inventory record reports it installed, current or previous;
+* it has a quarantine record younger than ``quarantine_retention_s`` (kept for forensics);
+* its manifest is younger than ``grace_s`` (a publish may still be finishing around it);
+* it is among the newest ``keep`` of its (profile, compat key).
+
+The rest is removed, manifest first (the artifact disappears at once), then its index, identity,
+attestation, signature, verification and quarantine records. Blobs are swept last, and only
+blobs that no manifest listed *after* those removals references, whose publish touch is older
+than the grace period (:mod:`buildctl.artifact_store.grace` has the protocol and why it is safe next to a
+concurrent publish), checked and removed within the delete window. A removal the store refuses
+(Object Lock, a bucket policy) is reported and skipped: gc does not fail on it.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from typing import Callable, Iterable
+
+from buildctl.errors import BuildctlError
+from buildctl.artifact_store import grace as grace_mod
+from buildctl.artifact_store.backend import Store
+from buildctl.artifact_store.channels import _parse_record, all_channel_records, parse_utc
+from buildctl.artifact_store.layout import (
+    BLOBS,
+    HISTORY,
+    TOUCHES,
+    attestation_prefix,
+    blob_key,
+    digest_of_blob_key,
+    identity_key,
+    manifest_key,
+    manifest_signature_prefix,
+    quarantine_prefix,
+    touch_key,
+    verification_prefix,
+)
+from buildctl.artifact_store.manifest import Manifest
+from buildctl.artifact_store.publish import build_key_owners
+from buildctl.artifact_store.quarantine import quarantine_records
+from buildctl.artifact_store.verify import list_artifacts
+
+DEFAULT_KEEP = 3
+DEFAULT_KEEP_HISTORY = 5
+DEFAULT_QUARANTINE_RETENTION_S = 30 * 86400.0
+
+
+@dataclass
+class GcDecision:
+    """One artifact: kept (with every reason) or removed (with why nothing protects it)."""
+
+    artifact_id: str
+    profile: str
+    compat_key: str
+    created_at: str
+    size: int
+    protected_by: list[str]
+    why_removable: str = ""
+    removed: bool = False
+    error: str | None = None  # the store refused (part of) the removal
+
+    def to_json(self) -> dict:
+        return {"artifact_id": self.artifact_id, "profile": self.profile, "compat_key": self.compat_key,
+                "created_at": self.created_at, "size": self.size, "protected_by": self.protected_by,
+                "why_removable": self.why_removable or None, "removed": self.removed, "error": self.error}
+
+
+@dataclass
+class GcResult:
+    dry_run: bool
+    decisions: list[GcDecision] = field(default_factory=list)
+    removed_blobs: int = 0
+    freed_bytes: int = 0
+    kept_blobs: int = 0  # unreferenced, but touched within the grace period or past the delete window
+    not_removed: list[tuple[str, str]] = field(default_factory=list)  # (key, why) the store refused
+    stopped_early: str | None = None
+
+    @property
+    def removed_artifacts(self) -> list[str]:
+        """Removed (a dry run: would be); an artifact whose manifest the store refused to remove is not."""
+        return [d.artifact_id for d in self.decisions if not d.protected_by and (self.dry_run or d.removed)]
+
+    @property
+    def kept(self) -> int:
+        return sum(1 for d in self.decisions if d.protected_by)
+
+
+
+def protections(store: Store, arts: list[tuple[str, Manifest]], *, keep: int, keep_history: int,
+                grace_s: float, quarantine_retention_s: float, now: datetime,
+                also: Iterable[tuple[str, str]] = ()) -> dict[str, list[str]]:
+    """Every reason each artifact is kept (empty: nothing protects it). ``also``: (artifact, why)
+    pairs from above the store (the nodes' inventory: ``buildctl.fleet.node_protections``)."""
+    out: dict[str, list[str]] = {a: [] for a, _ in arts}
+
+    def add(artifact: str | None, why: str) -> None:
+        if artifact in out and why not in out[artifact]:
+            out[artifact].append(why)
+
+    for rec in all_channel_records(store):
+        add(rec.artifact_id, f"channel {rec.channel} #{rec.seq} points at it ({rec.profile} [{rec.compat_key[:20]}])")
+        if rec.rollout is not None and rec.rollout.live:
+            add(rec.rollout.base, f"rollout on {rec.channel} #{rec.seq}: base")
+            add(rec.rollout.target, f"rollout on {rec.channel} #{rec.seq}: target")
+    if keep_history > 0:
+        by_ref: dict[str, list[str]] = {}
+        for key in store.list(HISTORY):
+            by_ref.setdefault(key.rsplit("/", 1)[0], []).append(key)
+        for ref, keys in by_ref.items():
+            for key in sorted(keys)[-keep_history:]:
+                rec = _parse_record(store.get_bytes(key), key)
+                add(rec.artifact_id, f"history {rec.channel} #{rec.seq} (last {keep_history}) "
+                                     f"[{rec.compat_key[:20]}]: a rollback target")
+    for artifact, why in also:
+        add(artifact, why)
+    for artifact, _ in arts:
+        recs = quarantine_records(store, artifact)
+        if recs:
+            last = parse_utc(recs[-1][1].when)
+            until = last + timedelta(seconds=quarantine_retention_s)
+            if until > now:
+                add(artifact, f"quarantine record of {recs[-1][1].when}: kept until {until:%Y-%m-%d} for forensics")
+    cutoff = now - timedelta(seconds=grace_s)
+    counts: dict[tuple[str, str], int] = {}
+    for artifact, m in arts:  # newest first
+        if parse_utc(m.created_at) > cutoff:
+            add(artifact, f"created {m.created_at}, within the {grace_s / 3600:g} h grace period")
+        pair = (m.profile_name, m.compat_key)
+        counts[pair] = counts.get(pair, 0) + 1
+        if counts[pair] <= keep:
+            add(artifact, f"newest {counts[pair]} of {keep} for {m.profile_name} [{m.compat_key[:20]}]")
+    return out
+
+
+def gc(store: Store, *, keep: int = DEFAULT_KEEP, keep_history: int = DEFAULT_KEEP_HISTORY,
+       grace_s: float | None = None, delete_window_s: float | None = None,
+       quarantine_retention_s: float = DEFAULT_QUARANTINE_RETENTION_S, dry_run: bool = False,
+       also_protected: Iterable[tuple[str, str]] = (), now: datetime | None = None,
+       clock: Callable[[], float] = time.monotonic) -> GcResult:
+    """Decide and (unless ``dry_run``) remove; see the module docstring for what is protected."""
+    grace = grace_mod.DEFAULT_GRACE_S if grace_s is None else grace_s
+    window = grace_mod.DEFAULT_DELETE_WINDOW_S if delete_window_s is None else delete_window_s
+    now = now or datetime.now(timezone.utc)
+    started = clock()
+
+    def wall() -> datetime:  # ``now`` moved on by the time this run has taken
+        return now + timedelta(seconds=clock() - started)
+
+    arts = list_artifacts(store)
+    keep_for = protections(store, arts, keep=keep, keep_history=keep_history, grace_s=grace,
+                           quarantine_retention_s=quarantine_retention_s, now=now, also=also_protected)
+    result = GcResult(dry_run=dry_run)
+    for artifact, m in arts:
+        d = GcDecision(artifact, m.profile_name, m.compat_key, m.created_at, m.total_size, keep_for[artifact])
+        if not d.protected_by:
+            d.why_removable = (f"no channel or its last {keep_history} history records name it, no node reports it, "
+                               f"no quarantine record within retention, older than {grace / 3600:g} h, and not among "
+                               f"the newest {keep} of {m.profile_name} [{m.compat_key[:20]}]")
+        result.decisions.append(d)
+    doomed = [(d, m) for d, (_, m) in zip(result.decisions, arts) if not d.protected_by]
+    if not dry_run:
+        for d, m in doomed:
+            d.error = _remove_artifact(store, d.artifact_id, m, result)
+            d.removed = d.error is None
+    _sweep_blobs(store, result, grace, window, clock, wall, dry_run, {d.artifact_id for d, _ in doomed})
+    return result
+
+
+def _delete(store: Store, key: str, result: GcResult) -> str | None:
+    try:
+        store.delete(key)
+    except (BuildctlError, OSError) as err:
+        result.not_removed.append((key, str(err)))
+        return str(err)
+    return None
+
+
+def _remove_artifact(store: Store, artifact: str, m: Manifest, result: GcResult) -> str | None:
+    """Manifest first: once it is gone the artifact is gone; the records after it are leftovers."""
+    err = _delete(store, manifest_key(artifact), result)
+    if err is not None:
+        return f"manifest not removed: {err}"
+    keys = [identity_key(m.identity())]
+    if m.build_key:
+        keys += [key for key, owner in build_key_owners(store, m.build_key) if owner == artifact]
+    for prefix in (attestation_prefix(artifact), manifest_signature_prefix(artifact), verification_prefix(artifact),
+                   quarantine_prefix(artifact)):
+        keys += list(store.list(prefix))
+    errors = [e for e in (_delete(store, k, result) for k in keys) if e]
+    return f"{len(errors)} record(s) not removed: {errors[0]}" if errors else None
+
+
+def _sweep_blobs(store: Store, result: GcResult, grace: float, window: float, clock: Callable[[], float],
+                 wall: Callable[[], datetime], dry_run: bool, doomed: set[str]) -> None:
+    """Mark (every manifest listed now) and sweep (every blob no manifest references). In a dry
+    run the doomed artifacts' manifests still exist: their blobs count as they would after."""
+    listed = clock()
+    live: set[str] = set()
+    for artifact, m in list_artifacts(store):
+        if dry_run and artifact in doomed:
+            continue
+        live |= m.blob_digests()
+    for key in list(store.list(BLOBS)):
+        digest = digest_of_blob_key(key)
+        if digest in live:
+            continue
+        checked = clock()
+        if grace > 0 and checked - listed > grace / 2:  # grace 0: the operator says nothing publishes
+            result.stopped_early = (f"stopped sweeping after {checked - listed:.0f} s (half the grace period): "
+                                    "the rest is left for the next run")
+            return
+        touched = grace_mod.touched_at(store, digest)
+        if touched is not None and touched > wall() - timedelta(seconds=grace):
+            result.kept_blobs += 1  # a publish relied on it within the grace period
+            continue
+        size = store.stat(key)
+        if size is None:
+            continue
+        if dry_run:
+            result.removed_blobs += 1
+            result.freed_bytes += size
+            continue
+        if clock() - checked > window:
+            result.kept_blobs += 1  # too long since the check: a publish may have touched it since
+            continue
+        if _delete(store, key, result) is None:
+            result.removed_blobs += 1
+            result.freed_bytes += size
+            _delete(store, touch_key(digest), result)
+    if not dry_run:
+        _sweep_touches(store, result, grace, wall)
+
+
+def _sweep_touches(store: Store, result: GcResult, grace: float, wall: Callable[[], datetime]) -> None:
+    """Touches of blobs that no longer exist, older than the grace period (a gc killed between a
+    blob and its touch, or a publish that died before uploading)."""
+    for key in list(store.list(TOUCHES)):
+        digest = "xxh3-128:" + key.rsplit("/", 1)[1][:-len(".json")]
+        if store.stat(blob_key(digest)) is not None:
+            continue
+        touched = grace_mod.touched_at(store, digest)
+        if touched is None or touched < wall() - timedelta(seconds=grace):
+            _delete(store, key, result)

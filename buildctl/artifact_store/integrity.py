@@ -1,0 +1,110 @@
+"""Deep checks at the gates: re-hash every blob, quarantine on a mismatch, remember a pass.
+
+``deep_check`` re-hashes an artifact's blobs from the store; a mismatch writes a quarantine
+record (where the caller may write) and raises :class:`VerificationError` naming every bad file.
+A pass writes a verification record, so a gate within a time window of it (``check_integrity``)
+can trust it instead of reading every byte again.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from buildctl.digest import canonical_json, digest_bytes
+from buildctl.artifact_store.backend import ProgressFn, Store
+from buildctl.artifact_store.errors import StoreUnavailableError, VerificationError
+from buildctl.artifact_store.layout import verification_key, verification_prefix
+from buildctl.artifact_store.manifest import Manifest, utc_now
+from buildctl.artifact_store.quarantine import check_not_quarantined, try_quarantine
+from buildctl.artifact_store.signing import SigningKey
+from buildctl.artifact_store.verify import verify
+
+DEFAULT_VERIFY_WINDOW_S = 24 * 3600.0
+
+
+class VerificationRecord(BaseModel):
+    """A deep verify that passed: every blob re-hashed from the store matched the manifest."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    artifact_id: str = Field(..., description="The artifact.")
+    files: int = Field(..., ge=0, description="Files re-hashed.")
+    bytes: int = Field(..., ge=0, description="Bytes re-hashed.")
+    who: str = Field(..., description="Who verified.")
+    when: str = Field(..., description="UTC ISO-8601 time the verify finished.")
+    signature: dict[str, str] | None = Field(None, description="Ed25519 signature over the record without this field.")
+
+
+def parse_time(when: str) -> datetime:
+    return datetime.fromisoformat(when.replace("Z", "+00:00"))
+
+
+def record_verification(store: Store, artifact_id: str, manifest: Manifest, *, who: str,
+                        signer: SigningKey | None = None) -> VerificationRecord:
+    """Write a verification record where this caller may write (a read-only node cannot; then the
+    record is returned unwritten)."""
+    rec = VerificationRecord(artifact_id=artifact_id, files=len(manifest.files), bytes=manifest.total_size, who=who,
+                             when=utc_now())
+    if signer is not None:
+        rec = rec.model_copy(update={"signature": signer.sign(canonical_json(rec.model_dump(mode="json")))})
+    body = canonical_json(rec.model_dump(mode="json"))
+    try:
+        store.put_bytes(verification_key(artifact_id, rec.when, digest_bytes(body)), body)
+    except StoreUnavailableError:
+        pass
+    return rec
+
+
+def last_verification(store: Store, artifact_id: str) -> VerificationRecord | None:
+    """The newest verification record of the artifact (keys sort by time)."""
+    keys = list(store.list(verification_prefix(artifact_id)))
+    for key in reversed(keys):
+        try:
+            return VerificationRecord.model_validate(json.loads(store.get_bytes(key)))
+        except (ValueError, ValidationError):
+            continue  # a malformed record is no evidence; an older one may still be
+    return None
+
+
+def quarantine_on(store: Store, err: VerificationError, *, detector: str, who: str,
+                  signer: SigningKey | None = None) -> VerificationError:
+    """Quarantine the artifact ``err`` found bad in the store (where the caller may write); returns
+    the error to raise, naming the record."""
+    problems = [p.render() for p in err.problems]
+    key = try_quarantine(store, err.artifact, f"{detector}: {len(problems)} bad file(s) in the store",
+                         problems=problems, who=who, signer=signer)
+    return VerificationError(err.artifact, err.problems, quarantine_key=key)
+
+
+def _checked(store: Store, artifact_id: str, *, deep: bool, detector: str, who: str, signer: SigningKey | None,
+             on_bytes: ProgressFn | None = None) -> Manifest:
+    try:
+        return verify(store, artifact_id, deep=deep, on_bytes=on_bytes)
+    except VerificationError as err:
+        raise quarantine_on(store, err, detector=detector, who=who, signer=signer) from None
+
+
+def deep_check(store: Store, artifact_id: str, *, detector: str, who: str, signer: SigningKey | None = None,
+               on_bytes: ProgressFn | None = None) -> tuple[Manifest, VerificationRecord]:
+    """Re-hash every blob. On a mismatch, quarantine (reason: ``detector`` and the bad files) and
+    raise :class:`VerificationError` naming each bad file and the record. On a pass, record it."""
+    manifest = _checked(store, artifact_id, deep=True, detector=detector, who=who, signer=signer, on_bytes=on_bytes)
+    return manifest, record_verification(store, artifact_id, manifest, who=who, signer=signer)
+
+
+def check_integrity(store: Store, artifact_id: str, *, detector: str, who: str, signer: SigningKey | None = None,
+                    window_s: float = DEFAULT_VERIFY_WINDOW_S, now: datetime | None = None) -> str:
+    """The gate: refuse a quarantined artifact; trust a deep verify newer than ``window_s`` (after
+    a cheap check that every blob is there with its size), else run one. Returns the time of the
+    deep verify relied on."""
+    check_not_quarantined(store, artifact_id)
+    if window_s > 0:
+        rec = last_verification(store, artifact_id)
+        now = now or datetime.now(timezone.utc)
+        if rec is not None and (now - parse_time(rec.when)).total_seconds() <= window_s:
+            _checked(store, artifact_id, deep=False, detector=detector, who=who, signer=signer)
+            return rec.when
+    return deep_check(store, artifact_id, detector=detector, who=who, signer=signer)[1].when

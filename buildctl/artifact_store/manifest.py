@@ -1,0 +1,250 @@
+"""Manifests: the list of files of one artifact, and what it was built from and for.
+
+The artifact id is the digest of the manifest's canonical JSON, so a manifest can never
+change without changing its id. Path rules are enforced before anything is written.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import unicodedata
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from buildctl.digest import DIGEST_RE, canonical_json, digest_bytes, digest_json, hash_file
+from buildctl.artifact_store.errors import ManifestError, UnsafeTreeError
+
+MANIFEST_SCHEMA_VERSION = 1
+MAX_PATH_LEN = 1024
+MAX_COMPONENT_LEN = 255
+
+
+def check_relpath(path: str) -> str:
+    """Return ``path`` if it is a safe relative POSIX path, else raise ``ValueError`` saying why."""
+    if not isinstance(path, str) or not path:
+        raise ValueError("empty path")
+    if len(path.encode()) > MAX_PATH_LEN:
+        raise ValueError(f"path longer than {MAX_PATH_LEN} bytes")
+    if "\x00" in path or any(ord(c) < 32 for c in path):
+        raise ValueError("control character in path")
+    if "\\" in path:
+        raise ValueError("backslash in path (paths are POSIX)")
+    if path.startswith("/") or (len(path) > 1 and path[1] == ":"):
+        raise ValueError("absolute path")
+    if unicodedata.normalize("NFC", path) != path:
+        raise ValueError("path is not NFC-normalised unicode")
+    parts = path.split("/")
+    for part in parts:
+        if part in ("", ".", ".."):
+            raise ValueError(f"path component {part!r} not allowed")
+        if len(part.encode()) > MAX_COMPONENT_LEN:
+            raise ValueError(f"path component longer than {MAX_COMPONENT_LEN} bytes")
+    return path
+
+
+def check_unique_paths(paths: list[str]) -> None:
+    """Refuse duplicates, case-only duplicates, and a file that is also a directory prefix."""
+    seen: dict[str, str] = {}
+    exact: set[str] = set()
+    for p in paths:
+        if p in exact:
+            raise ValueError(f"duplicate path {p!r}")
+        exact.add(p)
+        folded = p.casefold()
+        if folded in seen:
+            raise ValueError(f"case-only duplicate paths {seen[folded]!r} and {p!r}")
+        seen[folded] = p
+    for p in paths:
+        parts = p.split("/")
+        for i in range(1, len(parts)):
+            if "/".join(parts[:i]) in exact:
+                raise ValueError(f"path {'/'.join(parts[:i])!r} is both a file and a directory")
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class FileEntry(_Frozen):
+    """One file of an artifact."""
+
+    path: str = Field(..., description="Relative POSIX path inside the artifact.")
+    size: int = Field(..., ge=0, description="Size in bytes.")
+    digest: str = Field(..., description="xxh3-128 digest of the content; also the blob's key.")
+    executable: bool = Field(False, description="Whether the file is installed with the executable bit.")
+
+    @field_validator("path")
+    @classmethod
+    def _safe_path(cls, v: str) -> str:
+        return check_relpath(v)
+
+    @field_validator("digest")
+    @classmethod
+    def _digest_form(cls, v: str) -> str:
+        if not DIGEST_RE.match(v):
+            raise ValueError("digest must be xxh3-128:<32 lowercase hex>")
+        return v
+
+
+class Manifest(_Frozen):
+    """The immutable description of one artifact."""
+
+    schema_version: int = Field(MANIFEST_SCHEMA_VERSION, description="Manifest schema version; unknown versions are refused.")
+    files: tuple[FileEntry, ...] = Field(..., min_length=1, description="Every file, sorted by path.")
+    profile_name: str = Field(..., description="The build profile's name.")
+    profile_hash: str = Field(..., description="The profile's build-affecting hash.")
+    build_key: str | None = Field(None, description="The build key (profile hash, model digest, compat key, backend version); None for imports without a model digest.")
+    backend: str = Field(..., pattern=r"^[a-z0-9][a-z0-9_-]{0,31}$", description="The builder backend that made the engine (a name in the engine registry).")
+    compat_key: str = Field(..., description="The builder host's compat key for this backend: where the engine may run.")
+    fingerprint: dict[str, Any] = Field(..., description="The builder host's full fingerprint.")
+    tool_versions: dict[str, str | None] = Field(default_factory=dict, description="Backend and tool versions (torch, tensorrt_llm, buildctl, ...).")
+    model_digest: str | None = Field(None, description="Digest of the model checkpoint the engine was built from, when known.")
+    created_at: str = Field(..., description="UTC ISO-8601 time the manifest was written.")
+    build_log: str | None = Field(None, description="Digest of the build-log blob, when the build kept one.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known_version(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("schema_version", MANIFEST_SCHEMA_VERSION) != MANIFEST_SCHEMA_VERSION:
+            raise ValueError(f"unknown manifest schema_version {data.get('schema_version')!r} (this buildctl reads {MANIFEST_SCHEMA_VERSION})")
+        return data
+
+    @model_validator(mode="after")
+    def _paths(self) -> "Manifest":
+        paths = [f.path for f in self.files]
+        if paths != sorted(paths):
+            raise ValueError("files must be sorted by path")
+        check_unique_paths(paths)
+        for d in (self.build_log, self.model_digest):
+            if d is not None and not DIGEST_RE.match(d):
+                raise ValueError(f"bad digest {d!r}")
+        return self
+
+    def canonical(self) -> bytes:
+        return canonical_json(self.model_dump(mode="json"))
+
+    def artifact_id(self) -> str:
+        """The digest of this manifest's canonical JSON."""
+        return digest_bytes(self.canonical())
+
+    def identity(self) -> str:
+        """The digest of everything but ``created_at``: equal for re-publishes of the same content."""
+        data = self.model_dump(mode="json")
+        data.pop("created_at")
+        return digest_bytes(canonical_json(data))
+
+    @property
+    def total_size(self) -> int:
+        return sum(f.size for f in self.files)
+
+    def blob_digests(self) -> set[str]:
+        out = {f.digest for f in self.files}
+        if self.build_log:
+            out.add(self.build_log)
+        return out
+
+
+def parse_manifest(data: bytes | str | dict[str, Any], source: str = "<manifest>") -> Manifest:
+    """Parse and validate a manifest; raises :class:`ManifestError`."""
+    try:
+        obj = json.loads(data) if isinstance(data, (bytes, str)) else data
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ManifestError(source, f"not JSON: {err}") from None
+    if not isinstance(obj, dict):
+        raise ManifestError(source, "not a JSON object")
+    try:
+        return Manifest.model_validate(obj)
+    except ValidationError as err:
+        detail = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or '<root>'}: {e['msg']}" for e in err.errors())
+        raise ManifestError(source, detail) from None
+
+
+def utc_now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="microseconds").replace("+00:00", "Z")
+
+
+# --- source trees ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SourceFile:
+    """A regular file found in a source tree."""
+
+    path: str  # relative POSIX path
+    abspath: Path
+    size: int
+    executable: bool
+
+
+def scan_tree(root: str | Path) -> list[SourceFile]:
+    """List the regular files under ``root``, refusing anything a manifest cannot hold.
+
+    Refused, naming the entry: symlinks, device files, sockets, FIFOs, empty directories,
+    and any path that breaks :func:`check_relpath` or :func:`check_unique_paths`.
+    """
+    root = Path(root)
+    if not root.is_dir():
+        raise UnsafeTreeError(str(root), "not a directory")
+    out: list[SourceFile] = []
+
+    def walk(d: Path, rel: str) -> None:
+        with os.scandir(d) as it:
+            entries = sorted(it, key=lambda e: e.name)
+        if not entries and rel:
+            raise UnsafeTreeError(rel, "empty directory (a manifest lists files only)")
+        for e in entries:
+            r = f"{rel}/{e.name}" if rel else e.name
+            st = e.stat(follow_symlinks=False)
+            if stat.S_ISLNK(st.st_mode):
+                raise UnsafeTreeError(r, "symlink (artifacts hold regular files only)")
+            if stat.S_ISDIR(st.st_mode):
+                walk(Path(e.path), r)
+                continue
+            if not stat.S_ISREG(st.st_mode):
+                raise UnsafeTreeError(r, "not a regular file (device, socket or FIFO)")
+            try:
+                check_relpath(r)
+            except ValueError as err:
+                raise UnsafeTreeError(r, str(err)) from None
+            out.append(SourceFile(r, Path(e.path), st.st_size, bool(st.st_mode & stat.S_IXUSR)))
+
+    walk(root, "")
+    if not out:
+        raise UnsafeTreeError(str(root), "no files")
+    try:
+        check_unique_paths([f.path for f in out])
+    except ValueError as err:
+        raise UnsafeTreeError(str(root), str(err)) from None
+    return sorted(out, key=lambda f: f.path)
+
+
+def hash_tree(
+    files: list[SourceFile], *, workers: int | None = None, on_bytes: Callable[[int], None] | None = None
+) -> list[FileEntry]:
+    """Hash files concurrently, one thread per core by default (xxhash releases the GIL per slice)."""
+    workers = workers or max(2, os.cpu_count() or 2)
+
+    def one(f: SourceFile) -> FileEntry:
+        digest, size = hash_file(f.abspath)
+        if size != f.size:
+            raise UnsafeTreeError(f.path, f"file changed while hashing ({f.size} -> {size} bytes)")
+        if on_bytes:
+            on_bytes(size)
+        return FileEntry(path=f.path, size=size, digest=digest, executable=f.executable)
+
+    if len(files) <= 1 or workers <= 1:
+        return [one(f) for f in files]
+    with ThreadPoolExecutor(max_workers=min(workers, len(files))) as pool:
+        return list(pool.map(one, files))
+
+
+def tree_digest(root: str | Path) -> str:
+    """The digest of a directory tree (a model checkpoint): every file's path, size, digest and mode."""
+    return digest_json([e.model_dump(mode="json") for e in hash_tree(scan_tree(root))])

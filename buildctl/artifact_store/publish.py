@@ -1,0 +1,221 @@
+"""Publish: checksum a tree and store it as one immutable artifact, and the build-key index.
+
+Write order (like oras-py's push): touches of every blob (:mod:`buildctl.artifact_store.grace`: what
+garbage collection honours), blobs (skipping those already present, checked again a delete
+window later), then an identity record, then the manifest, then its signature, then the
+build-key index. An artifact
+is visible only once its manifest exists, so a publish killed at any point leaves nothing
+visible, and re-running it finishes the job with the same artifact id.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from buildctl.digest import canonical_json, digest_bytes, hash_file, is_digest
+from buildctl.artifact_store import grace as grace_mod
+from buildctl.artifact_store.backend import ProgressFn, Store
+from buildctl.artifact_store.errors import CorruptObjectError, KeyNotFoundError, StoreArgumentError, StoreUnavailableError
+from buildctl.artifact_store.layout import blob_key, build_index_key, build_index_prefix, identity_key, manifest_key
+from buildctl.artifact_store.manifest import Manifest, hash_tree, scan_tree, utc_now
+from buildctl.artifact_store.quarantine import active_quarantine
+from buildctl.artifact_store.repair import repair, tree_source
+from buildctl.artifact_store.signing import SigningKey, sign_manifest
+from buildctl.artifact_store.verify import parse_verified_manifest
+
+
+@dataclass
+class PublishResult:
+    """What publish did."""
+
+    artifact_id: str
+    manifest: Manifest
+    uploaded_blobs: int = 0
+    skipped_blobs: int = 0
+    uploaded_bytes: int = 0
+    existed: bool = False
+    build_key_owner: str | None = None  # artifact that holds the build key (may differ on a lost race)
+    repaired: list[str] = field(default_factory=list)  # files whose rotted blobs this publish put back
+
+
+@dataclass
+class ManifestDraft:
+    """Everything a manifest needs besides its files and its time."""
+
+    profile_name: str
+    profile_hash: str
+    backend: str
+    compat_key: str
+    fingerprint: dict[str, Any]
+    tool_versions: dict[str, str | None] = field(default_factory=dict)
+    build_key: str | None = None
+    model_digest: str | None = None
+
+
+def publish_tree(
+    store: Store,
+    source: str | Path,
+    draft: ManifestDraft,
+    *,
+    build_log: Path | None = None,
+    workers: int = 4,
+    on_bytes: ProgressFn | None = None,
+    signer: SigningKey | None = None,
+    who: str = "unknown",
+    grace_s: float | None = None,
+    delete_window_s: float | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+) -> PublishResult:
+    """Checksum every file under ``source`` and publish it as one immutable artifact; with
+    ``signer``, also store its signature of the manifest.
+
+    Publishing the same content as a quarantined artifact (a deterministic rebuild of a rotted
+    one) yields the same artifact id; its bad blobs are then replaced from ``source``, whose
+    digests prove it right, and the quarantine is lifted once the artifact deep-verifies."""
+    files = scan_tree(source)  # refuses unsafe trees before anything is written
+    entries = hash_tree(files, on_bytes=on_bytes)
+    by_path = {f.path: f for f in files}
+    uploads: list[tuple[str, Path, int]] = []
+    seen: set[str] = set()
+    for e in entries:
+        if e.digest not in seen:
+            seen.add(e.digest)
+            uploads.append((e.digest, by_path[e.path].abspath, e.size))
+    log_digest = None
+    if build_log is not None:
+        log_digest, log_size = hash_file(build_log)
+        if log_digest not in seen:
+            uploads.append((log_digest, build_log, log_size))
+    manifest = Manifest(
+        files=tuple(entries), profile_name=draft.profile_name, profile_hash=draft.profile_hash,
+        build_key=draft.build_key, backend=draft.backend, compat_key=draft.compat_key,
+        fingerprint=draft.fingerprint, tool_versions=draft.tool_versions, model_digest=draft.model_digest,
+        created_at=utc_now(), build_log=log_digest,
+    )
+    result = PublishResult(artifact_id="", manifest=manifest)
+
+    def upload(item: tuple[str, Path, int]) -> tuple[bool, int]:
+        digest, path, size = item
+        existing = store.stat(blob_key(digest))
+        if existing == size:
+            return False, 0
+        if existing is not None:
+            raise CorruptObjectError(blob_key(digest), f"stored blob has size {existing}, expected {size}")
+        created = store.put_file(blob_key(digest), path, size=size)
+        return created, size if created else 0
+
+    # Touch every blob before relying on any, trust a blob found in the store only after looking
+    # again a delete window later, and write the manifest within half the grace period of the
+    # touches (buildctl.artifact_store.grace: what makes this safe next to garbage collection).
+    grace = grace_mod.DEFAULT_GRACE_S if grace_s is None else grace_s
+    window = grace_mod.DEFAULT_DELETE_WINDOW_S if delete_window_s is None else delete_window_s
+    if window >= grace / 4:
+        raise StoreArgumentError(f"delete window {window:g}s must be under a quarter of the grace period {grace:g}s")
+    uploaded: set[str] = set()
+    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+        for attempt in range(1, 6):
+            touched = clock()
+            grace_mod.touch(store, [u[0] for u in uploads], workers)
+            todo = [u for u in uploads if u[0] not in uploaded]
+            reused = []
+            for item, (created, nbytes) in zip(todo, pool.map(upload, todo)):
+                if created:
+                    uploaded.add(item[0])
+                    result.uploaded_blobs += 1
+                    result.uploaded_bytes += nbytes
+                else:
+                    reused.append(item)
+            if reused:
+                sleep(max(0.0, window - (clock() - touched)))
+                for item, (created, nbytes) in zip(reused, pool.map(upload, reused)):  # gone meanwhile: upload again
+                    if created:
+                        uploaded.add(item[0])
+                        result.uploaded_blobs += 1
+                        result.uploaded_bytes += nbytes
+            if clock() - touched < grace / 2:
+                break
+            if attempt == 5:
+                raise StoreUnavailableError(store.uri, f"publishing took longer than half the {grace:g}s grace period "
+                                            "five times over: the store is too slow for it (raise BUILDCTL_GC_GRACE_S)")
+    result.skipped_blobs = len(uploads) - len(uploaded)
+
+    # The identity record makes re-publishing the same content yield the same artifact id,
+    # even when an earlier run died between this point and the manifest.
+    body = manifest.canonical()
+    if not store.put_bytes(identity_key(manifest.identity()), body):
+        body = store.get_bytes(identity_key(manifest.identity()))
+        manifest = parse_verified_manifest(body, None, identity_key(manifest.identity()))
+        result.manifest = manifest
+    artifact_id = digest_bytes(body)
+    result.artifact_id = artifact_id
+    result.existed = not store.put_bytes(manifest_key(artifact_id), body)
+    if signer is not None:
+        sign_manifest(store, artifact_id, signer, body)
+    if result.existed and active_quarantine(store, artifact_id) is not None:
+        fixed = repair(store, artifact_id, tree_source(source), who=who, signer=signer,
+                       reason="republished with identical content")
+        result.repaired = fixed.replaced
+    if manifest.build_key:
+        result.build_key_owner = claim_build_key(store, manifest.build_key, artifact_id)
+    return result
+
+
+def _in_service(store: Store, artifact_id: str) -> bool:
+    return store.stat(manifest_key(artifact_id)) is not None and active_quarantine(store, artifact_id) is None
+
+
+def claim_build_key(store: Store, build_key: str, artifact_id: str) -> str:
+    """Record build key -> artifact (create-only). Returns the artifact that holds the key.
+
+    A key whose owner was quarantined (or removed) is claimed again in its next generation
+    (``index/build-keys/<k>.<n>.json``), so a rebuild of a rotted artifact becomes the cache entry;
+    every generation is create-only, so concurrent builds still end with one owner."""
+    record = canonical_json({"build_key": build_key, "artifact_id": artifact_id, "created_at": utc_now()})
+    generation = 0
+    while True:
+        key = build_index_key(build_key, generation)
+        if store.put_bytes(key, record):
+            return artifact_id
+        owner = _owner_at(store, key)
+        if owner == artifact_id or (owner is not None and _in_service(store, owner)):
+            return owner or artifact_id
+        generation += 1
+
+
+def _owner_at(store: Store, key: str) -> str | None:
+    try:
+        data = json.loads(store.get_bytes(key))
+    except KeyNotFoundError:
+        return None
+    except ValueError:
+        raise CorruptObjectError(key, "malformed build-key record") from None
+    artifact = data.get("artifact_id") if isinstance(data, dict) else None
+    if not isinstance(artifact, str) or not is_digest(artifact):
+        raise CorruptObjectError(key, "malformed build-key record")
+    return artifact
+
+
+def _generation(key: str) -> int:
+    parts = key.rsplit("/", 1)[1].split(".")  # <hex>.json or <hex>.<n>.json
+    return int(parts[1]) if len(parts) == 3 and parts[1].isdigit() else 0
+
+
+def build_key_owners(store: Store, build_key: str) -> list[tuple[str, str]]:
+    """Every generation's (record key, artifact) for a build key, oldest generation first."""
+    keys = sorted(store.list(build_index_prefix(build_key)), key=_generation)
+    return [(k, owner) for k in keys if (owner := _owner_at(store, k)) is not None]
+
+
+def lookup_build_key(store: Store, build_key: str) -> str | None:
+    """The artifact that serves a build key: the oldest generation whose artifact still exists and
+    is not quarantined."""
+    for _, artifact in build_key_owners(store, build_key):
+        if _in_service(store, artifact):
+            return artifact
+    return None

@@ -1,0 +1,109 @@
+"""Quarantine: a create-only, append-only record under an artifact that takes it out of service.
+
+A quarantined artifact is never a build-cache hit, never promoted and never pulled, even while a
+channel still points at it. Every place that finds an artifact's stored bytes wrong writes a
+quarantine record (``verify --deep``, promote, the cache check, validation, scrub); a repair that
+restores every blob writes a ``lift`` record. The artifact's state is its newest record.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from buildctl.digest import canonical_json, digest_bytes
+from buildctl.artifact_store.backend import Store
+from buildctl.artifact_store.errors import CorruptObjectError, QuarantinedError, StoreUnavailableError
+from buildctl.artifact_store.layout import quarantine_key, quarantine_prefix
+from buildctl.artifact_store.manifest import utc_now
+from buildctl.artifact_store.signing import SigningKey
+
+
+class QuarantineRecord(BaseModel):
+    """One quarantine or lift of an artifact."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    artifact_id: str = Field(..., description="The artifact.")
+    action: Literal["quarantine", "lift"] = Field(..., description="quarantine takes it out of service; lift restores it.")
+    reason: str = Field(..., description="Why, in words (what detected it, or how it was repaired).")
+    problems: tuple[str, ...] = Field((), description="Each bad file, as verify reported it.")
+    who: str = Field(..., description="user@host, the CI identity, or the flow that wrote it.")
+    when: str = Field(..., description="UTC ISO-8601 time.")
+    signature: dict[str, str] | None = Field(None, description="Ed25519 signature over the record without this field.")
+
+    def signed_bytes(self) -> bytes:
+        return canonical_json(self.model_dump(mode="json", exclude={"signature"}))
+
+
+def _write(store: Store, rec: QuarantineRecord, signer: SigningKey | None) -> tuple[QuarantineRecord, str]:
+    if signer is not None:
+        rec = rec.model_copy(update={"signature": signer.sign(rec.signed_bytes())})
+    body = canonical_json(rec.model_dump(mode="json"))
+    key = quarantine_key(rec.artifact_id, rec.when, digest_bytes(body))
+    store.put_bytes(key, body)
+    return rec, key
+
+
+def quarantine_records(store: Store, artifact_id: str) -> list[tuple[str, QuarantineRecord]]:
+    """Every record of the artifact with its key, oldest first."""
+    out = []
+    for key in store.list(quarantine_prefix(artifact_id)):
+        try:
+            out.append((key, QuarantineRecord.model_validate(json.loads(store.get_bytes(key)))))
+        except (ValueError, ValidationError):
+            raise CorruptObjectError(key, "malformed quarantine record") from None
+    return out
+
+
+def active_of(records: list[tuple[str, QuarantineRecord]]) -> tuple[str, QuarantineRecord] | None:
+    """Of an artifact's records (oldest first), the one that quarantines it now: the newest, if
+    that is a quarantine."""
+    if records and records[-1][1].action == "quarantine":
+        return records[-1]
+    return None
+
+
+def active_quarantine(store: Store, artifact_id: str) -> tuple[str, QuarantineRecord] | None:
+    """The record that quarantines the artifact now, if any."""
+    return active_of(quarantine_records(store, artifact_id))
+
+
+def check_not_quarantined(store: Store, artifact_id: str, what: str = "refusing it") -> None:
+    """Raise :class:`QuarantinedError` (exit 5) naming the record when the artifact is quarantined."""
+    active = active_quarantine(store, artifact_id)
+    if active is not None:
+        raise QuarantinedError(artifact_id, active[0], active[1].reason, what)
+
+
+def quarantine(store: Store, artifact_id: str, reason: str, *, problems: tuple[str, ...] | list[str] = (),
+               who: str, signer: SigningKey | None = None) -> tuple[str, QuarantineRecord]:
+    """Quarantine the artifact (a no-op returning the active record when it already is)."""
+    active = active_quarantine(store, artifact_id)
+    if active is not None:
+        return active
+    rec, key = _write(store, QuarantineRecord(artifact_id=artifact_id, action="quarantine", reason=reason,
+                                              problems=tuple(problems), who=who, when=utc_now()), signer)
+    return key, rec
+
+
+def try_quarantine(store: Store, artifact_id: str, reason: str, *, problems: tuple[str, ...] | list[str] = (),
+                   who: str, signer: SigningKey | None = None) -> str | None:
+    """Quarantine where this caller may write; a read-only caller (a node) gets ``None`` back and
+    reports instead. Returns the record's key."""
+    try:
+        return quarantine(store, artifact_id, reason, problems=problems, who=who, signer=signer)[0]
+    except StoreUnavailableError:
+        return None
+
+
+def lift(store: Store, artifact_id: str, reason: str, *, who: str,
+         signer: SigningKey | None = None) -> tuple[str, QuarantineRecord] | None:
+    """Lift an active quarantine with a record; ``None`` when the artifact was not quarantined."""
+    if active_quarantine(store, artifact_id) is None:
+        return None
+    rec, key = _write(store, QuarantineRecord(artifact_id=artifact_id, action="lift", reason=reason, who=who,
+                                              when=utc_now()), signer)
+    return key, rec

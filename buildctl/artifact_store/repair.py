@@ -1,0 +1,111 @@
+"""Repair: put back exactly the blobs whose bytes are wrong, from a copy whose digests prove it right.
+
+Blobs are immutable and named by their digest, so any copy of a file whose xxh3-128 equals the
+manifest's digest *is* the right content: a node's installed ``versions/<id>`` directory, another
+store, or a rebuild that produced identical files. Only blobs that are missing, short or hash
+wrong in the store are replaced (``Store.replace_object``); then the whole artifact is re-hashed
+from the store, and only a clean pass lifts the quarantine.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from buildctl.digest import BUFFER_SIZE, hash_file, hash_stream, write_all
+from buildctl.artifact_store.backend import Store
+from buildctl.artifact_store.errors import KeyNotFoundError, VerificationError
+from buildctl.artifact_store.layout import blob_key
+from buildctl.artifact_store.manifest import FileEntry
+from buildctl.artifact_store.quarantine import lift
+from buildctl.artifact_store.signing import SigningKey
+from buildctl.artifact_store.verify import get_manifest, verify
+
+# A source gives, for a manifest entry, a local file that may hold its bytes (None: no copy).
+SourceFn = Callable[[FileEntry], "Path | None"]
+
+
+@dataclass
+class RepairResult:
+    artifact_id: str
+    replaced: list[str] = field(default_factory=list)      # paths whose blobs were put back
+    unrepaired: list[str] = field(default_factory=list)   # bad blobs with no matching copy
+    healthy: bool = False                                  # a full deep verify passed afterwards
+    lifted: str | None = None                              # the lift record's key
+
+
+def stored_blob_ok(store: Store, entry: FileEntry) -> bool:
+    key = blob_key(entry.digest)
+    if store.stat(key) != entry.size:
+        return False
+    try:
+        with store.open_read(key) as f:
+            return hash_stream(f)[0] == entry.digest
+    except KeyNotFoundError:
+        return False
+
+
+def tree_source(root: str | Path) -> SourceFn:
+    """Copies by path under a directory (a node's ``versions/<id>``, a build's output)."""
+    root = Path(root)
+    return lambda e: (root / e.path) if (root / e.path).is_file() else None
+
+
+def store_source(other: Store, scratch: Path) -> SourceFn:
+    """Copies from another store's blob of the same digest, downloaded into ``scratch``."""
+
+    def fetch(e: FileEntry) -> Path | None:
+        target = scratch / e.digest[len("xxh3-128:"):]
+        try:
+            with other.open_read(blob_key(e.digest)) as src, open(target, "wb", buffering=0) as dst:
+                buf = bytearray(BUFFER_SIZE)
+                view = memoryview(buf)
+                while n := src.readinto(buf):
+                    write_all(dst, view[:n])
+        except KeyNotFoundError:
+            return None
+        return target
+
+    return fetch
+
+
+def repair(store: Store, artifact_id: str, source: SourceFn, *, who: str, signer: SigningKey | None = None,
+           reason: str = "repaired") -> RepairResult:
+    """Replace every bad blob of the artifact whose copy in ``source`` hashes right; lift the
+    quarantine when the artifact then deep-verifies."""
+    manifest = get_manifest(store, artifact_id)
+    result = RepairResult(artifact_id)
+    seen: set[str] = set()
+    for entry in manifest.files:
+        if entry.digest in seen or stored_blob_ok(store, entry):
+            seen.add(entry.digest)
+            continue
+        seen.add(entry.digest)
+        copy = source(entry)
+        if copy is None or hash_file(copy) != (entry.digest, entry.size):
+            result.unrepaired.append(entry.path)
+            continue
+        store.replace_object(blob_key(entry.digest), copy, size=entry.size)
+        result.replaced.append(entry.path)
+    try:
+        verify(store, artifact_id, deep=True)
+        result.healthy = True
+    except VerificationError:
+        return result
+    lifted = lift(store, artifact_id, f"{reason}: {len(result.replaced)} blob(s) replaced, deep verify passed",
+                  who=who, signer=signer)
+    result.lifted = lifted[0] if lifted else None
+    return result
+
+
+def repair_from(store: Store, artifact_id: str, source_uri_or_dir: str, *, open_store: Callable[[str], Store],
+                who: str, signer: SigningKey | None = None) -> RepairResult:
+    """``repair`` from a directory or a store URI (``file://``, ``s3://``)."""
+    if "://" in source_uri_or_dir:
+        with tempfile.TemporaryDirectory(prefix="buildctl-repair-") as scratch:
+            return repair(store, artifact_id, store_source(open_store(source_uri_or_dir), Path(scratch)), who=who,
+                          signer=signer, reason=f"repaired from {source_uri_or_dir}")
+    return repair(store, artifact_id, tree_source(source_uri_or_dir), who=who, signer=signer,
+                  reason=f"repaired from {source_uri_or_dir}")

@@ -1,0 +1,85 @@
+"""Key revocation: create-only, promoter-signed records that nodes and promote honour.
+
+A revocation names a key id, when it stops counting, and why. The records are create-only
+(``keys/revocations/<when>-<digest>.json``, under Object Lock in production), so the list only
+grows: deleting one takes the break-glass role. With trusted keys, only records signed by a
+trusted **promoter** key (one not itself revoked at the time of the record) count; the rest are
+ignored. A signature by a revoked key counts only on a record made before the revocation time
+(the record's own time: a manifest's or attestation's ``created_at``, a channel record's ``when``).
+A stolen key can backdate what it signs, so after a revocation, re-sign the channels
+(``resign-channels``): nodes then refuse anything older than what they saw (rollback protection).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import datetime
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from buildctl.digest import canonical_json, digest_bytes
+from buildctl.artifact_store.backend import Store
+from buildctl.artifact_store.errors import SignatureError, StoreArgumentError
+from buildctl.artifact_store.layout import REVOCATIONS, revocation_key
+from buildctl.artifact_store.manifest import utc_now
+from buildctl.artifact_store.signing import SigningKey, TrustedKeys
+
+
+class Revocation(BaseModel):
+    """One key's revocation."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    key_id: str = Field(..., description="The revoked key's id.")
+    revoked_at: str = Field(..., description="UTC ISO-8601 time from which the key's signatures do not count.")
+    reason: str = Field(..., description="Why (a leak, a departure, a rotation).")
+    who: str = Field(..., description="user@host or the CI identity that revoked it.")
+    when: str = Field(..., description="UTC ISO-8601 time the record was written.")
+    signature: dict[str, str] | None = Field(None, description="A promoter key's Ed25519 signature over the record without this field.")
+
+    def signed_bytes(self) -> bytes:
+        return canonical_json(self.model_dump(mode="json", exclude={"signature"}))
+
+
+def revoke(store: Store, key_id: str, reason: str, *, signer: SigningKey, who: str,
+           revoked_at: str | None = None) -> Revocation:
+    """Write a signed revocation of ``key_id`` (from ``revoked_at``, default now)."""
+    if not reason:
+        raise StoreArgumentError("a revocation needs --reason")
+    now = utc_now()
+    rec = Revocation(key_id=key_id, revoked_at=revoked_at or now, reason=reason, who=who, when=now)
+    rec = rec.model_copy(update={"signature": signer.sign(rec.signed_bytes())})
+    body = canonical_json(rec.model_dump(mode="json"))
+    store.put_bytes(revocation_key(now, digest_bytes(body)), body)
+    return rec
+
+
+def revocations(store: Store) -> list[Revocation]:
+    """Every well-formed revocation record, oldest first (signatures not checked here)."""
+    out = []
+    for key in store.list(REVOCATIONS):
+        try:
+            out.append(Revocation.model_validate_json(store.get_bytes(key)))
+        except ValidationError:
+            continue  # a malformed record revokes nothing
+    return out
+
+
+def with_revocations(store: Store, trusted: TrustedKeys) -> TrustedKeys:
+    """``trusted`` with the revocations that a trusted promoter key signed (and was not itself
+    revoked at the time of signing)."""
+    from buildctl.artifact_store.channels import parse_utc
+    from buildctl.artifact_store.signing import verify_signature
+
+    revoked: dict[str, tuple[datetime, str]] = {}
+    for rec in revocations(store):  # oldest first: a revocation by a since-revoked key counts if made before
+        probe = replace(trusted, revoked=dict(revoked))
+        try:
+            verify_signature(f"revocation of {rec.key_id}", rec.signed_bytes(), rec.signature, probe, "promoter",
+                             signed_at=rec.when)
+        except SignatureError:
+            continue
+        at = parse_utc(rec.revoked_at)
+        if rec.key_id not in revoked or at < revoked[rec.key_id][0]:
+            revoked[rec.key_id] = (at, rec.reason)
+    return replace(trusted, revoked=revoked)

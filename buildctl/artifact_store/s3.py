@@ -1,0 +1,331 @@
+"""The S3 store (``s3://bucket/prefix``). The only module that imports boto3.
+
+* Immutable keys are written with ``IfNoneMatch='*'``, single-part and multipart alike: an
+  existing key is never overwritten (S3 answers 412, reported as "already existed").
+* Refs are replaced with ``IfMatch=<etag>``: compare-and-swap; a 412 means another writer won.
+* Every upload carries a full-object CRC64NVME checksum (computed with awscrt while the file
+  is read once, sequentially), plus one per part, so the server rejects bytes corrupted in
+  flight (400 BadDigest).
+* Large files are uploaded as multipart, several parts in flight at once.
+
+The endpoint comes from ``endpoint_url`` (``--endpoint-url``) or ``AWS_ENDPOINT_URL``;
+credentials from boto3's standard chain.
+"""
+
+from __future__ import annotations
+
+import base64
+import threading
+from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, BinaryIO, Iterator
+
+import boto3
+from awscrt import checksums
+from botocore.config import Config
+from botocore.exceptions import BotoCoreError, ClientError, EndpointConnectionError, NoCredentialsError
+
+from buildctl.artifact_store.errors import KeyNotFoundError, StoreUnavailableError, StoreUriError
+from buildctl.artifact_store.backend import ProgressFn
+
+PART_SIZE = 32 * 1024 * 1024
+MULTIPART_THRESHOLD = 64 * 1024 * 1024
+MAX_CONCURRENCY = 8
+
+_CONFLICT_CODES = {"PreconditionFailed", "ConditionalRequestConflict", "412", "409"}
+_CREDENTIAL_CODES = {"InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "ExpiredToken", "InvalidToken"}
+
+
+def _crc_b64(crc: int) -> str:
+    return base64.b64encode(crc.to_bytes(8, "big")).decode()
+
+
+class _Crc64Check:
+    """S3's full-object CRC64NVME, recomputed over the bytes fed in order."""
+
+    algorithm = "CRC64NVME"
+
+    def __init__(self, expected: str) -> None:
+        self.expected = expected
+        self._crc = 0
+
+    def update(self, data: bytes | memoryview) -> None:
+        self._crc = checksums.crc64nvme(data, self._crc)
+
+    def actual(self) -> str:
+        return _crc_b64(self._crc)
+
+
+def _code(err: ClientError) -> str:
+    return str(err.response.get("Error", {}).get("Code", ""))
+
+
+def _status(err: ClientError) -> int:
+    return int(err.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0))
+
+
+class _Body:
+    """A file-like wrapper over a botocore StreamingBody that also supports ``readinto``."""
+
+    def __init__(self, body: Any) -> None:
+        self._body = body
+
+    def read(self, n: int = -1) -> bytes:
+        return self._body.read(n if n >= 0 else None)
+
+    def readinto(self, buf: bytearray | memoryview) -> int:
+        data = self._body.read(len(buf))
+        n = len(data)
+        buf[:n] = data
+        return n
+
+    def close(self) -> None:
+        self._body.close()
+
+
+class S3Store:
+    """A store in an S3 bucket under a prefix."""
+
+    ranged_reads = True  # one GET stream is capped; parallel ranges reach line rate
+
+    def __init__(self, uri: str, *, endpoint_url: str | None = None, client: Any = None) -> None:
+        rest = uri[len("s3://"):]
+        bucket, _, prefix = rest.partition("/")
+        if not (3 <= len(bucket) <= 63):
+            raise StoreUriError(uri, "bucket name must be 3-63 characters")
+        self.uri = uri.rstrip("/")
+        self.bucket = bucket
+        self.prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
+        # Parts in flight across all uploads of this store: bounds memory to MAX_CONCURRENCY parts.
+        self._part_slots = threading.BoundedSemaphore(MAX_CONCURRENCY)
+        self.client = client or boto3.client(
+            "s3",
+            endpoint_url=endpoint_url,
+            config=Config(
+                retries={"max_attempts": 6, "mode": "standard"},
+                max_pool_connections=MAX_CONCURRENCY * 2 + 4 + 64,  # uploads, plus up to 64 ranged reads
+                request_checksum_calculation="when_required",
+                response_checksum_validation="when_required",
+            ),
+        )
+
+    # -- helpers --------------------------------------------------------------------------
+
+    def _k(self, key: str) -> str:
+        return self.prefix + key
+
+    def _fail(self, err: Exception, what: str) -> StoreUnavailableError:
+        if isinstance(err, ClientError):
+            code = _code(err)
+            if code in _CREDENTIAL_CODES:
+                return StoreUnavailableError(self.uri, f"{what}: credentials refused ({code}): check AWS_ACCESS_KEY_ID/"
+                                             "AWS_PROFILE and the role's bucket policy")
+            return StoreUnavailableError(self.uri, f"{what}: {code} {err.response.get('Error', {}).get('Message', '')}".strip())
+        if isinstance(err, NoCredentialsError):
+            return StoreUnavailableError(self.uri, f"{what}: no credentials found (set AWS_ACCESS_KEY_ID and "
+                                         "AWS_SECRET_ACCESS_KEY, AWS_PROFILE, or an instance role)")
+        if isinstance(err, EndpointConnectionError):
+            return StoreUnavailableError(self.uri, f"{what}: cannot reach the endpoint "
+                                         f"{self.client.meta.endpoint_url} (BUILDCTL_ENDPOINT_URL / AWS_ENDPOINT_URL)")
+        return StoreUnavailableError(self.uri, f"{what}: {err}")
+
+    def _put_object(self, key: str, body: bytes, **cond: str) -> bool:
+        try:
+            self.client.put_object(
+                Bucket=self.bucket, Key=self._k(key), Body=body,
+                ChecksumCRC64NVME=_crc_b64(checksums.crc64nvme(body)), **cond,
+            )
+            return True
+        except ClientError as err:
+            if _code(err) in _CONFLICT_CODES or _status(err) in (409, 412):
+                return False
+            raise self._fail(err, f"put {key}") from None
+        except BotoCoreError as err:
+            raise self._fail(err, f"put {key}") from None
+
+    # -- Store protocol -------------------------------------------------------------------
+
+    def stat(self, key: str) -> int | None:
+        try:
+            return int(self.client.head_object(Bucket=self.bucket, Key=self._k(key))["ContentLength"])
+        except ClientError as err:
+            if _status(err) == 404 or _code(err) in ("404", "NoSuchKey", "NotFound"):
+                return None
+            raise self._fail(err, f"head {key}") from None
+        except BotoCoreError as err:
+            raise self._fail(err, f"head {key}") from None
+
+    def _get(self, key: str, **extra: str) -> dict[str, Any] | None:
+        """The GET response; ``None`` only for a ``Range`` at or past the object's end (416)."""
+        try:
+            return self.client.get_object(Bucket=self.bucket, Key=self._k(key), **extra)
+        except ClientError as err:
+            if _status(err) == 404 or _code(err) in ("NoSuchKey", "404"):
+                raise KeyNotFoundError(key) from None
+            if "Range" in extra and (_status(err) == 416 or _code(err) == "InvalidRange"):
+                return None
+            raise self._fail(err, f"get {key}") from None
+        except BotoCoreError as err:
+            raise self._fail(err, f"get {key}") from None
+
+    def get_bytes(self, key: str) -> bytes:
+        resp = self._get(key)
+        try:
+            return resp["Body"].read()
+        except BotoCoreError as err:
+            raise self._fail(err, f"read {key}") from None
+
+    @contextmanager
+    def open_read(self, key: str, *, verify_checksum: bool = False) -> Iterator[BinaryIO]:
+        # ChecksumMode=ENABLED: botocore validates the object's stored full-object checksum
+        # while the body is read to its end, and raises on a mismatch.
+        body = _Body(self._get(key, **({"ChecksumMode": "ENABLED"} if verify_checksum else {}))["Body"])
+        try:
+            yield body  # type: ignore[misc]
+        finally:
+            body.close()
+
+    def read_range(self, key: str, offset: int, length: int) -> bytes:
+        if length <= 0:
+            return b""
+        resp = self._get(key, Range=f"bytes={offset}-{offset + length - 1}")
+        if resp is None:
+            return b""  # at or past the end: no bytes, as the protocol (and a local file) says
+        try:
+            return resp["Body"].read()
+        except BotoCoreError as err:
+            raise self._fail(err, f"read {key} at {offset}") from None
+        finally:
+            resp["Body"].close()
+
+    def stored_checksum(self, key: str) -> "_Crc64Check | None":
+        try:
+            head = self.client.head_object(Bucket=self.bucket, Key=self._k(key), ChecksumMode="ENABLED")
+        except ClientError as err:
+            if _status(err) == 404 or _code(err) in ("NoSuchKey", "404", "NotFound"):
+                raise KeyNotFoundError(key) from None
+            raise self._fail(err, f"head {key}") from None
+        except BotoCoreError as err:
+            raise self._fail(err, f"head {key}") from None
+        if head.get("ChecksumType", "FULL_OBJECT") != "FULL_OBJECT":
+            return None  # a composite (per-part) checksum cannot be compared with one over the bytes
+        expected = head.get("ChecksumCRC64NVME")
+        return _Crc64Check(expected) if expected else None
+
+    def put_bytes(self, key: str, data: bytes) -> bool:
+        return self._put_object(key, data, IfNoneMatch="*")
+
+    def put_file(self, key: str, path: Path, *, size: int, on_bytes: ProgressFn | None = None) -> bool:
+        if size < MULTIPART_THRESHOLD:
+            data = Path(path).read_bytes()
+            if len(data) != size:
+                raise StoreUnavailableError(self.uri, f"{path} changed during upload ({size} -> {len(data)} bytes)")
+            created = self._put_object(key, data, IfNoneMatch="*")
+            if on_bytes:
+                on_bytes(size)
+            return created
+        return self._multipart(key, Path(path), size, on_bytes)
+
+    def replace_object(self, key: str, path: Path, *, size: int) -> None:
+        # Immutable keys are written create-only, so a repair deletes first. In a versioned bucket
+        # the delete leaves the bad version behind a delete marker (kept for forensics); under
+        # Object Lock it needs the repair role's bypass permission (docs/production.md).
+        self.delete(key)
+        if not self.put_file(key, path, size=size):
+            raise StoreUnavailableError(self.uri, f"repair of {key}: another writer recreated it first")
+
+    def _multipart(self, key: str, path: Path, size: int, on_bytes: ProgressFn | None) -> bool:
+        k = self._k(key)
+        try:
+            upload_id = self.client.create_multipart_upload(
+                Bucket=self.bucket, Key=k, ChecksumAlgorithm="CRC64NVME", ChecksumType="FULL_OBJECT",
+            )["UploadId"]
+        except (ClientError, BotoCoreError) as err:
+            raise self._fail(err, f"create multipart {key}") from None
+        parts: dict[int, dict[str, Any]] = {}
+        slots = self._part_slots
+
+        def upload(number: int, chunk: bytes) -> None:
+            try:
+                resp = self.client.upload_part(
+                    Bucket=self.bucket, Key=k, UploadId=upload_id, PartNumber=number, Body=chunk,
+                    ChecksumCRC64NVME=_crc_b64(checksums.crc64nvme(chunk)),
+                )
+                parts[number] = {"PartNumber": number, "ETag": resp["ETag"], "ChecksumCRC64NVME": resp.get("ChecksumCRC64NVME")}
+                if on_bytes:
+                    on_bytes(len(chunk))
+            finally:
+                slots.release()
+
+        crc = 0
+        read = 0
+        futures: list[Future[None]] = []
+        try:
+            with ThreadPoolExecutor(max_workers=MAX_CONCURRENCY) as pool, open(path, "rb", buffering=0) as f:
+                number = 1
+                while True:
+                    chunk = f.read(PART_SIZE)
+                    if not chunk:
+                        break
+                    crc = checksums.crc64nvme(chunk, crc)
+                    read += len(chunk)
+                    slots.acquire()
+                    futures.append(pool.submit(upload, number, chunk))
+                    number += 1
+                    if any(fu.done() and fu.exception() for fu in futures):
+                        break
+                done, _ = wait(futures, return_when=FIRST_EXCEPTION)
+                for fu in futures:
+                    fu.result()
+            if read != size:
+                raise StoreUnavailableError(self.uri, f"{path} changed during upload ({size} -> {read} bytes)")
+            ordered = [{k2: v for k2, v in parts[n].items() if v is not None} for n in sorted(parts)]
+            self.client.complete_multipart_upload(
+                Bucket=self.bucket, Key=k, UploadId=upload_id, MultipartUpload={"Parts": ordered},
+                ChecksumCRC64NVME=_crc_b64(crc), ChecksumType="FULL_OBJECT", IfNoneMatch="*",
+            )
+            return True
+        except ClientError as err:
+            self._abort(k, upload_id)
+            if _code(err) in _CONFLICT_CODES or _status(err) in (409, 412):
+                return False
+            raise self._fail(err, f"multipart upload {key}") from None
+        except BaseException as err:
+            self._abort(k, upload_id)
+            if isinstance(err, BotoCoreError):
+                raise self._fail(err, f"multipart upload {key}") from None
+            raise
+
+    def _abort(self, k: str, upload_id: str) -> None:
+        try:
+            self.client.abort_multipart_upload(Bucket=self.bucket, Key=k, UploadId=upload_id)
+        except Exception:  # best effort; a lifecycle rule cleans up the rest
+            pass
+
+    def list(self, prefix: str) -> Iterator[str]:
+        keys = []
+        try:
+            for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=self._k(prefix)):
+                keys += [o["Key"][len(self.prefix):] for o in page.get("Contents", [])]
+        except (ClientError, BotoCoreError) as err:
+            raise self._fail(err, f"list {prefix}") from None
+        return iter(sorted(keys))
+
+    def delete(self, key: str) -> None:
+        try:
+            self.client.delete_object(Bucket=self.bucket, Key=self._k(key))
+        except (ClientError, BotoCoreError) as err:
+            raise self._fail(err, f"delete {key}") from None
+
+    def get_ref(self, key: str) -> tuple[bytes, str] | None:
+        try:
+            resp = self._get(key)
+        except KeyNotFoundError:
+            return None
+        return resp["Body"].read(), resp["ETag"]
+
+    def cas(self, key: str, data: bytes, expected: str | None) -> bool:
+        if expected is None:
+            return self._put_object(key, data, IfNoneMatch="*")
+        return self._put_object(key, data, IfMatch=expected)

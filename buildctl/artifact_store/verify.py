@@ -1,0 +1,111 @@
+"""Reading artifacts with verification: manifests checked against their id on every read
+(dvc-objects style), id resolution, listing, and ``verify`` (sizes, or every byte with ``deep``)."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+from buildctl.digest import digest_bytes, hash_stream
+from buildctl.artifact_store.backend import ProgressFn, Store
+from buildctl.artifact_store.errors import (
+    ArtifactNotFoundError,
+    CorruptObjectError,
+    FileProblem,
+    KeyNotFoundError,
+    ManifestError,
+    VerificationError,
+)
+from buildctl.artifact_store.ranged import RangedReader, ShortRangeError
+from buildctl.artifact_store.layout import MANIFESTS, artifact_of_manifest_key, blob_key, manifest_key, manifest_prefix
+from buildctl.artifact_store.manifest import FileEntry, Manifest, parse_manifest
+
+BUILD_LOG_PATH = "<build log>"
+
+
+def parse_verified_manifest(body: bytes, artifact_id: str | None, key: str) -> Manifest:
+    """Parse manifest bytes; with ``artifact_id``, they must hash to it."""
+    if artifact_id is not None and digest_bytes(body) != artifact_id:
+        raise CorruptObjectError(key, f"manifest bytes hash to {digest_bytes(body)}, not {artifact_id}")
+    return parse_manifest(body, key)
+
+
+def resolve_artifact(store: Store, ref: str) -> str:
+    """A full artifact id from a full id, ``xxh3-128:``-less hex, or a unique hex prefix (>= 8)."""
+    h = ref[len("xxh3-128:"):] if ref.startswith("xxh3-128:") else ref
+    h = h.lower()
+    if not (8 <= len(h) <= 32) or any(c not in "0123456789abcdef" for c in h):
+        raise ArtifactNotFoundError(ref, "expected an artifact id or a hex prefix of at least 8 characters")
+    if len(h) == 32:
+        artifact = "xxh3-128:" + h
+        if store.stat(manifest_key(artifact)) is None:
+            raise ArtifactNotFoundError(artifact)
+        return artifact
+    matches = list(store.list(manifest_prefix(h)))
+    if not matches:
+        raise ArtifactNotFoundError(ref)
+    if len(matches) > 1:
+        raise ArtifactNotFoundError(ref, f"prefix is ambiguous ({len(matches)} artifacts)")
+    return artifact_of_manifest_key(matches[0])
+
+
+def get_manifest(store: Store, artifact_id: str) -> Manifest:
+    """Read a manifest and verify it hashes to its id (dvc-style verify on read)."""
+    key = manifest_key(artifact_id)
+    try:
+        body = store.get_bytes(key)
+    except KeyNotFoundError:
+        raise ArtifactNotFoundError(artifact_id) from None
+    return parse_verified_manifest(body, artifact_id, key)
+
+
+def list_artifacts(store: Store, profile: str | None = None) -> list[tuple[str, Manifest]]:
+    """Every artifact (optionally of one profile), newest first."""
+    out = []
+    for key in store.list(MANIFESTS):
+        artifact = artifact_of_manifest_key(key)
+        try:
+            m = get_manifest(store, artifact)
+        except (ArtifactNotFoundError, ManifestError, CorruptObjectError):
+            continue
+        if profile is None or m.profile_name == profile:
+            out.append((artifact, m))
+    out.sort(key=lambda am: am[1].created_at, reverse=True)
+    return out
+
+
+def verify(store: Store, artifact_id: str, *, deep: bool = False, workers: int = 4,
+           on_bytes: ProgressFn | None = None) -> Manifest:
+    """Check every blob exists with the right size; ``deep`` re-hashes every byte. Raises :class:`VerificationError`."""
+    manifest = get_manifest(store, artifact_id)
+    entries: list[FileEntry] = list(manifest.files)
+    if manifest.build_log:
+        entries.append(FileEntry(path=BUILD_LOG_PATH, size=store.stat(blob_key(manifest.build_log)) or 0,
+                                 digest=manifest.build_log))
+
+    def check(e: FileEntry) -> FileProblem | None:
+        key = blob_key(e.digest)
+        size = store.stat(key)
+        if size is None:
+            return FileProblem(e.path, "missing", actual=f"blob {key} does not exist")
+        if e.path != BUILD_LOG_PATH and size != e.size:
+            return FileProblem(e.path, "size", e.size, size)
+        if deep:
+            if ranged.applies(size):  # parallel ranges, hashed in order
+                try:
+                    got = ranged.hash_object(key, size, on_bytes=on_bytes).digest()
+                except ShortRangeError as err:
+                    return FileProblem(e.path, "size", e.size, err.offset + err.got)
+            else:
+                with store.open_read(key) as f:
+                    got, n = hash_stream(f)
+                if on_bytes:
+                    on_bytes(n)
+            if got != e.digest:
+                return FileProblem(e.path, "digest", e.digest, got)
+        return None
+
+    with RangedReader(store) as ranged, ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+        problems = [p for p in pool.map(check, entries) if p is not None]
+    if problems:
+        raise VerificationError(artifact_id, problems)
+    return manifest

@@ -1,0 +1,191 @@
+"""``build-validate-publish``: check the target, build (or take a cache hit) under a strict
+concurrency limit, publish (retried: a network step), validate (never retried blindly),
+optionally promote to a non-production channel, and publish Prefect artifacts. Every decision
+is a :mod:`buildctl.pipeline` step."""
+
+from __future__ import annotations
+
+import shutil
+from typing import Any
+
+from prefect import flow, get_run_logger, task
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect.cache_policies import NONE
+from prefect.concurrency.sync import concurrency
+
+from buildctl import healing, pipeline
+from buildctl.artifact_store.verify import get_manifest
+from buildctl.flows.common import artifact_key, run_settings, short, tool_versions_line
+from buildctl.flows.events import emit_artifact_validated
+from buildctl.flows.summary import RunReport, describe_trigger
+from buildctl.settings import Settings
+from buildctl.validate_process import ValidationOutcome, validate_in_subprocess
+from buildctl.validators.errors import verdict_error
+from buildctl.validators.render import metric_rows
+
+
+# Run names an on-call engineer can read in the runs list (Prefect calls these in the run).
+# Run names an on-call engineer can read in the runs list (Prefect calls these in the run).
+def _bvp_run_name() -> str:
+    from prefect.runtime import flow_run
+
+    p = flow_run.parameters
+    return f"{p['profile']}@{short(p.get('target_compat_key')) or 'this-host'}"
+
+
+@task(cache_policy=NONE)
+def plan_task(settings: Settings, profile_name: str, model: str | None, target_compat_key: str | None):
+    profile = pipeline.profile_by_name(settings, profile_name)
+    return pipeline.plan_build(settings, pipeline.store_of(settings), profile, model=model,
+                               target_compat_key=target_compat_key, say=get_run_logger().info)
+
+
+def build_slot(settings: Settings):
+    """A slot of the build pool's global concurrency limit. ``strict``: a missing limit is an
+    error, never silently unlimited."""
+    return concurrency(settings.build_limit, occupy=1, strict=True)
+
+
+@task(cache_policy=NONE)
+def build_task(settings: Settings, plan: pipeline.BuildPlan) -> pipeline.BuiltEngine:
+    with build_slot(settings):
+        return pipeline.run_build(settings, plan, say=get_run_logger().info)
+
+
+@task(retries=3, retry_delay_seconds=[5, 15, 45], cache_policy=NONE)
+def publish_task(settings: Settings, built: pipeline.BuiltEngine) -> str:
+    res = pipeline.publish_build(settings, pipeline.store_of(settings), built, say=get_run_logger().info)
+    return res.build_key_owner or res.artifact_id
+
+
+# An inconclusive speed verdict (the machine was too noisy to decide within the budget) is
+# retried once with this multiple of the budget before the run fails.
+INCONCLUSIVE_RETRY_BUDGET = 2.0
+
+
+@task(cache_policy=NONE)
+def validate_task(settings: Settings, artifact_id: str, compat_key: str, revalidate: bool,
+                  speed_budget: float = 1.0) -> ValidationOutcome:
+    previous = None if revalidate else pipeline.reusable_attestation(settings, pipeline.store_of(settings), artifact_id,
+                                                                      compat_key)
+    if previous is not None:
+        get_run_logger().info(f"already validated on {compat_key} ({previous.attestation.created_at}): not re-running")
+        return ValidationOutcome(previous.attestation_id, previous.attestation, reused=True)
+    return validate_in_subprocess(settings, artifact_id, speed_budget=speed_budget)
+
+
+def validate_with_retry(settings: Settings, artifact_id: str, compat_key: str, revalidate: bool) -> ValidationOutcome:
+    """Validate; an inconclusive verdict is retried once with :data:`INCONCLUSIVE_RETRY_BUDGET`
+    times the speed budget (both attestations stay on record)."""
+    outcome = validate_task(settings, artifact_id, compat_key, revalidate)
+    if outcome.attestation.verdict == "inconclusive":
+        get_run_logger().warning(f"validation of {artifact_id} inconclusive ({'; '.join(outcome.attestation.reasons)}); "
+                                 f"retrying once with {INCONCLUSIVE_RETRY_BUDGET:g}x the speed budget")
+        outcome = validate_task.with_options(task_run_name="validate-task-retry")(
+            settings, artifact_id, compat_key, True, INCONCLUSIVE_RETRY_BUDGET)
+    return outcome
+
+
+@task(retries=3, retry_delay_seconds=[2, 5, 10], cache_policy=NONE)
+def promote_task(settings: Settings, artifact_id: str, channel: str) -> dict[str, Any]:
+    return pipeline.promote_artifact(settings, pipeline.store_of(settings), artifact_id, channel).model_dump(mode="json")
+
+
+@task(retries=3, retry_delay_seconds=[2, 5, 10], cache_policy=NONE)
+def recover_task(settings: Settings, artifact_id: str) -> list[dict[str, Any]]:
+    """Roll channels off a quarantined artifact (each a history record naming the quarantine)."""
+    recs = healing.recover_channels(settings, pipeline.store_of(settings), artifact_id)
+    for r in recs:
+        get_run_logger().warning(f"{r.profile}/{r.channel} [{r.compat_key}] pointed at quarantined {artifact_id}: "
+                                 + (f"rolled back to {r.rolled_back_to} (#{r.seq})" if r.rolled_back_to else r.detail))
+    return [{"artifact_id": artifact_id, "profile": r.profile, "channel": r.channel, "compat_key": r.compat_key,
+             "rolled_back_to": r.rolled_back_to, "seq": r.seq} for r in recs]
+
+
+@flow(name="build-validate-publish", flow_run_name=_bvp_run_name, log_prints=True)
+def build_validate_publish(profile: str, model: str | None = None, target_compat_key: str | None = None,
+                           promote_to: str | None = None, store: str | None = None,
+                           revalidate: bool = False, trigger: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Build (or take a cache hit), publish, validate, and optionally promote to a non-production
+    channel. Every run, failed or not, publishes a summary artifact (``trigger``: what started it,
+    passed by the parent flow)."""
+    report = RunReport(title=f"{profile} on `{target_compat_key or 'this host'}`", compat_key=target_compat_key)
+    report.add("trigger", describe_trigger(trigger))
+    try:
+        return _build_validate_publish(report, profile, model, target_compat_key, promote_to, store, revalidate,
+                                       trigger)
+    except BaseException as err:
+        report.fail(err)
+        raise
+    finally:
+        create_markdown_artifact(key=_bvp_key(profile, report.compat_key) + "-summary", markdown=report.markdown(),
+                                 description=f"{profile}: run summary")
+
+
+def _bvp_key(profile: str, compat_key: str | None) -> str:
+    """The prefix of a build run's artifact keys: its profile and compat key."""
+    return artifact_key("bvp", profile, (compat_key or "this-host")[:24])
+
+
+def _build_validate_publish(report: RunReport, profile: str, model: str | None,
+                            target_compat_key: str | None, promote_to: str | None, store: str | None,
+                            revalidate: bool, trigger: dict[str, Any] | None) -> dict[str, Any]:
+    report.step = "plan"
+    if promote_to:
+        pipeline.check_automatic_promotion(promote_to)
+    settings = run_settings(store)
+    plan = plan_task(settings, profile, model, target_compat_key)
+    report.compat_key = plan.compat_key
+    report.title = f"{profile} on `{plan.compat_key}`"
+    report.add("compat key", f"`{plan.compat_key}`")
+    report.add("build key", f"`{plan.build_key}`")
+    report.add("model", f"`{plan.model_digest}`")
+    recovered = [r for aid in plan.quarantined for r in recover_task(settings, aid)]
+    if plan.quarantined:
+        report.add("healed", f"cached {', '.join(plan.quarantined)} did not deep-verify: quarantined, rebuilt")
+    cache_hit = plan.cached is not None
+    build_s = 0.0
+    if plan.cached is not None:
+        artifact_id = plan.cached
+        manifest = get_manifest(pipeline.store_of(settings), artifact_id)
+        report.add("build", f"cache hit, no builder ran (built {manifest.created_at}; {tool_versions_line(manifest.tool_versions)})")
+    else:
+        report.step = "build"
+        built = build_task(settings, plan)
+        build_s = built.wall_s
+        report.add("build", f"built in {build_s:.1f} s ({tool_versions_line(built.tool_versions)})")
+        report.step = "publish"
+        try:
+            artifact_id = publish_task(settings, built)
+        finally:
+            shutil.rmtree(built.run_dir, ignore_errors=True)
+    report.add("artifact", f"`{artifact_id}`")
+    report.step = "validate"
+    outcome = validate_with_retry(settings, artifact_id, plan.compat_key, revalidate)
+    attestation = outcome.attestation
+    report.add("attestation", f"`{outcome.attestation_id}` ({attestation.created_at}"
+                              + (", validated earlier and reused: not re-run" if outcome.reused else "") + ")")
+    report.add("verdict", f"**{attestation.verdict}**" + "".join(f"; {r}" for r in attestation.reasons))
+    create_table_artifact(key=_bvp_key(profile, plan.compat_key) + "-validation",
+                          table=metric_rows(attestation),
+                          description=f"{profile}: candidate vs vLLM reference; attestation `{outcome.attestation_id}` "
+                                      f"of `{artifact_id}` (`buildctl show {artifact_id}`)"
+                                      + (" — reused from an earlier validation" if outcome.reused else ""))
+    promoted = None
+    if promote_to and outcome.passed:
+        report.step = "promote"
+        promoted = promote_task(settings, artifact_id, promote_to)
+        report.add("promoted", f"`{promoted['channel']}` #{promoted['seq']}")
+    else:
+        report.add("promoted", "no" + (" (validation did not pass)" if promote_to else " (no channel asked)"))
+    emit_artifact_validated(artifact_id, {"profile": profile, "compat_key": plan.compat_key,
+                                          "verdict": attestation.verdict, "attestation_id": outcome.attestation_id,
+                                          "node_id": (trigger or {}).get("node_id")})
+    if not outcome.passed:
+        raise verdict_error(artifact_id, outcome.attestation_id, attestation)
+    report.step = "done"
+    report.next_steps = [f"buildctl promote {artifact_id} --channel prod   # from CI"]
+    return {"artifact_id": artifact_id, "cache_hit": cache_hit, "build_key": plan.build_key,
+            "compat_key": plan.compat_key, "verdict": attestation.verdict, "promoted": promoted, "build_s": build_s,
+            "attestation_id": outcome.attestation_id, "attestation": attestation.model_dump(mode="json"),
+            "quarantined": plan.quarantined, "recovered": recovered, "attestation_reused": outcome.reused}

@@ -1,0 +1,99 @@
+"""What the flows share: the run's settings, Prefect artifact keys, and starting child
+build runs on the work queue of their compat key and waiting for them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefect import get_run_logger
+from prefect.deployments import run_deployment
+
+from buildctl import fleet
+from buildctl.errors import BuildctlError
+from buildctl.settings import Settings, load_settings
+
+BVP_DEPLOYMENT = "build-validate-publish/build-validate-publish"
+
+
+def short(key: str | None, n: int = 13) -> str:
+    return key if key is None or len(key) <= n else key[:n] + "…"
+
+
+def run_settings(store: str | None) -> Settings:
+    """This run's settings: the worker's environment, with the flow's ``store`` parameter on top."""
+    return load_settings(store=store)
+
+
+def artifact_key(*parts: str) -> str:
+    """Prefect artifact keys: lowercase letters, digits and dashes only."""
+    raw = "-".join(parts).lower()
+    return "".join(c if c.isalnum() or c == "-" else "-" for c in raw).strip("-")[:120]
+
+
+def tool_versions_line(tools: dict[str, str | None]) -> str:
+    return ", ".join(f"{k} {v}" for k, v in sorted(tools.items()) if v) or "not recorded"
+
+
+class ChildRunsFailedError(BuildctlError):
+    """Runs a parent flow started did not complete (``runs``: one line each)."""
+
+    def __init__(self, runs: list[str]) -> None:
+        self.runs = list(runs)
+        super().__init__(f"{len(runs)} child run(s) did not complete: " + "; ".join(runs))
+
+
+def wait_for_children(started: list[dict[str, Any]], wait_s: float) -> list[str]:
+    """Wait (Prefect's event-driven ``wait_for_flow_run``) for every child until ``wait_s`` has
+    passed in all; fill in each one's final state; return a line for each that did not complete."""
+    import time
+
+    from prefect.exceptions import FlowRunWaitTimeout
+    from prefect.flow_runs import wait_for_flow_run
+    from prefect.utilities.asyncutils import run_coro_as_sync
+
+    deadline = time.monotonic() + wait_s
+    bad = []
+    for child in started:
+        try:
+            run = run_coro_as_sync(wait_for_flow_run(child["flow_run_id"],
+                                                     timeout=max(1, int(deadline - time.monotonic()))))
+            st = run.state
+            child["state"] = st.name if st else "unknown"
+            if st is None or not st.is_completed():
+                bad.append(f"{child['profile']}@{child['compat_key']}: {child['state']} "
+                           f"({(st.message or '').splitlines()[0] if st and st.message else 'no message'})")
+        except FlowRunWaitTimeout:
+            child["state"] = "waiting"
+            bad.append(f"{child['profile']}@{child['compat_key']}: still waiting after {wait_s:.0f} s; no live worker "
+                       f"served its work queue {child.get('work_queue') or '(served deployment)'}")
+    return bad
+
+
+def has_work_pool(deployment: str) -> bool:
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        return bool(client.read_deployment_by_name(deployment).work_pool_name)
+
+
+def start_builds(settings: Settings, pairs: list[tuple[str, str, int]], trigger: dict[str, Any],
+                  promote_to: str | None) -> list[dict[str, Any]]:
+    """Start build-validate-publish for each (profile, compat key, nodes) as a subflow run, on the
+    work queue of its compat key when the deployment has a work pool."""
+    pooled = has_work_pool(BVP_DEPLOYMENT)
+    logger = get_run_logger()
+    started = []
+    for profile, compat_key, nodes in pairs:
+        # With a work pool, each compat key has its own queue, served by workers on matching hosts
+        # (`buildctl worker start`); a served deployment (flows.serve) has no pool.
+        queue = fleet.work_queue_for(compat_key) if pooled else None
+        params = {"profile": profile, "target_compat_key": compat_key, "store": settings.store,
+                  "trigger": {**trigger, "nodes": nodes}}
+        if promote_to:
+            params["promote_to"] = promote_to
+        run = run_deployment(BVP_DEPLOYMENT, parameters=params, work_queue_name=queue, timeout=0, as_subflow=True)
+        logger.info(f"{profile} for {compat_key} ({nodes} nodes): flow run {run.id}"
+                    + (f" on work queue {queue}" if queue else ""))
+        started.append({"profile": profile, "compat_key": compat_key, "nodes": nodes, "flow_run_id": str(run.id),
+                        "work_queue": queue, "state": "started"})
+    return started

@@ -1,0 +1,50 @@
+"""``gc-store``: a dry run published as a table of every artifact with what keeps it, then the
+real run."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefect import flow, get_run_logger
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
+
+from buildctl import fleet, pipeline
+from buildctl.flows.common import run_settings, short
+
+
+def _gc_rows(res) -> list[dict[str, Any]]:
+    return [{"artifact": d.artifact_id, "profile": d.profile, "compat key": short(d.compat_key, 24),
+             "action": ("remove" if res.dry_run else ("removed" if d.removed else "NOT removed")) if not d.protected_by
+             else "keep", "why": d.why_removable if not d.protected_by else "; ".join(d.protected_by)}
+            for d in res.decisions]
+
+
+@flow(name="gc-store", log_prints=True)
+def gc_store(store: str | None = None, keep: int = 3, keep_history: int = 5, grace_s: float | None = None,
+             quarantine_retention_s: float = 30 * 86400, dry_run_only: bool = False) -> dict[str, Any]:
+    """Garbage-collect the store: first a dry run, published as a table of every artifact with
+    what keeps it or why nothing does, then (unless ``dry_run_only``) the real run, which decides
+    again from what is there then, and its result."""
+    settings = run_settings(store)
+    s = pipeline.store_of(settings)
+    opts: dict[str, Any] = {"keep": keep, "keep_history": keep_history, "quarantine_retention_s": quarantine_retention_s}
+    if grace_s is not None:
+        opts["grace_s"] = grace_s
+    plan = fleet.collect_garbage(settings, s, dry_run=True, **opts)
+    create_table_artifact(key="gc-store-plan", table=_gc_rows(plan),
+                          description=f"gc dry run: would remove {len(plan.removed_artifacts)} artifacts and "
+                                      f"{plan.removed_blobs} blobs ({plan.freed_bytes} bytes); keeps {plan.kept}")
+    summary: dict[str, Any] = {"planned": plan.removed_artifacts, "planned_blobs": plan.removed_blobs}
+    if dry_run_only:
+        return summary
+    done = fleet.collect_garbage(settings, s, **opts)
+    refused = "\n".join(f"- `{k}`: {why}" for k, why in done.not_removed) or "none"
+    create_markdown_artifact(key="gc-store-result", markdown=(
+        f"# gc-store\n\nremoved **{len(done.removed_artifacts)}** artifacts and **{done.removed_blobs}** blobs "
+        f"({done.freed_bytes} bytes); kept {done.kept} artifacts and {done.kept_blobs} recently touched blobs.\n\n"
+        f"Refused by the store (Object Lock, policy): {refused}\n"
+        + (f"\n{done.stopped_early}\n" if done.stopped_early else "")))
+    for k, why in done.not_removed:
+        get_run_logger().warning(f"could not remove {k}: {why}")
+    return {**summary, "removed": done.removed_artifacts, "removed_blobs": done.removed_blobs,
+            "freed_bytes": done.freed_bytes, "not_removed": [k for k, _ in done.not_removed]}

@@ -1,0 +1,73 @@
+"""``heal-artifact``: started by ``buildctl.node.pull-failed`` and ``buildctl.artifact.corrupted``;
+deep verify, quarantine, roll back, repair or rebuild."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefect import flow, get_run_logger
+
+from buildctl import healing, pipeline
+from buildctl.flows.build_validate_publish import build_validate_publish
+from buildctl.flows.common import (BVP_DEPLOYMENT, ChildRunsFailedError, has_work_pool, run_settings, short,
+                                   start_builds, wait_for_children)
+from buildctl.settings import Settings
+
+
+def _heal_run_name() -> str:
+    from prefect.runtime import flow_run
+
+    p = flow_run.parameters
+    return f"heal {short(p['artifact_id'], 22)}" + (f" from {p['node_id']}" if p.get("node_id") else "")
+
+
+def _rebuild_on_matching_workers(settings: Settings, pairs: list[tuple[str, str]], trigger: dict[str, Any],
+                                 wait_s: float) -> list[dict[str, Any]]:
+    """Rebuild each (profile, compat key) on a worker of that compat key, promote it to staging,
+    and report what staging points at afterwards."""
+    from buildctl.artifact_store.channels import read_channel
+
+    started = start_builds(settings, [(p, k, 0) for p, k in pairs], trigger, "staging")
+    bad = wait_for_children(started, wait_s)
+    if bad:
+        raise ChildRunsFailedError(bad)
+    out = []
+    for child in started:
+        rec = read_channel(pipeline.store_of(settings), child["profile"], "staging", child["compat_key"])
+        out.append({"artifact_id": rec[0].artifact_id if rec else None, "verdict": "pass",
+                    "promoted": {"channel": "staging", "seq": rec[0].seq} if rec else None})
+    return out
+
+
+@flow(name="heal-artifact", flow_run_name=_heal_run_name, log_prints=True)
+def heal_artifact(artifact_id: str, node_id: str | None = None, repair_from: str | None = None,
+                  rebuild: bool = True, store: str | None = None, wait_s: float = 6 * 3600) -> dict[str, Any]:
+    """Deep verify the store's copy -> quarantine -> roll channels back -> repair or rebuild.
+
+    Started by ``buildctl.node.pull-failed`` and ``buildctl.artifact.corrupted``. Only a failing
+    store copy is quarantined: a node whose own disk is bad does not take a good artifact out of
+    service. The rebuild takes the normal path (build, publish, validate, promote to staging), on a
+    worker of the artifact's compat key when the build deployment has a work pool (waiting up to
+    ``wait_s``); prod stays on the rolled-back artifact until CI promotes again."""
+    settings = run_settings(store)
+    logger = get_run_logger()
+    rep = healing.heal_artifact(settings, pipeline.store_of(settings), artifact_id, repair_source=repair_from)
+    if rep.store_copy_ok:
+        logger.info(f"{artifact_id}: the store's copy deep-verifies" + (f"; {node_id}'s own copy was bad" if node_id else ""))
+        return {"artifact_id": artifact_id, "store_copy_ok": True, "rebuilt": []}
+    logger.warning(f"{artifact_id}: quarantined ({rep.quarantine_key}): {'; '.join(rep.problems)}")
+    rebuilt = []
+    trigger = {"kind": "heal", "artifact_id": artifact_id, "node_id": node_id}
+    if rebuild and rep.rebuild and has_work_pool(BVP_DEPLOYMENT):
+        rebuilt = _rebuild_on_matching_workers(settings, rep.rebuild, trigger, wait_s)
+    elif rebuild:  # served or local: this process builds (the target check refuses a foreign compat key)
+        for profile, compat_key in rep.rebuild:
+            rebuilt.append(build_validate_publish(profile=profile, target_compat_key=compat_key, promote_to="staging",
+                                                  store=settings.store, trigger=trigger))
+    return {"artifact_id": artifact_id, "store_copy_ok": False, "quarantine_record": rep.quarantine_key,
+            "problems": rep.problems,
+            "recovered": [{"profile": r.profile, "channel": r.channel, "compat_key": r.compat_key,
+                           "rolled_back_to": r.rolled_back_to, "seq": r.seq} for r in rep.recoveries],
+            "repaired": rep.repair.replaced if rep.repair else [],
+            "rebuilt": [{"artifact_id": b["artifact_id"], "verdict": b["verdict"], "promoted": b["promoted"]}
+                        for b in rebuilt]}

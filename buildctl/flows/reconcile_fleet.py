@@ -1,0 +1,42 @@
+"""``reconcile-fleet``: plan the missing (profile, compat key) pairs from the store's inventory
+and start ``build-validate-publish`` for each on the work queue serving that compat key."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefect import flow, get_run_logger
+from prefect.artifacts import create_table_artifact
+
+from buildctl import fleet, pipeline
+from buildctl.flows.common import ChildRunsFailedError, run_settings, start_builds, wait_for_children
+
+
+def _reconcile_run_name() -> str:
+    from prefect.runtime import flow_run
+
+    profiles = flow_run.parameters.get("profiles")
+    return "reconcile " + (", ".join(profiles) if profiles else "all profiles")
+
+
+@flow(name="reconcile-fleet", flow_run_name=_reconcile_run_name, log_prints=True)
+def reconcile_fleet(profiles: list[str] | None = None, store: str | None = None, wait: bool = True,
+                    wait_s: float = 6 * 3600, trigger: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """Start a build for every (profile, compat key) the fleet needs and the store lacks, each on
+    the work queue of its compat key; with ``wait`` (the default), wait up to ``wait_s`` for them
+    and fail if any did not complete, so this run's state is its children's."""
+    settings = run_settings(store)
+    needs = fleet.fleet_plan(pipeline.store_of(settings), pipeline.load_profiles(settings), profiles)
+    logger = get_run_logger()
+    started = start_builds(settings, [(n.profile, n.compat_key, n.nodes) for n in needs],
+                            trigger or {"kind": "reconcile"}, None) if needs else []
+    if not needs:
+        logger.info("every (profile, compat key) the fleet needs has an artifact")
+    bad = wait_for_children(started, wait_s) if wait and started else []
+    rows = [{"profile": c["profile"], "compat key": c["compat_key"], "nodes": c["nodes"], "work queue": c["work_queue"] or "",
+             "flow run": c["flow_run_id"], "state": c["state"]} for c in started]
+    if rows:
+        create_table_artifact(key="reconcile-fleet", table=rows, description="builds started for the fleet, and their states")
+    if bad:
+        raise ChildRunsFailedError(bad)
+    return started

@@ -1,0 +1,44 @@
+"""``scrub-store``: deep-verify the store, channel-referenced artifacts first; quarantine and
+report every failure as a ``buildctl.artifact.corrupted`` event."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefect import flow
+from prefect.artifacts import create_table_artifact
+
+from buildctl import healing, pipeline
+from buildctl.artifact_store.verify import get_manifest
+from buildctl.flows.common import run_settings
+from buildctl.flows.events import emit_artifact_corrupted
+
+
+def _scrub_run_name() -> str:
+    from prefect.runtime import flow_run
+
+    p = flow_run.parameters
+    return f"scrub {'channels' if p.get('channels_only') else 'store'} {float(p.get('sample', 1.0)):.0%}"
+
+
+@flow(name="scrub-store", flow_run_name=_scrub_run_name, log_prints=True)
+def scrub_store(sample: float = 1.0, channels_only: bool = False, budget_gib: float | None = None,
+                store: str | None = None) -> dict[str, Any]:
+    """Deep-verify the store, channel-referenced artifacts first; quarantine and report every failure
+    as a ``buildctl.artifact.corrupted`` event (an automation heals it)."""
+    settings = run_settings(store)
+    s = pipeline.store_of(settings)
+    report = healing.scrub(settings, s, sample=sample, channels_only=channels_only,
+                           budget_bytes=int(budget_gib * 2**30) if budget_gib is not None else None)
+    events = []
+    for row in report.corrupt:
+        m = get_manifest(s, row.artifact_id)
+        events.append(emit_artifact_corrupted(row.artifact_id, {"profile": m.profile_name, "compat_key": m.compat_key,
+                                                                "problems": row.problems,
+                                                                "quarantine_record": row.quarantine_key}))
+    rows = [{"artifact": r.artifact_id, "profile": r.profile, "channels": ", ".join(r.channels), "bytes": r.bytes,
+             "status": r.status, "problems": "; ".join(r.problems)} for r in report.rows]
+    if rows:
+        create_table_artifact(key="scrub-store", table=rows, description="scrub: every artifact checked")
+    return {"checked_bytes": report.checked_bytes, "corrupt": [r.artifact_id for r in report.corrupt],
+            "rows": rows, "events": events}

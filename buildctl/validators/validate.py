@@ -1,0 +1,179 @@
+"""``validate``: pull an artifact, run it side by side with vLLM, and record an attestation.
+
+1. Pull the artifact into a temp dir with verification (the store's pull code).
+2. Load it with its backend, and start the vLLM reference on the same model directory.
+3. Compute parity and speed.
+4. Write an immutable attestation under the artifact: artifact id, the validating host's
+   fingerprint and compat key, vLLM/engine/tool versions, the prompt set's digest, the
+   thresholds, every metric and the verdict.
+
+A failing verdict raises :class:`ValidationFailedError` (exit 5) *after* the attestation is
+written, so the failure is on record; an inconclusive one (a speed interval straddles its
+threshold when the budget ran out) raises its subclass :class:`ValidationInconclusiveError`.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import buildctl
+from buildctl.engines.backend import Runner
+from buildctl.engines.fingerprint import Fingerprint
+from buildctl.engines.profile import BuildProfile
+from buildctl.engines.registry import get_backend
+from buildctl.engines.threads import intra_op_threads
+from buildctl.settings import Settings
+from buildctl.stats import combine
+from buildctl.artifact_store.attestations import ATTESTATION_SCHEMA, Attestation, write_attestation
+from buildctl.artifact_store.backend import Store
+from buildctl.artifact_store.manifest import tree_digest, utc_now
+from buildctl.artifact_store.errors import VerificationError
+from buildctl.artifact_store.pull import install_artifact
+from buildctl.artifact_store.integrity import quarantine_on
+from buildctl.artifact_store.signing import SigningKey
+from buildctl.artifact_store.verify import get_manifest
+from buildctl.validators.errors import ModelMismatchError, verdict_error
+from buildctl.validators.parity import ParityReport, check_parity
+from buildctl.validators.prompts import PromptSet, build_prompt_sets, load_prompt_file
+from buildctl.validators.speed import SpeedReport, measure
+
+
+@dataclass
+class ValidationResult:
+    artifact_id: str
+    attestation_id: str
+    attestation: Attestation
+    parity: ParityReport
+    speed: SpeedReport
+
+    @property
+    def passed(self) -> bool:
+        return self.attestation.passed
+
+
+def validate_artifact(
+    settings: Settings,
+    store: Store,
+    artifact_id: str,
+    *,
+    profile: BuildProfile,
+    model_dir: Path,
+    fingerprint: Fingerprint,
+    prompts_file: str | Path | None = None,
+    reference: Runner | None = None,
+    wrap_candidate: Callable[[Runner], Runner] | None = None,
+    signer: SigningKey | None = None,
+    who: str = "unknown",
+    speed_budget: float = 1.0,
+    say: Callable[[str], None] = lambda _: None,
+) -> ValidationResult:
+    """Validate one artifact on this host (``fingerprint``) against the vLLM reference on
+    ``model_dir`` and store the attestation, signed by ``signer``. ``reference`` lets a caller
+    reuse a running vLLM runner (tests, long-lived validators); ``wrap_candidate`` is a hook for
+    fault injection; ``speed_budget`` scales the speed gate's repetition and time budget."""
+    t0 = time.monotonic()
+    manifest = get_manifest(store, artifact_id)
+    fp = fingerprint
+    digest = tree_digest(model_dir)
+    if manifest.model_digest is not None and manifest.model_digest != digest:
+        raise ModelMismatchError(artifact_id, manifest.model_digest, digest)
+    v = profile.validation
+    work = Path(tempfile.mkdtemp(prefix="buildctl-validate-"))
+    own_reference = reference is None
+    candidate: Runner | None = None
+    try:
+        say(f"pulling {artifact_id} with verification")
+        try:
+            install_artifact(store, artifact_id, work / "engine")
+        except VerificationError as err:  # the store's copy is bad: take it out of service
+            raise quarantine_on(store, err, detector="validation", who=who, signer=signer) from None
+        candidate = get_backend(manifest.backend, settings).load(work / "engine" / "current")
+        if wrap_candidate is not None:
+            candidate = wrap_candidate(candidate)
+        if reference is None:
+            say("starting the vLLM reference")
+            from buildctl.validators.reference import VllmRunner
+
+            reference = VllmRunner(model_dir, profile.reference)
+        config = _read_config(model_dir)
+        prompts = build_prompt_sets(v.prompt_sets, max_input_len=profile.engine.max_input_len,
+                                    max_seq_len=min(profile.engine.max_seq_len, profile.reference.max_model_len),
+                                    max_tokens=v.max_tokens, vocab_size=config.get("vocab_size", 32000),
+                                    model_dir=model_dir)
+        if prompts_file or v.prompts_file:
+            extra = load_prompt_file(prompts_file or v.prompts_file, model_dir=model_dir,  # type: ignore[arg-type]
+                                     limit=profile.engine.max_input_len)
+            prompts = PromptSet(prompts.prompts + extra.prompts, prompts.sources + extra.sources, prompts.skipped)
+        with intra_op_threads(v.speed.cpu_threads):
+            say(f"parity: {len(prompts.prompts)} prompts, {v.max_tokens} tokens, top-{v.top_logprobs}")
+            cand_out = candidate.generate(prompts.prompts, v.max_tokens, v.top_logprobs)
+            ref_out = reference.generate(prompts.prompts, v.max_tokens, v.top_logprobs)
+            parity = check_parity(ref_out, cand_out, v.parity.min_identical_fraction)
+            workload = _speed_workload(model_dir, config, v.speed.input_len, v.speed.num_prompts)
+            say(f"speed: concurrency {list(v.speed.concurrency)}, {v.speed.num_prompts} requests, "
+                f"{v.speed.input_len} in / {v.speed.output_len} out, {v.speed.repetitions} paired repetitions "
+                f"(up to {v.speed.max_repetitions} x {speed_budget:g} while inconclusive)")
+            speed = measure(candidate, reference, v.speed, workload, candidate_gpus=profile.engine.world_size,
+                            reference_gpus=profile.reference.tensor_parallel_size, budget_scale=speed_budget,
+                            on_progress=say)
+        reasons = parity.reasons() + speed.reasons()
+        verdict = combine(["pass" if parity.passed else "fail", speed.verdict])
+        attestation = Attestation.model_validate({
+            "schema_version": ATTESTATION_SCHEMA,
+            "artifact_id": artifact_id,
+            "verdict": verdict,
+            "reasons": reasons,
+            "compat_key": fp.compat_key(manifest.backend),
+            "created_at": utc_now(),
+            "profile": {"name": profile.name, "build_hash": profile.build_hash()},
+            "validator_fingerprint": fp.model_dump(mode="json"),
+            "versions": {"buildctl": buildctl.__version__, "vllm": getattr(reference, "version", None),
+                         "engine_backend": manifest.backend, "torch": fp.torch_version,
+                         "tensorrt_llm": fp.tensorrt_llm_version, "tensorrt": fp.tensorrt_version},
+            "model_digest": digest,
+            "model_digest_verified": manifest.model_digest is not None,
+            "prompt_set": {"digest": prompts.digest(), "count": len(prompts.prompts),
+                           "sets": sorted(set(prompts.sources)), "skipped": prompts.skipped},
+            "thresholds": {"parity_rule": v.parity.rule, "min_identical_fraction": v.parity.min_identical_fraction,
+                           "max_tokens": v.max_tokens, "top_logprobs": v.top_logprobs, **speed.gate},
+            "reference_engine_args": profile.reference.model_dump(mode="json"),
+            "parity": parity.to_dict(),
+            "speed": speed.to_dict(),
+            "duration_s": round(time.monotonic() - t0, 3),
+        })
+        att_id = write_attestation(store, attestation, signer=signer)
+        result = ValidationResult(artifact_id, att_id, attestation, parity, speed)
+    finally:
+        if candidate is not None:
+            candidate.close()
+        if own_reference and reference is not None:
+            reference.close()
+        shutil.rmtree(work, ignore_errors=True)
+    if not result.passed:
+        raise verdict_error(artifact_id, att_id, attestation)
+    return result
+
+
+def _read_config(model_dir: Path) -> dict[str, Any]:
+    import json
+
+    try:
+        return json.loads((model_dir / "config.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _speed_workload(model_dir: Path, config: dict[str, Any], input_len: int, n: int) -> list[list[int]]:
+    """``n`` fixed-seed prompts of exactly ``input_len`` tokens: the same workload on both sides."""
+    import random
+
+    from buildctl.validators.prompts import SEED, token_source
+
+    source = token_source(model_dir, config.get("vocab_size", 32000), need=input_len * 2 + 1)
+    rng = random.Random(SEED + 1)
+    return [source[s:s + input_len] for s in (rng.randrange(0, len(source) - input_len) for _ in range(n))]
