@@ -325,3 +325,16 @@ def test_gc_store_flow_publishes_the_dry_run_then_removes(prefect_api, tmp_path,
     done = gc_store(store=store.uri, keep=0, keep_history=0, grace_s=0)
     assert done["removed"] == [old] and [a for a, _ in ops.list_artifacts(store)] == [new]
     assert "removed **1** artifacts" in read_artifact("gc-store-result").data
+
+
+def test_served_deployments_get_the_triggers_of_prefect_yaml():
+    """``flows.serve`` reads each deployment's triggers from the repository's prefect.yaml (found
+    from the package's own location, which moved once and lost it)."""
+    from buildctl.flows.setup import deployment_triggers
+
+    spec = yaml.safe_load((REPO / "prefect.yaml").read_text())["deployments"]
+    with_triggers = {d["name"]: len(d["triggers"]) for d in spec if d.get("triggers")}
+    assert {"on-driver-upgrade", "heal-artifact", "rollout-channel"} <= set(with_triggers)
+    for name, n in with_triggers.items():
+        got = deployment_triggers(name)
+        assert len(got) == n and all(t.expect for t in got), name

@@ -10,7 +10,7 @@ import yaml
 
 from buildctl.settings import Settings
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]  # buildctl/flows/setup.py: the checkout
 
 
 def ensure_build_limit(settings: Settings) -> str:
