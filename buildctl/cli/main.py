@@ -33,7 +33,7 @@ from buildctl.errors import (
 from buildctl.settings import load_settings
 
 EXIT_OK = 0
-# The one table from error type to exit code, documented in the README. The first matching row
+# The one table from error type to exit code, rendered into docs/cli.md. The first matching row
 # wins (most specific first); no other module holds an exit-code literal.
 EXIT_CODES: tuple[tuple[type[BaseException], int, str], ...] = (
     (BadInputError, 2, "bad input"),
