@@ -55,13 +55,13 @@ $(STAMP): pyproject.toml $(LOCK)
 
 install: $(STAMP)
 
-# Re-resolve the lock for Python 3.11 on x86-64 Linux (uv, pinned; the CPU torch wheel comes from
+# Re-resolve the lock for this venv's Python (3.11) on x86-64 Linux (uv, pinned; the CPU torch wheel comes from
 # pip's configured find-links, if any). Commit pyproject.toml and requirements.lock together.
 lock:
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q "uv==$(UV_VERSION)"
 	$(VENV)/bin/uv pip compile pyproject.toml $(foreach e,$(subst $(comma), ,$(EXTRAS)),--extra $(e)) \
-	  --python-version 3.11 --python-platform x86_64-manylinux_2_28 --custom-compile-command "make lock" \
+	  --python $(PY) --python-platform x86_64-manylinux_2_28 --custom-compile-command "make lock" \
 	  $$($(PIP) config get global.find-links 2>/dev/null | sed 's/^/--find-links /') -o $(LOCK)
 	$(PY) scripts/lock.py check
 
@@ -122,7 +122,7 @@ faults: install test-deps
 	rm -f .faults.jsonl .speedgate-busy.xml
 	FAULTS_SCALE=$(FAULTS_SCALE) FAULTS_REPORT=$(CURDIR)/.faults.jsonl $(PY) -m pytest tests/faults -q -p no:warnings
 	@# the speed gate's verdicts must not change on a busy machine: again, with a busy loop per core
-	$(PY) -m pytest -m speedgate --hog -q -p no:warnings --junitxml=.speedgate-busy.xml tests/test_speed.py tests/test_validate.py
+	$(PY) -m pytest -m speedgate --hog -q -p no:warnings --junitxml=.speedgate-busy.xml tests/validators/test_speed.py tests/validators/test_validate.py
 	$(MAKE) mutants
 	$(PY) tests/faults/report.py .faults.jsonl docs/reliability.md $(FAULTS_SCALE) .speedgate-busy.xml
 

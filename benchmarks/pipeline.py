@@ -56,7 +56,7 @@ def one_run() -> list[tuple[str, float]]:
                 if msg.startswith(key):
                     marks.append((key, time.perf_counter()))
 
-        res = pipeline.validate_artifact(settings, store, pub.artifact_id, say=say)
+        res = pipeline.validate(settings, store, pub.artifact_id, say=say)
         marks.append(("end", time.perf_counter()))
         names = {"start": "validate: pull + load the engine", "starting the vLLM reference": "validate: vLLM reference start-up",
                  "parity:": "validate: parity", "speed:": "validate: speed (paired repetitions)"}

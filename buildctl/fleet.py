@@ -23,7 +23,7 @@ from buildctl.engines.registry import backend_names, get_backend
 from buildctl.settings import Settings
 from buildctl.artifact_store.backend import Store
 from buildctl.artifact_store.errors import CasConflictError, CorruptObjectError, StoreArgumentError
-from buildctl.artifact_store.gc import GcResult, gc
+from buildctl.artifact_store.gc import GcResult, gc as store_gc
 from buildctl.artifact_store.layout import NODES, node_key
 from buildctl.artifact_store.manifest import utc_now
 from buildctl.artifact_store.verify import list_artifacts
@@ -260,9 +260,9 @@ def node_protections(nodes: Iterable[NodeRecord]) -> list[tuple[str, str]]:
     return out
 
 
-def collect_garbage(settings: Settings, store: Store, **options: Any) -> GcResult:
+def gc(settings: Settings, store: Store, **options: Any) -> GcResult:
     """``buildctl gc`` and the gc-store flow: the store's gc, with what the nodes report protected,
     and the grace period and delete window the publishes use."""
     options.setdefault("grace_s", settings.gc_grace_s)
     options.setdefault("delete_window_s", settings.gc_delete_window_s)
-    return gc(store, also_protected=node_protections(read_inventory(store)), **options)
+    return store_gc(store, also_protected=node_protections(read_inventory(store)), **options)

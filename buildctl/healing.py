@@ -20,7 +20,7 @@ from buildctl.settings import Settings
 from buildctl.artifact_store.backend import Store
 from buildctl.artifact_store.channels import all_channel_records, channels_pointing_at, history, rollback
 from buildctl.artifact_store.errors import ArtifactNotFoundError, QuarantinedError, StoreArgumentError, VerificationError
-from buildctl.artifact_store.integrity import check_integrity, deep_check
+from buildctl.artifact_store.integrity import verify_recent_or_quarantine, verify_deep_or_quarantine
 from buildctl.artifact_store.quarantine import active_quarantine, quarantine
 from buildctl.artifact_store.repair import RepairResult, repair_from
 from buildctl.artifact_store.verify import get_manifest, list_artifacts, resolve_artifact
@@ -76,7 +76,7 @@ def recover_channels(settings: Settings, store: Store, artifact_id: str) -> list
             if rec.channel in PROTECTED_CHANNELS and passing_attestation(store, cand, rec.compat_key) is None:
                 continue
             try:
-                check_integrity(store, cand, detector=f"recovery of {rec.channel}", who=settings.actor,
+                verify_recent_or_quarantine(store, cand, detector=f"recovery of {rec.channel}", who=settings.actor,
                                 signer=signer_of(settings), window_s=0)
             except (VerificationError, QuarantinedError, ArtifactNotFoundError):
                 continue
@@ -98,7 +98,7 @@ def heal_artifact(settings: Settings, store: Store, artifact_ref: str, *, repair
     active = active_quarantine(store, artifact_id)
     if active is None:
         try:
-            deep_check(store, artifact_id, detector="heal", who=settings.actor, signer=signer_of(settings))
+            verify_deep_or_quarantine(store, artifact_id, detector="heal", who=settings.actor, signer=signer_of(settings))
             report.store_copy_ok = True  # the reporter's own copy was bad: nothing to do in the store
             return report
         except VerificationError as err:
@@ -180,7 +180,7 @@ def scrub(settings: Settings, store: Store, *, sample: float = 1.0, channels_onl
             continue
         spent += m.total_size
         try:
-            deep_check(store, aid, detector="scrub", who=settings.actor, signer=signer_of(settings))
+            verify_deep_or_quarantine(store, aid, detector="scrub", who=settings.actor, signer=signer_of(settings))
         except VerificationError as err:
             row.status, row.problems, row.quarantine_key = "corrupt", [p.render() for p in err.problems], err.quarantine_key
     return ScrubReport(rows)

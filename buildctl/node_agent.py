@@ -1,6 +1,6 @@
 """The node agent's pull: install the channel's engine for this node, smoke-check it, report.
 
-``buildctl pull --node-id`` runs :func:`node_pull`. The channel record gives the node its artifact
+``buildctl pull --node-id`` runs :func:`pull`. The channel record gives the node its artifact
 (during a rollout, by the node's wave bucket); the pull verifies, preflights and swaps it in as
 ``DIR/current``; then a smoke check runs against the installed engine: the backend loads it and
 generates a few tokens in a subprocess, or the operator's ``--health-cmd`` runs. The node records
@@ -28,13 +28,13 @@ from buildctl.artifact_store.backend import ProgressFn, Store
 from buildctl.artifact_store.channels import ChannelRecord
 from buildctl.artifact_store.errors import EngineUnhealthyError
 from buildctl.artifact_store.manifest import Manifest, utc_now
+from buildctl.artifact_store.pull import pull as store_pull
 from buildctl.artifact_store.pull import (
     PullResult,
     current_artifact,
     health_marks,
     mark_health,
     previous_artifact,
-    pull,
     resolve_channel,
     switch_back,
 )
@@ -85,12 +85,12 @@ def _record(store: Store, node_id: str, fp: Fingerprint, state: EngineState) -> 
     return True
 
 
-def node_pull(settings: Settings, store: Store, profile: str, channel: str, dest: str | Path, *,
-              node_id: str | None = None, fingerprint: Fingerprint | None = None, health_cmd: str | None = None,
-              health_check: bool = True, skip_preflight: bool = False, retry_failed: bool = False, keep: int = 2,
-              min_seq: int = 0, on_bytes: ProgressFn | None = None,
-              on_health: Callable[[EngineState], None] | None = None,
-              health_timeout_s: float = HEALTH_TIMEOUT_S) -> NodePull:
+def pull(settings: Settings, store: Store, profile: str, channel: str, dest: str | Path, *,
+         node_id: str | None = None, fingerprint: Fingerprint | None = None, health_cmd: str | None = None,
+         health_check: bool = True, skip_preflight: bool = False, retry_failed: bool = False, keep: int = 2,
+         min_seq: int = 0, on_bytes: ProgressFn | None = None,
+         on_health: Callable[[EngineState], None] | None = None,
+         health_timeout_s: float = HEALTH_TIMEOUT_S) -> NodePull:
     """Pull for this node, then smoke-check what was installed (see the module docstring).
     ``on_health`` is called with each state recorded (the CLI emits the event from it). Raises
     :class:`EngineUnhealthyError` (after switching back) when the check fails."""
@@ -102,7 +102,7 @@ def node_pull(settings: Settings, store: Store, profile: str, channel: str, dest
     verdict = health_marks(dest).get(target, {})
     if verdict.get("status") == "failed" and not retry_failed and current_artifact(dest) != target:
         raise EngineUnhealthyError(target, verdict.get("detail") or "failed", current_artifact(dest), held_back=True)
-    res = pull(store, profile, channel, dest, host_compat_keys(fp), record=rec, node_id=node_id, keep=keep,
+    res = store_pull(store, profile, channel, dest, host_compat_keys(fp), record=rec, node_id=node_id, keep=keep,
                preflight=None if skip_preflight else preflight_for(settings), on_bytes=on_bytes,
                trusted=trusted, min_seq=min_seq)
     runs_check = health_check and (health_cmd is not None or not skip_preflight)

@@ -44,10 +44,10 @@ from buildctl.artifact_store.checkpoints import download_checkpoint
 from buildctl.artifact_store.errors import StoreArgumentError, VerificationError
 from buildctl.artifact_store.manifest import Manifest, tree_digest, utc_now
 from buildctl.artifact_store.publish import ManifestDraft, PublishResult, lookup_build_key, publish_tree
-from buildctl.artifact_store.pull import PullResult, pull, resolve_channel
+from buildctl.artifact_store.pull import resolve_channel
 from buildctl.artifact_store.rollout import RolloutPlan
 from buildctl.artifact_store.signing import SigningKey, TrustedKeys, load_signing_key, load_trusted_keys
-from buildctl.artifact_store.integrity import check_integrity, deep_check
+from buildctl.artifact_store.integrity import verify_recent_or_quarantine, verify_deep_or_quarantine
 from buildctl.artifact_store.verify import get_manifest, resolve_artifact
 
 Say = Callable[[str], None]
@@ -279,7 +279,7 @@ def plan_build(settings: Settings, store: Store, profile: BuildProfile, *, model
         # A cache hit is a hit only when every blob re-hashes right: seconds, against a build of
         # minutes to hours. A rotted artifact is quarantined (so it is never a hit again) and built anew.
         try:
-            deep_check(store, cached, detector="build cache check", who=settings.actor, signer=signer_of(settings))
+            verify_deep_or_quarantine(store, cached, detector="build cache check", who=settings.actor, signer=signer_of(settings))
             say(f"cache hit: {cached} (deep-verified)")
         except VerificationError as err:
             say(f"cached artifact {cached} does not verify ({len(err.problems)} problem(s)); quarantined "
@@ -377,16 +377,16 @@ def _with_kept_log(err: BuildFailedError, kept: Path | None) -> BuildFailedError
 # --- validation ------------------------------------------------------------------------------
 
 
-def validate_artifact(settings: Settings, store: Store, artifact_ref: str, *, profile_path: str | Path | None = None,
-                      prompts_file: str | Path | None = None, fingerprint: Fingerprint | None = None,
-                      reference: Runner | None = None, wrap_candidate: Callable[[Runner], Runner] | None = None,
-                      speed_budget: float = 1.0, say: Say = _quiet):
+def validate(settings: Settings, store: Store, artifact_ref: str, *, profile_path: str | Path | None = None,
+             prompts_file: str | Path | None = None, fingerprint: Fingerprint | None = None,
+             reference: Runner | None = None, wrap_candidate: Callable[[Runner], Runner] | None = None,
+             speed_budget: float = 1.0, say: Say = _quiet):
     """Validate one artifact on this host against vLLM and store the attestation (see
-    :func:`buildctl.validators.validate.validate_artifact`). Resolves the artifact's profile and
+    :func:`buildctl.validators.validate.run_validation`). Resolves the artifact's profile and
     model first. A failing verdict raises ``ValidationFailedError`` after the attestation is written
     (``ValidationInconclusiveError`` when the speed gate could not decide within its budget, which
     ``speed_budget`` scales)."""
-    from buildctl.validators.validate import validate_artifact as run_validation
+    from buildctl.validators.validate import run_validation
 
     artifact_id = resolve_artifact(store, artifact_ref)
     manifest = get_manifest(store, artifact_id)
@@ -409,7 +409,7 @@ def reusable_attestation(settings: Settings, store: Store, artifact_id: str, com
     now; a mismatch quarantines the artifact and raises)."""
     stored = passing_attestation(store, artifact_id, compat_key)
     if stored is not None:
-        check_integrity(store, artifact_id, detector="validation skip check", who=settings.actor,
+        verify_recent_or_quarantine(store, artifact_id, detector="validation skip check", who=settings.actor,
                         signer=signer_of(settings), window_s=settings.verify_window_s)
     return stored
 
@@ -430,15 +430,6 @@ def promote_artifact(settings: Settings, store: Store, artifact_ref: str, channe
     return promote(store, artifact_ref, channel, force=force, reason=reason, who=settings.actor,
                    signer=signer_of(settings), trusted=trusted_of(settings), verify_window_s=settings.verify_window_s,
                    rollout=rollout, ttl_s=settings.record_ttl_s)
-
-
-def pull_engine(settings: Settings, store: Store, profile: str, channel: str, dest: str | Path, *, keep: int = 2,
-                skip_preflight: bool = False, on_bytes: ProgressFn | None = None,
-                fingerprint: Fingerprint | None = None, min_seq: int = 0) -> PullResult:
-    """Install the channel's engine for this host: verify, preflight, swap atomically."""
-    keys = host_compat_keys(fingerprint or host_fingerprint(settings))
-    return pull(store, profile, channel, dest, keys, preflight=None if skip_preflight else preflight_for(settings),
-                keep=keep, on_bytes=on_bytes, trusted=trusted_of(settings), min_seq=min_seq)
 
 
 def channel_target(settings: Settings, store: Store, profile: str, channel: str,

@@ -2,7 +2,7 @@
 
 vLLM keeps per-process global state (one engine per process), so long-lived callers (a Prefect
 worker, a test session) validate in a child. The parent hands the child its settings and the
-request as JSON; the child runs :func:`buildctl.pipeline.validate_artifact` and writes a
+request as JSON; the child runs :func:`buildctl.pipeline.validate` and writes a
 :class:`ChildResult` (the attestation, or the error it hit) to a file the parent reads back. The
 child's exit status is not interpreted: the result file is the answer.
 
@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     req = ChildRequest.model_validate_json(request_path.read_text())
     settings = Settings(**req.settings)
     try:
-        res = pipeline.validate_artifact(settings, pipeline.store_of(settings), req.artifact_id,
+        res = pipeline.validate(settings, pipeline.store_of(settings), req.artifact_id,
                                          profile_path=req.profile_path, speed_budget=req.speed_budget,
                                          say=lambda m: sys.stderr.write(f"[validate] {m}\n"))
         out = ChildResult(attestation_id=res.attestation_id, attestation=res.attestation)

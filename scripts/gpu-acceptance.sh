@@ -14,7 +14,7 @@
 #
 #   scripts/gpu-acceptance.sh --dry-run [--out DIR]
 #
-# runs the same steps against the contract fakes (tests/fakes, tests/fixtures/trtllm), on any
+# runs the same steps against the contract fakes (tests/support/fakes, tests/support/fixtures/trtllm), on any
 # machine: CI runs it so the runbook cannot rot. The dry run skips validation (the fake runtime's
 # toy model is not the tiny Llama vLLM would serve) and promotes with --force.
 set -euo pipefail
@@ -72,15 +72,15 @@ step() {  # step NAME COMMAND...: run and time it; stdout to NAME.log, stderr to
 }
 
 if [ "$DRY" = 1 ]; then
-  MODE="DRY RUN against the contract fakes (tests/fakes, tests/fixtures/trtllm/1.2.1): no GPU, no TensorRT-LLM"
-  export BUILDCTL_TRTLLM_BUILD="$REPO/tests/fakes/trtllm-build"
-  export BUILDCTL_TRTLLM_EXAMPLES="$REPO/tests/fakes/trtllm/1.2.1/examples"
+  MODE="DRY RUN against the contract fakes (tests/support/fakes, tests/support/fixtures/trtllm/1.2.1): no GPU, no TensorRT-LLM"
+  export BUILDCTL_TRTLLM_BUILD="$REPO/tests/support/fakes/trtllm-build"
+  export BUILDCTL_TRTLLM_EXAMPLES="$REPO/tests/support/fakes/trtllm/1.2.1/examples"
   export FAKE_TRTLLM_VERSION=1.2.1
-  export PYTHONPATH="$REPO/tests/fakes/pymods${PYTHONPATH:+:$PYTHONPATH}"  # fake tensorrt, tensorrt_llm
+  export PYTHONPATH="$REPO/tests/support/fakes/pymods${PYTHONPATH:+:$PYTHONPATH}"  # fake tensorrt, tensorrt_llm
   python - "$OUT/fingerprint.json" <<'PY'
 import json, sys
 from pathlib import Path
-stack = json.loads(Path("tests/fixtures/trtllm/1.2.1/stack.json").read_text())
+stack = json.loads(Path("tests/support/fixtures/trtllm/1.2.1/stack.json").read_text())
 gpu = {"name": "NVIDIA H100 80GB HBM3", "sm": "9.0", "memory_mib": 81559}
 fp = {"gpus": [gpu, gpu], "driver_version": stack["driver"], "cuda_version": stack["cuda"],
       "tensorrt_version": stack["tensorrt"], "tensorrt_llm_version": stack["tensorrt_llm"],

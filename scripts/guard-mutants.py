@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Apply each mutant the suite once let through (issue #20) in a clone of the repository (its
 last commit) and
-require its test in tests/test_guards.py to fail; the unmutated copy must pass them all.
+require its guard test (marked ``guard``, next to its module's other tests) to fail; the unmutated copy
+must pass them all.
 
     python scripts/guard-mutants.py        # exit 0 when every mutant is killed
 
@@ -22,25 +23,25 @@ MUTANTS = [
     ("TTFT gate uses p50 instead of p99", "buildctl/validators/speed.py",
      'if metric == "ttft_p99":\n            return percentile(self.ttft_s, 99)',
      'if metric == "ttft_p99":\n            return percentile(self.ttft_s, 50)',
-     "tests/test_guards.py::test_same_median_ten_times_the_p99_fails_the_ttft_gate"),
+     "tests/validators/test_speed.py::test_same_median_ten_times_the_p99_fails_the_ttft_gate"),
     ("local create-only write overwrites (os.link -> os.replace)", "buildctl/artifact_store/local.py",
      "os.link(tmp, final)", "os.replace(tmp, final)",
-     "tests/test_guards.py::test_create_only_write_loses_to_a_writer_between_check_and_write"),
+     "tests/artifact_store/test_backend.py::test_create_only_write_loses_to_a_writer_between_check_and_write"),
     ("S3 put without If-None-Match", "buildctl/artifact_store/s3.py",
      'return self._put_object(key, data, IfNoneMatch="*")\n', "return self._put_object(key, data)\n",
-     "tests/test_guards.py::test_create_only_write_loses_to_a_writer_between_check_and_write"),
+     "tests/artifact_store/test_backend.py::test_create_only_write_loses_to_a_writer_between_check_and_write"),
     ("backend version dropped from the build key", "buildctl/engines/buildkey.py",
      '"compat_key": compat_key, "backend_version": version}', '"compat_key": compat_key}',
-     "tests/test_guards.py::test_build_key_changes_with_each_input_and_nothing_else"),
+     "tests/engines/test_buildkey.py::test_build_key_changes_with_each_input_and_nothing_else"),
     ("converter flag misspelled", "buildctl/engines/trtllm.py",
      '{"int8": "--int8_kv_cache", "fp8": "--fp8_kv_cache"}', '{"int8": "--int8_kvcache", "fp8": "--fp8_kv_cache"}',
-     "tests/test_guards.py::test_checkpoint_argv_for_every_quantization_and_kv_dtype"),
+     "tests/engines/test_trtllm.py::test_checkpoint_argv_for_every_quantization_and_kv_dtype"),
     ("pull skips the first file", "buildctl/artifact_store/pull.py",
      "manifest.files) if p]", "manifest.files[1:]) if p]",
-     "tests/test_guards.py::test_pull_refuses_a_corrupted_first_middle_or_last_file"),
+     "tests/artifact_store/test_pull.py::test_pull_refuses_a_corrupted_first_middle_or_last_file"),
     ("a dropped trtllm compat field (driver branch)", "buildctl/engines/trtllm.py",
      '"driver_branch": major(fingerprint.driver_version),', "",
-     "tests/test_guards.py::test_compat_keys_change_with_each_compat_field_and_only_those"),
+     "tests/engines/test_fingerprint.py::test_compat_keys_change_with_each_compat_field_and_only_those"),
 ]
 
 
@@ -56,8 +57,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         copy = Path(tmp) / "repo"
         subprocess.run(["git", "clone", "-q", str(REPO), str(copy)], check=True)
-        if not run(copy, "tests/test_guards.py", show=True):
-            print("the unmutated copy fails tests/test_guards.py: fix that first")
+        if not run(copy, "-m guard tests", show=True):
+            print("the unmutated copy fails the guard tests: fix that first")
             return 1
         survivors = 0
         for name, rel, old, new, test in MUTANTS:

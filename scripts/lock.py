@@ -1,5 +1,5 @@
 """The lock: ``requirements.lock`` pins every package ``make install`` installs, resolved for
-Python 3.11 on x86-64 Linux, and ``make install`` installs through it (``pip install -c``).
+Python 3.11 (the venv's) on x86-64 Linux, and ``make install`` installs through it (``pip install -c``).
 
     python scripts/lock.py check [--installed]
 
@@ -43,7 +43,7 @@ def requirements(pyproject: Path, extras: tuple[str, ...] = EXTRAS) -> list[Requ
     raw = list(project.get("dependencies", []))
     for extra in extras:
         raw += project.get("optional-dependencies", {}).get(extra, [])
-    env = {"python_version": "3.11", "python_full_version": "3.11.0", "sys_platform": "linux",
+    env = {"python_version": "3.11", "python_full_version": "3.11.7", "sys_platform": "linux",
            "platform_system": "Linux", "platform_machine": "x86_64", "os_name": "posix",
            "implementation_name": "cpython", "platform_python_implementation": "CPython", "extra": ""}
     reqs = [Requirement(r) for r in raw]

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """``make mutants``: mutation testing of the guard modules with cosmic-ray.
 
-For each guard module listed in ``[tool.buildctl.mutants]`` of pyproject.toml: a clone of the
+For each guard module listed in ``tests/mutants.toml``: a clone of the
 repository (cosmic-ray edits files in place), ``cosmic-ray init``, the operator filter
 (``exclude-operators``: mutation operators that model no realistic bug, such as ``*`` to ``<<``),
 a baseline run, then ``cosmic-ray exec`` with that module's test selection. Modules run
@@ -30,6 +30,17 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "benchmarks" / "results"
+CONFIG = REPO / "tests" / "mutants.toml"
+
+
+def load_config(path: Path = CONFIG) -> dict:
+    return tomllib.loads(path.read_text())
+
+
+def entry_key(module: str, operator: str, source: str) -> tuple[str, str, str]:
+    """A survivor's identity across runs: module, operator and the mutated line's text (so a line
+    that moves keeps its entry)."""
+    return module, operator.removeprefix("core/"), source.strip()
 
 
 def config_text(module: str, tests: list[str], timeout: float, exclude: list[str], python: str) -> str:
@@ -97,7 +108,10 @@ def run_module(module: str, spec: dict, exclude: list[str], cr_bin: Path, work: 
 
 
 def _normalise(r: dict) -> dict:
-    """Results written before the equivalent table existed read as having none."""
+    """Results written before the equivalent table existed read as having none; module paths from
+    before the package folders moved under buildctl/ read as their paths now."""
+    if not r["module"].startswith("buildctl/"):
+        r["module"] = "buildctl/" + r["module"]
     if "error" not in r:
         r.setdefault("equivalent", 0)
         for x in r.get("survivors", []):
@@ -108,13 +122,19 @@ def _normalise(r: dict) -> dict:
 def annotate(results: list[dict], conf: dict) -> list[dict]:
     """Mark each survivor with the current tables: its equivalence reason, or the test written
     since the run that kills it (applied by hand); recount and rescore."""
+    equivalent = {entry_key(e["module"], e["operator"], e["source"]): e["why"] for e in conf.get("equivalent", [])}
+    killed_since = {entry_key(e["module"], e["operator"], e["source"]): e["test"] for e in conf.get("killed_since", [])}
     for r in results:
         if "error" in r:
             continue
+        matched = set()
         for x in r["survivors"]:
-            key = f"{r['module']}:{x['line']}:{x['operator']}"
-            x["equivalent"] = conf.get("equivalent", {}).get(key)
-            x["killed_since"] = None if x["equivalent"] else conf.get("killed_since", {}).get(key)
+            key = entry_key(r["module"], x["operator"], x["source"])
+            matched.add(key)
+            x["equivalent"] = equivalent.get(key)
+            x["killed_since"] = None if x["equivalent"] else killed_since.get(key)
+        r["stale_entries"] = sorted(f"{op}: `{src}`" for (mod, op, src) in {*equivalent, *killed_since}
+                                    if mod == r["module"] and (mod, op, src) not in matched)
         r["equivalent"] = sum(1 for x in r["survivors"] if x["equivalent"])
         r["killed_since"] = sum(1 for x in r["survivors"] if x.get("killed_since"))
         tested = r["killed"] + r["survived"] - r["equivalent"]
@@ -127,18 +147,18 @@ def report(results: list[dict], exclude: list[str]) -> str:
     results = [_normalise(r) for r in results]
     lines = ["### Mutation testing of the guard modules (cosmic-ray)", "",
              "`make mutants` (scripts/mutants.py) runs cosmic-ray 8.7 over each guard module in its own clone of the "
-             "repository, with that module's test selection from `[tool.buildctl.mutants.modules]` in pyproject.toml "
+             "repository, with that module's test selection from `[modules]` in tests/mutants.toml "
              "(its own fast tests first, then the slower ones), `pytest -x`, and a per-mutant timeout of four times "
              "the unmutated selection's time (at least 20 s); two modules at a time. `make faults` runs it; CI does not.", "",
              f"Operators left out as no realistic bug: `{'`, `'.join(exclude)}`. Score = killed / (killed + survived, "
              "less the survivors marked equivalent); a mutant that made the tests time out counts as killed. "
              "*Not run*: left when the module's time budget ran out. Every survivor is listed below: *equivalent* "
-             "with the one-line reason from `[tool.buildctl.mutants.equivalent]` (no test can tell it from the "
+             "with the one-line reason from `[[equivalent]]` in tests/mutants.toml (no test can tell it from the "
              "original: a speed or parallelism choice, a default no caller uses, a bare `*` cosmic-ray \"mutates\" "
              "into the same code; where the reason is only that tests run as root or that a timing coincides, it "
              "says so), or *open*.", "",
              "*Killed since*: a survivor that a test written after the module's last run kills (the test was "
-             "applied to that mutant by hand and failed; `[tool.buildctl.mutants.killed_since]` names it); the "
+             "applied to that mutant by hand and failed; `[[killed_since]]` names it); the "
              "last column counts them as killed, the score column does not.", "",
              "| module | first tests of its selection | mutants run | killed | survived | of them equivalent | score "
              "| filtered out | not run | timeout (s) | minutes | run (UTC) | with the tests since |",
@@ -158,6 +178,10 @@ def report(results: list[dict], exclude: list[str]) -> str:
     if notes:
         lines += [""] + notes
     for r in results:
+        if r.get("stale_entries"):
+            lines += ["", f"Entries for `{r['module']}` in tests/mutants.toml that matched no survivor of its last run "
+                      "(the mutant was killed, or its line changed since):", ""]
+            lines += [f"- {e}" for e in r["stale_entries"]]
         if r.get("survivors"):
             lines += ["", f"Survivors in `{r['module']}`:", ""]
             lines += [f"- line {s['line']} (`{s['function']}`), {s['operator']}: `{s['source']}`"
@@ -176,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--report-only", action="store_true",
                     help="re-render benchmarks/results/mutants.md from mutants.json with the current equivalent table")
     args = ap.parse_args(argv)
-    conf = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["buildctl"]["mutants"]
+    conf = load_config()
     if args.report_only:
         results = annotate([_normalise(r) for r in json.loads((RESULTS / "mutants.json").read_text())], conf)
         (RESULTS / "mutants.json").write_text(json.dumps(results, indent=2) + "\n")
@@ -187,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     chosen = args.modules.split(",") if args.modules else list(modules)
     unknown = [m for m in chosen if m not in modules]
     if unknown:
-        print(f"not configured in [tool.buildctl.mutants.modules]: {', '.join(unknown)}")
+        print(f"not configured in tests/mutants.toml [modules]: {', '.join(unknown)}")
         return 2
     partial = RESULTS / "mutants.partial.jsonl"  # each module's result as soon as it is done
     RESULTS.mkdir(parents=True, exist_ok=True)

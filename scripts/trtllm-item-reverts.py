@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Check that each audit-item test of tests/test_trtllm_contract.py bites: revert one fix at a time
+"""Check that each audit-item test of tests/engines/test_trtllm_contract.py bites: revert one fix at a time
 in a copy of the tree and expect that item's test to fail (and the unreverted copy to pass).
 
     .venv/bin/python scripts/trtllm-item-reverts.py
@@ -49,7 +49,7 @@ REVERTS = [  # (item, file, the fix, what was there before)
 def run(copy: Path, item: str) -> bool:
     """Whether ``item``'s test passes in ``copy``."""
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
-                        "tests/test_trtllm_contract.py", "-k", item], cwd=copy, capture_output=True, text=True,
+                        "tests/engines/test_trtllm_contract.py", "-k", item], cwd=copy, capture_output=True, text=True,
                        env={**os.environ, "PYTHONPATH": str(copy)})
     return r.returncode == 0
 

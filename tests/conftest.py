@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from .support.helpers import MODULES_PARSED, PROFILES, SHORT_DELETE_WINDOW_S, make_tree, settings
+
 # Prefect writes to ~/.prefect unless PREFECT_HOME is set: keep the suite's state in a temp dir,
 # removed when the session ends (a mutation run starts pytest once per mutant).
 if "PREFECT_HOME" not in os.environ:
@@ -18,12 +20,6 @@ if "PREFECT_HOME" not in os.environ:
     os.environ["PREFECT_HOME"] = _prefect_home
     atexit.register(shutil.rmtree, _prefect_home, True)
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-
-REPO = Path(__file__).resolve().parent.parent
-PROFILES = REPO / "build_profiles"
-
-
-MODULES_PARSED = pytest.StashKey[int]()
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
@@ -68,9 +64,6 @@ def _small_ranges(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(ranged, "RANGE_SIZE", 1024 * 1024)
 
 
-SHORT_DELETE_WINDOW_S = 0.05
-
-
 @pytest.fixture(autouse=True)
 def _short_delete_window(monkeypatch: pytest.MonkeyPatch) -> None:
     """A publish that reuses a blob checks it again one delete window after touching it (5 s in
@@ -80,66 +73,6 @@ def _short_delete_window(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setattr(grace, "DEFAULT_DELETE_WINDOW_S", SHORT_DELETE_WINDOW_S)
     monkeypatch.setenv("BUILDCTL_GC_DELETE_WINDOW_S", str(SHORT_DELETE_WINDOW_S))
-
-
-def settings(**flags):
-    """Settings as the CLI would build them here: this test's environment, ``flags`` on top."""
-    from buildctl.settings import load_settings
-
-    return load_settings(**flags)
-
-
-def attestation(artifact_id: str, compat_key: str, verdict: str = "pass", created_at: str | None = None,
-                **overrides):
-    """A complete, typed attestation whose recorded figures give ``verdict`` (promote recomputes
-    it): paired throughput ratios of 1.0 against a 0.2 gate for a pass, 0.1 for a fail, straddling
-    it for inconclusive; one identical prompt."""
-    from buildctl.artifact_store.attestations import Attestation
-    from buildctl.artifact_store.manifest import utc_now
-
-    side = {"output_tok_s": 1000.0, "output_tok_s_per_gpu": 1000.0, "request_throughput": 10.0,
-            "ttft_p50_ms": 10.0, "ttft_p99_ms": 12.0, "tpot_p50_ms": 1.0, "tpot_p99_ms": 1.2,
-            "itl_p50_ms": 1.0, "itl_p99_ms": 1.5, "output_tok_s_min": 990.0, "output_tok_s_max": 1010.0,
-            "output_tok_s_cv": 0.01, "repetitions": 6}
-    gate = {"min_throughput_ratio": 0.2, "max_p99_ttft_ratio": 8.0, "concurrency": [1], "input_len": 16,
-            "output_len": 16, "num_prompts": 4, "repetitions": 6, "warmup": 1, "confidence": 0.95}
-    samples = {"pass": [1.0] * 6, "fail": [0.1] * 6, "inconclusive": [0.1, 0.1, 0.1, 1.0, 1.0, 1.0]}[verdict]
-    lo, hi = min(samples), max(samples)
-    ratio_verdict = "fail" if hi < 0.2 else ("pass" if lo >= 0.2 else "inconclusive")
-    ratios = [{"metric": "throughput", "median": sorted(samples)[3], "low": lo, "high": hi, "confidence": 0.95,
-               "samples": samples, "threshold": 0.2, "bound": "min", "verdict": ratio_verdict},
-              {"metric": "ttft_p99", "median": 1.0, "low": 1.0, "high": 1.0, "confidence": 0.95, "samples": [1.0] * 6,
-               "threshold": 8.0, "bound": "max", "verdict": "pass"}]
-    passed = verdict == "pass"
-    data = {
-        "schema_version": 2, "artifact_id": artifact_id, "verdict": verdict, "reasons": [] if passed else ["test: made to fail"],
-        "compat_key": compat_key, "created_at": created_at or utc_now(),
-        "profile": {"name": "tiny-llama-cpu", "build_hash": "xxh3-128:" + "0" * 32},
-        "validator_fingerprint": {}, "versions": {"vllm": "vllm-cpu test"}, "model_digest": "xxh3-128:" + "1" * 32,
-        "model_digest_verified": True,
-        "prompt_set": {"digest": "xxh3-128:" + "2" * 32, "count": 1, "sets": ["short"], "skipped": []},
-        "thresholds": {"parity_rule": "check_logprobs_close", "min_identical_fraction": 0.0, "max_tokens": 16,
-                       "top_logprobs": 5, **gate},
-        "reference_engine_args": {},
-        "parity": {"passed": True, "prompts": 1, "identical": 1, "close": 0, "failed": 0, "identical_fraction": 1.0,
-                   "min_identical_fraction": 0.0, "max_abs_logprob_diff": 0.0,
-                   "per_prompt": [{"index": 0, "status": "identical", "compared": 16}]},
-        "speed": {"passed": passed, "gate": gate, "verdict": verdict,
-                  "levels": [{"concurrency": 1, "candidate": side, "reference": side, "throughput_ratio": 1.0,
-                              "p99_ttft_ratio": 1.0, "passed": passed, "reasons": [], "verdict": ratio_verdict,
-                              "ratios": ratios}]},
-        "duration_s": 1.0,
-    }
-    data.update(overrides)
-    return Attestation.model_validate(data)
-
-
-def write_attestation(store, artifact_id: str, compat_key: str, verdict: str = "pass", created_at: str | None = None,
-                      signer=None) -> str:
-    """Store :func:`attestation` for the artifact (signed by ``signer``); returns its id."""
-    from buildctl.artifact_store.attestations import write_attestation as write
-
-    return write(store, attestation(artifact_id, compat_key, verdict, created_at), signer=signer)
 
 
 @pytest.fixture
@@ -158,7 +91,7 @@ def cli(capsys: pytest.CaptureFixture[str]):
 @pytest.fixture(scope="session")
 def seaweed(tmp_path_factory: pytest.TempPathFactory):
     """A real SeaweedFS S3 server on 127.0.0.1 for the whole session."""
-    from .s3server import SeaweedServer
+    from .support.s3server import SeaweedServer
 
     server = SeaweedServer(tmp_path_factory.mktemp("seaweed")).start()
     try:
@@ -191,18 +124,6 @@ def store(store_uri: str):
     from buildctl.artifact_store.backend import open_store
 
     return open_store(store_uri)
-
-
-def make_tree(root: Path, files: dict[str, bytes | int], seed: int = 0) -> Path:
-    """Write a tree; an int value means that many deterministic pseudo-random bytes."""
-    import random
-
-    rng = random.Random(seed)
-    for rel, content in files.items():
-        p = root / rel
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_bytes(content if isinstance(content, bytes) else rng.randbytes(content))
-    return root
 
 
 @pytest.fixture
@@ -259,6 +180,33 @@ def tiny_build(tmp_path_factory):
             "settings": st}
 
 
+# The speed section of the tiny profile for tests whose subject is not the speed gate (orchestration,
+# parity, prompt sets): both levels, 16 requests a repetition, loose gates. Validation sections are
+# not part of the build hash, so builds and cache hits are those of the real profile.
+QUICK_SPEED = {"concurrency": [1, 4], "levels": {}, "min_throughput_ratio": 0.05, "max_p99_ttft_ratio": None,
+               "num_prompts": 16, "repetitions": 6, "max_repetitions": 6, "max_seconds": 60, "warmup": 0}
+
+
+@pytest.fixture(scope="session")
+def quick_profiles(tmp_path_factory) -> Path:
+    """A profile directory like build_profiles/ whose tiny-llama-cpu validates in seconds
+    (:data:`QUICK_SPEED`); the speed-gate tests keep the real profile."""
+    import shutil
+
+    import yaml
+
+    from buildctl.engines.profile import load_profile
+
+    d = tmp_path_factory.mktemp("profiles")
+    for f in PROFILES.glob("*.yaml"):
+        shutil.copy(f, d / f.name)
+    doc = yaml.safe_load((PROFILES / "tiny-llama-cpu.yaml").read_text())
+    doc["validation"]["speed"].update(QUICK_SPEED)
+    (d / "tiny-llama-cpu.yaml").write_text(yaml.safe_dump(doc))
+    assert load_profile(d / "tiny-llama-cpu.yaml").build_hash() == load_profile(PROFILES / "tiny-llama-cpu.yaml").build_hash()
+    return d
+
+
 @pytest.fixture(scope="session")
 def vllm_reference(tiny_build):
     """One vllm-cpu reference engine on the tiny model for the whole session."""
@@ -280,69 +228,3 @@ def prefect_api():
         yield
 
 
-def rot(store, digest: str, kind: str, rng=None) -> None:
-    """Damage one stored blob the way a disk or a bad copy does: ``flip`` (4 bytes in the middle, or
-    one random bit with ``rng``; the size kept), ``truncate`` (to half, or a random length with
-    ``rng``) or ``missing``. In place on a local store; on S3 the object's bytes are replaced
-    behind the store's back (no create-only condition)."""
-    import os
-
-    from buildctl.artifact_store.layout import blob_key
-    from buildctl.artifact_store.local import LocalStore
-
-    key = blob_key(digest)
-    if kind == "missing":
-        store.delete(key)
-        return
-    data = bytearray(store.get_bytes(key))
-    if kind == "flip" and rng is None:
-        mid = len(data) // 2
-        data[mid:mid + 4] = bytes(b ^ 0xFF for b in data[mid:mid + 4])
-    elif kind == "flip":
-        data[rng.randrange(len(data))] ^= 1 << rng.randrange(8)
-    else:
-        data = data[: (rng.randrange(len(data)) if rng is not None else len(data) // 2)]
-    if isinstance(store, LocalStore):
-        path = store.root / key
-        os.chmod(path, 0o644)
-        with open(path, "r+b") as f:
-            f.truncate(len(data))
-            f.seek(0)
-            f.write(data)
-        os.chmod(path, 0o444)
-    else:
-        store.client.put_object(Bucket=store.bucket, Key=store._k(key), Body=bytes(data))
-
-
-def make_signer():
-    """A fresh Ed25519 signing key (in memory) with its key id."""
-    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-
-    from buildctl.artifact_store.signing import SigningKey, key_id
-
-    private = Ed25519PrivateKey.generate()
-    return SigningKey(private, key_id(private.public_key()))
-
-
-class RangedStore:
-    """A store with ranged reads on (the S3 path, also for a local store). ``short_from``: ranges
-    from that offset on come back a quarter long, as from an object truncated after its size was
-    read; ``vanish``: every range read finds the object gone."""
-
-    ranged_reads = True
-
-    def __init__(self, store, short_from: int | None = None, vanish: bool = False) -> None:
-        self._store, self.short_from, self.vanish = store, short_from, vanish
-
-    def __getattr__(self, name):
-        return getattr(self._store, name)
-
-    def read_range(self, key: str, offset: int, length: int) -> bytes:
-        if self.vanish:
-            from buildctl.artifact_store.errors import KeyNotFoundError
-
-            raise KeyNotFoundError(key)
-        data = self._store.read_range(key, offset, length)
-        if self.short_from is not None and offset >= self.short_from:
-            return data[: length // 4]
-        return data

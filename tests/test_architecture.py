@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import MODULES_PARSED, REPO, settings
+from .support.helpers import MODULES_PARSED, REPO, settings
 
 BIN = Path(sys.executable).parent
 # The packages whose modules the AST guards below must see: each is a real folder under buildctl/.

@@ -12,7 +12,7 @@ import pytest
 
 import buildctl.artifact_store as ops
 
-from .conftest import PROFILES, REPO, make_tree, write_attestation
+from .support.helpers import PROFILES, REPO, make_tree, write_attestation
 
 pytestmark = pytest.mark.slow
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from .conftest import REPO
+from .support.helpers import REPO
 
 CHECK = [sys.executable, str(REPO / "scripts" / "lock.py"), "check"]
 

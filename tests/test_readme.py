@@ -16,8 +16,8 @@ import typer
 
 from buildctl.artifact_store.backend import open_store
 
-from .conftest import REPO, write_attestation
-from .s3server import free_ports
+from .support.helpers import REPO, write_attestation
+from .support.s3server import free_ports
 
 README = (REPO / "README.md").read_text()
 

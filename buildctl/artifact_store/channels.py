@@ -40,7 +40,7 @@ from buildctl.artifact_store.manifest import Manifest, utc_now
 from buildctl.artifact_store.rollout import Rollout, RolloutPlan, artifact_for_node
 from buildctl.artifact_store.revocation import with_revocations
 from buildctl.artifact_store.signing import SigningKey, TrustedKeys, promoter_signers, verify_signature
-from buildctl.artifact_store.integrity import DEFAULT_VERIFY_WINDOW_S, check_integrity
+from buildctl.artifact_store.integrity import DEFAULT_VERIFY_WINDOW_S, verify_recent_or_quarantine
 from buildctl.artifact_store.verify import get_manifest, resolve_artifact
 
 CHANNEL_RE = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
@@ -274,7 +274,7 @@ def promote(store: Store, artifact_ref: str, channel: str, *, force: bool = Fals
     if force and not reason:
         raise StoreArgumentError("--force needs --reason: a break-glass promotion is recorded with why")
     reasons: list[str] = []
-    verified_at = check_integrity(store, artifact_id, detector=f"promote to {channel}", who=who, signer=signer,
+    verified_at = verify_recent_or_quarantine(store, artifact_id, detector=f"promote to {channel}", who=who, signer=signer,
                                   window_s=verify_window_s)
     manifest = get_manifest(store, artifact_id)
     stored = latest_attestation(store, artifact_id, manifest.compat_key)
@@ -350,7 +350,7 @@ def rollback(store: Store, profile: str, channel: str, *, to: str | None = None,
     manifest = get_manifest(store, target)
     if manifest.profile_name != profile or manifest.compat_key != compat:
         raise StoreArgumentError(f"artifact {target} is for {manifest.profile_name}/{manifest.compat_key}, not {profile}/{compat}")
-    verified_at = check_integrity(store, target, detector=f"rollback of {channel}", who=who, signer=signer,
+    verified_at = verify_recent_or_quarantine(store, target, detector=f"rollback of {channel}", who=who, signer=signer,
                                   window_s=verify_window_s)
     return set_channel(store, target, manifest, channel, reason=reason or "rollback", action="rollback",
                        who=who, signer=signer, verified_at=verified_at, verify_window_s=verify_window_s, ttl_s=ttl_s)

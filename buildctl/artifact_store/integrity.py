@@ -1,8 +1,8 @@
 """Deep checks at the gates: re-hash every blob, quarantine on a mismatch, remember a pass.
 
-``deep_check`` re-hashes an artifact's blobs from the store; a mismatch writes a quarantine
+``verify_deep_or_quarantine`` re-hashes an artifact's blobs from the store; a mismatch writes a quarantine
 record (where the caller may write) and raises :class:`VerificationError` naming every bad file.
-A pass writes a verification record, so a gate within a time window of it (``check_integrity``)
+A pass writes a verification record, so a gate within a time window of it (``verify_recent_or_quarantine``)
 can trust it instead of reading every byte again.
 """
 
@@ -87,7 +87,7 @@ def _checked(store: Store, artifact_id: str, *, deep: bool, detector: str, who: 
         raise quarantine_on(store, err, detector=detector, who=who, signer=signer) from None
 
 
-def deep_check(store: Store, artifact_id: str, *, detector: str, who: str, signer: SigningKey | None = None,
+def verify_deep_or_quarantine(store: Store, artifact_id: str, *, detector: str, who: str, signer: SigningKey | None = None,
                on_bytes: ProgressFn | None = None) -> tuple[Manifest, VerificationRecord]:
     """Re-hash every blob. On a mismatch, quarantine (reason: ``detector`` and the bad files) and
     raise :class:`VerificationError` naming each bad file and the record. On a pass, record it."""
@@ -95,7 +95,7 @@ def deep_check(store: Store, artifact_id: str, *, detector: str, who: str, signe
     return manifest, record_verification(store, artifact_id, manifest, who=who, signer=signer)
 
 
-def check_integrity(store: Store, artifact_id: str, *, detector: str, who: str, signer: SigningKey | None = None,
+def verify_recent_or_quarantine(store: Store, artifact_id: str, *, detector: str, who: str, signer: SigningKey | None = None,
                     window_s: float = DEFAULT_VERIFY_WINDOW_S, now: datetime | None = None) -> str:
     """The gate: refuse a quarantined artifact; trust a deep verify newer than ``window_s`` (after
     a cheap check that every blob is there with its size), else run one. Returns the time of the
@@ -107,4 +107,4 @@ def check_integrity(store: Store, artifact_id: str, *, detector: str, who: str, 
         if rec is not None and (now - parse_time(rec.when)).total_seconds() <= window_s:
             _checked(store, artifact_id, deep=False, detector=detector, who=who, signer=signer)
             return rec.when
-    return deep_check(store, artifact_id, detector=detector, who=who, signer=signer)[1].when
+    return verify_deep_or_quarantine(store, artifact_id, detector=detector, who=who, signer=signer)[1].when

@@ -133,7 +133,7 @@ def verify_cmd(
     """Check every blob exists with the right size (with --deep: and the right digest; a mismatch
     then quarantines the artifact, where this caller may write)."""
     from buildctl.pipeline import signer_of
-    from buildctl.artifact_store.integrity import deep_check
+    from buildctl.artifact_store.integrity import verify_deep_or_quarantine
     from buildctl.artifact_store.verify import get_manifest, resolve_artifact, verify
 
     st, store = settings(ctx), open_store_for(ctx)
@@ -141,7 +141,7 @@ def verify_cmd(
     total = get_manifest(store, aid).total_size if deep else None
     with byte_progress("re-hashing", total, enabled=deep and not _quiet(ctx, json_out)) as on_bytes:
         if deep:
-            m, _ = deep_check(store, aid, detector="verify --deep", who=st.actor, signer=signer_of(st), on_bytes=on_bytes)
+            m, _ = verify_deep_or_quarantine(store, aid, detector="verify --deep", who=st.actor, signer=signer_of(st), on_bytes=on_bytes)
         else:
             m = verify(store, aid, on_bytes=on_bytes)
     if _quiet(ctx, json_out):
@@ -271,7 +271,7 @@ def pull_cmd(
     """Install the channel's engine for this node: verify, preflight, swap atomically, smoke-check."""
     from buildctl.engines.fingerprint import host_fingerprint
     from buildctl.errors import GateRefusedError, IntegrityError
-    from buildctl.node_agent import node_pull
+    from buildctl import node_agent
     from buildctl.pipeline import channel_target, report_pull_failure
 
     from buildctl.pipeline import trusted_of
@@ -295,7 +295,7 @@ def pull_cmd(
 
     try:
         with byte_progress("downloading + verifying", manifest.total_size, enabled=not quiet) as on_bytes:
-            got = node_pull(st, store, profile, channel, dest, node_id=node_id, fingerprint=fp, health_cmd=health_cmd,
+            got = node_agent.pull(st, store, profile, channel, dest, node_id=node_id, fingerprint=fp, health_cmd=health_cmd,
                             health_check=checks, skip_preflight=skip_preflight, retry_failed=retry_failed, keep=keep,
                             min_seq=min_seq, on_bytes=on_bytes, on_health=on_health)
     except (IntegrityError, GateRefusedError) as err:
@@ -336,7 +336,7 @@ def gc_cmd(
 ) -> None:
     """Remove artifacts nothing protects: not a channel's, not in its recent history, not on a node,
     not quarantined recently, not new, not among the newest N per (profile, compat key)."""
-    from buildctl.fleet import collect_garbage
+    from buildctl import fleet
     from buildctl.artifact_store.rollout import parse_duration
 
     st = settings(ctx)
@@ -344,7 +344,7 @@ def gc_cmd(
             "quarantine_retention_s": parse_duration(quarantine_retention)}
     if grace is not None:
         opts["grace_s"] = parse_duration(grace)
-    res = collect_garbage(st, open_store_for(ctx), **opts)
+    res = fleet.gc(st, open_store_for(ctx), **opts)
     if _quiet(ctx, json_out):
         emit_json({"dry_run": dry_run, "removed_artifacts": res.removed_artifacts, "removed_blobs": res.removed_blobs,
                    "freed_bytes": res.freed_bytes, "kept": res.kept, "kept_blobs": res.kept_blobs,

@@ -38,13 +38,13 @@ def validate_cmd(
     json_out: bool = typer.Option(False, "--json", help="JSON output (the attestation)."),
 ) -> None:
     """Validate an artifact against vLLM (parity and speed); write an attestation; exit 5 on fail or inconclusive."""
-    from buildctl.pipeline import validate_artifact
+    from buildctl.pipeline import validate
     from buildctl.validators.errors import ValidationFailedError
 
     quiet = want_json(ctx, json_out)
     say = (lambda m: None) if quiet else (lambda m: typer.echo(f"[validate] {m}", err=True))
     try:
-        res = validate_artifact(settings(ctx), open_store_for(ctx), artifact, profile_path=profile,
+        res = validate(settings(ctx), open_store_for(ctx), artifact, profile_path=profile,
                                 prompts_file=prompts, speed_budget=speed_budget, say=say)
         att, att_id, failure = res.attestation, res.attestation_id, None
     except ValidationFailedError as err:  # the attestation this run wrote, failing

@@ -15,9 +15,9 @@ quantization the profile asked for, or the build is refused (a half-failed TP bu
 cause of "Failed to deserialize cuda engine"; a dropped KV-cache flag builds a different engine).
 
 What differs between releases (where the converter lives, which KV-cache flags it has) is in
-:data:`RELEASES`, taken from TensorRT-LLM's sources at those releases; ``tests/fixtures/trtllm/``
+:data:`RELEASES`, taken from TensorRT-LLM's sources at those releases; ``tests/support/fixtures/trtllm/``
 holds the flags, engine layout and runtime API read from those sources, with file and commit, and
-the fakes in ``tests/fakes/`` enforce them. Nothing here has run against real TensorRT-LLM.
+the fakes in ``tests/support/fakes/`` enforce them. Nothing here has run against real TensorRT-LLM.
 
 Generation uses the C++ runner (``ModelRunnerCpp``, the executor): top-k logprobs from the
 generation logits the runtime returns when asked (``output_generation_logits``), streaming and the
@@ -58,7 +58,7 @@ def _onoff(flag: bool) -> str:
 class TrtllmRelease:
     """What buildctl relies on that differs between TensorRT-LLM releases.
 
-    From the sources named in ``tests/fixtures/trtllm/<version>/`` (tests check this table
+    From the sources named in ``tests/support/fixtures/trtllm/<version>/`` (tests check this table
     against them)."""
 
     series: str

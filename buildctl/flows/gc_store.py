@@ -30,14 +30,14 @@ def gc_store(store: str | None = None, keep: int = 3, keep_history: int = 5, gra
     opts: dict[str, Any] = {"keep": keep, "keep_history": keep_history, "quarantine_retention_s": quarantine_retention_s}
     if grace_s is not None:
         opts["grace_s"] = grace_s
-    plan = fleet.collect_garbage(settings, s, dry_run=True, **opts)
+    plan = fleet.gc(settings, s, dry_run=True, **opts)
     create_table_artifact(key="gc-store-plan", table=_gc_rows(plan),
                           description=f"gc dry run: would remove {len(plan.removed_artifacts)} artifacts and "
                                       f"{plan.removed_blobs} blobs ({plan.freed_bytes} bytes); keeps {plan.kept}")
     summary: dict[str, Any] = {"planned": plan.removed_artifacts, "planned_blobs": plan.removed_blobs}
     if dry_run_only:
         return summary
-    done = fleet.collect_garbage(settings, s, **opts)
+    done = fleet.gc(settings, s, **opts)
     refused = "\n".join(f"- `{k}`: {why}" for k, why in done.not_removed) or "none"
     create_markdown_artifact(key="gc-store-result", markdown=(
         f"# gc-store\n\nremoved **{len(done.removed_artifacts)}** artifacts and **{done.removed_blobs}** blobs "

@@ -56,7 +56,7 @@ class ValidationResult:
         return self.attestation.passed
 
 
-def validate_artifact(
+def run_validation(
     settings: Settings,
     store: Store,
     artifact_id: str,

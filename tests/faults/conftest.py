@@ -40,7 +40,7 @@ def kill_at_random_point(script: str, args: list[str], delay_s: float) -> None:
     import sys
     import time
 
-    from ..conftest import REPO
+    from ..support.helpers import REPO
 
     p = subprocess.Popen([sys.executable, "-c", script, *args], cwd=REPO, stdin=subprocess.PIPE,
                          stdout=subprocess.PIPE, text=True)

@@ -58,11 +58,11 @@ def main(src: str, out: str, scale: str, junit: str | None = None) -> int:
     lines += ["", f"**Totals:** {total['cases']} cases (plus {fuzz} fuzzer executions), {total['lost_artifacts']} lost artifacts, "
               f"{total['lost_records']} lost promotion records, {total['bad_installs']} corrupted or unsigned installs.",
               "", "Signature and rollback checks (unsigned, untrusted and tampered manifests and channel records, a "
-              "replayed older record) are covered by `tests/test_signing.py`; see docs/threat-model.md.", "",
+              "replayed older record) are covered by `tests/artifact_store/test_signing.py`; see docs/threat-model.md.", "",
               "**Time to recovery.** The rot-in-place rows measure, per case, one pipeline run (`heal`: deep verify, "
               "quarantine, roll the channel back) from the corruption to the channel on an artifact that "
               "deep-verifies. Where no earlier artifact qualifies, recovery is a rebuild: "
-              "`tests/test_prefect_server.py` rots a blob, lets a node's pull fail and emit "
+              "`tests/flows/test_prefect_server.py` rots a blob, lets a node's pull fail and emit "
               "`buildctl.node.pull-failed`, and checks that one automation-triggered `heal-artifact` run quarantines "
               "it and puts staging on a rebuilt, validated artifact (it writes the seconds it took to "
               "`time-to-recovery.txt` in its temp dir).", ""]

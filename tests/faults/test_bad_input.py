@@ -17,7 +17,7 @@ from buildctl.artifact_store.manifest import check_relpath, check_unique_paths, 
 from buildctl.engines.errors import ProfileError
 from buildctl.engines.profile import parse_profile
 
-from ..conftest import PROFILES, REPO
+from ..support.helpers import PROFILES, REPO
 from .conftest import scale
 
 D = "xxh3-128:" + "a" * 32

@@ -13,8 +13,8 @@ from buildctl import pipeline
 from buildctl.errors import BuildFailedError
 from buildctl.engines.profile import load_profile, parse_profile
 
-from ..conftest import settings
-from ..trtllm_kit import calib, fake_tools, h100x8, hf_model, prod  # noqa: F401  (fixtures)
+from ..support.helpers import settings
+from ..support.trtllm_kit import calib, fake_tools, h100x8, hf_model, prod  # noqa: F401  (fixtures)
 
 
 @pytest.mark.parametrize("mode,kind", [("segv", "crashed"), ("hang", "timeout"), ("oom", "memory"),

@@ -7,7 +7,7 @@ import re
 import subprocess
 import sys
 
-from ..conftest import REPO
+from ..support.helpers import REPO
 from .conftest import scale
 
 

@@ -17,7 +17,7 @@ from buildctl.artifact_store.pull import current_artifact, install_artifact
 from buildctl.artifact_store.backend import open_store
 from buildctl.artifact_store.layout import blob_key
 
-from ..conftest import REPO, make_tree
+from ..support.helpers import REPO, make_tree
 from .conftest import kill_at_random_point, scale
 
 PULLER = r"""

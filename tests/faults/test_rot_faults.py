@@ -13,11 +13,11 @@ import pytest
 import buildctl.artifact_store as ops
 from buildctl.healing import heal_artifact
 from buildctl.artifact_store.errors import QuarantinedError
-from buildctl.artifact_store.integrity import deep_check
+from buildctl.artifact_store.integrity import verify_deep_or_quarantine
 from buildctl.artifact_store.pull import install_artifact
 from buildctl.artifact_store.quarantine import active_quarantine
 
-from ..conftest import make_tree, rot, settings, write_attestation
+from ..support.helpers import make_tree, rot, settings, write_attestation
 from .conftest import scale
 
 
@@ -46,7 +46,7 @@ def test_rot_in_place_is_detected_quarantined_and_recovered(store, draft, tmp_pa
         assert active_quarantine(store, bad) is not None
         rec = ops.read_channel(store, draft.profile_name, "prod", draft.compat_key)[0]
         assert rec.artifact_id == good and rec.action == "rollback" and bad in rec.reason
-        deep_check(store, rec.artifact_id, detector="test", who="test")  # the channel is on verified bytes
+        verify_deep_or_quarantine(store, rec.artifact_id, detector="test", who="test")  # the channel is on verified bytes
         with pytest.raises(QuarantinedError):
             install_artifact(store, bad, tmp_path / f"node{i}")  # never installed
         wrong_installs += (tmp_path / f"node{i}" / "current").exists()

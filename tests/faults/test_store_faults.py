@@ -16,7 +16,7 @@ from buildctl.artifact_store.backend import open_store
 from buildctl.artifact_store.layout import blob_key
 from buildctl.digest import digest_bytes
 
-from ..conftest import REPO, make_tree, write_attestation
+from ..support.helpers import REPO, make_tree, write_attestation
 from .conftest import kill_at_random_point, scale
 from .proxy import FaultProxy
 
@@ -64,7 +64,7 @@ def test_publish_sigkilled_at_random_points_then_rerun(tmp_path, draft, record_f
 
 @pytest.mark.slow
 def test_s3_server_killed_mid_upload_then_restarted(tmp_path, draft, record_fault, monkeypatch):
-    from ..s3server import SeaweedServer
+    from ..support.s3server import SeaweedServer
 
     server = SeaweedServer(tmp_path / "weed").start()
     bucket = server.new_bucket()

@@ -1,0 +1,442 @@
+"""Channel moves (buildctl.artifact_store.channels) called directly on a local store: compare-and-swap
+with retries, expiry, k-of-n pending promotions, idempotence, rollout steps, rollback and
+re-signing. Fast; `make mutants` runs these first for the module."""
+
+from __future__ import annotations
+
+import dataclasses
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+import buildctl.artifact_store as ops
+from buildctl.artifact_store.backend import open_store
+from buildctl.artifact_store.channels import (
+    ChannelRecord,
+    move_channel,
+    parse_utc,
+    pending_promotion,
+    read_channel,
+    resign,
+    rollback,
+    rollout_step,
+    set_channel,
+)
+from buildctl.artifact_store.errors import (
+    ArtifactNotFoundError,
+    CasConflictError,
+    ChannelNotFoundError,
+    RolloutInProgressError,
+    RolloutStateError,
+    StoreArgumentError,
+)
+from buildctl.artifact_store.layout import channel_key, history_key, pending_key
+from buildctl.artifact_store.rollout import RolloutPlan, parse_waves
+from buildctl.artifact_store.signing import SigningKey, TrustedKeys
+
+from ..support.helpers import make_signer, make_tree, write_attestation
+
+P = "tiny-llama-cpu"
+
+
+
+def promoters(*keys: SigningKey, prod: int = 2) -> TrustedKeys:
+    return TrustedKeys({"promoter": {k.key_id: k.private.public_key() for k in keys}}, thresholds={"prod": prod})
+
+
+@pytest.fixture
+def env(tmp_path, draft):
+    store = open_store(f"file://{tmp_path / 'store'}")
+    ids = []
+    for i in range(3):
+        aid = ops.publish_tree(store, make_tree(tmp_path / f"t{i}", {"config.json": f"{i}".encode()}), draft).artifact_id
+        write_attestation(store, aid, draft.compat_key, "pass")
+        ids.append(aid)
+    return store, ids, ops.get_manifest(store, ids[0]), draft.compat_key
+
+
+def fields(aid: str) -> dict:
+    return {"artifact_id": aid}
+
+
+def test_moves_number_records_and_name_the_previous_artifact(env):
+    store, (a, b, _), m, compat = env
+    r1 = set_channel(store, a, m, "prod", who="ci")
+    r2 = set_channel(store, b, m, "prod", who="ci")
+    assert (r1.seq, r1.previous, r2.seq, r2.previous) == (1, None, 2, a)
+    assert [r.seq for r in ops.history(store, P, "prod", compat)] == [1, 2]
+    assert read_channel(store, P, "prod", compat)[0] == r2
+    assert set_channel(store, b, m, "prod", who="ci") == r2  # the same promotion again: no new record
+
+
+@pytest.mark.parametrize("bad", ["Prod", "-x", "x-", "a_b", "", "a" * 64])
+def test_bad_channel_names_are_refused(env, bad):
+    store, (a, *_), m, _ = env
+    with pytest.raises(StoreArgumentError, match="bad channel name"):
+        set_channel(store, a, m, bad)
+
+
+def test_a_channel_name_of_63_characters_is_accepted(env):
+    store, (a, *_), m, _ = env
+    assert set_channel(store, a, m, "a" * 63).seq == 1
+
+
+class Contended:
+    """A store whose first ``losses`` compare-and-swaps lose to another writer."""
+
+    def __init__(self, store, losses: int) -> None:
+        self._store, self.losses = store, losses
+
+    def __getattr__(self, name):
+        return getattr(self._store, name)
+
+    def cas(self, key, data, expected):
+        if self.losses > 0:
+            self.losses -= 1
+            return False
+        return self._store.cas(key, data, expected)
+
+
+def test_lost_swaps_are_retried_with_growing_jittered_waits(env, monkeypatch):
+    import buildctl.artifact_store.channels as channels_mod
+
+    store, (a, *_), m, compat = env
+    ranges: list[tuple[float, float]] = []
+
+    def uniform(lo, hi):
+        ranges.append((lo, hi))
+        return hi
+
+    monkeypatch.setattr(channels_mod.random, "uniform", uniform)
+    waits: list[float] = []
+    rec = move_channel(Contended(store, 8), P, "prod", compat, lambda cur: fields(a), sleep=waits.append)
+    assert rec.seq == 1 and len(waits) == 8
+    expected = [0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.0]  # full jitter up to 10 ms x 2^attempt, capped at 1 s
+    assert ranges == [(0, w) for w in expected] and waits == expected
+    with pytest.raises(CasConflictError) as exc:
+        move_channel(Contended(store, 100), P, "prod", compat, lambda cur: fields(a), sleep=waits.append)
+    assert exc.value.attempts == 30  # the default
+    with pytest.raises(CasConflictError) as exc:
+        set_channel(Contended(store, 100), a, m, "staging", sleep=waits.append)
+    assert exc.value.attempts == 30
+
+
+def test_a_move_that_makes_nothing(env):
+    store, (a, *_), _, compat = env
+    with pytest.raises(ChannelNotFoundError):
+        move_channel(store, P, "prod", compat, lambda cur: None)
+    first = move_channel(store, P, "prod", compat, lambda cur: fields(a))
+    assert move_channel(store, P, "prod", compat, lambda cur: None) == first
+
+
+def test_signed_records_expire_ttl_after_they_are_written(env):
+    store, (a, b, _), m, compat = env
+    k = make_signer()
+    rec = set_channel(store, a, m, "prod", signer=k, ttl_s=3600)
+    assert parse_utc(rec.expires) - parse_utc(rec.when) == timedelta(hours=1)
+    assert not rec.expired() and rec.expired(parse_utc(rec.expires)) and not rec.expired(
+        parse_utc(rec.expires) - timedelta(microseconds=1))
+    assert set_channel(store, b, m, "prod", ttl_s=3600).expires is None  # unsigned: no expiry
+
+
+def test_parse_utc_reads_naive_and_zoned_times_as_utc():
+    assert parse_utc("2026-01-01T00:00:00") == datetime(2026, 1, 1, tzinfo=timezone.utc)
+    assert parse_utc("2026-01-01T01:00:00+01:00") == datetime(2026, 1, 1, tzinfo=timezone.utc)
+    assert parse_utc("2026-01-01T00:00:00Z").tzinfo is not None
+
+
+def test_two_of_n_waits_pending_then_moves_with_the_second_signature(env):
+    store, (a, b, _), m, compat = env
+    k1, k2, k3 = make_signer(), make_signer(), make_signer()
+    trusted = promoters(k1, k2, k3)
+    set_channel(store, a, m, "prod", signer=k1, trusted=trusted, action="rollback")  # a first record, 1 signature
+    with pytest.raises(StoreArgumentError, match="needs 2 promoter signatures"):
+        set_channel(store, b, m, "prod", trusted=trusted)
+    pend = set_channel(store, b, m, "prod", signer=k1, trusted=trusted)
+    assert pend.signers(trusted) == {k1.key_id} and pending_promotion(store, P, "prod", compat) == pend
+    assert read_channel(store, P, "prod", compat)[0].artifact_id == a  # not moved yet
+    assert set_channel(store, b, m, "prod", signer=k1, trusted=trusted) == pend  # the same key twice counts once
+    done = set_channel(store, b, m, "prod", signer=k2, trusted=trusted)
+    assert done.signers(trusted) == {k1.key_id, k2.key_id} and done.seq == 2
+    assert read_channel(store, P, "prod", compat)[0] == done
+    assert store.get_ref(pending_key(P, "prod", compat)) is None
+    assert store.get_bytes(history_key(P, "prod", compat, 2)) == done.to_bytes()
+
+
+def test_a_different_proposal_replaces_the_pending_one(env):
+    store, (a, b, c), m, compat = env
+    k1, k2 = make_signer(), make_signer()
+    trusted = promoters(k1, k2)
+    set_channel(store, a, m, "prod", signer=k1, trusted=trusted, action="rollback")
+    set_channel(store, b, m, "prod", signer=k1, trusted=trusted)
+    other = set_channel(store, c, m, "prod", signer=k2, trusted=trusted)
+    assert other.artifact_id == c and other.signers(trusted) == {k2.key_id}
+    assert pending_promotion(store, P, "prod", compat).artifact_id == c
+
+
+def test_a_staging_promotion_needs_one_signature(env):
+    store, (a, *_), m, compat = env
+    k1 = make_signer()
+    rec = set_channel(store, a, m, "staging", signer=k1, trusted=promoters(k1, make_signer()))
+    assert read_channel(store, P, "staging", compat)[0] == rec
+
+
+def start_rollout(env, waves="1,50,100", failures=None):
+    store, (a, b, _), m, compat = env
+    set_channel(store, a, m, "prod")
+    plan = RolloutPlan(waves=parse_waves(waves, failures), bake_s=60)
+    return set_channel(store, b, m, "prod", rollout=plan)
+
+
+def test_a_rollout_needs_a_base_and_a_new_artifact(env):
+    store, (a, *_), m, _ = env
+    plan = RolloutPlan(waves=parse_waves("10,100", None), bake_s=0)
+    with pytest.raises(StoreArgumentError, match="no artifact yet"):
+        set_channel(store, a, m, "prod", rollout=plan)
+    set_channel(store, a, m, "prod")
+    with pytest.raises(StoreArgumentError, match="nothing to roll out"):
+        set_channel(store, a, m, "prod", rollout=plan)
+
+
+def test_rollout_steps_advance_then_complete(env):
+    store, (a, b, c), m, compat = env
+    rec = start_rollout(env)
+    assert (rec.rollout.base, rec.rollout.target, rec.rollout.wave, rec.rollout.state) == (a, b, 0, "active")
+    with pytest.raises(RolloutInProgressError):
+        set_channel(store, c, m, "prod")  # a live rollout is not replaced by a promotion
+    with pytest.raises(RolloutStateError, match="wave 1 of 3"):
+        rollout_step(store, P, "prod", compat, "complete")
+    assert rollout_step(store, P, "prod", compat, "advance").rollout.wave == 1
+    last = rollout_step(store, P, "prod", compat, "advance")
+    assert last.rollout.wave == 2 and last.action == "advance" and last.artifact_id == b
+    assert last.forced is False  # a rollout step overrides no gate
+    with pytest.raises(RolloutStateError, match="last wave"):
+        rollout_step(store, P, "prod", compat, "advance")
+    done = rollout_step(store, P, "prod", compat, "complete")
+    assert done.rollout.state == "completed" and done.artifact_id == b and done.previous == a
+    with pytest.raises(RolloutStateError, match="no rollout in progress \\(the last one is completed\\)"):
+        rollout_step(store, P, "prod", compat, "advance")
+    assert set_channel(store, c, m, "prod").artifact_id == c  # a finished rollout no longer blocks
+
+
+def test_pause_resume_and_halt_back_to_the_base(env):
+    store, (a, b, _), m, compat = env
+    rec = start_rollout(env)
+    paused = rollout_step(store, P, "prod", compat, "pause", reason="look")
+    assert paused.rollout.state == "paused" and paused.seq == rec.seq + 1
+    assert rollout_step(store, P, "prod", compat, "pause") == paused  # already paused
+    with pytest.raises(RolloutStateError, match="resume it first"):
+        rollout_step(store, P, "prod", compat, "advance")
+    resumed = rollout_step(store, P, "prod", compat, "resume")
+    assert resumed.rollout.state == "active" and rollout_step(store, P, "prod", compat, "resume") == resumed
+    with pytest.raises(CasConflictError) as exc:
+        rollout_step(store, P, "prod", compat, "halt", expect_seq=rec.seq)  # decided on an older record
+    assert exc.value.attempts == 1  # not retried: the decision must be made again
+    halted = rollout_step(store, P, "prod", compat, "halt", expect_seq=resumed.seq, failed_nodes=("n1",))
+    assert (halted.artifact_id, halted.previous, halted.action) == (a, b, "rollback")
+    assert halted.rollout.state == "halted" and halted.rollout.failed_nodes == ("n1",)
+    assert halted.reason == "rollout halted"
+
+
+def test_abort_and_a_rollback_end_a_rollout(env):
+    store, (a, b, _), m, compat = env
+    start_rollout(env)
+    aborted = rollout_step(store, P, "prod", compat, "abort")
+    assert aborted.rollout.state == "aborted" and aborted.artifact_id == a
+    rec = set_channel(store, b, m, "prod", rollout=RolloutPlan(waves=parse_waves("10,100", None), bake_s=0))
+    back = rollback(store, P, "prod", to=a, reason="bad canary")
+    assert back.rollout.state == "aborted" and back.artifact_id == a and back.seq == rec.seq + 1
+
+
+def test_rollout_steps_on_a_missing_channel_or_unknown_step(env):
+    store, _, _, compat = env
+    with pytest.raises(StoreArgumentError, match="unknown rollout step"):
+        rollout_step(store, P, "prod", compat, "skip")
+    with pytest.raises(ChannelNotFoundError):
+        rollout_step(store, P, "prod", compat, "advance")
+
+
+def test_rollback_to_the_previous_artifact_or_a_named_one(env):
+    store, (a, b, c), m, compat = env
+    for x in (a, b, c):
+        set_channel(store, x, m, "prod")
+    back = rollback(store, P, "prod")
+    assert (back.artifact_id, back.action, back.reason, back.seq) == (b, "rollback", "rollback", 4)
+    assert rollback(store, P, "prod", to=c, compat_key=compat).artifact_id == c
+    with pytest.raises(ChannelNotFoundError):
+        rollback(store, P, "staging")
+    with pytest.raises(ChannelNotFoundError):
+        rollback(store, P, "prod", compat_key="other-key")
+    set_channel(store, a, m, "staging")
+    with pytest.raises(ArtifactNotFoundError, match="no earlier artifact"):
+        rollback(store, P, "staging")
+
+
+def test_resign_rewrites_the_current_record_only(env):
+    store, (a, b, _), m, compat = env
+    k = make_signer()
+    rec = set_channel(store, a, m, "prod", signer=k, ttl_s=60, reason="first")
+    again = resign(store, rec, who="timer", signer=k, ttl_s=7200)
+    assert (again.seq, again.artifact_id, again.action, again.previous) == (2, a, "resign", rec.previous)
+    assert again.reason == "re-signed #1 before it expires" and parse_utc(again.expires) > parse_utc(rec.expires)
+    assert resign(store, rec, who="timer", signer=k, ttl_s=7200) == again  # #1 is no longer current: left alone
+
+
+def test_history_includes_a_record_whose_history_write_was_lost(env):
+    store, (a, b, _), m, compat = env
+    set_channel(store, a, m, "prod")
+    r2 = set_channel(store, b, m, "prod")
+    store.delete(history_key(P, "prod", compat, 2))
+    assert [r.seq for r in ops.history(store, P, "prod", compat)] == [1, 2]
+    assert [r.seq for r in ops.history(store, P, "prod")] == [1, 2]
+    assert store.get_bytes(history_key(P, "prod", compat, 2)) == r2.to_bytes()  # settled again
+
+
+def test_records_leave_unset_optional_fields_out_of_their_bytes(env):
+    from pydantic import ValidationError
+
+    store, (a, *_), m, compat = env
+    rec = set_channel(store, a, m, "prod")
+    with pytest.raises(ValidationError):
+        rec.seq = 7  # records are frozen
+    body = rec.body()
+    assert not {"rollout", "expires", "cosignatures"} & set(body)
+    assert ChannelRecord.model_validate_json(store.get_bytes(channel_key(P, "prod", compat))) == rec
+
+
+# --- the promote gate and rollback, called directly ------------------------------------------------
+
+
+def test_promote_refuses_a_pass_whose_figures_fail_and_records_force_only_when_it_overrode(env):
+    from buildctl.artifact_store.errors import PromotionRefusedError
+
+    from ..support.helpers import attestation
+
+    store, (a, b, _), m, compat = env
+    good = attestation(b, compat, "pass")
+    slow = good.model_copy(update={"created_at": "2099-01-01T00:00:00.000000Z", "speed": good.speed.model_copy(update={
+        "levels": (good.speed.levels[0].model_copy(update={"ratios": (
+            good.speed.levels[0].ratios[0].model_copy(update={"samples": (0.1,) * 6}),
+            good.speed.levels[0].ratios[1])}),)})})
+    ops.write_attestation(store, slow)
+    with pytest.raises(PromotionRefusedError) as exc:
+        ops.promote(store, b, "prod")
+    assert any("says pass but its recorded figures give fail: " in r for r in exc.value.reasons)
+    plain = ops.promote(store, a, "prod", force=True, reason="nothing to override")
+    assert plain.forced is False  # the gates passed: nothing was forced
+    forced = ops.promote(store, b, "prod", force=True, reason="known slow; hotfix")
+    assert forced.forced is True and forced.reason == "known slow; hotfix"
+
+
+def test_promote_with_trusted_keys_refuses_an_unsigned_attestation(env):
+    from buildctl.artifact_store.errors import PromotionRefusedError
+
+    store, (a, *_), _, _ = env
+    k = make_signer()
+    trusted = TrustedKeys({"promoter": {k.key_id: k.private.public_key()}})
+    with pytest.raises(PromotionRefusedError) as exc:
+        ops.promote(store, a, "prod", trusted=trusted, signer=k)
+    assert any(r.startswith("attestation signature: unsigned") for r in exc.value.reasons)
+
+
+def test_a_co_signature_that_races_another_is_merged_not_lost(env):
+    """Two promoters sign the same 2-of-n move at once: the second's swap of the pending proposal
+    loses to the first's, looks again, and adds its signature to the proposal that won."""
+    store, (a, b, _), m, compat = env
+    k1, k2 = make_signer(), make_signer()
+    trusted = promoters(k1, k2)
+    set_channel(store, a, m, "prod", signer=k1, trusted=trusted, action="rollback")
+
+    class Racing:
+        def __init__(self) -> None:
+            self.raced = False
+
+        def __getattr__(self, name):
+            return getattr(store, name)
+
+        def cas(self, key, data, expected):
+            if key == pending_key(P, "prod", compat) and not self.raced:
+                self.raced = True
+                set_channel(store, b, m, "prod", signer=k1, trusted=trusted)  # k1's proposal lands first
+                return False
+            return store.cas(key, data, expected)
+
+    done = set_channel(Racing(), b, m, "prod", signer=k2, trusted=trusted)
+    assert done.signers(trusted) == {k1.key_id, k2.key_id}
+    assert read_channel(store, P, "prod", compat)[0] == done
+
+
+def test_rollback_refuses_another_profiles_artifact_and_an_ambiguous_channel(env, tmp_path, draft):
+    store, (a, b, _), m, compat = env
+    set_channel(store, a, m, "prod")
+    set_channel(store, b, m, "prod")
+    other = dataclasses.replace(draft, profile_name="other-profile")
+    foreign = ops.publish_tree(store, make_tree(tmp_path / "f", {"config.json": b"foreign"}), other).artifact_id
+    with pytest.raises(StoreArgumentError, match="is for other-profile/"):
+        rollback(store, P, "prod", to=foreign)
+    elsewhere = ops.get_manifest(store, a).model_copy(update={"compat_key": "aoti-elsewhere"})
+    set_channel(store, a, elsewhere, "prod")  # a second compat key on the same channel
+    with pytest.raises(StoreArgumentError, match="refs for 2 compat keys; pass --compat-key"):
+        rollback(store, P, "prod")
+    assert rollback(store, P, "prod", compat_key=compat).artifact_id == a
+
+
+def test_channel_lookups_defaults_and_record_rules(env):
+    from pydantic import ValidationError
+
+    from buildctl.artifact_store.channels import channels_pointing_at, history
+
+    store, (a, b, c), m, compat = env
+    rec = set_channel(store, a, m, "prod")
+    assert rec.forced is False and rec.action == "promote"  # set_channel's defaults
+    set_channel(store, b, m, "staging")
+    assert [(r.channel, r.artifact_id) for r in channels_pointing_at(store, a)] == [("prod", a)]
+    assert channels_pointing_at(store, c) == []
+    assert history(store, P, "prod", "no-such-key") == []
+    with pytest.raises(ChannelNotFoundError) as exc:
+        rollback(store, P, "canary")
+    assert exc.value.compat_keys == ["<none>"]
+    with pytest.raises(ValidationError):
+        ChannelRecord.model_validate(rec.model_dump() | {"seq": 0})  # sequences start at 1
+    with pytest.raises(StoreArgumentError, match="--force needs --reason"):
+        ops.promote(store, b, "prod", force=True)
+
+
+def test_promote_retries_30_times_by_default(env, monkeypatch):
+    import buildctl.artifact_store.channels as channels_mod
+
+    monkeypatch.setattr(channels_mod.random, "uniform", lambda lo, hi: 0.0)  # no waiting between attempts
+    store, (a, *_), _, _ = env
+    with pytest.raises(CasConflictError) as exc:
+        ops.promote(Contended(store, 1000), a, "prod")
+    assert exc.value.attempts == 30
+
+
+def test_history_on_a_read_only_store_still_reports_the_unsettled_record(env):
+    store, (a, b, _), m, compat = env
+    set_channel(store, a, m, "prod")
+    r2 = set_channel(store, b, m, "prod")
+    store.delete(history_key(P, "prod", compat, 2))
+
+    class ReadOnly:
+        def __getattr__(self, name):
+            return getattr(store, name)
+
+        def put_bytes(self, key, data):
+            from buildctl.artifact_store.errors import StoreUnavailableError
+
+            raise StoreUnavailableError(store.uri, "read-only credentials")
+
+    from buildctl.artifact_store.channels import history
+
+    assert [r.seq for r in history(ReadOnly(), P, "prod", compat)] == [1, 2]
+    assert store.stat(history_key(P, "prod", compat, 2)) is None and r2.seq == 2
+
+
+def test_a_malformed_channel_ref_is_a_corrupt_object(env):
+    from buildctl.artifact_store.errors import CorruptObjectError
+
+    store, _, _, compat = env
+    store.cas(channel_key(P, "prod", compat), b'{"seq": 0}', None)
+    with pytest.raises(CorruptObjectError, match="malformed channel record: "):
+        read_channel(store, P, "prod", compat)

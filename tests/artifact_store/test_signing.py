@@ -1,0 +1,399 @@
+"""Signed manifests, channel records and attestations; rollback protection on nodes."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+
+import pytest
+
+import buildctl.artifact_store as ops
+from buildctl.pipeline import signer_of
+from buildctl.artifact_store.backend import open_store
+from buildctl.artifact_store.layout import channel_key, history_key
+
+from ..support.helpers import PROFILES, make_tree, settings, write_attestation
+
+TINY = str(PROFILES / "tiny-llama-cpu.yaml")
+
+
+@pytest.fixture
+def keys(tmp_path, cli):
+    d = tmp_path / "keys"
+    for role, name in (("builder", "builder"), ("promoter", "promoter"), ("validator", "validator"),
+                       ("builder", "intruder")):
+        code, out, err = cli("--json", "key", "generate", "--out", d, "--role", role, "--name", name)
+        assert code == 0, err
+        assert json.loads(out)["trust_as"] == f"$BUILDCTL_TRUSTED_KEYS/{role}/{name}.pub"
+    trusted = tmp_path / "trusted"
+    for role in ("builder", "promoter", "validator"):
+        (trusted / role).mkdir(parents=True)
+        (trusted / role / f"{role}.pub").write_bytes((d / f"{role}.pub").read_bytes())
+    return d, trusted
+
+
+def test_key_generate(keys, cli):
+    d, _ = keys
+    assert stat.S_IMODE(os.stat(d / "builder.key").st_mode) == 0o600
+    assert (d / "builder.pub").read_text().startswith("-----BEGIN PUBLIC KEY-----")
+    code, _, err = cli("key", "generate", "--out", d, "--role", "builder")
+    assert code == 2 and "refusing to overwrite" in err
+    code, _, err = cli("key", "generate", "--out", d, "--name", "x")
+    assert code == 2 and "--role (missing): one of builder, validator, promoter" in err
+
+
+class Env:
+    def __init__(self, monkeypatch, keys):
+        self.mp, (self.d, self.trusted) = monkeypatch, keys
+
+    def as_(self, role: str | None, trust: bool = True) -> None:
+        if role:
+            self.mp.setenv("BUILDCTL_SIGNING_KEY", str(self.d / f"{role}.key"))
+        else:
+            self.mp.delenv("BUILDCTL_SIGNING_KEY", raising=False)
+        if trust:
+            self.mp.setenv("BUILDCTL_TRUSTED_KEYS", str(self.trusted))
+        else:
+            self.mp.delenv("BUILDCTL_TRUSTED_KEYS", raising=False)
+
+
+def publish(env: Env, cli, store_dir, tree, role="builder") -> str:
+    env.as_(role, trust=False)
+    code, out, err = cli("--store", store_dir, "--json", "import", tree, "--profile", TINY)
+    assert code == 0, err
+    aid = json.loads(out)["artifact_id"]
+    env.as_("validator", trust=False)
+    m = ops.get_manifest(open_store(str(store_dir)), aid)
+    write_attestation(open_store(str(store_dir)), aid, m.compat_key, "pass", ops.utc_now(), signer=signer_of(settings()))
+    return aid
+
+
+def pull(cli, store_dir, dest):
+    return cli("--store", store_dir, "--json", "pull", "--profile", "tiny-llama-cpu", "--channel", "prod",
+               "--dest", dest, "--skip-preflight")
+
+
+def test_signed_chain_end_to_end_and_rollback_protection(keys, cli, tmp_path, monkeypatch):
+    env, store_dir, dest = Env(monkeypatch, keys), tmp_path / "store", tmp_path / "node"
+    a = publish(env, cli, store_dir, make_tree(tmp_path / "a", {"rank0.engine": b"engine A"}))
+    b = publish(env, cli, store_dir, make_tree(tmp_path / "b", {"rank0.engine": b"engine B"}))
+    env.as_("promoter")
+    assert cli("--store", store_dir, "promote", a, "--channel", "prod")[0] == 0
+    code, out, err = pull(cli, store_dir, dest)
+    assert code == 0 and json.loads(out)["artifact_id"] == a, err
+    env.as_("promoter")
+    assert cli("--store", store_dir, "promote", b, "--channel", "prod")[0] == 0
+    assert json.loads(pull(cli, store_dir, dest)[1])["artifact_id"] == b
+
+    # an attacker with bucket write access replays the validly signed record #1 into the ref
+    store = open_store(str(store_dir))
+    m = ops.get_manifest(store, a)
+    ref = store.root / channel_key("tiny-llama-cpu", "prod", m.compat_key)
+    ref.write_bytes(store.get_bytes(history_key("tiny-llama-cpu", "prod", m.compat_key, 1)))
+    code, _, err = pull(cli, store_dir, dest)
+    assert code == 4 and "older than #2 already installed" in err
+    assert (dest / "current").resolve().name == b[9:]
+
+    # a legitimate rollback is a new, higher, signed record
+    env.as_("promoter")
+    code, out, err = cli("--store", store_dir, "--json", "history", "--profile", "tiny-llama-cpu", "--channel", "prod")
+    ref.write_bytes(store.get_bytes(history_key("tiny-llama-cpu", "prod", m.compat_key, 2)))  # undo the replay
+    code, out, err = cli("--store", store_dir, "--json", "rollback", "--profile", "tiny-llama-cpu", "--channel", "prod")
+    assert code == 0 and json.loads(out)["seq"] == 3, err
+    code, out, err = pull(cli, store_dir, dest)
+    assert code == 0 and json.loads(out)["artifact_id"] == a, err
+
+
+def test_unsigned_and_wrongly_signed_are_refused(keys, cli, tmp_path, monkeypatch):
+    env, store_dir = Env(monkeypatch, keys), tmp_path / "store"
+    unsigned = publish(env, cli, store_dir, make_tree(tmp_path / "u", {"rank0.engine": b"unsigned"}), role=None)
+    env.as_("promoter")
+    assert cli("--store", store_dir, "promote", unsigned, "--channel", "prod")[0] == 0
+    code, _, err = pull(cli, store_dir, tmp_path / "n1")
+    assert code == 4 and f"manifest {unsigned}: unsigned" in err
+    assert not (tmp_path / "n1" / "current").exists()
+
+    intruded = publish(env, cli, store_dir, make_tree(tmp_path / "i", {"rank0.engine": b"by intruder"}), role="intruder")
+    env.as_("promoter")
+    assert cli("--store", store_dir, "promote", intruded, "--channel", "prod")[0] == 0
+    code, _, err = pull(cli, store_dir, tmp_path / "n2")
+    assert code == 4 and "untrusted key" in err
+
+    good = publish(env, cli, store_dir, make_tree(tmp_path / "g", {"rank0.engine": b"good"}))
+    env.as_("intruder")  # a channel record signed by a key nodes do not trust
+    assert cli("--store", store_dir, "promote", good, "--channel", "prod")[0] == 0
+    code, _, err = pull(cli, store_dir, tmp_path / "n3")
+    assert code == 4 and "channel record prod" in err and "untrusted key" in err
+
+    env.as_("promoter")
+    assert cli("--store", store_dir, "promote", good, "--channel", "prod", "--force", "--reason", "re-sign")[0] == 0
+    store = open_store(str(store_dir))
+    m = ops.get_manifest(store, good)
+    ref = store.root / channel_key("tiny-llama-cpu", "prod", m.compat_key)
+    rec = json.loads(ref.read_bytes())
+    rec["artifact_id"] = intruded  # tamper with a signed record
+    ref.write_bytes(json.dumps(rec).encode())
+    code, _, err = pull(cli, store_dir, tmp_path / "n4")
+    assert code == 4 and "bad signature" in err
+    env.as_(None, trust=False)  # without trusted keys, checksums alone cannot tell
+    assert pull(cli, store_dir, tmp_path / "n5")[0] == 0
+
+
+def test_promote_refuses_an_attestation_signed_by_an_untrusted_key(keys, cli, tmp_path, monkeypatch):
+    env, store_dir = Env(monkeypatch, keys), tmp_path / "store"
+    env.as_("builder", trust=False)
+    code, out, _ = cli("--store", store_dir, "--json", "import", make_tree(tmp_path / "t", {"e": b"x"}), "--profile", TINY)
+    aid = json.loads(out)["artifact_id"]
+    store = open_store(str(store_dir))
+    env.as_("intruder", trust=False)
+    write_attestation(store, aid, ops.get_manifest(store, aid).compat_key, "pass", ops.utc_now(),
+                      signer=signer_of(settings()))
+    env.as_("promoter")
+    code, _, err = cli("--store", store_dir, "promote", aid, "--channel", "prod")
+    assert code == 5 and "attestation signature: signed by untrusted key" in err
+
+
+def test_gc_removes_an_unreferenced_artifacts_signatures(keys, cli, tmp_path, monkeypatch):
+    env, store_dir = Env(monkeypatch, keys), tmp_path / "store"
+    aid = publish(env, cli, store_dir, make_tree(tmp_path / "x", {"rank0.engine": b"unreferenced"}))
+    store = open_store(str(store_dir))
+    assert list(store.list(ops.manifest_signature_prefix(aid)))
+    code, out, _ = cli("--store", store_dir, "--json", "gc", "--keep", "0", "--grace", "0")
+    assert code == 0 and json.loads(out)["removed_artifacts"] == [aid]
+    assert list(store.list(ops.manifest_signature_prefix(aid))) == [] and ops.list_attestations(store, aid) == []
+
+
+def test_a_fresh_node_refuses_a_replayed_record_and_one_below_its_min_seq(keys, cli, tmp_path, monkeypatch):
+    """A node that never installed from the channel has no sequence of its own to compare with:
+    the channel's signed, create-only history is the witness, and --min-seq the provisioned floor."""
+    env, store_dir = Env(monkeypatch, keys), tmp_path / "store"
+    a = publish(env, cli, store_dir, make_tree(tmp_path / "a", {"rank0.engine": b"engine A"}))
+    b = publish(env, cli, store_dir, make_tree(tmp_path / "b", {"rank0.engine": b"engine B"}))
+    env.as_("promoter")
+    assert cli("--store", store_dir, "promote", a, "--channel", "prod")[0] == 0
+    assert cli("--store", store_dir, "promote", b, "--channel", "prod")[0] == 0
+    store = open_store(str(store_dir))
+    m = ops.get_manifest(store, a)
+    ref = store.root / channel_key("tiny-llama-cpu", "prod", m.compat_key)
+    ref.write_bytes(store.get_bytes(history_key("tiny-llama-cpu", "prod", m.compat_key, 1)))  # the replay
+    code, _, err = pull(cli, store_dir, tmp_path / "fresh")
+    assert code == 4 and "record #1 is stale: the channel's signed history says #2" in err, err
+    assert not (tmp_path / "fresh" / "current").exists()
+    ref.write_bytes(store.get_bytes(history_key("tiny-llama-cpu", "prod", m.compat_key, 2)))  # undo
+    code, out, err = pull(cli, store_dir, tmp_path / "fresh")
+    assert code == 0 and json.loads(out)["artifact_id"] == b, err
+    code, _, err = cli("--store", store_dir, "pull", "--profile", "tiny-llama-cpu", "--channel", "prod",
+                       "--dest", tmp_path / "new", "--skip-preflight", "--min-seq", "3")
+    assert code == 4 and "record #2 is stale: this node's --min-seq says #3" in err, err
+
+
+def test_a_fresh_node_refuses_an_expired_record_until_it_is_re_signed(keys, cli, tmp_path, monkeypatch):
+    """Signed records expire (TUF's timestamp role): a frozen channel (the attacker keeps serving
+    the last record) is refused once it expires; the resign step writes a fresh, higher record;
+    and a replay of the older record stays refused."""
+    import time
+
+    from buildctl.pipeline import signer_of as signer_for
+    from buildctl.rollouts import resign_due
+
+    env, store_dir = Env(monkeypatch, keys), tmp_path / "store"
+    a = publish(env, cli, store_dir, make_tree(tmp_path / "a", {"rank0.engine": b"engine A"}))
+    env.as_("promoter")
+    monkeypatch.setenv("BUILDCTL_RECORD_TTL_S", "1")
+    code, out, err = cli("--store", store_dir, "--json", "promote", a, "--channel", "prod")
+    assert code == 0, err
+    rec = json.loads(out)
+    assert rec["expires"] > rec["when"]
+    time.sleep(1.2)  # the channel is frozen: nobody re-signs it
+    code, _, err = pull(cli, store_dir, tmp_path / "fresh")
+    assert code == 4 and f"record #1 expired at {rec['expires']}" in err, err
+    assert not (tmp_path / "fresh" / "current").exists()
+
+    monkeypatch.setenv("BUILDCTL_RECORD_TTL_S", "3600")
+    st = settings(store=str(store_dir))
+    store = open_store(str(store_dir))
+    (new,) = resign_due(st, store, signer_for(st), margin_s=600)
+    assert new.seq == 2 and new.action == "resign" and new.artifact_id == a and new.previous is None  # content kept
+    assert resign_due(st, store, signer_for(st), margin_s=600) == []  # fresh for another hour: nothing due
+    code, out, err = pull(cli, store_dir, tmp_path / "fresh")
+    assert code == 0 and json.loads(out)["seq"] == 2, err
+
+    m = ops.get_manifest(store, a)
+    ref = store.root / channel_key("tiny-llama-cpu", "prod", m.compat_key)
+    ref.write_bytes(store.get_bytes(history_key("tiny-llama-cpu", "prod", m.compat_key, 1)))  # the replay
+    code, _, err = pull(cli, store_dir, tmp_path / "fresh2")
+    assert code == 4 and "record #1 expired" in err, err  # the replayed record is refused (and it is stale too)
+    assert not (tmp_path / "fresh2" / "current").exists()
+
+
+def test_key_files_are_checked_and_ids_are_16_hex(tmp_path, cli, monkeypatch):
+    """What the mutation run found unchecked: a nested output directory is created, a garbage or
+    non-Ed25519 key file is bad input (exit 2) naming the file, and a key id is 16 hex digits."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ec import SECP256R1, generate_private_key
+
+    code, out, err = cli("--json", "key", "generate", "--out", tmp_path / "a" / "b", "--role", "promoter")
+    assert code == 0, err
+    kid = json.loads(out)["key_id"]
+    assert len(kid) == 16 and int(kid, 16) >= 0
+    (tmp_path / "garbage.key").write_bytes(b"not a key")
+    monkeypatch.setenv("BUILDCTL_SIGNING_KEY", str(tmp_path / "garbage.key"))
+    code, _, err = cli("--store", tmp_path / "s", "import", make_tree(tmp_path / "t", {"e": b"x"}), "--profile", TINY)
+    assert code == 2 and "cannot load signing key" in err and "garbage.key" in err
+    ec = generate_private_key(SECP256R1()).private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                                           serialization.NoEncryption())
+    (tmp_path / "ec.key").write_bytes(ec)
+    monkeypatch.setenv("BUILDCTL_SIGNING_KEY", str(tmp_path / "ec.key"))
+    code, _, err = cli("--store", tmp_path / "s", "import", make_tree(tmp_path / "t2", {"e": b"y"}), "--profile", TINY)
+    assert code == 2 and "is not an Ed25519 private key" in err
+
+
+def test_trust_is_by_role_a_builder_cannot_vouch_for_its_own_engine(keys, cli, tmp_path, monkeypatch):
+    """#21's scenario: the builder key signs the manifest and also a passing attestation; with
+    role directories the attestation does not count and promote exits 5 naming the role. A
+    manifest signed by the validator or the promoter instead of a builder is refused by pull."""
+    env, store_dir = Env(monkeypatch, keys), tmp_path / "store"
+    aid = publish(env, cli, store_dir, make_tree(tmp_path / "a", {"rank0.engine": b"built"}))
+    store = open_store(str(store_dir))
+    m = ops.get_manifest(store, aid)
+    env.as_("builder", trust=False)  # the builder also writes a passing attestation, signed with its own key
+    write_attestation(store, aid, m.compat_key, "pass", "2099-01-01T00:00:00.000000Z", signer=signer_of(settings()))
+    env.as_("promoter")
+    code, _, err = cli("--store", store_dir, "promote", aid, "--channel", "prod")
+    assert code == 5 and "signed by the builder key" in err and "only with a validator signature" in err, err
+
+    for role in ("validator", "promoter"):  # a manifest signed by a key of another role
+        other = publish(env, cli, store_dir, make_tree(tmp_path / role, {"rank0.engine": role.encode()}), role=role)
+        env.as_("promoter")
+        assert cli("--store", store_dir, "promote", other, "--channel", "prod")[0] == 0
+        code, _, err = pull(cli, store_dir, tmp_path / f"node-{role}")
+        assert code == 4 and f"signed by the {role} key" in err and "only with a builder signature" in err, err
+
+
+def test_trusted_key_layout_is_checked(keys, cli, tmp_path, monkeypatch):
+    d, trusted = keys
+    flat = tmp_path / "flat"
+    flat.mkdir()
+    for name in ("builder", "promoter"):
+        (flat / f"{name}.pub").write_bytes((d / f"{name}.pub").read_bytes())
+    monkeypatch.setenv("BUILDCTL_TRUSTED_KEYS", str(flat))
+    code, _, err = cli("--store", tmp_path / "s", "pull", "--profile", "tiny-llama-cpu", "--channel", "prod",
+                       "--dest", tmp_path / "n", "--skip-preflight")
+    assert code == 2 and "builder.pub, promoter.pub at the top level" in err and f"{flat}/builder/" in err
+    assert "To migrate a flat layout: mkdir -p" in err
+    both = tmp_path / "both"
+    for role in ("builder", "promoter"):
+        (both / role).mkdir(parents=True)
+        (both / role / "k.pub").write_bytes((d / "builder.pub").read_bytes())
+    monkeypatch.setenv("BUILDCTL_TRUSTED_KEYS", str(both))
+    code, _, err = cli("--store", tmp_path / "s", "pull", "--profile", "tiny-llama-cpu", "--channel", "prod",
+                       "--dest", tmp_path / "n", "--skip-preflight")
+    assert code == 2 and "is in both builder/ and promoter/" in err
+    (tmp_path / "odd" / "signers").mkdir(parents=True)
+    monkeypatch.setenv("BUILDCTL_TRUSTED_KEYS", str(tmp_path / "odd"))
+    code, _, err = cli("--store", tmp_path / "s", "pull", "--profile", "tiny-llama-cpu", "--channel", "prod",
+                       "--dest", tmp_path / "n", "--skip-preflight")
+    assert code == 2 and "unknown role directories signers" in err
+
+
+def test_a_pass_whose_own_figures_fail_is_refused(tmp_path, cli, draft):
+    """promote recomputes the verdict from the attestation's recorded samples, per-prompt parity
+    and thresholds: a `pass` whose figures fail (or that carries no evidence) does not count."""
+    from ..support.helpers import attestation
+
+    store = open_store(str(tmp_path / "store"))
+    aid = ops.publish_tree(store, make_tree(tmp_path / "t", {"e": b"x"}), draft).artifact_id
+    good = attestation(aid, draft.compat_key, "pass")
+    slow = good.model_copy(update={"speed": good.speed.model_copy(update={"levels": (good.speed.levels[0].model_copy(
+        update={"ratios": (good.speed.levels[0].ratios[0].model_copy(update={"samples": (0.1,) * 6}),
+                           good.speed.levels[0].ratios[1])}),)})})
+    wrong = good.model_copy(update={"parity": good.parity.model_copy(update={"per_prompt": (
+        good.parity.per_prompt[0].model_copy(update={"status": "failed", "position": 3}),)})})
+    lax = good.model_copy(update={"speed": good.speed.model_copy(update={"levels": (good.speed.levels[0].model_copy(
+        update={"ratios": (good.speed.levels[0].ratios[0].model_copy(update={"threshold": 0.01}),
+                           good.speed.levels[0].ratios[1])}),)})})
+    bare = attestation(aid, draft.compat_key, "pass", schema_version=1)
+    for i, (att, why) in enumerate(((slow, "throughput 0.100 [0.100, 0.100]"), (wrong, "prompts [0] diverged"),
+                                    (lax, "gated at 0.2 but the record has threshold 0.01"),
+                                    (bare, "schema-1 attestation"))):
+        ops.write_attestation(store, att.model_copy(update={"created_at": f"2099-01-01T00:00:0{i}.000000Z"}))
+        code, _, err = cli("--store", store.uri, "promote", aid, "--channel", "prod")
+        assert code == 5 and "says pass but its recorded figures give fail" in err and why in err, (why, err)
+    ops.write_attestation(store, good.model_copy(update={"created_at": "2099-01-01T00:00:09.000000Z"}))
+    assert cli("--store", store.uri, "promote", aid, "--channel", "prod")[0] == 0
+
+
+def test_a_revoked_keys_later_signatures_are_refused(keys, cli, tmp_path, monkeypatch):
+    """The builder key leaks: a promoter revokes it. What it signed before the revocation still
+    counts; a manifest it signs afterwards is refused by pull (exit 4). A revocation signed by a
+    key that is not a promoter's revokes nothing."""
+    import time
+
+    env, store_dir = Env(monkeypatch, keys), tmp_path / "store"
+    before = publish(env, cli, store_dir, make_tree(tmp_path / "a", {"rank0.engine": b"before the leak"}))
+    from buildctl.artifact_store.signing import load_signing_key
+
+    builder_id = load_signing_key(keys[0] / "builder.key").key_id
+    env.as_("validator")  # not a promoter: its revocation must not count
+    code, _, err = cli("--store", store_dir, "key", "revoke", builder_id, "--reason", "a validator tries")
+    assert code == 0, err
+    env.as_("promoter")
+    assert cli("--store", store_dir, "promote", before, "--channel", "prod")[0] == 0
+    assert pull(cli, store_dir, tmp_path / "n0")[0] == 0  # the validator's "revocation" revoked nothing
+    time.sleep(0.01)
+    code, out, err = cli("--store", store_dir, "--json", "key", "revoke", builder_id, "--reason", "leaked in a CI log")
+    assert code == 0 and json.loads(out)["key_id"] == builder_id, err
+    time.sleep(0.01)
+    after = publish(env, cli, store_dir, make_tree(tmp_path / "b", {"rank0.engine": b"after the leak"}))
+    env.as_("promoter")
+    assert cli("--store", store_dir, "promote", after, "--channel", "prod")[0] == 0
+    code, _, err = pull(cli, store_dir, tmp_path / "n1")
+    assert code == 4 and f"signed by key {builder_id}, revoked from" in err and "leaked in a CI log" in err, err
+    code, _, err = cli("--store", store_dir, "rollback", "--profile", "tiny-llama-cpu", "--channel", "prod")
+    assert code == 0, err
+    code, out, err = pull(cli, store_dir, tmp_path / "n2")
+    assert code == 0 and json.loads(out)["artifact_id"] == before, err  # signed before the revocation: still good
+    code, _, err = cli("--store", store_dir, "key", "revoke", "nothex", "--reason", "x")
+    assert code == 2
+
+
+def test_a_two_of_n_prod_promotion_is_pending_with_one_signature_and_completes_with_two(keys, cli, tmp_path,
+                                                                                       monkeypatch):
+    d, trusted = keys
+    code, _, err = cli("key", "generate", "--out", d, "--role", "promoter", "--name", "promoter2")
+    assert code == 0, err
+    (trusted / "promoter" / "promoter2.pub").write_bytes((d / "promoter2.pub").read_bytes())
+    (trusted / "thresholds.json").write_text(json.dumps({"channels": {"prod": 2}}))
+    env, store_dir = Env(monkeypatch, keys), tmp_path / "store"
+    a = publish(env, cli, store_dir, make_tree(tmp_path / "a", {"rank0.engine": b"engine A"}))
+    b = publish(env, cli, store_dir, make_tree(tmp_path / "b", {"rank0.engine": b"engine B"}))
+    env.as_("promoter")
+    code, out, err = cli("--store", store_dir, "--json", "promote", a, "--channel", "prod")
+    got = json.loads(out)
+    assert code == 0 and got["pending"] and (got["signatures"], got["required"]) == (1, 2), err
+    assert pull(cli, store_dir, tmp_path / "n0")[0] == 3  # nothing on the channel yet
+    code, out, err = cli("--store", store_dir, "--json", "promote", a, "--channel", "prod")  # the same key again
+    assert code == 0 and json.loads(out)["signatures"] == 1, err
+    monkeypatch.setenv("BUILDCTL_SIGNING_KEY", str(d / "promoter2.key"))
+    code, out, err = cli("--store", store_dir, "--json", "promote", a, "--channel", "prod")
+    assert code == 0 and "pending" not in json.loads(out) and len(json.loads(out)["cosignatures"]) == 1, err
+    code, out, err = pull(cli, store_dir, tmp_path / "n1")
+    assert code == 0 and json.loads(out)["artifact_id"] == a, err
+
+    # one promoter key alone writes a record straight into the ref: nodes refuse it
+    store = open_store(str(store_dir))
+    m = ops.get_manifest(store, b)
+    env.as_("promoter")
+    forged = ops.set_channel(store, b, m, "prod", signer=signer_of(settings()), who="one promoter")
+    assert forged.cosignatures is None
+    code, _, err = pull(cli, store_dir, tmp_path / "n2")
+    assert code == 4 and "1 of the 2 promoter signatures the channel requires" in err, err
+    # a rollback by one promoter to what the quorum approved before is accepted
+    code, _, err = cli("--store", store_dir, "rollback", "--profile", "tiny-llama-cpu", "--channel", "prod", "--to", a)
+    assert code == 0, err
+    code, out, err = pull(cli, store_dir, tmp_path / "n3")
+    assert code == 0 and json.loads(out)["artifact_id"] == a, err
+    (trusted / "thresholds.json").write_text(json.dumps({"channels": {"prod": 3}}))
+    code, _, err = pull(cli, store_dir, tmp_path / "n4")
+    assert code == 2 and "prod needs 3 promoter signatures but only 2 promoter key(s)" in err

@@ -1,0 +1,149 @@
+"""Reading artifacts with verification (buildctl.artifact_store.verify): id resolution, listing, and
+``verify`` shallow and deep, streamed and ranged. Local store only: fast, and `make mutants`
+runs it for this module."""
+
+from __future__ import annotations
+
+import pytest
+
+import buildctl.artifact_store as ops
+from buildctl.digest import digest_bytes
+from buildctl.artifact_store.backend import open_store
+from buildctl.artifact_store.errors import ArtifactNotFoundError, VerificationError
+from buildctl.artifact_store.layout import blob_key, manifest_key
+from buildctl.artifact_store.verify import BUILD_LOG_PATH, get_manifest, list_artifacts, resolve_artifact, verify
+
+from ..support.helpers import RangedStore as Ranged, make_tree, rot
+
+MiB = 1024 * 1024
+
+
+@pytest.fixture
+def local(tmp_path):
+    return open_store(f"file://{tmp_path / 'store'}")
+
+
+def publish(store, tmp_path, draft, name: str, files=None, **kw) -> str:
+    root = make_tree(tmp_path / name, files or {"config.json": name.encode(), "rank0.engine": 4096}, seed=len(name))
+    return ops.publish_tree(store, root, draft, **kw).artifact_id
+
+
+def test_resolve_full_ids_hex_and_unique_prefixes(local, tmp_path, draft):
+    aid = publish(local, tmp_path, draft, "a")
+    h = aid.removeprefix("xxh3-128:")
+    assert resolve_artifact(local, aid) == aid
+    assert resolve_artifact(local, h.upper()) == aid
+    assert resolve_artifact(local, h[:8]) == aid  # the shortest prefix allowed
+    assert resolve_artifact(local, "xxh3-128:" + h[:12]) == aid
+    for bad in (h[:7], h + "0", h[:8] + "g", "", "z" * 32):
+        with pytest.raises(ArtifactNotFoundError, match="at least 8 characters"):
+            resolve_artifact(local, bad)
+    other = "0" * 32 if not h.startswith("0") else "f" * 32
+    with pytest.raises(ArtifactNotFoundError) as exc:
+        resolve_artifact(local, other)
+    assert exc.value.artifact == "xxh3-128:" + other
+    with pytest.raises(ArtifactNotFoundError) as exc:
+        resolve_artifact(local, other[:9])
+    assert exc.value.artifact == other[:9]
+
+
+def test_an_ambiguous_prefix_is_refused_with_the_count(local):
+    for tail in ("0" * 24, "1" * 24):
+        local.put_bytes(f"manifests/deadbeef{tail}.json", b"{}")
+    with pytest.raises(ArtifactNotFoundError, match=r"ambiguous \(2 artifacts\)"):
+        resolve_artifact(local, "deadbeef")
+    assert resolve_artifact(local, "deadbeef0") == "xxh3-128:deadbeef" + "0" * 24
+
+
+def test_get_manifest_of_a_missing_artifact(local):
+    with pytest.raises(ArtifactNotFoundError):
+        get_manifest(local, "xxh3-128:" + "0" * 32)
+
+
+def test_list_is_newest_first_by_profile_and_skips_bad_manifests(local, tmp_path, draft):
+    ids = [publish(local, tmp_path, draft, n) for n in ("first", "second", "third")]
+    # Manifests that cannot be read are skipped, not fatal, wherever they sort.
+    garbage = b'{"not": "a manifest"}'
+    local.put_bytes(manifest_key(digest_bytes(garbage)), garbage)  # hashes to its id, does not parse
+    local.put_bytes("manifests/" + "0" * 32 + ".json", b"bytes that hash to something else")
+    listed = [a for a, _ in list_artifacts(local)]
+    assert listed == ids[::-1]
+    assert [a for a, _ in list_artifacts(local, "tiny-llama-cpu")] == ids[::-1]
+    assert list_artifacts(local, "no-such-profile") == []
+
+
+def test_list_skips_a_manifest_deleted_while_listing(local, tmp_path, draft):
+    aid = publish(local, tmp_path, draft, "a")
+
+    class Vanishing:
+        def __getattr__(self, name):
+            return getattr(local, name)
+
+        def list(self, prefix):
+            return ["manifests/" + "0" * 32 + ".json", *local.list(prefix)]
+
+    assert [a for a, _ in list_artifacts(Vanishing())] == [aid]
+
+
+def test_shallow_verify_checks_sizes_deep_checks_bytes(local, tmp_path, draft):
+    aid = publish(local, tmp_path, draft, "a")
+    m = verify(local, aid)
+    assert m is not None and verify(local, aid, deep=True, workers=0) == m
+    entry = next(f for f in m.files if f.path == "rank0.engine")
+    rot(local, entry.digest, "flip")  # same size, other bytes
+    verify(local, aid)  # sizes only: the default
+    with pytest.raises(VerificationError) as exc:
+        verify(local, aid, deep=True)
+    assert [(p.path, p.kind) for p in exc.value.problems] == [("rank0.engine", "digest")]
+
+
+def test_shallow_verify_catches_a_truncated_or_missing_blob(local, tmp_path, draft):
+    aid = publish(local, tmp_path, draft, "a")
+    entry = next(f for f in get_manifest(local, aid).files if f.path == "rank0.engine")
+    rot(local, entry.digest, "truncate")
+    with pytest.raises(VerificationError) as exc:
+        verify(local, aid)
+    (p,) = exc.value.problems
+    assert (p.path, p.kind, p.expected, p.actual) == ("rank0.engine", "size", entry.size, entry.size // 2)
+    local.delete(blob_key(entry.digest))
+    with pytest.raises(VerificationError) as exc:
+        verify(local, aid)
+    assert [(p.path, p.kind) for p in exc.value.problems] == [("rank0.engine", "missing")]
+
+
+def test_deep_verify_reports_progress(local, tmp_path, draft):
+    aid = publish(local, tmp_path, draft, "a")
+    seen: list[int] = []
+    verify(local, aid, deep=True, on_bytes=seen.append)
+    assert sum(seen) == sum(f.size for f in get_manifest(local, aid).files)
+
+
+def test_ranged_deep_verify_catches_a_flipped_range_and_a_short_object(local, tmp_path, draft):
+    aid = publish(local, tmp_path, draft, "big", {"config.json": b"{}", "rank0.engine": 3 * MiB + 7})
+    verify(Ranged(local), aid, deep=True)
+    entry = next(f for f in get_manifest(local, aid).files if f.path == "rank0.engine")
+    with pytest.raises(VerificationError) as exc:
+        verify(Ranged(local, short_from=2 * MiB), aid, deep=True)
+    (p,) = exc.value.problems
+    assert (p.path, p.kind, p.expected, p.actual) == ("rank0.engine", "size", entry.size, 2 * MiB + MiB // 4)
+    rot(local, entry.digest, "flip")
+    with pytest.raises(VerificationError) as exc:
+        verify(Ranged(local), aid, deep=True)
+    assert [(p.path, p.kind) for p in exc.value.problems] == [("rank0.engine", "digest")]
+
+
+def test_the_build_log_is_checked_for_presence_and_bytes_not_size(local, tmp_path, draft):
+    log = tmp_path / "build.log"
+    log.write_bytes(b"compiling\n" * 100)
+    aid = publish(local, tmp_path, draft, "a", build_log=log)
+    m = verify(local, aid, deep=True)
+    key = blob_key(m.build_log)
+    rot(local, m.build_log, "flip")
+    verify(local, aid)  # a log's size is not in the manifest
+    with pytest.raises(VerificationError) as exc:
+        verify(local, aid, deep=True)
+    assert [(p.path, p.kind) for p in exc.value.problems] == [(BUILD_LOG_PATH, "digest")]
+    local.delete(key)
+    with pytest.raises(VerificationError) as exc:
+        verify(local, aid)
+    assert [(p.path, p.kind) for p in exc.value.problems] == [(BUILD_LOG_PATH, "missing")]

@@ -1,0 +1,111 @@
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from buildctl.cli.main import EXIT_CODES, exit_code_for
+from buildctl import errors
+
+from ..support.helpers import PROFILES, REPO
+
+GOOD = PROFILES / "tiny-llama-cpu.yaml"
+
+
+def test_fingerprint_json(cli):
+    code, out, err = cli("fingerprint", "--json")
+    assert code == 0, err
+    data = json.loads(out)
+    assert "gpus" in data and data["cpu"]["machine"]
+
+
+def test_global_json_flag(cli):
+    code, out, _ = cli("--json", "fingerprint")
+    assert code == 0 and json.loads(out)["schema_version"] == 1
+
+
+def test_fingerprint_table(cli):
+    code, out, _ = cli("fingerprint")
+    assert code == 0 and "compat key (aoti)" in out
+
+
+def test_profile_check_all_shipped(cli):
+    code, out, err = cli("profile", "check", *sorted(PROFILES.glob("*.yaml")))
+    assert code == 0, err
+    assert out.count("ok ") == 3
+
+
+def test_profile_show_json(cli):
+    code, out, _ = cli("profile", "show", GOOD, "--json")
+    data = json.loads(out)
+    assert code == 0 and data["build_hash"].startswith("xxh3-128:")
+    assert data["profile"]["engine"]["aoti"]["cpu_isa"] == "avx2"
+
+
+CASES = {
+    "unknown-key": ("engine:\n  backend: aoti\n  max_sequence_len: 3\n", "engine.max_sequence_len"),
+    "wrong-type": ("engine:\n  backend: aoti\n  max_batch_size: eight\n", "engine.max_batch_size"),
+    "input-gt-seq": ("engine:\n  backend: aoti\n  max_input_len: 9000\n", "engine.max_input_len"),
+    "fp8-on-aoti": ("engine:\n  backend: aoti\n  quantization: fp8\n", "engine.quantization"),
+    "yaml-syntax": ("engine: [backend: aoti\n", "YAML syntax error at line"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_malformed_profiles_exit_2(cli, tmp_path, case):
+    body, expect = CASES[case]
+    f = tmp_path / f"{case}.yaml"
+    f.write_text("name: bad\nmodel:\n  tiny: {}\n" + body if case != "yaml-syntax" else body)
+    code, out, err = cli("profile", "check", f)
+    assert code == 2
+    assert str(f) in err and expect in err
+    assert "Traceback" not in err
+
+
+def test_several_bad_files_all_reported(cli, tmp_path):
+    a, b = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    a.write_text("name: a\n")
+    b.write_text("{{")
+    code, _, err = cli("profile", "check", a, GOOD, b)
+    assert code == 2 and str(a) in err and str(b) in err
+
+
+def test_missing_profile_exit_3(cli, tmp_path):
+    code, _, err = cli("profile", "show", tmp_path / "nope.yaml")
+    assert code == 3 and "not found" in err
+
+
+def test_usage_error_exit_2(cli):
+    code, _, _ = cli("profile", "check")
+    assert code == 2
+    code, _, _ = cli("no-such-command")
+    assert code == 2
+
+
+def test_exit_code_table_covers_every_category():
+    assert exit_code_for(errors.BadInputError("x")) == 2
+    assert exit_code_for(errors.NotFoundError("x")) == 3
+    assert exit_code_for(errors.IntegrityError("x")) == 4
+    assert exit_code_for(errors.GateRefusedError("x")) == 5
+    assert exit_code_for(errors.ConflictError("x")) == 6
+    assert exit_code_for(errors.BuildFailedError("x")) == 7
+    assert exit_code_for(errors.PreflightRefusedError("x")) == 8
+    assert exit_code_for(errors.UnavailableError("x")) == 9
+    assert exit_code_for(RuntimeError("x")) == 1
+    assert exit_code_for(KeyboardInterrupt()) == 130
+    assert {code for _, code, _ in EXIT_CODES} == {1, 2, 3, 4, 5, 6, 7, 8, 9, 130}
+
+
+def test_console_script_end_to_end(tmp_path):
+    """The installed entry point: a real process, a real exit code, no traceback."""
+    exe = os.path.join(os.path.dirname(sys.executable), "buildctl")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: bad\nmodel: {tiny: {}}\nengine: {backend: aoti, tp_size: 2}\n")
+    r = subprocess.run([exe, "profile", "check", str(bad)], capture_output=True, text=True, cwd=REPO)
+    assert r.returncode == 2
+    assert "engine.tp_size" in r.stderr and "aoti-single-rank" in r.stderr and "Traceback" not in r.stderr
+    r = subprocess.run([exe, "--json", "fingerprint"], capture_output=True, text=True, cwd=REPO)
+    assert r.returncode == 0 and json.loads(r.stdout)["platform"]

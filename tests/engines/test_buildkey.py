@@ -1,0 +1,41 @@
+"""Build keys change with each input that changes the engine, one at a time, and with nothing else."""
+
+from __future__ import annotations
+
+import pytest
+
+from buildctl.engines.buildkey import build_key, build_key_for
+from buildctl.engines.profile import load_profile
+
+from ..support.helpers import PROFILES
+from ..support.trtllm_kit import h100x8
+
+
+BASE = {"profile_hash": "xxh3-128:" + "1" * 32, "model_digest": "xxh3-128:" + "2" * 32, "compat_key": "aoti-x",
+        "version": "2.9.0"}
+
+
+@pytest.mark.guard
+def test_build_key_changes_with_each_input_and_nothing_else():
+    base = build_key(**BASE)
+    assert build_key(**BASE) == base
+    for field, other in (("profile_hash", "xxh3-128:" + "3" * 32), ("model_digest", "xxh3-128:" + "4" * 32),
+                         ("compat_key", "aoti-y"), ("version", "2.9.1"), ("version", None)):
+        assert build_key(**{**BASE, field: other}) != base, field
+
+
+@pytest.mark.guard
+def test_build_key_for_follows_profile_model_compat_and_tool_version():
+    prof = load_profile(PROFILES / "llama-3-8b-instruct-fp8-tp1.yaml")
+    fp = h100x8()
+    base = build_key_for(prof, BASE["model_digest"], fp)
+    assert build_key_for(prof, BASE["model_digest"], fp) == base
+    other_prof = prof.model_copy(update={"engine": prof.engine.model_copy(update={"max_batch_size": 3})})
+    assert build_key_for(other_prof, BASE["model_digest"], fp) != base
+    assert build_key_for(prof, "xxh3-128:" + "9" * 32, fp) != base
+    for field, value in (("driver_version", "999.1"), ("tensorrt_llm_version", "1.2.2"), ("cuda_version", "14.0")):
+        assert build_key_for(prof, BASE["model_digest"], fp.model_copy(update={field: value})) != base, field
+    for field, value in (("torch_version", "0.0.1"), ("glibc_version", "9.99"), ("compiler_version", "gcc 99.0.0")):
+        assert build_key_for(prof, BASE["model_digest"], fp.model_copy(update={field: value})) == base, field
+
+

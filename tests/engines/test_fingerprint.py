@@ -1,0 +1,151 @@
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from buildctl.engines.errors import FingerprintError
+from buildctl.engines.fingerprint import CpuInfo, Fingerprint, GpuInfo, detect, host_fingerprint, isa_level, load_fingerprint
+
+from ..support.helpers import settings
+from ..support.trtllm_kit import h100x8
+
+
+def h100_host(**over) -> Fingerprint:
+    """An 8xH100 node with TensorRT-LLM 1.2.1's stack (tests/support/fixtures/trtllm/1.2.1/stack.json)."""
+    base = dict(
+        gpus=(GpuInfo(name="NVIDIA H100 80GB HBM3", sm="9.0", memory_mib=81559),) * 8,
+        driver_version="580.95.05", cuda_version="13.1", tensorrt_version="10.13.3",
+        tensorrt_llm_version="1.2.1", torch_version="2.9.0",
+        cpu=CpuInfo(machine="x86_64", isa_level="x86-64-v4", flags=("avx2", "avx512f")),
+        platform="linux-x86_64", glibc_version="2.35", compiler_version="gcc 11.4.0",
+    )
+    base.update(over)
+    return Fingerprint(**base)
+
+
+def test_detect_without_gpu():
+    fp = detect()
+    assert fp.gpus == () or all(g.sm for g in fp.gpus)
+    assert fp.platform.startswith("linux-")
+    assert fp.compat_key("aoti").startswith("aoti-")
+    assert fp.compat_key("trtllm").startswith("trtllm-")
+    # deterministic
+    assert detect().digest() == fp.digest()
+
+
+def test_roundtrip_through_json(tmp_path):
+    fp = h100_host()
+    f = tmp_path / "fp.json"
+    f.write_text(json.dumps(fp.model_dump(mode="json")))
+    assert load_fingerprint(f) == fp
+    assert load_fingerprint(f).digest() == fp.digest()
+    assert fp.gpu_count == 8
+
+
+@pytest.mark.parametrize("change", [
+    {"gpus": (GpuInfo(name="NVIDIA L40S", sm="8.9", memory_mib=46068),)},
+    {"tensorrt_version": "10.14.1"},
+    {"tensorrt_llm_version": "1.2.0"},
+    {"cuda_version": "12.9"},
+    {"driver_version": "590.44.01"},
+    {"platform": "linux-aarch64"},
+])
+def test_trtllm_key_changes_on_invalidating_fields(change):
+    assert h100_host(**change).compat_key("trtllm") != h100_host().compat_key("trtllm")
+
+
+@pytest.mark.parametrize("change", [
+    {"driver_version": "580.105.08"},  # same branch
+    {"cuda_version": "13.0"},  # same major
+    {"torch_version": "2.9.1"},
+    {"compiler_version": "gcc 13.1.0"},
+    {"glibc_version": "2.39"},
+])
+def test_trtllm_key_ignores_other_fields(change):
+    assert h100_host(**change).compat_key("trtllm") == h100_host().compat_key("trtllm")
+
+
+@pytest.mark.parametrize("change", [
+    {"torch_version": "2.10.0"},
+    {"compiler_version": "gcc 13.1.0"},
+    {"platform": "linux-aarch64"},
+    {"cpu": CpuInfo(machine="x86_64", isa_level="x86-64-v3", flags=("avx2",))},
+])
+def test_aoti_key_changes_on_invalidating_fields(change):
+    assert h100_host(**change).compat_key("aoti") != h100_host().compat_key("aoti")
+
+
+@pytest.mark.parametrize("change", [
+    {"driver_version": "590.44.01"}, {"tensorrt_version": "10.14.1"},
+    {"compiler_version": "gcc 11.5.0"}, {"gpus": ()},
+])
+def test_aoti_key_ignores_other_fields(change):
+    assert h100_host(**change).compat_key("aoti") == h100_host().compat_key("aoti")
+
+
+def test_compat_differences_names_fields():
+    diff = h100_host().compat_differences(h100_host(tensorrt_version="10.14.1"), "trtllm")
+    assert diff == {"tensorrt": ("10.13.3", "10.14.1")}
+
+
+@pytest.mark.parametrize("flags,level", [
+    ({"sse4_2", "popcnt"}, "x86-64-v2"),
+    ({"sse4_2", "popcnt", "avx", "avx2", "fma", "f16c", "bmi1", "bmi2", "movbe"}, "x86-64-v3"),
+    ({"sse4_2", "popcnt", "avx", "avx2", "fma", "f16c", "bmi1", "bmi2", "movbe",
+      "avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"}, "x86-64-v4"),
+    (set(), "x86-64-v1"),
+])
+def test_isa_level(flags, level):
+    assert isa_level("x86_64", flags) == level
+    assert isa_level("aarch64", flags) == "aarch64"
+
+
+def test_bad_fingerprint_file(tmp_path):
+    f = tmp_path / "fp.json"
+    f.write_text('{"gpus": 3}')
+    with pytest.raises(FingerprintError) as exc:
+        load_fingerprint(f)
+    assert exc.value.source == str(f)
+    with pytest.raises(FingerprintError):
+        load_fingerprint(tmp_path / "missing.json")
+
+
+def test_env_override(tmp_path, monkeypatch):
+    f = tmp_path / "fp.json"
+    f.write_text(json.dumps(h100_host().model_dump(mode="json")))
+    monkeypatch.setenv("BUILDCTL_FINGERPRINT_FILE", str(f))
+    assert host_fingerprint(settings()) == h100_host()
+
+
+# --- compat keys: one field at a time (guard: kills a mutant the suite once let through, #20) ---
+
+
+# (field, new value, changes the trtllm key, changes the aoti key)
+ONE_AT_A_TIME = (
+    ("driver_version", "{major5}.10", True, False),  # a new driver branch
+    ("driver_version", "{major}.99", False, False),  # a patch within the branch
+    ("cuda_version", "99.0", True, False),
+    ("tensorrt_version", "99.1.0", True, False),
+    ("tensorrt_llm_version", "9.9.9", True, False),
+    ("torch_version", "0.0.1", False, True),
+    ("compiler_version", "gcc 99.1.0", False, True),
+    ("compiler_version", "{compiler_major}.99.99", False, False),  # same major
+    ("platform", "linux-riscv64", True, True),
+    ("glibc_version", "9.99", False, False),
+)
+
+
+@pytest.mark.guard
+def test_compat_keys_change_with_each_compat_field_and_only_those():
+    fp = h100x8().model_copy(update={"torch_version": "2.9.0", "compiler_version": "gcc 12.2.0"})
+    major = fp.driver_version.split(".")[0]
+    subs = {"major5": str(int(major) + 5), "major": major, "compiler_major": fp.compiler_version.split(".")[0]}
+    for field, value, trt, aoti in ONE_AT_A_TIME:
+        changed = fp.model_copy(update={field: value.format(**subs)})
+        assert (changed.compat_key("trtllm") != fp.compat_key("trtllm")) is trt, (field, value)
+        assert (changed.compat_key("aoti") != fp.compat_key("aoti")) is aoti, (field, value)
+    cpu = fp.model_copy(update={"cpu": fp.cpu.model_copy(update={"isa_level": "x86-64-v2"})})
+    assert cpu.compat_key("aoti") != fp.compat_key("aoti") and cpu.compat_key("trtllm") == fp.compat_key("trtllm")
+    gpus = fp.model_copy(update={"gpus": tuple(g.model_copy(update={"sm": "8.9"}) for g in fp.gpus)})
+    assert gpus.compat_key("trtllm") != fp.compat_key("trtllm") and gpus.compat_key("aoti") == fp.compat_key("aoti")

@@ -1,0 +1,436 @@
+"""From a driver upgrade to a completed rebuild, through a real Prefect server on 127.0.0.1.
+
+``prefect server start`` on loopback; ``python -m buildctl.flows.serve`` serving the deployments with the
+trigger from prefect.yaml; ``buildctl node report`` after the node's fingerprint file changes;
+the build-validate-publish run the trigger leads to must reach Completed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+from buildctl.engines.fingerprint import detect
+
+from ..support.helpers import REPO, rot
+from ..support.s3server import free_ports
+
+pytestmark = pytest.mark.slow
+
+
+def wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 90) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"prefect server exited with {proc.returncode}")
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.5)
+    raise RuntimeError("prefect server did not become healthy")
+
+
+def stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+
+
+def api(url: str, path: str, body: dict) -> list:
+    req = urllib.request.Request(url + path, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        return json.loads(r.read())
+
+
+def test_driver_upgrade_to_completed_rebuild(tmp_path, quick_profiles):
+    (port,) = free_ports(1)
+    url = f"http://127.0.0.1:{port}/api"
+    home = tmp_path / "prefect-home"
+    fp_file = tmp_path / "node-fingerprint.json"
+    fp_file.write_text(json.dumps(detect().model_dump(mode="json")))
+    env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+           "PREFECT_API_URL": url, "PREFECT_RUNNER_POLL_FREQUENCY": "1", "BUILDCTL_FINGERPRINT_FILE": str(fp_file),
+           "BUILDCTL_STORE": "file://" + str(tmp_path / "store"), "BUILDCTL_BUILD_LIMIT": "e2e-builds",
+           "BUILDCTL_PROFILE_DIR": str(quick_profiles),  # the orchestration is tested here, not the speed gate
+           "PYTHONUNBUFFERED": "1"}
+    server_log = open(tmp_path / "server.log", "wb")
+    server = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port",
+                               str(port)], env=env, cwd=REPO, stdout=server_log, stderr=subprocess.STDOUT,
+                              start_new_session=True)
+    served = None
+    try:
+        wait_healthy(url, server)
+        serve_log = open(tmp_path / "serve.log", "wb")
+        served = subprocess.Popen([sys.executable, "-m", "buildctl.flows.serve"], env=env, cwd=REPO, stdout=serve_log,
+                                  stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            deps = api(url, "/deployments/filter", {})
+            if {d["name"] for d in deps} >= {"on-driver-upgrade", "build-validate-publish"}:
+                break
+            time.sleep(1)
+        else:
+            raise AssertionError("deployments were not served: " + (tmp_path / "serve.log").read_text()[-2000:])
+        time.sleep(3)  # the trigger's automation is loaded by the server
+
+        report = [sys.executable, "-m", "buildctl", "--json", "node", "report", "--node-id", "gpu-node-1",
+                  "--profiles", "tiny-llama-cpu"]
+        first = json.loads(subprocess.run(report, env=env, cwd=REPO, capture_output=True, text=True, check=True).stdout)
+        assert first["first_report"] and not first["event_emitted"]
+        upgraded = detect().model_copy(update={"compiler_version": "gcc 99.1.0"})  # a new toolchain on the node
+        fp_file.write_text(json.dumps(upgraded.model_dump(mode="json")))
+        second = json.loads(subprocess.run(report, env=env, cwd=REPO, capture_output=True, text=True, check=True).stdout)
+        assert second["compat_changed"] and second["event_emitted"]
+
+        deadline = time.monotonic() + 420
+        states: dict[str, str] = {}
+        while time.monotonic() < deadline:
+            runs = api(url, "/flow_runs/filter", {})
+            states = {f"{r['name']}:{r.get('deployment_id')}": r["state_type"] for r in runs}
+            bvp = [r for r in runs if r["parameters"].get("target_compat_key") == upgraded.compat_key("aoti")]
+            final = ("COMPLETED", "FAILED", "CRASHED", "CANCELLED")
+            trigger_runs = [r for r in runs if r["parameters"].get("node_id") == "gpu-node-1"]
+            # The parent waits for its child, so it finishes a moment after it: wait for both.
+            if bvp and bvp[0]["state_type"] in final and trigger_runs and trigger_runs[0]["state_type"] in final:
+                break
+            if any(r["state_type"] in final[1:] for r in trigger_runs):
+                break  # the triggered run failed: no rebuild will come
+            time.sleep(2)
+        assert bvp, f"no rebuild run was started: {states}\n" + (tmp_path / "serve.log").read_text()[-3000:]
+        assert bvp[0]["state_type"] == "COMPLETED", (tmp_path / "serve.log").read_text()[-4000:]
+        assert trigger_runs and trigger_runs[0]["state_type"] == "COMPLETED"
+        assert bvp[0]["name"] == f"tiny-llama-cpu@{upgraded.compat_key('aoti')[:13]}…"
+        assert trigger_runs[0]["name"] == "driver-upgrade gpu-node-1"
+        the_event_feed_links_the_upgrade_to_its_run_and_artifact(url, bvp[0]["id"])
+        a_failing_child_fails_its_parents(url, env, tmp_path)
+        heal_through_the_automation(url, env, tmp_path, upgraded.compat_key("aoti"))
+        rollout_halted_through_the_automation(url, env, tmp_path, upgraded.compat_key("aoti"))
+    finally:
+        if served is not None:
+            stop(served)
+        stop(server)
+
+
+def the_event_feed_links_the_upgrade_to_its_run_and_artifact(url: str, bvp_run_id: str) -> None:
+    """The build run emitted buildctl.artifact.validated; Prefect relates it to the run, and the
+    run's trigger relates it to the node whose report started it."""
+    deadline = time.monotonic() + 60  # the server persists events in batches
+    events: dict = {"events": []}
+    while time.monotonic() < deadline and not events["events"]:
+        events = api(url, "/events/filter", {"filter": {"event": {"prefix": ["buildctl.artifact.validated"]}}, "limit": 10})
+        time.sleep(1)
+    (ev,) = events["events"]
+    related = {r["prefect.resource.id"] for r in ev["related"]}
+    assert f"prefect.flow-run.{bvp_run_id}" in related and "buildctl.node.gpu-node-1" in related
+    assert "buildctl.profile.tiny-llama-cpu" in related and ev["resource"]["prefect.resource.id"].startswith("buildctl.artifact.")
+    upgrade = api(url, "/events/filter", {"filter": {"event": {"prefix": ["buildctl.node.driver-upgraded"]}}, "limit": 10})
+    assert any(r["prefect.resource.id"] == "buildctl.profile.tiny-llama-cpu" for r in upgrade["events"][0]["related"])
+
+
+def a_failing_child_fails_its_parents(url: str, env: dict, tmp_path) -> None:
+    """Node 2 upgrades to a toolchain no worker here has: its build fails (the serving host's compat
+    key differs), and so do the reconcile and on-driver-upgrade runs above it, each with a summary
+    that names the cause."""
+    from buildctl.flows.common import artifact_key
+
+    fp2 = tmp_path / "node2.json"
+    node2 = {**env, "BUILDCTL_FINGERPRINT_FILE": str(fp2)}
+    report = [sys.executable, "-m", "buildctl", "node", "report", "--node-id", "gpu-node-2", "--profiles", "tiny-llama-cpu"]
+    fp2.write_text(json.dumps(detect().model_copy(update={"compiler_version": "gcc 97.0.0"}).model_dump(mode="json")))
+    subprocess.run(report, env=node2, cwd=REPO, capture_output=True, text=True, check=True)
+    new = detect().model_copy(update={"compiler_version": "gcc 98.0.0"})
+    fp2.write_text(json.dumps(new.model_dump(mode="json")))
+    r = subprocess.run(report, env=node2, cwd=REPO, capture_output=True, text=True, check=True)
+    old_key = detect().model_copy(update={"compiler_version": "gcc 97.0.0"}).compat_key("aoti")
+    assert f"aoti: {old_key} -> {new.compat_key('aoti')}" in r.stdout
+    assert "compiler_major: gcc 97 -> gcc 98" in r.stdout  # the compat field that differs
+    assert "Still processing" not in r.stdout + r.stderr
+    final = ("COMPLETED", "FAILED", "CRASHED", "CANCELLED")
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        listed = api(url, "/flow_runs/filter", {})
+        runs = {x["name"]: x for x in listed}
+        upgrade = runs.get("driver-upgrade gpu-node-2")
+        if upgrade and upgrade["state_type"] in final:
+            break
+        time.sleep(2)
+    key = new.compat_key("aoti")
+    bvp = runs[f"tiny-llama-cpu@{key[:13]}…"]
+    assert bvp["state_type"] == "FAILED"
+    assert sorted(x["state_type"] for x in listed if x["name"] == "reconcile tiny-llama-cpu") == ["COMPLETED", "FAILED"]
+    assert upgrade["state_type"] == "FAILED", upgrade["state"]
+    summary = api(url, "/artifacts/filter", {"artifacts": {"key": {"any_": [artifact_key("bvp", "tiny-llama-cpu", key[:24]) + "-summary"]}}})
+    md = summary[0]["data"]
+    assert "**FAILED at step `plan`:**" in md and "`IncompatibleTargetError`" in md and "gpu-node-2" in md
+    assert "Traceback" not in md and "buildctl worker start" in md
+
+
+def heal_through_the_automation(url: str, env: dict, tmp_path, compat_key: str) -> None:
+    """The rebuilt artifact rots in the store; a node's pull of it fails and emits
+    buildctl.node.pull-failed; the heal-artifact automation quarantines it and, in that one run,
+    rebuilds, validates and promotes a good artifact to staging."""
+    import buildctl.artifact_store as ops
+    from buildctl.artifact_store.integrity import verify_deep_or_quarantine
+    from buildctl.artifact_store.quarantine import active_quarantine
+
+    store = ops.open_store(env["BUILDCTL_STORE"])
+    (aid,) = [a for a, m in ops.list_artifacts(store) if m.compat_key == compat_key]
+    cli = [sys.executable, "-m", "buildctl"]
+    r = subprocess.run([*cli, "promote", aid, "--channel", "staging"], env=env, cwd=REPO, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    blob = next(f for f in ops.get_manifest(store, aid).files if f.path == "model.pt2")
+    rot(store, blob.digest, "flip")  # 4 bytes flipped in the middle, the size kept
+    t0 = time.monotonic()
+    r = subprocess.run([*cli, "pull", "--profile", "tiny-llama-cpu", "--channel", "staging", "--dest",
+                        str(tmp_path / "node"), "--node-id", "gpu-node-1"], env=env, cwd=REPO, capture_output=True,
+                       text=True)
+    assert r.returncode == 4 and "model.pt2: digest mismatch" in r.stderr, r.stderr
+    assert "emitted buildctl.node.pull-failed" in r.stderr, r.stderr
+    deadline = time.monotonic() + 420
+    heal = []
+    while time.monotonic() < deadline:
+        heal = [x for x in api(url, "/flow_runs/filter", {}) if x["parameters"].get("artifact_id") == aid]
+        if heal and heal[0]["state_type"] in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED"):
+            break
+        time.sleep(2)
+    assert heal, "the pull-failed event started no heal-artifact run: " + (tmp_path / "serve.log").read_text()[-3000:]
+    assert heal[0]["state_type"] == "COMPLETED", (tmp_path / "serve.log").read_text()[-4000:]
+    assert heal[0]["parameters"]["node_id"] == "gpu-node-1"
+    assert active_quarantine(store, aid) is not None
+    rec = ops.read_channel(store, "tiny-llama-cpu", "staging", compat_key)[0]
+    assert rec.artifact_id != aid and active_quarantine(store, rec.artifact_id) is None
+    verify_deep_or_quarantine(store, rec.artifact_id, detector="test", who="test")  # staging is on bytes that verify
+    att = ops.latest_attestation(store, rec.artifact_id, compat_key)
+    assert att is not None and att.attestation.passed  # the rebuild was validated
+    node = json.loads(store.get_bytes("inventory/nodes/gpu-node-1.json"))
+    assert node["pull_failures"][-1]["artifact_id"] == aid
+    (tmp_path / "time-to-recovery.txt").write_text(f"{time.monotonic() - t0:.1f}\n")
+
+
+def rollout_halted_through_the_automation(url: str, env: dict, tmp_path, compat_key: str) -> None:
+    """A rollout to prod whose canary fails its smoke check: the node switches back, reports
+    `failed` and emits buildctl.node.engine-health; the rollout-channel automation halts the
+    rollout at once (no scheduled run needed) and rolls prod back, naming the node."""
+    import buildctl.artifact_store as ops
+
+    from ..support.helpers import write_attestation
+
+    store = ops.open_store(env["BUILDCTL_STORE"])
+    cli = [sys.executable, "-m", "buildctl"]
+    good = ops.read_channel(store, "tiny-llama-cpu", "staging", compat_key)[0].artifact_id
+    r = subprocess.run([*cli, "promote", good, "--channel", "prod"], env=env, cwd=REPO, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    node = tmp_path / "rollout-node"
+    pull = [*cli, "--json", "pull", "--profile", "tiny-llama-cpu", "--channel", "prod", "--dest", str(node),
+            "--node-id", "gpu-node-1", "--health-cmd", 'test ! -e "$1/BROKEN"']
+    r = subprocess.run(pull, env=env, cwd=REPO, capture_output=True, text=True)
+    assert r.returncode == 0 and json.loads(r.stdout)["health"] == "healthy", r.stderr
+    broken = tmp_path / "broken-engine"
+    subprocess.run(["cp", "-r", str(node / "current") + "/.", str(broken)], check=True)
+    (broken / "BROKEN").write_text("segfaults past 4096 tokens")
+    m = ops.get_manifest(store, good)
+    imp = subprocess.run([*cli, "--json", "import", str(broken), "--profile", str(REPO / "build_profiles" / "tiny-llama-cpu.yaml"),
+                          "--model-digest", m.model_digest or ""], env=env, cwd=REPO, capture_output=True, text=True)
+    assert imp.returncode == 0, imp.stderr
+    bad = json.loads(imp.stdout)["artifact_id"]
+    write_attestation(store, bad, compat_key, "pass")
+    r = subprocess.run([*cli, "promote", bad, "--channel", "prod", "--rollout", "100", "--bake", "1h"], env=env,
+                       cwd=REPO, capture_output=True, text=True)
+    assert r.returncode == 0 and "rollout started" in r.stdout, r.stderr
+    r = subprocess.run(pull, env=env, cwd=REPO, capture_output=True, text=True)
+    assert r.returncode == 8 and "switched back" in r.stderr, r.stderr
+    deadline = time.monotonic() + 180
+    rec = None
+    while time.monotonic() < deadline:
+        rec = ops.read_channel(store, "tiny-llama-cpu", "prod", compat_key)[0]
+        if rec.action == "rollback":
+            break
+        time.sleep(2)
+    runs = [x for x in api(url, "/flow_runs/filter", {}) if x["name"].startswith("rollout ")]
+    assert rec is not None and rec.action == "rollback", (runs, (tmp_path / "serve.log").read_text()[-3000:])
+    assert rec.artifact_id == good and rec.rollout.state == "halted" and rec.rollout.failed_nodes == ("gpu-node-1",)
+    assert runs and runs[0]["parameters"].get("node_id") == "gpu-node-1"
+    deadline = time.monotonic() + 60  # the server persists events in batches
+    statuses: list = []
+    while time.monotonic() < deadline and "failed" not in statuses:
+        health = api(url, "/events/filter", {"filter": {"event": {"prefix": ["buildctl.node.engine-health"]}}, "limit": 20})
+        statuses = [e["payload"].get("status") for e in health["events"]]
+        time.sleep(1)
+    assert "failed" in statuses and "healthy" in statuses, statuses
+
+
+def test_builds_are_routed_to_workers_of_their_compat_key(tmp_path, tiny_build, quick_profiles):
+    """Two workers started with `buildctl worker start` on hosts with different compat keys, the
+    deployments from prefect.yaml (`prefect deploy --all`, no prompt), and three builds: each of the
+    first two lands on the matching worker and completes (a worker of the other key would fail it
+    with IncompatibleTargetError); the third, for a key no worker serves, waits."""
+    from buildctl import pipeline
+    from buildctl.artifact_store.backend import open_store
+
+    from ..support.helpers import settings, write_attestation
+
+    (port,) = free_ports(1)
+    url = f"http://127.0.0.1:{port}/api"
+    store_uri = "file://" + str(tmp_path / "store")
+    store = open_store(store_uri)
+    fps = {name: detect().model_copy(update={"compiler_version": f"gcc {v}.1.0"})
+           for name, v in (("a", 91), ("b", 92), ("c", 93))}
+    keys = {name: fp.compat_key("aoti") for name, fp in fps.items()}
+    imported = {}
+    for name in ("a", "b"):  # each key already has a validated artifact: the runs are cache hits
+        res = pipeline.import_engine(settings(), store, tiny_build["engine"], tiny_build["profile"], fps[name],
+                                     model_digest=tiny_build["outcome"].model_digest)
+        write_attestation(store, res.artifact_id, keys[name], "pass")
+        imported[name] = res.artifact_id
+    res_a = imported["a"]
+    env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect-home"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+           "PREFECT_API_URL": url, "PREFECT_WORKER_QUERY_SECONDS": "1", "PREFECT_WORKER_PREFETCH_SECONDS": "1",
+           "BUILDCTL_STORE": store_uri, "BUILDCTL_REPO": str(REPO), "PYTHONUNBUFFERED": "1",
+           "BUILDCTL_PROFILE_DIR": str(quick_profiles)}  # routing is tested here, not the speed gate
+    server = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port",
+                               str(port)], env=env, cwd=REPO, stdout=open(tmp_path / "server.log", "wb"),
+                              stderr=subprocess.STDOUT, start_new_session=True)
+    workers = []
+    try:
+        wait_healthy(url, server)
+        prefect = [sys.executable, "-m", "prefect"]
+        subprocess.run([*prefect, "work-pool", "create", "buildctl-local", "--type", "process"], env=env, cwd=REPO,
+                       check=True, capture_output=True)
+        subprocess.run([*prefect, "gcl", "create", "buildctl-builds", "--limit", "1"], env=env, cwd=REPO,
+                       check=True, capture_output=True)  # the heal's rebuild takes a build slot, strictly
+        r = subprocess.run([*prefect, "--no-prompt", "deploy", "--all"], env=env, cwd=REPO, capture_output=True,
+                           text=True, stdin=subprocess.DEVNULL, timeout=300)
+        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+        for name in ("a", "b"):
+            f = tmp_path / f"{name}.json"
+            f.write_text(json.dumps(fps[name].model_dump(mode="json")))
+            only = ["--builds-only"] if name == "b" else []  # a also serves 'default' (the control flows)
+            workers.append(subprocess.Popen(
+                [sys.executable, "-m", "buildctl", "worker", "start", "--pool", "buildctl-local", *only,
+                 "--name", f"worker-{name}"], env={**env, "BUILDCTL_FINGERPRINT_FILE": str(f)}, cwd=REPO,
+                stdout=open(tmp_path / f"worker-{name}.log", "wb"), stderr=subprocess.STDOUT, start_new_session=True))
+        runs = {name: create_run(url, "build-validate-publish/build-validate-publish",
+                                 {"profile": "tiny-llama-cpu", "target_compat_key": keys[name], "store": store_uri},
+                                 keys[name]) for name in ("a", "b", "c")}
+        deadline = time.monotonic() + 300
+        states: dict[str, dict] = {}
+        while time.monotonic() < deadline:
+            states = {n: run_state(url, rid) for n, rid in runs.items()}
+            if all(states[n]["state_type"] in ("COMPLETED", "FAILED", "CRASHED") for n in ("a", "b")):
+                break
+            time.sleep(2)
+        logs = "".join((tmp_path / f"worker-{n}.log").read_text()[-1500:] for n in ("a", "b"))
+        for n in ("a", "b"):
+            assert states[n]["state_type"] == "COMPLETED", (n, states[n]["state"], logs)
+            assert states[n]["work_queue_name"] == keys[n]
+        assert states["c"]["state_type"] == "SCHEDULED" and states["c"]["work_queue_name"] == keys["c"]
+        assert not [x for x in api(url, "/flow_runs/filter", {}) if x["state_type"] in ("FAILED", "CRASHED")]
+        q = subprocess.run([sys.executable, "-m", "buildctl", "--json", "worker", "queues", "--pool", "buildctl-local"],
+                           env=env, cwd=REPO, capture_output=True, text=True, check=True)
+        polled = {row["queue"]: row["last_polled"] for row in json.loads(q.stdout)}
+        assert polled[keys["a"]] and polled[keys["b"]] and polled[keys["c"]] is None  # nobody polls c's queue
+        heal_rebuilds_on_the_matching_worker(url, store, env, tmp_path, res_a, keys["a"])
+    finally:
+        for w in workers:
+            if w.poll() is None:
+                os.killpg(w.pid, signal.SIGKILL)
+                w.wait(timeout=10)
+        stop(server)
+
+
+def heal_rebuilds_on_the_matching_worker(url: str, store, env: dict, tmp_path, artifact_id: str, key: str) -> None:
+    """Artifact a rots; a heal-artifact run (on 'default', which worker a serves) quarantines it and
+    starts its rebuild on a's compat-key queue, waits for it, and reports what staging points at."""
+    import buildctl.artifact_store as ops
+    from buildctl.artifact_store.quarantine import active_quarantine
+
+    blob = next(f for f in ops.get_manifest(store, artifact_id).files if f.path == "model.pt2")
+    rot(store, blob.digest, "flip")
+    heal_id = create_run(url, "heal-artifact/heal-artifact", {"artifact_id": artifact_id, "store": env["BUILDCTL_STORE"]})
+    deadline = time.monotonic() + 420
+    heal = {}
+    while time.monotonic() < deadline:
+        heal = run_state(url, heal_id)
+        if heal["state_type"] in ("COMPLETED", "FAILED", "CRASHED"):
+            break
+        time.sleep(2)
+    logs = (tmp_path / "worker-a.log").read_text()[-3000:]
+    assert heal["state_type"] == "COMPLETED", (heal["state"], logs)
+    children = [x for x in api(url, "/flow_runs/filter", {}) if x.get("parent_task_run_id")
+                and x["parameters"].get("target_compat_key") == key and x["parameters"].get("promote_to") == "staging"]
+    assert children and children[0]["work_queue_name"] == key and children[0]["state_type"] == "COMPLETED"
+    assert active_quarantine(store, artifact_id) is not None
+    rec = ops.read_channel(store, "tiny-llama-cpu", "staging", key)[0]
+    assert rec.artifact_id != artifact_id and active_quarantine(store, rec.artifact_id) is None
+
+
+def api_get(url: str, path: str):
+    with urllib.request.urlopen(url + path, timeout=10) as r:
+        return json.loads(r.read())
+
+
+def prefect_client(url: str):
+    """Prefect's own client on the test's server: it retries the 503s a busy SQLite server answers."""
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with temporary_settings({PREFECT_API_URL: url}):
+        return get_client(sync_client=True)
+
+
+def create_run(url: str, deployment: str, parameters: dict, work_queue_name: str | None = None) -> str:
+    with prefect_client(url) as c:
+        dep = c.read_deployment_by_name(deployment)
+        return str(c.create_flow_run_from_deployment(dep.id, parameters=parameters, work_queue_name=work_queue_name).id)
+
+
+def run_state(url: str, run_id: str) -> dict:
+    with prefect_client(url) as c:
+        r = c.read_flow_run(run_id)
+        return {"state_type": r.state_type.value if r.state_type else None, "state": str(r.state),
+                "work_queue_name": r.work_queue_name}
+
+
+def test_a_scheduled_deployment_gets_runs_from_the_server_scheduler(tmp_path):
+    """A real ``prefect server`` from the locked install: a deployment with a schedule gets
+    Scheduled runs from the server's own scheduler service. With SQLAlchemy 2.1 (which Prefect
+    3.7.7 allows) the scheduler fails every pass with "Can't evaluate bulk DML statement" and no
+    scheduled deployment, resign-channels included, ever gets a run."""
+    (port,) = free_ports(1)
+    url = f"http://127.0.0.1:{port}/api"
+    env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect-home"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+           "PREFECT_API_URL": url, "PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS": "1"}
+    log_path = tmp_path / "server.log"
+    with open(log_path, "wb") as server_log:
+        server = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port",
+                                   str(port)], env=env, cwd=tmp_path, stdout=server_log, stderr=subprocess.STDOUT,
+                                  start_new_session=True)
+    try:
+        wait_healthy(url, server)
+        flow_id = api(url, "/flows/", {"name": "scheduler-check"})["id"]
+        dep = api(url, "/deployments/", {"name": "every-hour", "flow_id": flow_id,
+                                         "schedules": [{"schedule": {"interval": 3600}, "active": True}]})
+        runs: list = []
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not runs:
+            time.sleep(1)
+            runs = api(url, "/flow_runs/filter", {"deployments": {"id": {"any_": [dep["id"]]}}})
+        log = log_path.read_text(errors="replace")
+        assert runs, "the scheduler created no run in 60 s:\n" + log[-3000:]
+        assert {r["state"]["type"] for r in runs} == {"SCHEDULED"}
+        assert "bulk DML" not in log and "InvalidRequestError" not in log, log[-3000:]
+    finally:
+        stop(server)

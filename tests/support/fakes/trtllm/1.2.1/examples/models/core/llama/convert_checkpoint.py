@@ -1,0 +1,9 @@
+"""Fake convert_checkpoint of TensorRT-LLM 1.2.1 at its release's path (tests/support/fixtures/trtllm/1.2.1/convert_checkpoint.json)."""
+import os
+import sys
+
+os.environ["FAKE_TRTLLM_VERSION"] = "1.2.1"  # the release whose layout this path is
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), *[".."] * 6))
+from fakelib import convert  # noqa: E402
+
+convert("convert_checkpoint")

@@ -1,0 +1,251 @@
+"""When an artifact rots in the store: deep checks at the gates, quarantine, recovery, repair and
+scrub, on both stores, with the corruption made the way a disk or a bad copy makes it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import buildctl.artifact_store as ops
+
+from .support.helpers import PROFILES, make_tree, rot, settings, write_attestation
+from .support.trtllm_kit import calib, fake_tools, h100x8, hf_model, prod  # noqa: F401  (fixtures)
+
+KINDS = ("flip", "truncate", "missing")
+
+
+def digest_of(store, aid: str, path: str) -> str:
+    return next(f.digest for f in ops.get_manifest(store, aid).files if f.path == path)
+
+
+def published(store, root: Path, draft, content: bytes | int = 200_000, seed: int = 0) -> str:
+    res = ops.publish_tree(store, make_tree(root, {"config.json": b"{}", "rank0.engine": content}, seed=seed), draft)
+    write_attestation(store, res.artifact_id, draft.compat_key)
+    return res.artifact_id
+
+
+def j(result) -> dict:
+    code, out, err = result
+    assert code == 0, err
+    return json.loads(out)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_promote_refuses_a_rotted_artifact_and_quarantines_it(store, store_uri, draft, tmp_path, cli, kind,
+                                                             s3_env_if_needed):
+    aid = published(store, tmp_path / "a", draft)
+    rot(store, digest_of(store, aid, "rank0.engine"), kind)
+    code, _, err = cli("--store", store_uri, "promote", aid, "--channel", "prod")
+    assert code == 4 and "rank0.engine" in err and "quarantined: quarantine/" in err, err
+    assert ops.read_channel(store, draft.profile_name, "prod", draft.compat_key) is None
+    shown = j(cli("--store", store_uri, "--json", "show", aid))
+    assert shown["quarantined"] and "promote to prod" in shown["quarantine"][-1]["reason"]
+    assert any("rank0.engine" in p for p in shown["quarantine"][-1]["problems"])
+    listed = j(cli("--store", store_uri, "--json", "ls"))
+    assert [a["quarantined"] for a in listed] == [True]
+    code, _, err = cli("--store", store_uri, "promote", aid, "--channel", "prod", "--force", "--reason", "try anyway")
+    assert code == 5 and "is quarantined (quarantine/" in err
+
+
+def test_promote_trusts_a_recent_deep_verify_and_records_it(store, draft, tmp_path):
+    aid = published(store, tmp_path / "a", draft)
+    first = ops.promote(store, aid, "staging", verify_window_s=3600)
+    assert first.verified_at is not None and first.verify_window_s == 3600
+    again = ops.promote(store, aid, "prod", verify_window_s=3600)
+    assert again.verified_at == first.verified_at  # the deep verify of the first promotion was trusted
+    fresh = ops.promote(store, aid, "canary", verify_window_s=0)
+    assert fresh.verified_at > first.verified_at  # a window of 0 re-hashes every time
+
+
+def test_pull_refuses_a_quarantined_artifact_the_channel_points_at(store, store_uri, draft, tmp_path, cli,
+                                                                   s3_env_if_needed):
+    v1 = published(store, tmp_path / "v1", draft, seed=1)
+    ops.promote(store, v1, "prod")
+    node = tmp_path / "node"
+    args = ("--store", store_uri, "--json", "pull", "--profile", draft.profile_name, "--channel", "prod", "--dest", node,
+            "--skip-preflight", "--node-id", "gpu-node-3")
+    assert j(cli(*args))["artifact_id"] == v1
+    v2 = published(store, tmp_path / "v2", draft, seed=2)
+    ops.promote(store, v2, "prod")
+    code, _, err = cli("--store", store_uri, "quarantine", v2, "--reason", "segfaults over 4096 tokens (INC-7)")
+    assert code == 0, err
+    code, _, err = cli(*args)
+    assert code == 5 and "is quarantined" in err and "INC-7" in err and "current engine stays" in err
+    assert (node / "current").resolve().name == v1[len("xxh3-128:"):]
+    record = json.loads(store.get_bytes("inventory/nodes/gpu-node-3.json"))
+    (failure,) = record["pull_failures"]
+    assert failure["artifact_id"] == v2 and failure["error"].startswith("QuarantinedError")
+
+
+def test_a_rotted_blob_makes_the_pull_fail_and_the_node_report_it(store, store_uri, draft, tmp_path, cli,
+                                                                  s3_env_if_needed):
+    aid = published(store, tmp_path / "a", draft)
+    ops.promote(store, aid, "prod")
+    rot(store, digest_of(store, aid, "rank0.engine"), "flip")
+    code, _, err = cli("--store", store_uri, "pull", "--profile", draft.profile_name, "--channel", "prod",
+                       "--dest", tmp_path / "node", "--skip-preflight", "--node-id", "gpu-node-4")
+    assert code == 4 and "rank0.engine: digest mismatch" in err and "recorded in inventory/nodes/gpu-node-4.json" in err
+    (failure,) = json.loads(store.get_bytes("inventory/nodes/gpu-node-4.json"))["pull_failures"]
+    assert failure["files"] == ["rank0.engine"] and failure["channel"] == "prod"
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_recovery_rolls_the_channel_back_and_names_the_rebuild(store, store_uri, draft, tmp_path, cli, kind,
+                                                               s3_env_if_needed):
+    good = published(store, tmp_path / "good", draft, seed=1)
+    ops.promote(store, good, "prod")
+    bad = published(store, tmp_path / "bad", draft, seed=2)
+    ops.promote(store, bad, "prod")
+    rot(store, digest_of(store, bad, "rank0.engine"), kind)
+    rep = j(cli("--store", store_uri, "--json", "heal", bad))
+    assert not rep["store_copy_ok"] and rep["quarantine_record"].startswith("quarantine/")
+    (chan,) = rep["channels"]
+    assert chan["rolled_back_to"] == good and chan["seq"] == 3
+    assert rep["rebuild"] == [{"profile": draft.profile_name, "compat_key": draft.compat_key}]
+    last = ops.history(store, draft.profile_name, "prod", draft.compat_key)[-1]
+    assert last.action == "rollback" and last.artifact_id == good and f"quarantine of {bad}" in last.reason
+
+
+def test_recovery_skips_earlier_artifacts_that_are_bad_or_unvalidated(store, draft, tmp_path):
+    from buildctl.healing import recover_channels
+
+    oldest = published(store, tmp_path / "o", draft, seed=1)
+    ops.promote(store, oldest, "prod")
+    rotten = published(store, tmp_path / "r", draft, seed=2)
+    ops.promote(store, rotten, "prod")
+    newest = published(store, tmp_path / "n", draft, seed=3)
+    ops.promote(store, newest, "prod")
+    rot(store, digest_of(store, rotten, "rank0.engine"), "flip")
+    from buildctl.artifact_store.quarantine import quarantine
+
+    quarantine(store, newest, "bad engine", who="test")
+    (rec,) = recover_channels(settings(), store, newest)
+    assert rec.rolled_back_to == oldest  # the rotten one in between deep-failed and was quarantined too
+    from buildctl.artifact_store.quarantine import active_quarantine
+
+    assert active_quarantine(store, rotten) is not None
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_repair_from_a_node_versions_dir_restores_the_same_artifact(store, store_uri, draft, tmp_path, cli, kind,
+                                                                    s3_env_if_needed):
+    aid = published(store, tmp_path / "a", draft)
+    ops.promote(store, aid, "prod")
+    node = tmp_path / "node"
+    assert j(cli("--store", store_uri, "--json", "pull", "--profile", draft.profile_name, "--channel", "prod",
+                 "--dest", node, "--skip-preflight"))["installed"]
+    rot(store, digest_of(store, aid, "rank0.engine"), kind)
+    code, _, err = cli("--store", store_uri, "verify", aid, "--deep")
+    assert code == 4 and "rank0.engine" in err
+    assert j(cli("--store", store_uri, "--json", "show", aid))["quarantined"]
+    versions = node / "versions" / aid[len("xxh3-128:"):]
+    rep = j(cli("--store", store_uri, "--json", "repair", aid, "--from", versions))
+    assert rep["replaced"] == ["rank0.engine"] and rep["healthy"] and rep["lift_record"].startswith("quarantine/")
+    assert j(cli("--store", store_uri, "--json", "verify", aid, "--deep"))["ok"]
+    shown = j(cli("--store", store_uri, "--json", "show", aid))
+    assert not shown["quarantined"] and [q["action"] for q in shown["quarantine"]] == ["quarantine", "lift"]
+    assert j(cli("--store", store_uri, "--json", "pull", "--profile", draft.profile_name, "--channel", "prod",
+                 "--dest", tmp_path / "node2", "--skip-preflight"))["artifact_id"] == aid
+
+
+def test_repair_from_another_store_and_refuses_a_wrong_copy(store, store_uri, draft, tmp_path, cli, s3_env_if_needed):
+    mirror = ops.open_store(str(tmp_path / "mirror"))  # a second store holding the same files (blobs)
+    tree = make_tree(tmp_path / "a", {"config.json": b"{}", "rank0.engine": 100_000})
+    aid = ops.publish_tree(store, tree, draft).artifact_id
+    ops.publish_tree(mirror, tree, draft)
+    rot(store, digest_of(store, aid, "rank0.engine"), "flip")
+    uri = store_uri
+    wrong = make_tree(tmp_path / "wrong", {"config.json": b"{}", "rank0.engine": 100_000}, seed=9)
+    code, out, err = cli("--store", uri, "--json", "repair", aid, "--from", wrong)
+    assert code == 4 and "rank0.engine" in err  # a copy whose digest differs is never uploaded
+    rep = j(cli("--store", uri, "--json", "repair", aid, "--from", mirror.uri))
+    assert rep["replaced"] == ["rank0.engine"] and rep["healthy"]
+
+
+def test_a_bad_node_copy_does_not_quarantine_a_good_artifact(store, store_uri, draft, tmp_path, cli,
+                                                             s3_env_if_needed):
+    aid = published(store, tmp_path / "a", draft)
+    ops.promote(store, aid, "prod")
+    rep = j(cli("--store", store_uri, "--json", "heal", aid))
+    assert rep["store_copy_ok"] and rep["channels"] == [] and rep["quarantine_record"] is None
+    assert not j(cli("--store", store_uri, "--json", "show", aid))["quarantined"]
+
+
+def test_scrub_checks_channel_artifacts_first_and_quarantines_failures(store, store_uri, draft, tmp_path, cli,
+                                                                       s3_env_if_needed):
+    referenced = published(store, tmp_path / "r", draft, seed=1)
+    ops.promote(store, referenced, "prod")
+    loose = [published(store, tmp_path / f"l{i}", draft, seed=10 + i) for i in range(3)]
+    rot(store, digest_of(store, loose[1], "rank0.engine"), "truncate")
+    code, out, err = cli("--store", store_uri, "--json", "scrub")
+    assert code == 4 and loose[1] in err
+    rows = json.loads(out)["artifacts"]
+    assert rows[0]["artifact_id"] == referenced and rows[0]["channels"]
+    status = {r["artifact_id"]: r["status"] for r in rows}
+    assert status == {referenced: "ok", loose[0]: "ok", loose[1]: "corrupt", loose[2]: "ok"}
+    again = json.loads(cli("--store", store_uri, "--json", "scrub", "--channels-only")[1])["artifacts"]
+    assert [r["artifact_id"] for r in again] == [referenced]
+    budget = json.loads(cli("--store", store_uri, "--json", "scrub", "--budget-gib", "0.0003")[1])["artifacts"]
+    assert [r["status"] for r in budget].count("skipped") >= 1 and budget[0]["status"] == "ok"
+    assert {r["artifact_id"]: r["status"] for r in budget}[loose[1]] == "quarantined"
+
+
+def test_build_key_generations_follow_quarantine(store, draft, tmp_path):
+    from buildctl.artifact_store.publish import build_key_owners, claim_build_key, lookup_build_key
+    from buildctl.artifact_store.quarantine import lift, quarantine
+
+    key = "xxh3-128:" + "b" * 32
+    a = published(store, tmp_path / "a", draft, seed=1)
+    b = published(store, tmp_path / "b", draft, seed=2)
+    assert claim_build_key(store, key, a) == a and claim_build_key(store, key, b) == a
+    quarantine(store, a, "rotted", who="test")
+    assert lookup_build_key(store, key) is None
+    assert claim_build_key(store, key, b) == b and lookup_build_key(store, key) == b
+    assert [o for _, o in build_key_owners(store, key)] == [a, b]
+    lift(store, a, "repaired", who="test")
+    assert lookup_build_key(store, key) == a  # the oldest generation in service
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_cache_check_quarantines_a_rotted_hit_and_rebuilds(store_uri, hf_model, fake_tools, prod, tmp_path, monkeypatch,  # noqa: F811
+                                                           cli, kind, s3_env_if_needed):
+    fp = tmp_path / "fp.json"
+    fp.write_text(json.dumps(h100x8().model_dump(mode="json")))
+    monkeypatch.setenv("BUILDCTL_FINGERPRINT_FILE", str(fp))
+    build = ("--store", store_uri, "--json", "build", prod, "--model", hf_model)
+    first = j(cli(*build))
+    store = ops.open_store(store_uri)
+    rot(store, digest_of(store, first["artifact_id"], "rank3.engine"), kind)
+    second = j(cli(*build))
+    assert not second["cache_hit"], "a rotted cached artifact is no hit"
+    from buildctl.artifact_store.quarantine import quarantine_records
+
+    records = [r.action for _, r in quarantine_records(store, first["artifact_id"])]
+    assert records[0] == "quarantine"
+    ops.verify(store, second["artifact_id"], deep=True)  # the rebuild is whole
+    if second["artifact_id"] == first["artifact_id"]:  # identical bytes: the rebuild put the blob back
+        assert records == ["quarantine", "lift"]
+    third = j(cli(*build))
+    assert third["cache_hit"] and third["artifact_id"] == second["artifact_id"]
+    assert len((fake_tools / "build.jsonl").read_text().splitlines()) == 2, "the third build was a cache hit"
+
+
+@pytest.mark.slow
+def test_validation_quarantines_an_artifact_whose_store_copy_is_bad(tmp_path, draft):
+    """The validator pulls the artifact with verification first: bad bytes quarantine it before
+    any engine or reference runs (the reference given here would fail if it were used)."""
+    from buildctl import pipeline
+    from buildctl.artifact_store.errors import VerificationError
+    from buildctl.artifact_store.quarantine import active_quarantine
+
+    store = ops.open_store(str(tmp_path / "store"))
+    aid = ops.publish_tree(store, make_tree(tmp_path / "e", {"engine.json": b"{}", "model.pt2": 50_000}), draft).artifact_id
+    rot(store, digest_of(store, aid, "model.pt2"), "flip")
+    with pytest.raises(VerificationError) as exc:
+        pipeline.validate(settings(), store, aid, profile_path=PROFILES / "tiny-llama-cpu.yaml",
+                                   reference=object())
+    assert "model.pt2" in str(exc.value) and exc.value.quarantine_key
+    assert "validation" in active_quarantine(store, aid)[1].reason
+    assert ops.list_attestations(store, aid) == []

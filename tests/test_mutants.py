@@ -1,0 +1,50 @@
+"""tests/mutants.toml, the configuration of ``make mutants``, still describes the code: every
+guard module and every test path of its selection exists, and every survivor entry names a line
+that is still in its module (an entry is keyed by the line's text, so a moved line keeps it and an
+edited one fails here instead of being lost silently)."""
+
+from __future__ import annotations
+
+import runpy
+import tomllib
+
+from .support.helpers import REPO
+
+mutants = runpy.run_path(str(REPO / "scripts" / "mutants.py"))
+CONF = tomllib.loads((REPO / "tests" / "mutants.toml").read_text())
+
+
+def test_every_module_and_test_of_a_selection_exists():
+    assert len(CONF["modules"]) >= 11
+    for module, spec in CONF["modules"].items():
+        assert (REPO / module).is_file(), module
+        for t in spec["tests"]:
+            if t.startswith("tests/"):
+                assert (REPO / t.split("::")[0]).is_file(), (module, t)
+
+
+def test_every_survivor_entry_names_a_line_still_in_its_module():
+    entries = CONF["equivalent"] + CONF["killed_since"]
+    assert len(entries) >= 100
+    lines = {}
+    for e in entries:
+        assert e["module"] in CONF["modules"], e
+        if e["module"] not in lines:
+            lines[e["module"]] = {ln.strip() for ln in (REPO / e["module"]).read_text().splitlines()}
+        assert e["source"] in lines[e["module"]], f"{e['module']}: no line `{e['source']}` any more: update its entry"
+    for e in CONF["killed_since"]:
+        assert (REPO / e["test"].split("::")[0]).is_file(), e["test"]
+
+
+def test_an_entry_follows_its_line_and_a_stale_one_is_reported():
+    """The report matches survivors by text: the same line at another number keeps its reason, and
+    an entry whose line no survivor has is listed as stale."""
+    conf = {"equivalent": [{"module": "buildctl/m.py", "operator": "NumberReplacer", "source": "x = 1", "why": "same"},
+                           {"module": "buildctl/m.py", "operator": "AddNot", "source": "if y:", "why": "gone"}],
+            "killed_since": []}
+    run = {"module": "buildctl/m.py", "killed": 9, "survived": 1, "skipped": 0, "incompetent": 0, "pending": 0, "seconds": 60,
+           "survivors": [{"operator": "NumberReplacer", "line": 40, "function": "f", "occurrence": 0, "source": "x = 1"}]}
+    (r,) = mutants["annotate"]([run], conf)
+    assert r["survivors"][0]["equivalent"] == "same" and r["equivalent"] == 1 and r["score"] == 1.0
+    assert r["stale_entries"] == ["AddNot: `if y:`"]
+    assert "matched no survivor" in mutants["report"]([r], [])

@@ -1,0 +1,294 @@
+"""Rollouts with a real store and simulated nodes: wave buckets, per-node resolution, the node
+agent's smoke check and switch-back, and the decisions that advance, complete or halt a rollout.
+(The rollout-channel flow itself runs in tests/flows/test_flows.py against a real Prefect API.)"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+
+import buildctl.artifact_store as ops
+from buildctl import rollouts
+from buildctl.engines.fingerprint import detect
+from buildctl.fleet import read_node
+from buildctl import node_agent
+from buildctl.artifact_store.channels import history, read_channel
+from buildctl.artifact_store.errors import EngineUnhealthyError, RolloutInProgressError, RolloutStateError, StoreArgumentError
+from buildctl.artifact_store.pull import current_artifact, previous_artifact, pull
+from buildctl.artifact_store.rollout import RolloutPlan, in_wave, parse_duration, parse_waves, wave_bucket
+
+from .support.helpers import make_tree, settings, write_attestation
+
+PROFILE = "tiny-llama-cpu"
+# Fails on an engine that ships a file named BROKEN: the operator's health command, as a node runs it.
+HEALTH = 'test ! -e "$1/BROKEN"'
+
+
+def publish(store, tmp_path: Path, name: str, draft, broken: bool = False) -> str:
+    files: dict[str, bytes | int] = {"config.json": name.encode(), "rank0.engine": 2048}
+    if broken:
+        files["BROKEN"] = b"segfaults past 4096 tokens"
+    res = ops.publish_tree(store, make_tree(tmp_path / name, files, seed=len(name)), draft)
+    write_attestation(store, res.artifact_id, draft.compat_key, "pass", ops.utc_now())
+    return res.artifact_id
+
+
+class Fleet:
+    """Simulated nodes: each has a node id, its own fingerprint file and its own install directory."""
+
+    def __init__(self, store, tmp_path: Path, n: int) -> None:
+        self.store, self.root = store, tmp_path / "fleet"
+        self.ids = [f"gpu-node-{i:03d}" for i in range(n)]
+        fp = detect()
+        for node in self.ids:
+            (self.root / node).mkdir(parents=True)
+            (self.root / node / "fingerprint.json").write_text(fp.model_dump_json())
+
+    def dest(self, node: str) -> Path:
+        return self.root / node / "engines"
+
+    def pull(self, node: str, health_cmd: str = HEALTH):
+        st = settings(fingerprint_file=self.root / node / "fingerprint.json", store=self.store.uri)
+        return node_agent.pull(st, self.store, PROFILE, "prod", self.dest(node), node_id=node, health_cmd=health_cmd,
+                         skip_preflight=True)
+
+    def pull_all(self) -> dict[str, str]:
+        failed = {}
+        for node in self.ids:
+            try:
+                self.pull(node)
+            except EngineUnhealthyError as err:
+                failed[node] = err.detail
+        return failed
+
+    def current(self) -> dict[str, str | None]:
+        return {n: current_artifact(self.dest(n)) for n in self.ids}
+
+
+def test_wave_buckets_are_stable_uniform_and_nested():
+    ids = [f"node-{i}" for i in range(10_000)]
+    buckets = [wave_bucket(PROFILE, "prod", n) for n in ids]
+    assert buckets == [wave_bucket(PROFILE, "prod", n) for n in ids]  # stable
+    assert all(0 <= b < 100 for b in buckets)
+    for pct in (1, 10, 50):
+        share = sum(b < pct for b in buckets) / len(ids)
+        assert abs(share - pct / 100) < 0.01 + pct / 1000, (pct, share)  # uniform enough: 10k draws
+    for n in ids[:500]:  # a canary is in every later wave
+        assert not in_wave(PROFILE, "prod", n, 1) or in_wave(PROFILE, "prod", n, 10)
+    assert in_wave(PROFILE, "prod", None, 100) and not in_wave(PROFILE, "prod", None, 50)
+    other = [wave_bucket(PROFILE, "staging", n) for n in ids[:1000]]
+    assert other != buckets[:1000]  # each channel has its own canaries
+
+
+def test_rollout_arguments():
+    waves = parse_waves("1,10,50,100", "0,1%,2%,2%")
+    assert [(w.percent, w.max_failures) for w in waves] == [(1, "0"), (10, "1%"), (50, "2%"), (100, "2%")]
+    assert [w.allowed_failures(n) for w, n in zip(waves, (3, 150, 49, 1000))] == [0, 1, 0, 20]
+    assert [w.max_failures for w in parse_waves("5,100", "2")] == ["2", "2"]
+    assert parse_duration("30m") == 1800 and parse_duration("2h") == 7200 and parse_duration("0") == 0
+    for bad in ("10,5,100", "1,10,50", "0,100", "1,x,100"):
+        with pytest.raises(StoreArgumentError):
+            parse_waves(bad, None)
+    with pytest.raises(StoreArgumentError, match="3 values for 2 waves"):
+        parse_waves("50,100", "0,1,2")
+    with pytest.raises(StoreArgumentError, match="a count like 1"):
+        parse_waves("50,100", "1.5")
+
+
+def test_canary_wave_gets_the_new_engine_and_the_rest_keep_the_old(store, tmp_path, draft, cli):
+    v1, v2 = publish(store, tmp_path, "v1", draft), publish(store, tmp_path, "v2", draft)
+    fleet = Fleet(store, tmp_path, 24)
+    ops.promote(store, v1, "prod")
+    assert fleet.pull_all() == {} and set(fleet.current().values()) == {v1}
+    plan = RolloutPlan(waves=parse_waves("20,100", "0"), bake_s=3600)
+    rec = ops.promote(store, v2, "prod", rollout=plan)
+    assert rec.rollout.base == v1 and rec.rollout.target == v2 and rec.artifact_id == v2 and rec.previous == v1
+    canaries = {n for n in fleet.ids if wave_bucket(PROFILE, "prod", n) < 20}
+    assert 0 < len(canaries) < len(fleet.ids)  # the node ids were chosen so that the wave splits them
+    assert fleet.pull_all() == {}
+    assert fleet.current() == {n: (v2 if n in canaries else v1) for n in fleet.ids}
+    # a node without an id is in no partial wave
+    plain = pull(store, PROFILE, "prod", tmp_path / "anonymous", [draft.compat_key])
+    assert plain.artifact_id == v1
+
+    code, out, err = cli("--store", store.uri, "--json", "rollout", "status", "--profile", PROFILE, "--channel", "prod")
+    assert code == 0, err
+    (view,) = json.loads(out)
+    assert view["state"] == "active" and view["wave"] == 1 and view["decision"] == "wait"
+    first, last = view["waves"]
+    assert (first["nodes"], first["healthy"], first["failed"], first["state"]) == (len(canaries), len(canaries), 0, "current")
+    assert (last["nodes"], last["healthy"], last["pending"], last["state"]) == (24, len(canaries), 24 - len(canaries), "waiting")
+    code, out, _ = cli("--store", store.uri, "rollout", "status", "--profile", PROFILE, "--channel", "prod")
+    assert code == 0 and "baking" in out and "not reported" in out
+
+    # a new promotion would abandon the rollout: refused; a plain promote after it ends is a 100% flip
+    with pytest.raises(RolloutInProgressError):
+        ops.promote(store, v1, "prod")
+    code, _, err = cli("--store", store.uri, "promote", v1, "--channel", "prod")
+    assert code == 6 and "rollout abort" in err
+    for step, state in (("pause", "paused"), ("resume", "active")):
+        code, out, err = cli("--store", store.uri, "--json", "rollout", step, "--profile", PROFILE, "--channel", "prod")
+        assert code == 0 and json.loads(out)[0]["rollout"]["state"] == state, err
+    code, _, err = cli("--store", store.uri, "rollout", "resume", "--profile", PROFILE, "--channel", "prod",
+                       "--compat-key", "aoti-none")
+    assert code == 3, err  # no such channel ref
+    code, out, err = cli("--store", store.uri, "--json", "rollout", "abort", "--profile", PROFILE, "--channel", "prod",
+                         "--reason", "testing abort")
+    assert code == 0 and json.loads(out)[0]["artifact_id"] == v1, err
+    assert fleet.pull_all() == {} and set(fleet.current().values()) == {v1}
+    assert ops.promote(store, v2, "prod").rollout is None
+    assert fleet.pull_all() == {} and set(fleet.current().values()) == {v2}
+
+
+def test_a_failing_canary_halts_the_rollout_and_rolls_the_channel_back(store, tmp_path, draft):
+    v1, bad = publish(store, tmp_path, "v1", draft), publish(store, tmp_path, "bad", draft, broken=True)
+    fleet = Fleet(store, tmp_path, 30)
+    ops.promote(store, v1, "prod")
+    fleet.pull_all()
+    rec = ops.promote(store, bad, "prod", rollout=RolloutPlan(waves=parse_waves("10,50,100", "0"), bake_s=0))
+    canaries = sorted(n for n in fleet.ids if wave_bucket(PROFILE, "prod", n) < 10)
+    assert canaries
+    failed = fleet.pull_all()
+    assert sorted(failed) == canaries and all("health command exit 1" in d for d in failed.values())
+    assert set(fleet.current().values()) == {v1}  # each canary switched itself back
+    for n in canaries:
+        state = read_node(store, n)[0].engine(PROFILE, "prod")
+        assert (state.artifact_id, state.status, state.current) == (bad, "failed", v1)
+
+    (v,) = rollouts.tick(settings(), store, None, channel="prod")
+    assert v.decision == "halt" and v.applied is not None
+    now = read_channel(store, PROFILE, "prod", draft.compat_key)[0]
+    assert now.seq == rec.seq + 1 and now.artifact_id == v1 and now.previous == bad and now.action == "rollback"
+    assert now.rollout.state == "halted" and list(now.rollout.failed_nodes) == canaries
+    assert all(n in now.reason for n in canaries) and "budget 0" in now.reason
+    assert [r.action for r in history(store, PROFILE, "prod", draft.compat_key)] == ["promote", "promote", "rollback"]
+    assert fleet.pull_all() == {} and set(fleet.current().values()) == {v1}
+    assert rollouts.tick(settings(), store, None, channel="prod") == []  # nothing live to decide
+
+
+def test_decisions_wait_bake_advance_complete_and_halt_when_paused(store, tmp_path, draft):
+    v1, v2 = publish(store, tmp_path, "v1", draft), publish(store, tmp_path, "v2", draft)
+    fleet = Fleet(store, tmp_path, 40)
+    ops.promote(store, v1, "prod")
+    rec = ops.promote(store, v2, "prod", rollout=RolloutPlan(waves=parse_waves("25,100", "0,5%"), bake_s=600))
+    fleet.pull_all()
+    now = datetime.now(timezone.utc)
+    assert rollouts.view(store, rec, now=now).decision == "wait"  # baking
+    later = now + timedelta(seconds=601)
+    v = rollouts.view(store, rec, now=later)
+    assert v.decision == "advance" and v.waves[0].healthy == v.waves[0].nodes > 0
+    assert [r.decision for r in rollouts.tick(settings(), store, None, channel="prod", now=later)] == ["advance"]
+    wave2 = read_channel(store, PROFILE, "prod", draft.compat_key)[0]
+    assert wave2.action == "advance" and wave2.rollout.wave == 1
+    ops.rollout_step(store, PROFILE, "prod", draft.compat_key, "pause")
+    paused = read_channel(store, PROFILE, "prod", draft.compat_key)[0]
+    much_later = later + timedelta(seconds=3600)
+    # wave 2 (100%, budget 5% of 40 = 2): two nodes fail their smoke checks, within budget
+    late = [n for n in fleet.ids if wave_bucket(PROFILE, "prod", n) >= 25]
+    for n in late[:2]:
+        _fail_on_node(fleet, n)
+    for n in late[3:]:
+        fleet.pull(n)
+    v = rollouts.view(store, paused, now=much_later)
+    assert v.decision == "wait" and "paused" in v.why  # baked and within budget, but paused
+    assert (v.waves[1].failed, v.waves[1].allowed, v.waves[1].pending) == (2, 2, 1)
+    _fail_on_node(fleet, late[2])  # a third: over budget halts, paused or not
+    v = rollouts.view(store, paused, now=much_later)
+    assert v.decision == "halt" and v.waves[1].failed == 3
+    assert [r.decision for r in rollouts.tick(settings(), store, None, channel="prod", now=much_later)] == ["halt"]
+    ended = read_channel(store, PROFILE, "prod", draft.compat_key)[0]
+    assert ended.artifact_id == v1 and ended.rollout.state == "halted" and set(ended.rollout.failed_nodes) == set(late[:3])
+    with pytest.raises(RolloutStateError, match="no rollout in progress"):
+        ops.rollout_step(store, PROFILE, "prod", draft.compat_key, "resume")
+
+
+def _fail_on_node(fleet: Fleet, node: str) -> None:
+    with pytest.raises(EngineUnhealthyError):
+        fleet.pull(node, health_cmd="exit 3")
+    assert read_node(fleet.store, node)[0].engine(PROFILE, "prod").status == "failed"
+
+
+def test_a_nodes_failed_smoke_check_switches_it_back_to_previous(store, tmp_path, draft, cli):
+    v1, v2 = publish(store, tmp_path, "v1", draft), publish(store, tmp_path, "v2", draft, broken=True)
+    v0 = publish(store, tmp_path, "v0", draft)
+    fleet = Fleet(store, tmp_path, 1)
+    (node,) = fleet.ids
+    dest = fleet.dest(node)
+    for a in (v0, v1):
+        ops.promote(store, a, "prod")
+        fleet.pull(node)
+    assert (current_artifact(dest), previous_artifact(dest)) == (v1, v0)
+    reported = read_node(store, node)[0].engine(PROFILE, "prod")
+    assert (reported.current, reported.previous, reported.status) == (v1, v0, "healthy")  # what gc keeps for it
+    ops.promote(store, v2, "prod")  # a plain promotion: every node at once
+    fp = tmp_path / "fleet" / node / "fingerprint.json"
+    code, out, err = cli("--store", store.uri, "pull", "--profile", PROFILE, "--channel", "prod", "--dest", dest,
+                         "--node-id", node, "--health-cmd", HEALTH, "--skip-preflight", "--keep", "3")
+    assert code == 8, (out, err)
+    assert "failed its smoke check on this node, switched back (current is " + v1 in err
+    assert current_artifact(dest) == v1 and previous_artifact(dest) == v0  # both links as they were
+    state = read_node(store, node)[0].engine(PROFILE, "prod")
+    assert (state.artifact_id, state.status, state.current) == (v2, "failed", v1)
+    # the node does not install it again by itself
+    code, _, err = cli("--store", store.uri, "pull", "--profile", PROFILE, "--channel", "prod", "--dest", dest,
+                       "--node-id", node, "--health-cmd", HEALTH, "--skip-preflight")
+    assert code == 8 and "not installing it again" in err and current_artifact(dest) == v1
+    # --retry-failed tries once more (and the engine is still broken)
+    code, _, err = cli("--store", store.uri, "pull", "--profile", PROFILE, "--channel", "prod", "--dest", dest,
+                       "--node-id", node, "--health-cmd", HEALTH, "--skip-preflight", "--retry-failed")
+    assert code == 8 and "switched back" in err and current_artifact(dest) == v1
+    assert fp.exists()
+
+
+def test_the_default_smoke_check_loads_a_real_engine_and_generates(tiny_build, tmp_path):
+    """Without --health-cmd the node loads the installed aoti engine and generates tokens; an
+    engine whose package is damaged after install fails, and the node switches back."""
+    store, aid = tiny_build["store"], tiny_build["outcome"].artifact_id
+    ops.promote(store, aid, "smoke", force=True, reason="test channel")
+    st = settings(store=store.uri)
+    dest = tmp_path / "node"
+    got = node_agent.pull(st, store, tiny_build["profile"].name, "smoke", dest, node_id="cpu-node-1")
+    assert got.state is not None and got.state.status == "healthy" and current_artifact(dest) == aid
+    assert read_node(store, "cpu-node-1")[0].engine(tiny_build["profile"].name, "smoke").status == "healthy"
+
+
+def test_a_canary_that_refuses_a_rotted_target_counts_as_failed(store, tmp_path, draft, cli, s3_env_if_needed):
+    """A pull that refuses the new artifact (its bytes rotted: exit 4) is recorded against the
+    artifact the node was given, not the channel's base, and the rollout counts the node failed."""
+    from .support.helpers import rot
+
+    v1, v2 = publish(store, tmp_path, "v1", draft), publish(store, tmp_path, "v2", draft)
+    ops.promote(store, v1, "prod")
+    ops.promote(store, v2, "prod", rollout=RolloutPlan(waves=parse_waves("50,100", "0"), bake_s=0))
+    canary = next(f"n{i}" for i in range(100) if wave_bucket(PROFILE, "prod", f"n{i}") < 50)
+    rot(store, next(f.digest for f in ops.get_manifest(store, v2).files if f.path == "rank0.engine"), "flip")
+    code, _, err = cli("--store", store.uri, "pull", "--profile", PROFILE, "--channel", "prod", "--dest",
+                       tmp_path / canary, "--node-id", canary, "--skip-preflight")
+    assert code == 4 and "rank0.engine: digest mismatch" in err, err
+    (failure,) = read_node(store, canary)[0].pull_failures
+    assert failure.artifact_id == v2
+    (v,) = rollouts.tick(settings(), store, None, channel="prod")
+    assert v.decision == "halt" and v.waves[0].failed_nodes == (canary,)
+
+
+def test_only_refusals_about_the_artifact_count_as_failures():
+    from buildctl.fleet import NodeRecord, PullFailure
+
+    def node(error: str) -> NodeRecord:
+        f = PullFailure(artifact_id="xxh3-128:" + "2" * 32, profile=PROFILE, channel="prod", compat_key="k",
+                        error=error, when=ops.utc_now())
+        return NodeRecord(node_id="n", fingerprint={}, compat_keys={"aoti": "k"}, profiles=(PROFILE,),
+                          reported_at=ops.utc_now(), pull_failures=(f,))
+
+    target = "xxh3-128:" + "2" * 32
+    for error, status in (("VerificationError: rank0.engine: digest mismatch", "failed"),
+                          ("QuarantinedError: artifact is quarantined", "failed"),
+                          ("SignatureError: manifest xxh3-128:22: unsigned", "failed"),
+                          ("SignatureError: channel record prod #3: signed by untrusted key", "pending"),
+                          ("ExpiredRecordError: channel prod record #3 expired", "pending"),
+                          ("StaleRecordError: channel prod record #2 is stale", "pending")):
+        assert rollouts.node_status(node(error), PROFILE, "prod", target) == status, error
+    assert rollouts.node_status(node("VerificationError: x"), PROFILE, "staging", target) == "pending"
