@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from .support.helpers import MODULES_PARSED, PROFILES, SHORT_DELETE_WINDOW_S, make_tree, settings
+from .support.helpers import MODULES_PARSED, PROFILES, SHORT_DELETE_WINDOW_S, make_tree, settings, tiny_profile_with_speed
 
 # Prefect writes to ~/.prefect unless PREFECT_HOME is set: keep the suite's state in a temp dir,
 # removed when the session ends (a mutation run starts pytest once per mutant).
@@ -193,17 +193,13 @@ def quick_profiles(tmp_path_factory) -> Path:
     (:data:`QUICK_SPEED`); the speed-gate tests keep the real profile."""
     import shutil
 
-    import yaml
-
     from buildctl.engines.profile import load_profile
 
     d = tmp_path_factory.mktemp("profiles")
     for f in PROFILES.glob("*.yaml"):
         shutil.copy(f, d / f.name)
-    doc = yaml.safe_load((PROFILES / "tiny-llama-cpu.yaml").read_text())
-    doc["validation"]["speed"].update(QUICK_SPEED)
-    (d / "tiny-llama-cpu.yaml").write_text(yaml.safe_dump(doc))
-    assert load_profile(d / "tiny-llama-cpu.yaml").build_hash() == load_profile(PROFILES / "tiny-llama-cpu.yaml").build_hash()
+    quick = tiny_profile_with_speed(d, QUICK_SPEED)
+    assert load_profile(quick).build_hash() == load_profile(PROFILES / "tiny-llama-cpu.yaml").build_hash()
     return d
 
 

@@ -154,3 +154,18 @@ class RangedStore:
         if self.short_from is not None and offset >= self.short_from:
             return data[: length // 4]
         return data
+
+
+def tiny_profile_with_speed(dest_dir: Path, speed: dict | None = None, levels: dict | None = None) -> Path:
+    """The tiny profile written into ``dest_dir`` with its ``validation.speed`` section updated by
+    ``speed`` and its per-level gates by ``levels`` ({concurrency: {gate: value}}). Validation is
+    not part of the build hash, so builds and cache hits are the real profile's."""
+    import yaml
+
+    doc = yaml.safe_load((PROFILES / "tiny-llama-cpu.yaml").read_text())
+    doc["validation"]["speed"].update(speed or {})
+    for c, gates in (levels or {}).items():
+        doc["validation"]["speed"]["levels"][c].update(gates)
+    path = dest_dir / "tiny-llama-cpu.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path

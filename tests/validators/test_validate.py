@@ -17,7 +17,7 @@ from buildctl.engines.aoti import AotiBackend
 from buildctl.engines.fingerprint import detect
 from buildctl.validators.errors import ModelMismatchError, ValidationFailedError, ValidationInconclusiveError
 
-from ..support.helpers import PROFILES, settings
+from ..support.helpers import PROFILES, settings, tiny_profile_with_speed
 
 pytestmark = pytest.mark.slow
 TINY = str(PROFILES / "tiny-llama-cpu.yaml")
@@ -80,20 +80,14 @@ def throughput_gates_set_on_this_machine(tiny_build, vllm_reference) -> dict[int
 
 @pytest.mark.speedgate
 def test_slow_candidate_fails_the_speed_gate_and_blocks_promotion(tiny_build, vllm_reference, tmp_path, cli):
-    import yaml
-
     from benchmarks.load import SlowedRunner
 
     gates = throughput_gates_set_on_this_machine(tiny_build, vllm_reference)
-    doc = yaml.safe_load(Path(TINY).read_text())
-    for c, g in gates.items():
-        doc["validation"]["speed"]["levels"][c]["min_throughput_ratio"] = round(g, 3)
-    profile = tmp_path / "tiny-llama-cpu.yaml"
-    profile.write_text(yaml.safe_dump(doc))
+    profile = tiny_profile_with_speed(tmp_path, levels={c: {"min_throughput_ratio": round(g, 3)} for c, g in gates.items()})
     store, aid = fresh_store(tiny_build, tmp_path)
     with pytest.raises(ValidationFailedError) as exc:
         pipeline.validate(settings(), store, aid, profile_path=profile, reference=vllm_reference,
-                                   wrap_candidate=lambda r: SlowedRunner(r, 1.5))
+                          wrap_candidate=lambda r: SlowedRunner(r, 1.5))
     assert not isinstance(exc.value, ValidationInconclusiveError)
     assert any("throughput ratio" in r and "fails the gate" in r for r in exc.value.reasons)
     att = ops.list_attestations(store, aid)[-1].attestation
@@ -125,18 +119,13 @@ class Alternating:
 
 @pytest.mark.speedgate
 def test_an_undecidable_speed_gate_records_inconclusive_and_promote_refuses_it(tiny_build, vllm_reference, tmp_path, cli):
-    import yaml
-
-    doc = yaml.safe_load(Path(TINY).read_text())
-    doc["validation"]["speed"].update({"concurrency": [1], "levels": {}, "min_throughput_ratio": 0.55,
-                                       "max_p99_ttft_ratio": None, "num_prompts": 20, "max_repetitions": 8,
-                                       "warmup": 0})
-    profile = tmp_path / "tiny-llama-cpu.yaml"
-    profile.write_text(yaml.safe_dump(doc))
+    profile = tiny_profile_with_speed(tmp_path, {"concurrency": [1], "levels": {}, "min_throughput_ratio": 0.55,
+                                                 "max_p99_ttft_ratio": None, "num_prompts": 20, "max_repetitions": 8,
+                                                 "warmup": 0})
     store, aid = fresh_store(tiny_build, tmp_path)
     with pytest.raises(ValidationInconclusiveError) as exc:
         pipeline.validate(settings(), store, aid, profile_path=profile, reference=vllm_reference,
-                                   wrap_candidate=Alternating)
+                          wrap_candidate=Alternating)
     assert "inconclusive" in str(exc.value) and "--speed-budget 2" in str(exc.value)
     assert "straddles the gate >= 0.55" in str(exc.value)  # the interval is in the message
     att = ops.list_attestations(store, aid)[-1].attestation
