@@ -25,7 +25,7 @@ from buildctl.artifact_store.backend import Store
 from buildctl.artifact_store.errors import CasConflictError, CorruptObjectError, StoreArgumentError
 from buildctl.artifact_store.gc import GcResult, gc as store_gc
 from buildctl.artifact_store.layout import NODES, node_key
-from buildctl.artifact_store.manifest import utc_now
+from buildctl.times import utc_now
 from buildctl.artifact_store.verify import list_artifacts
 
 NODE_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")

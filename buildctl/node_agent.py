@@ -27,7 +27,8 @@ from buildctl.settings import Settings
 from buildctl.artifact_store.backend import ProgressFn, Store
 from buildctl.artifact_store.channels import ChannelRecord
 from buildctl.artifact_store.errors import EngineUnhealthyError
-from buildctl.artifact_store.manifest import Manifest, utc_now
+from buildctl.artifact_store.manifest import Manifest
+from buildctl.times import utc_now
 from buildctl.artifact_store.pull import pull as store_pull
 from buildctl.artifact_store.pull import (
     PullResult,

@@ -42,7 +42,8 @@ from buildctl.artifact_store.backend import ProgressFn, Store, open_store
 from buildctl.artifact_store.channels import ChannelRecord, promote
 from buildctl.artifact_store.checkpoints import download_checkpoint
 from buildctl.artifact_store.errors import StoreArgumentError, VerificationError
-from buildctl.artifact_store.manifest import Manifest, tree_digest, utc_now
+from buildctl.artifact_store.manifest import Manifest, tree_digest
+from buildctl.times import utc_now
 from buildctl.artifact_store.publish import ManifestDraft, PublishResult, lookup_build_key, publish_tree
 from buildctl.artifact_store.pull import resolve_channel
 from buildctl.artifact_store.rollout import RolloutPlan

@@ -25,12 +25,12 @@ from typing import Iterable
 
 from buildctl.fleet import NodeRecord, read_inventory
 from buildctl.settings import Settings
+from buildctl.times import parse_utc
 from buildctl.artifact_store.backend import Store
 from buildctl.artifact_store.channels import (
     ChannelRecord,
     all_channel_records,
     channel_compat_keys,
-    parse_utc,
     read_channel,
     resign,
     rollout_step,

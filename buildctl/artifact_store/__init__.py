@@ -37,7 +37,8 @@ from buildctl.artifact_store.channels import (
 )
 from buildctl.artifact_store.gc import GcResult, gc
 from buildctl.artifact_store.layout import manifest_signature_prefix
-from buildctl.artifact_store.manifest import Manifest, utc_now
+from buildctl.artifact_store.manifest import Manifest
+from buildctl.times import utc_now
 from buildctl.artifact_store.publish import ManifestDraft, PublishResult, lookup_build_key, publish_tree
 from buildctl.artifact_store.verify import get_manifest, list_artifacts, resolve_artifact, verify
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import random
 import re
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 from typing import Any, Callable
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -36,7 +36,8 @@ from buildctl.artifact_store.layout import (
     history_key,
     history_prefix,
 )
-from buildctl.artifact_store.manifest import Manifest, utc_now
+from buildctl.artifact_store.manifest import Manifest
+from buildctl.times import after, parse_utc, utc_now
 from buildctl.artifact_store.rollout import Rollout, RolloutPlan, artifact_for_node
 from buildctl.artifact_store.revocation import with_revocations
 from buildctl.artifact_store.signing import SigningKey, TrustedKeys, promoter_signers, verify_signature
@@ -105,12 +106,6 @@ class ChannelRecord(BaseModel):
         return self.expires is not None and parse_utc(self.expires) <= (now or datetime.now(timezone.utc))
 
 
-def parse_utc(text: str) -> datetime:
-    """A stored UTC ISO-8601 time."""
-    t = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    return t if t.tzinfo else t.replace(tzinfo=timezone.utc)
-
-
 def _parse_record(body: bytes, key: str) -> ChannelRecord:
     try:
         return ChannelRecord.model_validate_json(body)
@@ -162,7 +157,7 @@ def move_channel(store: Store, profile: str, channel: str, compat: str, make: Mo
         now = utc_now()
         expires = None
         if signer is not None and ttl_s:
-            expires = (parse_utc(now) + timedelta(seconds=ttl_s)).isoformat(timespec="microseconds").replace("+00:00", "Z")
+            expires = after(now, ttl_s)
         rec = ChannelRecord(**{"previous": current[0].artifact_id if current else None, **fields,
                                "seq": (current[0].seq + 1) if current else 1, "profile": profile, "channel": channel,
                                "compat_key": compat, "who": who, "when": now, "expires": expires})

@@ -28,7 +28,8 @@ from typing import Callable, Iterable
 from buildctl.errors import BuildctlError
 from buildctl.artifact_store import grace as grace_mod
 from buildctl.artifact_store.backend import Store
-from buildctl.artifact_store.channels import _parse_record, all_channel_records, parse_utc
+from buildctl.artifact_store.channels import _parse_record, all_channel_records
+from buildctl.times import parse_utc
 from buildctl.artifact_store.layout import (
     BLOBS,
     HISTORY,

@@ -33,7 +33,7 @@ from typing import Iterable
 from buildctl.digest import canonical_json
 from buildctl.artifact_store.backend import Store
 from buildctl.artifact_store.layout import touch_key
-from buildctl.artifact_store.manifest import utc_now
+from buildctl.times import parse_utc, utc_now
 
 DEFAULT_GRACE_S = 24 * 3600.0
 DEFAULT_DELETE_WINDOW_S = 5.0
@@ -59,7 +59,6 @@ def touched_at(store: Store, digest: str) -> datetime | None:
         return None
     try:
         when = json.loads(got[0])["touched_at"]
-        t = datetime.fromisoformat(str(when).replace("Z", "+00:00"))
+        return parse_utc(when)
     except (ValueError, KeyError, TypeError):
         return datetime.now(timezone.utc)  # unreadable: assume it is fresh (gc keeps the blob)
-    return t if t.tzinfo else t.replace(tzinfo=timezone.utc)

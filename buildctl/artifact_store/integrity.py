@@ -17,7 +17,8 @@ from buildctl.digest import canonical_json, digest_bytes
 from buildctl.artifact_store.backend import ProgressFn, Store
 from buildctl.artifact_store.errors import StoreUnavailableError, VerificationError
 from buildctl.artifact_store.layout import verification_key, verification_prefix
-from buildctl.artifact_store.manifest import Manifest, utc_now
+from buildctl.artifact_store.manifest import Manifest
+from buildctl.times import parse_utc, utc_now
 from buildctl.artifact_store.quarantine import check_not_quarantined, try_quarantine
 from buildctl.artifact_store.signing import SigningKey
 from buildctl.artifact_store.verify import verify
@@ -36,10 +37,6 @@ class VerificationRecord(BaseModel):
     who: str = Field(..., description="Who verified.")
     when: str = Field(..., description="UTC ISO-8601 time the verify finished.")
     signature: dict[str, str] | None = Field(None, description="Ed25519 signature over the record without this field.")
-
-
-def parse_time(when: str) -> datetime:
-    return datetime.fromisoformat(when.replace("Z", "+00:00"))
 
 
 def record_verification(store: Store, artifact_id: str, manifest: Manifest, *, who: str,
@@ -104,7 +101,7 @@ def verify_recent_or_quarantine(store: Store, artifact_id: str, *, detector: str
     if window_s > 0:
         rec = last_verification(store, artifact_id)
         now = now or datetime.now(timezone.utc)
-        if rec is not None and (now - parse_time(rec.when)).total_seconds() <= window_s:
+        if rec is not None and (now - parse_utc(rec.when)).total_seconds() <= window_s:
             _checked(store, artifact_id, deep=False, detector=detector, who=who, signer=signer)
             return rec.when
     return verify_deep_or_quarantine(store, artifact_id, detector=detector, who=who, signer=signer)[1].when

@@ -12,7 +12,6 @@ import stat
 import unicodedata
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
@@ -166,8 +165,6 @@ def parse_manifest(data: bytes | str | dict[str, Any], source: str = "<manifest>
         raise ManifestError(source, detail) from None
 
 
-def utc_now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="microseconds").replace("+00:00", "Z")
 
 
 # --- source trees ------------------------------------------------------------------------------

@@ -22,7 +22,8 @@ from buildctl.artifact_store import grace as grace_mod
 from buildctl.artifact_store.backend import ProgressFn, Store
 from buildctl.artifact_store.errors import CorruptObjectError, KeyNotFoundError, StoreArgumentError, StoreUnavailableError
 from buildctl.artifact_store.layout import blob_key, build_index_key, build_index_prefix, identity_key, manifest_key
-from buildctl.artifact_store.manifest import Manifest, hash_tree, scan_tree, utc_now
+from buildctl.artifact_store.manifest import Manifest, hash_tree, scan_tree
+from buildctl.times import utc_now
 from buildctl.artifact_store.quarantine import active_quarantine
 from buildctl.artifact_store.repair import repair, tree_source
 from buildctl.artifact_store.signing import SigningKey, sign_manifest

@@ -17,7 +17,7 @@ from buildctl.digest import canonical_json, digest_bytes
 from buildctl.artifact_store.backend import Store
 from buildctl.artifact_store.errors import CorruptObjectError, QuarantinedError, StoreUnavailableError
 from buildctl.artifact_store.layout import quarantine_key, quarantine_prefix
-from buildctl.artifact_store.manifest import utc_now
+from buildctl.times import utc_now
 from buildctl.artifact_store.signing import SigningKey
 
 

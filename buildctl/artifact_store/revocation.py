@@ -21,7 +21,7 @@ from buildctl.digest import canonical_json, digest_bytes
 from buildctl.artifact_store.backend import Store
 from buildctl.artifact_store.errors import SignatureError, StoreArgumentError
 from buildctl.artifact_store.layout import REVOCATIONS, revocation_key
-from buildctl.artifact_store.manifest import utc_now
+from buildctl.times import parse_utc, utc_now
 from buildctl.artifact_store.signing import SigningKey, TrustedKeys
 
 
@@ -68,7 +68,6 @@ def revocations(store: Store) -> list[Revocation]:
 def with_revocations(store: Store, trusted: TrustedKeys) -> TrustedKeys:
     """``trusted`` with the revocations that a trusted promoter key signed (and was not itself
     revoked at the time of signing)."""
-    from buildctl.artifact_store.channels import parse_utc
     from buildctl.artifact_store.signing import verify_signature
 
     revoked: dict[str, tuple[datetime, str]] = {}

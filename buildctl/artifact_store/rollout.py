@@ -132,12 +132,3 @@ def parse_waves(rollout: str, max_failures: str | None) -> tuple[Wave, ...]:
     return tuple(Wave(percent=p, max_failures=b) for p, b in zip(pct, budgets))
 
 
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-
-
-def parse_duration(text: str) -> float:
-    """``30m``, ``2h``, ``90s``, ``1d`` or plain seconds, as seconds."""
-    m = re.match(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$", text or "")
-    if not m:
-        raise StoreArgumentError(f"duration {text!r}: a number with s, m, h or d, e.g. 30m")
-    return float(m.group(1)) * _UNITS[m.group(2) or "s"]

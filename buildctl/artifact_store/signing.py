@@ -37,6 +37,7 @@ from buildctl.digest import canonical_json, digest_bytes, hex_of
 from buildctl.artifact_store.backend import Store
 from buildctl.artifact_store.errors import SignatureError, StoreArgumentError
 from buildctl.artifact_store.layout import manifest_key, manifest_signature_key, manifest_signature_prefix
+from buildctl.times import parse_utc
 
 ROLES = ("builder", "validator", "promoter")
 
@@ -208,7 +209,7 @@ def verify_signature(what: str, data: bytes, signature: dict | None, trusted: Tr
         raise SignatureError(what, f"bad signature by key {kid}") from None
     if kid in trusted.revoked:
         at, reason = trusted.revoked[kid]
-        made = datetime.fromisoformat(signed_at.replace("Z", "+00:00")) if signed_at else None
+        made = parse_utc(signed_at) if signed_at else None
         if made is None or made.astimezone(timezone.utc) >= at:
             raise SignatureError(what, f"signed by key {kid}, revoked from {at.isoformat()} ({reason})")
     return kid

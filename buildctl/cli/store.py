@@ -168,7 +168,8 @@ def promote_cmd(
     """Move a channel to an artifact that verifies and passed validation (with --rollout: in waves)."""
     from buildctl.pipeline import promote_artifact
     from buildctl.artifact_store.errors import StoreArgumentError
-    from buildctl.artifact_store.rollout import RolloutPlan, parse_duration, parse_waves
+    from buildctl.artifact_store.rollout import RolloutPlan, parse_waves
+    from buildctl.times import parse_duration
 
     plan = None
     if rollout is not None:
@@ -337,7 +338,7 @@ def gc_cmd(
     """Remove artifacts nothing protects: not a channel's, not in its recent history, not on a node,
     not quarantined recently, not new, not among the newest N per (profile, compat key)."""
     from buildctl import fleet
-    from buildctl.artifact_store.rollout import parse_duration
+    from buildctl.times import parse_duration
 
     st = settings(ctx)
     opts = {"keep": keep, "keep_history": keep_history, "dry_run": dry_run,
@@ -421,7 +422,7 @@ def key_revoke_cmd(
     if not re.fullmatch(r"[0-9a-f]{16}", key_id):
         raise StoreArgumentError(f"key id {key_id!r}: 16 lowercase hex digits")
     if revoked_from is not None:
-        from buildctl.artifact_store.channels import parse_utc
+        from buildctl.times import parse_utc
 
         try:
             parse_utc(revoked_from)

@@ -29,12 +29,12 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from buildctl.engines.errors import TrafficFileError
 from buildctl.engines.profile import BuildProfile
+from buildctl.times import parse_utc
 
 QUANTILES = (("p50", 0.50), ("p90", 0.90), ("p99", 0.99), ("max", 1.0))
 KV_BYTES = {"fp8": 1, "int8": 1, "fp16": 2, "bf16": 2}
@@ -90,7 +90,7 @@ def _timestamp(v: Any) -> float | None:
         return float(v)
     if isinstance(v, str):
         try:
-            return datetime.fromisoformat(v.replace("Z", "+00:00")).timestamp()
+            return parse_utc(v).timestamp()
         except ValueError:
             return None
     return None

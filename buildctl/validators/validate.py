@@ -31,7 +31,8 @@ from buildctl.settings import Settings
 from buildctl.stats import combine
 from buildctl.artifact_store.attestations import ATTESTATION_SCHEMA, Attestation, write_attestation
 from buildctl.artifact_store.backend import Store
-from buildctl.artifact_store.manifest import tree_digest, utc_now
+from buildctl.artifact_store.manifest import tree_digest
+from buildctl.times import utc_now
 from buildctl.artifact_store.errors import VerificationError
 from buildctl.artifact_store.pull import install_artifact
 from buildctl.artifact_store.integrity import quarantine_on

@@ -15,7 +15,8 @@ import pytest
 import buildctl.artifact_store as ops
 import buildctl.artifact_store.pull as pull_mod
 from buildctl.artifact_store.backend import open_store
-from buildctl.artifact_store.channels import parse_utc, set_channel
+from buildctl.artifact_store.channels import set_channel
+from buildctl.times import parse_utc
 from buildctl.artifact_store.errors import (
     ExpiredRecordError,
     InstallError,

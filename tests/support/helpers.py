@@ -29,7 +29,7 @@ def attestation(artifact_id: str, compat_key: str, verdict: str = "pass", create
     it): paired throughput ratios of 1.0 against a 0.2 gate for a pass, 0.1 for a fail, straddling
     it for inconclusive; one identical prompt."""
     from buildctl.artifact_store.attestations import Attestation
-    from buildctl.artifact_store.manifest import utc_now
+    from buildctl.times import utc_now
 
     side = {"output_tok_s": 1000.0, "output_tok_s_per_gpu": 1000.0, "request_throughput": 10.0,
             "ttft_p50_ms": 10.0, "ttft_p99_ms": 12.0, "tpot_p50_ms": 1.0, "tpot_p99_ms": 1.2,

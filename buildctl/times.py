@@ -1,0 +1,47 @@
+"""Time as buildctl stores and reads it: one module.
+
+Every stored time is UTC ISO-8601 with microseconds and a ``Z`` (``utc_now``); ``parse_utc`` reads
+one back (a naive time is taken as UTC); ``after`` adds seconds and writes it the same way;
+``parse_duration`` reads the CLI's ``30m``/``2h``/``90s``/``1d``.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime, timedelta, timezone
+
+from buildctl.errors import BadInputError
+
+
+def format_utc(t: datetime) -> str:
+    """``t`` as a stored time: UTC, ISO-8601, microseconds, ``Z``."""
+    if t.tzinfo is None:
+        t = t.replace(tzinfo=timezone.utc)
+    return t.astimezone(timezone.utc).isoformat(timespec="microseconds").replace("+00:00", "Z")
+
+
+def utc_now() -> str:
+    """Now, as a stored time."""
+    return format_utc(datetime.now(timezone.utc))
+
+
+def parse_utc(text: str) -> datetime:
+    """A stored time (or any ISO-8601 time; naive ones are UTC). Raises ``ValueError`` on junk."""
+    t = datetime.fromisoformat(str(text).replace("Z", "+00:00"))
+    return t if t.tzinfo else t.replace(tzinfo=timezone.utc)
+
+
+def after(text: str, seconds: float) -> str:
+    """The stored time ``seconds`` after the stored time ``text``."""
+    return format_utc(parse_utc(text) + timedelta(seconds=seconds))
+
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_duration(text: str) -> float:
+    """``30m``, ``2h``, ``90s``, ``1d`` or plain seconds, as seconds."""
+    m = re.match(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$", text or "")
+    if not m:
+        raise BadInputError(f"duration {text!r}: a number with s, m, h or d, e.g. 30m")
+    return float(m.group(1)) * _UNITS[m.group(2) or "s"]
