@@ -18,6 +18,7 @@ from buildctl.engines import isolate
 from buildctl.engines.profile import load_profile
 from buildctl.settings import load_settings
 from buildctl.artifact_store.backend import open_store
+from buildctl.context import Context
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -44,9 +45,9 @@ def main(argv: list[str] | None = None) -> int:
             store = open_store(str(Path(d) / "store"))
             settings = load_settings()
             pipeline.resolve_model(settings, profile)  # the tiny model is made (or cached) before timing
-            first_s, first = timed(lambda: pipeline.build(settings, store, profile, workdir=Path(d) / "work"))
+            first_s, first = timed(lambda: pipeline.build(Context.from_settings(settings, store=store), profile, workdir=Path(d) / "work"))
             builders_first = len(started)
-            hit_s, hit = timed(lambda: pipeline.build(settings, store, profile, workdir=Path(d) / "work"))
+            hit_s, hit = timed(lambda: pipeline.build(Context.from_settings(settings, store=store), profile, workdir=Path(d) / "work"))
             hit_builders.append(len(started) - builders_first)
             ok = ok and hit.cache_hit and hit.artifact_id == first.artifact_id
         firsts.append(first_s)

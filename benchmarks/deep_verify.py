@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 from benchmarks.common import GIB, finish, make_engine_tree, table
+from buildctl.context import Context
 
 REPO = Path(__file__).resolve().parent.parent
 PROD_BYTES = 70e9
@@ -66,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
         tiny_store = open_store(str(work / "tiny"))
         pipeline.resolve_model(settings, profile)
         t0 = time.perf_counter()
-        built = pipeline.build(settings, tiny_store, profile, workdir=work / "build")
+        built = pipeline.build(Context.from_settings(settings, store=tiny_store), profile, workdir=work / "build")
         build_s = time.perf_counter() - t0
         tiny_times = []
         for _ in range(args.repeat):

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from benchmarks.common import finish, fmt_spread, spread, table
+from buildctl.context import Context
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -28,7 +29,7 @@ def one_run() -> list[tuple[str, float]]:
     from buildctl.engines.tiny import make_tiny
     from buildctl.settings import load_settings
     from buildctl.artifact_store.backend import open_store
-    from buildctl.artifact_store.pull import install_artifact
+    from buildctl.artifact_store.install_dir import install_artifact
 
     profile = load_profile(REPO / "build_profiles" / "tiny-llama-cpu.yaml")
     work = Path(tempfile.mkdtemp(prefix="buildctl-bench-pipeline-"))
@@ -40,13 +41,13 @@ def one_run() -> list[tuple[str, float]]:
         stages.append(("model (make + train the tiny Llama)", time.perf_counter() - t))
         store = open_store(str(work / "store"))
         t = time.perf_counter()
-        plan = pipeline.plan_build(settings, store, profile)
+        plan = pipeline.plan_build(Context.from_settings(settings, store=store), profile)
         stages.append(("fingerprint + model digest + cache lookup", time.perf_counter() - t))
         t = time.perf_counter()
         built = pipeline.run_build(settings, plan, workdir=work)
         stages.append(("build (aoti compile, subprocess)", time.perf_counter() - t))
         t = time.perf_counter()
-        pub = pipeline.publish_build(settings, store, built)
+        pub = pipeline.publish_build(Context.from_settings(settings, store=store), built)
         stages.append(("publish (hash + store)", time.perf_counter() - t))
         shutil.rmtree(built.run_dir, ignore_errors=True)
         marks: list[tuple[str, float]] = [("start", time.perf_counter())]
@@ -56,14 +57,14 @@ def one_run() -> list[tuple[str, float]]:
                 if msg.startswith(key):
                     marks.append((key, time.perf_counter()))
 
-        res = pipeline.validate(settings, store, pub.artifact_id, say=say)
+        res = pipeline.validate(Context.from_settings(settings, store=store), pub.artifact_id, say=say)
         marks.append(("end", time.perf_counter()))
         names = {"start": "validate: pull + load the engine", "starting the vLLM reference": "validate: vLLM reference start-up",
                  "parity:": "validate: parity", "speed:": "validate: speed (paired repetitions)"}
         for (k, a), (_, b) in zip(marks, marks[1:]):
             stages.append((names[k], b - a))
         t = time.perf_counter()
-        pipeline.promote_artifact(settings, store, res.artifact_id, "staging")
+        pipeline.promote_artifact(Context.from_settings(settings, store=store), res.artifact_id, "staging")
         stages.append(("promote", time.perf_counter() - t))
         t = time.perf_counter()
         install_artifact(store, res.artifact_id, work / "node", preflight=pipeline.preflight_for(settings))

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import finish, table
+from buildctl.context import Context
 
 REPO = Path(__file__).resolve().parent.parent
 SITUATIONS = ("quiet", "busy", "slowed")
@@ -54,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     profile = load_profile(args.profile)
     store = open_store(str(work / "store"))
     model = pipeline.resolve_model(settings, profile)
-    aid = pipeline.build(settings, store, profile, workdir=work / "build").artifact_id
+    aid = pipeline.build(Context.from_settings(settings, store=store), profile, workdir=work / "build").artifact_id
     fp = detect()
     reference = VllmRunner(model, profile.reference)
 

@@ -48,10 +48,11 @@ def run_network(label: str, server, endpoint: str, root: Path, work: Path, reps:
 
     from buildctl.engines.fingerprint import detect
     from buildctl.engines.profile import load_profile
+    from buildctl.context import Context
     from buildctl.pipeline import import_engine
     from buildctl.settings import load_settings
     from buildctl.artifact_store import ranged
-    from buildctl.artifact_store.pull import install_artifact
+    from buildctl.artifact_store.install_dir import install_artifact
     from buildctl.artifact_store.s3 import S3Store
 
     files = tree_files(root)
@@ -71,7 +72,7 @@ def run_network(label: str, server, endpoint: str, root: Path, work: Path, reps:
                         f"s3://{server.new_bucket()}/"], check=True, env=aws_env)
 
     def buildctl_publish() -> None:
-        import_engine(load_settings(), S3Store(f"s3://{server.new_bucket()}/buildctl", endpoint_url=endpoint), root, profile, fp)
+        import_engine(Context.from_settings(load_settings(), store=S3Store(f"s3://{server.new_bucket()}/buildctl", endpoint_url=endpoint)), root, profile, fp)
 
     up: dict[str, Callable[[], None]] = {"boto3 upload_file (classic, defaults)": lambda: boto_upload(classic)}
     try:
@@ -85,7 +86,7 @@ def run_network(label: str, server, endpoint: str, root: Path, work: Path, reps:
     up_times = interleaved(up, reps)
 
     store = S3Store(f"s3://{server.new_bucket()}/buildctl", endpoint_url=endpoint)
-    artifact = import_engine(load_settings(), store, root, profile, fp).artifact_id
+    artifact = import_engine(Context.from_settings(load_settings(), store=store), root, profile, fp).artifact_id
     keys = list(store.list("blobs/"))
 
     def fresh(name: str) -> Path:

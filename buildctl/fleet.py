@@ -1,7 +1,8 @@
-"""The fleet: node inventory in the store, and the reconcile plan (a pure function).
+"""The fleet: node reports into the inventory, and the reconcile plan (a pure function).
 
 Each node agent reports its fingerprint and the profiles it serves (``buildctl node report``);
-the record lives at ``inventory/nodes/<node_id>.json`` and is replaced with compare-and-swap.
+the record (:mod:`buildctl.artifact_store.inventory`, which owns the models) lives at
+``inventory/nodes/<node_id>.json`` and is replaced with compare-and-swap.
 The plan computes which (profile, compat key) pairs the nodes need and drops those that already
 have an artifact built from the profile's current build hash; each distinct pair is built once,
 however many nodes share it.
@@ -9,79 +10,27 @@ however many nodes share it.
 
 from __future__ import annotations
 
-import re
-import time
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Literal
+from typing import Any, Callable, Iterable
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
-
-from buildctl.digest import canonical_json
 from buildctl.engines.fingerprint import Fingerprint
 from buildctl.engines.profile import BuildProfile
 from buildctl.engines.registry import backend_names, get_backend
+from buildctl.context import Context
 from buildctl.settings import Settings
 from buildctl.artifact_store.backend import Store
-from buildctl.artifact_store.errors import CasConflictError, CorruptObjectError, StoreArgumentError
 from buildctl.artifact_store.gc import GcResult, gc as store_gc
-from buildctl.artifact_store.layout import NODES, node_key
+from buildctl.artifact_store.inventory import (
+    MAX_PULL_FAILURES,
+    EngineState,
+    NodeRecord,
+    PullFailure,
+    read_inventory,
+    read_node,
+    update_node,
+)
 from buildctl.times import utc_now
 from buildctl.artifact_store.verify import list_artifacts
-
-NODE_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")
-
-
-class PullFailure(BaseModel):
-    """A pull this node refused: the artifact stays out of ``current``, and the report says why."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    artifact_id: str = Field(..., description="The artifact the channel pointed at.")
-    profile: str = Field(..., description="Profile pulled.")
-    channel: str = Field(..., description="Channel pulled.")
-    compat_key: str = Field(..., description="The channel ref's compat key.")
-    files: tuple[str, ...] = Field((), description="The files that failed, when the bytes were wrong.")
-    error: str = Field(..., description="The error's type and message.")
-    when: str = Field(..., description="UTC ISO-8601 time.")
-
-
-MAX_PULL_FAILURES = 10
-HealthStatus = Literal["installed", "healthy", "failed"]
-
-
-class EngineState(BaseModel):
-    """What a node runs for one (profile, channel), and what its smoke check said."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    profile: str = Field(..., description="Profile pulled.")
-    channel: str = Field(..., description="Channel pulled.")
-    compat_key: str = Field(..., description="The channel ref's compat key.")
-    artifact_id: str = Field(..., description="The artifact the channel gave this node.")
-    seq: int = Field(..., ge=1, description="The channel record it was resolved from.")
-    status: HealthStatus = Field(..., description="installed (smoke check pending), healthy or failed.")
-    detail: str | None = Field(None, description="Why the smoke check failed, or what it ran.")
-    current: str | None = Field(None, description="The artifact DIR/current holds now (after a failure: the one switched back to).")
-    previous: str | None = Field(None, description="The artifact DIR/previous holds now (the node's own rollback target).")
-    when: str = Field(..., description="UTC ISO-8601 time.")
-
-
-class NodeRecord(BaseModel):
-    """What one node reported."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    node_id: str = Field(..., description="The node's id (hostname or cloud instance id).")
-    fingerprint: dict[str, Any] = Field(..., description="The node's fingerprint.")
-    compat_keys: dict[str, str] = Field(..., description="Compat key per backend, from the fingerprint.")
-    profiles: tuple[str, ...] = Field((), description="Profiles the node serves.")
-    reported_at: str = Field(..., description="UTC time of the report.")
-    reports: int = Field(1, ge=1, description="How many reports this node has made.")
-    pull_failures: tuple[PullFailure, ...] = Field((), description=f"The node's latest refused pulls, newest last (at most {MAX_PULL_FAILURES}).")
-    engines: tuple[EngineState, ...] = Field((), description="Per (profile, channel): the engine installed and its health.")
-
-    def engine(self, profile: str, channel: str) -> EngineState | None:
-        return next((e for e in self.engines if e.profile == profile and e.channel == channel), None)
 
 
 @dataclass
@@ -95,52 +44,34 @@ class ReportResult:
         return self.previous is not None and self.previous.compat_keys != self.record.compat_keys
 
 
-def read_node(store: Store, node_id: str) -> tuple[NodeRecord, str] | None:
-    got = store.get_ref(node_key(node_id))
-    if got is None:
-        return None
-    try:
-        return NodeRecord.model_validate_json(got[0]), got[1]
-    except ValidationError:
-        raise CorruptObjectError(node_key(node_id), "malformed node record") from None
-
-
 def report_node(store: Store, node_id: str, fingerprint: Fingerprint, profiles: Iterable[str], *,
                 attempts: int = 20) -> ReportResult:
     """Write this node's record with compare-and-swap; returns it and the record it replaced."""
-    if not NODE_ID_RE.match(node_id):
-        raise StoreArgumentError(f"bad node id {node_id!r}: letters, digits, '.', '_' and '-'")
-    profiles = tuple(sorted(set(profiles)))
-    for _ in range(attempts):
-        current = read_node(store, node_id)
-        rec = NodeRecord(node_id=node_id, fingerprint=fingerprint.model_dump(mode="json"),
-                         compat_keys={b: fingerprint.compat_key(b) for b in backend_names()}, profiles=profiles,
-                         reported_at=utc_now(), reports=(current[0].reports + 1) if current else 1,
-                         pull_failures=current[0].pull_failures if current else (),
-                         engines=current[0].engines if current else ())
-        if store.cas(node_key(node_id), canonical_json(rec.model_dump(mode="json")), current[1] if current else None):
-            return ReportResult(rec, current[0] if current else None)
-        time.sleep(0.05)
-    raise CasConflictError(node_key(node_id), attempts)
+    served = tuple(sorted(set(profiles)))
+
+    def change(current: NodeRecord | None) -> NodeRecord:
+        return NodeRecord(node_id=node_id, fingerprint=fingerprint.model_dump(mode="json"),
+                          compat_keys={b: fingerprint.compat_key(b) for b in backend_names()}, profiles=served,
+                          reported_at=utc_now(), reports=(current.reports + 1) if current else 1,
+                          pull_failures=current.pull_failures if current else (),
+                          engines=current.engines if current else ())
+
+    rec, previous = update_node(store, node_id, change, attempts=attempts)
+    return ReportResult(rec, previous)
 
 
 def _update_node(store: Store, node_id: str, fingerprint: Fingerprint, profile: str,
                  change: Callable[[NodeRecord], NodeRecord], attempts: int) -> NodeRecord:
     """Apply ``change`` to the node's inventory record with compare-and-swap (a node that never
     reported gets a record from its fingerprint)."""
-    if not NODE_ID_RE.match(node_id):
-        raise StoreArgumentError(f"bad node id {node_id!r}: letters, digits, '.', '_' and '-'")
-    for _ in range(attempts):
-        current = read_node(store, node_id)
-        base = current[0] if current is not None else NodeRecord(
+
+    def apply(current: NodeRecord | None) -> NodeRecord:
+        return change(current if current is not None else NodeRecord(
             node_id=node_id, fingerprint=fingerprint.model_dump(mode="json"),
             compat_keys={b: fingerprint.compat_key(b) for b in backend_names()}, profiles=(profile,),
-            reported_at=utc_now())
-        rec = change(base)
-        if store.cas(node_key(node_id), canonical_json(rec.model_dump(mode="json")), current[1] if current else None):
-            return rec
-        time.sleep(0.05)
-    raise CasConflictError(node_key(node_id), attempts)
+            reported_at=utc_now()))
+
+    return update_node(store, node_id, apply, attempts=attempts)[0]
 
 
 def record_pull_failure(store: Store, node_id: str, fingerprint: Fingerprint, failure: PullFailure, *,
@@ -168,15 +99,6 @@ def record_reported_fingerprint(store: Store, node_id: str, fingerprint: Fingerp
     if current is None or current[0].fingerprint != fingerprint.model_dump(mode="json"):
         report_node(store, node_id, fingerprint, served)
     return served
-
-
-def read_inventory(store: Store) -> list[NodeRecord]:
-    out = []
-    for key in store.list(NODES):
-        got = store.get_ref(key)
-        if got is not None:
-            out.append(NodeRecord.model_validate_json(got[0]))
-    return out
 
 
 @dataclass(frozen=True)
@@ -247,22 +169,9 @@ def event_payload(result: ReportResult) -> dict[str, Any]:
             "profiles": list(result.record.profiles)}
 
 
-def node_protections(nodes: Iterable[NodeRecord]) -> list[tuple[str, str]]:
-    """What the nodes run or keep, as gc protections: (artifact, why)."""
-    out = []
-    for node in nodes:
-        for e in node.engines:
-            out.append((e.artifact_id, f"node {node.node_id} reports it installed ({e.profile}/{e.channel}, {e.status})"))
-            if e.current:
-                out.append((e.current, f"node {node.node_id} runs it (current, {e.profile}/{e.channel})"))
-            if e.previous:
-                out.append((e.previous, f"node {node.node_id} keeps it as previous ({e.profile}/{e.channel})"))
-    return out
-
-
-def gc(settings: Settings, store: Store, **options: Any) -> GcResult:
-    """``buildctl gc`` and the gc-store flow: the store's gc, with what the nodes report protected,
-    and the grace period and delete window the publishes use."""
-    options.setdefault("grace_s", settings.gc_grace_s)
-    options.setdefault("delete_window_s", settings.gc_delete_window_s)
-    return store_gc(store, also_protected=node_protections(read_inventory(store)), **options)
+def gc(ctx: Context, **options: Any) -> GcResult:
+    """``buildctl gc`` and the gc-store flow: the store's gc (which keeps what the nodes report),
+    with the grace period and delete window the publishes use."""
+    options.setdefault("grace_s", ctx.settings.gc_grace_s)
+    options.setdefault("delete_window_s", ctx.settings.gc_delete_window_s)
+    return store_gc(ctx.store, **options)

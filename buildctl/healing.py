@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
-from typing import Callable
 
-from buildctl.pipeline import PROTECTED_CHANNELS, passing_attestation, signer_of, store_of
-from buildctl.settings import Settings
+from buildctl.context import Context
+from buildctl.pipeline import PROTECTED_CHANNELS, passing_attestation
 from buildctl.artifact_store.backend import Store
-from buildctl.artifact_store.channels import all_channel_records, channels_pointing_at, history, rollback
+from buildctl.artifact_store.channels import all_channel_records, channels_pointing_at, history
+from buildctl.artifact_store.promotion import rollback
 from buildctl.artifact_store.errors import ArtifactNotFoundError, QuarantinedError, StoreArgumentError, VerificationError
 from buildctl.artifact_store.integrity import verify_recent_or_quarantine, verify_deep_or_quarantine
 from buildctl.artifact_store.quarantine import active_quarantine, quarantine
@@ -49,19 +49,20 @@ class HealReport:
     rebuild: list[tuple[str, str]] = field(default_factory=list)  # (profile, compat key) still to rebuild
 
 
-def quarantine_artifact(settings: Settings, store: Store, artifact_ref: str, reason: str) -> tuple[str, str]:
+def quarantine_artifact(ctx: Context, artifact_ref: str, reason: str) -> tuple[str, str]:
     """Quarantine by hand (``buildctl quarantine``); returns (artifact id, record key)."""
     if not reason.strip():
         raise StoreArgumentError("--reason must say why the artifact is quarantined")
-    artifact_id = resolve_artifact(store, artifact_ref)
-    key, _ = quarantine(store, artifact_id, reason, who=settings.actor, signer=signer_of(settings))
+    artifact_id = resolve_artifact(ctx.store, artifact_ref)
+    key, _ = quarantine(ctx.store, artifact_id, reason, auth=ctx.auth)
     return artifact_id, key
 
 
-def recover_channels(settings: Settings, store: Store, artifact_id: str) -> list[ChannelRecovery]:
+def recover_channels(ctx: Context, artifact_id: str) -> list[ChannelRecovery]:
     """Roll every channel ref that points at the (quarantined) artifact back to its newest earlier
     artifact that is not quarantined, deep-verifies and, on a protected channel, passed validation
     for the compat key. Each rollback is a new history record whose reason names the quarantine."""
+    store = ctx.store
     active = active_quarantine(store, artifact_id)
     why = f"quarantine of {artifact_id}" + (f": {active[1].reason}" if active else "")
     out = []
@@ -76,8 +77,8 @@ def recover_channels(settings: Settings, store: Store, artifact_id: str) -> list
             if rec.channel in PROTECTED_CHANNELS and passing_attestation(store, cand, rec.compat_key) is None:
                 continue
             try:
-                verify_recent_or_quarantine(store, cand, detector=f"recovery of {rec.channel}", who=settings.actor,
-                                signer=signer_of(settings), window_s=0)
+                verify_recent_or_quarantine(store, cand, detector=f"recovery of {rec.channel}", auth=ctx.auth,
+                                            window_s=0)
             except (VerificationError, QuarantinedError, ArtifactNotFoundError):
                 continue
             target = cand
@@ -85,20 +86,20 @@ def recover_channels(settings: Settings, store: Store, artifact_id: str) -> list
         if target is None:
             out.append(ChannelRecovery(rec.profile, rec.channel, rec.compat_key, None, detail=detail))
             continue
-        new = rollback(store, rec.profile, rec.channel, to=target, compat_key=rec.compat_key, reason=why,
-                       who=settings.actor, signer=signer_of(settings), verify_window_s=settings.verify_window_s)
+        new = rollback(store, rec.profile, rec.channel, auth=ctx.auth, to=target, compat_key=rec.compat_key, reason=why)
         out.append(ChannelRecovery(rec.profile, rec.channel, rec.compat_key, target, new.seq, "rolled back"))
     return out
 
 
-def heal_artifact(settings: Settings, store: Store, artifact_ref: str, *, repair_source: str | None = None) -> HealReport:
+def heal_artifact(ctx: Context, artifact_ref: str, *, repair_source: str | None = None) -> HealReport:
     """Deep verify -> quarantine -> roll channels back -> repair (from ``repair_source``) or name the rebuilds."""
+    store = ctx.store
     artifact_id = resolve_artifact(store, artifact_ref)
     report = HealReport(artifact_id, store_copy_ok=False)
     active = active_quarantine(store, artifact_id)
     if active is None:
         try:
-            verify_deep_or_quarantine(store, artifact_id, detector="heal", who=settings.actor, signer=signer_of(settings))
+            verify_deep_or_quarantine(store, artifact_id, detector="heal", auth=ctx.auth)
             report.store_copy_ok = True  # the reporter's own copy was bad: nothing to do in the store
             return report
         except VerificationError as err:
@@ -106,26 +107,19 @@ def heal_artifact(settings: Settings, store: Store, artifact_ref: str, *, repair
             report.quarantine_key = err.quarantine_key
     else:
         report.quarantine_key, report.problems = active[0], list(active[1].problems)
-    report.recoveries = recover_channels(settings, store, artifact_id)
+    report.recoveries = recover_channels(ctx, artifact_id)
     if repair_source:
-        report.repair = repair_from(store, artifact_id, repair_source, open_store=_opener(settings),
-                                    who=settings.actor, signer=signer_of(settings))
+        report.repair = repair_from(store, artifact_id, repair_source, open_store=ctx.open_other, auth=ctx.auth)
     if report.repair is None or not report.repair.healthy:
         m = get_manifest(store, artifact_id)
         report.rebuild = [(m.profile_name, m.compat_key)]
     return report
 
 
-def repair_artifact(settings: Settings, store: Store, artifact_ref: str, source: str) -> RepairResult:
+def repair_artifact(ctx: Context, artifact_ref: str, source: str) -> RepairResult:
     """``buildctl repair ARTIFACT --from DIR|STORE-URI``."""
-    artifact_id = resolve_artifact(store, artifact_ref)
-    return repair_from(store, artifact_id, source, open_store=_opener(settings), who=settings.actor,
-                       signer=signer_of(settings))
-
-
-def _opener(settings: Settings) -> Callable[[str], Store]:
-    """Open another store (a repair source) with these settings' endpoint and credentials."""
-    return lambda uri: store_of(settings.with_flags(store=uri))
+    artifact_id = resolve_artifact(ctx.store, artifact_ref)
+    return repair_from(ctx.store, artifact_id, source, open_store=ctx.open_other, auth=ctx.auth)
 
 
 @dataclass
@@ -152,10 +146,11 @@ class ScrubReport:
         return sum(r.bytes for r in self.rows if r.status in ("ok", "corrupt"))
 
 
-def scrub(settings: Settings, store: Store, *, sample: float = 1.0, channels_only: bool = False,
+def scrub(ctx: Context, *, sample: float = 1.0, channels_only: bool = False,
           budget_bytes: int | None = None, seed: int | None = None) -> ScrubReport:
     """Deep-verify artifacts, those a channel points at first, then a ``sample`` fraction of the
     rest; stop at ``budget_bytes``. Every failure is quarantined."""
+    store = ctx.store
     if not 0 < sample <= 1:
         raise StoreArgumentError(f"--sample {sample}: a fraction in (0, 1]")
     referenced: dict[str, list[str]] = {}
@@ -180,7 +175,7 @@ def scrub(settings: Settings, store: Store, *, sample: float = 1.0, channels_onl
             continue
         spent += m.total_size
         try:
-            verify_deep_or_quarantine(store, aid, detector="scrub", who=settings.actor, signer=signer_of(settings))
+            verify_deep_or_quarantine(store, aid, detector="scrub", auth=ctx.auth)
         except VerificationError as err:
             row.status, row.problems, row.quarantine_key = "corrupt", [p.render() for p in err.problems], err.quarantine_key
     return ScrubReport(rows)

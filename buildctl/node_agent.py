@@ -21,24 +21,26 @@ from typing import Callable
 
 from buildctl.engines.fingerprint import Fingerprint, host_fingerprint
 from buildctl.errors import BuildctlError
-from buildctl.fleet import EngineState, HealthStatus, record_engine_state
-from buildctl.pipeline import host_compat_keys, preflight_for, trusted_of
+from buildctl.fleet import record_engine_state
+from buildctl.artifact_store.inventory import EngineState, HealthStatus
+from buildctl.context import Context
+from buildctl.pipeline import host_compat_keys, preflight_for
 from buildctl.settings import Settings
+from buildctl.times import utc_now
 from buildctl.artifact_store.backend import ProgressFn, Store
 from buildctl.artifact_store.channels import ChannelRecord
 from buildctl.artifact_store.errors import EngineUnhealthyError
-from buildctl.artifact_store.manifest import Manifest
-from buildctl.times import utc_now
-from buildctl.artifact_store.pull import pull as store_pull
-from buildctl.artifact_store.pull import (
+from buildctl.artifact_store.install_dir import (
     PullResult,
     current_artifact,
     health_marks,
     mark_health,
     previous_artifact,
-    resolve_channel,
     switch_back,
 )
+from buildctl.artifact_store.manifest import Manifest
+from buildctl.artifact_store.pull import pull as store_pull
+from buildctl.artifact_store.pull import resolve_channel
 from buildctl.artifact_store.verify import get_manifest
 
 HEALTH_TIMEOUT_S = 600.0
@@ -86,7 +88,7 @@ def _record(store: Store, node_id: str, fp: Fingerprint, state: EngineState) -> 
     return True
 
 
-def pull(settings: Settings, store: Store, profile: str, channel: str, dest: str | Path, *,
+def pull(ctx: Context, profile: str, channel: str, dest: str | Path, *,
          node_id: str | None = None, fingerprint: Fingerprint | None = None, health_cmd: str | None = None,
          health_check: bool = True, skip_preflight: bool = False, retry_failed: bool = False, keep: int = 2,
          min_seq: int = 0, on_bytes: ProgressFn | None = None,
@@ -95,7 +97,7 @@ def pull(settings: Settings, store: Store, profile: str, channel: str, dest: str
     """Pull for this node, then smoke-check what was installed (see the module docstring).
     ``on_health`` is called with each state recorded (the CLI emits the event from it). Raises
     :class:`EngineUnhealthyError` (after switching back) when the check fails."""
-    trusted = trusted_of(settings)  # a bad key layout is reported before anything else
+    settings, store = ctx.settings, ctx.store
     fp = fingerprint or host_fingerprint(settings)
     dest = Path(dest)
     rec = resolve_channel(store, profile, channel, host_compat_keys(fp))
@@ -105,7 +107,7 @@ def pull(settings: Settings, store: Store, profile: str, channel: str, dest: str
         raise EngineUnhealthyError(target, verdict.get("detail") or "failed", current_artifact(dest), held_back=True)
     res = store_pull(store, profile, channel, dest, host_compat_keys(fp), record=rec, node_id=node_id, keep=keep,
                preflight=None if skip_preflight else preflight_for(settings), on_bytes=on_bytes,
-               trusted=trusted, min_seq=min_seq)
+               trusted=ctx.auth.trusted, min_seq=min_seq)
     runs_check = health_check and (health_cmd is not None or not skip_preflight)
     if not runs_check or (not res.installed and verdict.get("status") == "healthy"):
         if node_id and res.installed:  # what it runs and keeps, for rollouts and gc: no verdict to add

@@ -1,8 +1,9 @@
 """The pipeline steps as plain functions: every decision of build, validate, promote and pull.
 
 The CLI and the Prefect flows both call these and add only their own concerns (argument
-parsing and printing; retries, concurrency, artifacts and events). Each step takes the
-:class:`~buildctl.settings.Settings` it needs and, where it works on a store, the store.
+parsing and printing; retries, concurrency, artifacts and events). A step that works on the store
+takes the :class:`~buildctl.context.Context` (settings, store and authority, made once per
+command); one that needs only configuration takes the :class:`~buildctl.settings.Settings`.
 """
 
 from __future__ import annotations
@@ -34,12 +35,15 @@ from buildctl.engines.errors import (
 from buildctl.engines.fingerprint import Fingerprint, host_fingerprint
 from buildctl.engines.profile import BuildProfile, load_profile, profile_path
 from buildctl.engines.registry import backend_names, backend_of_engine_dir, get_backend
-from buildctl.fleet import PullFailure, record_pull_failure
+from buildctl.fleet import record_pull_failure
+from buildctl.artifact_store.inventory import PullFailure
+from buildctl.context import Context
 from buildctl.errors import BadInputError, BuildctlError, BuildFailedError
 from buildctl.settings import Settings
 from buildctl.artifact_store.attestations import StoredAttestation, latest_attestation
 from buildctl.artifact_store.backend import ProgressFn, Store, open_store
-from buildctl.artifact_store.channels import ChannelRecord, promote
+from buildctl.artifact_store.channels import ChannelRecord
+from buildctl.artifact_store.promotion import promote
 from buildctl.artifact_store.checkpoints import download_checkpoint
 from buildctl.artifact_store.errors import StoreArgumentError, VerificationError
 from buildctl.artifact_store.manifest import Manifest, tree_digest
@@ -47,7 +51,6 @@ from buildctl.times import utc_now
 from buildctl.artifact_store.publish import ManifestDraft, PublishResult, lookup_build_key, publish_tree
 from buildctl.artifact_store.pull import resolve_channel
 from buildctl.artifact_store.rollout import RolloutPlan
-from buildctl.artifact_store.signing import SigningKey, TrustedKeys, load_signing_key, load_trusted_keys
 from buildctl.artifact_store.integrity import verify_recent_or_quarantine, verify_deep_or_quarantine
 from buildctl.artifact_store.verify import get_manifest, resolve_artifact
 
@@ -59,24 +62,6 @@ PROTECTED_CHANNELS = frozenset({"prod", "production"})
 
 def _quiet(_: str) -> None:
     return None
-
-
-# --- settings-derived handles ------------------------------------------------------------------
-
-
-def store_of(settings: Settings) -> Store:
-    """The store the settings name."""
-    return open_store(settings.store, endpoint_url=settings.endpoint_url)
-
-
-def signer_of(settings: Settings) -> SigningKey | None:
-    """The key this process signs with, if one is configured."""
-    return load_signing_key(settings.signing_key)
-
-
-def trusted_of(settings: Settings) -> TrustedKeys | None:
-    """The trusted public keys, if configured (then signatures are enforced)."""
-    return load_trusted_keys(settings.trusted_keys)
 
 
 # --- profiles and models ---------------------------------------------------------------------
@@ -162,15 +147,15 @@ def manifest_draft(profile: BuildProfile, fingerprint: Fingerprint, *, model_dig
     )
 
 
-def import_engine(settings: Settings, store: Store, engine_dir: str | Path, profile: BuildProfile,
+def import_engine(ctx: Context, engine_dir: str | Path, profile: BuildProfile,
                   fingerprint: Fingerprint, *, model_digest: str | None = None,
                   on_bytes: ProgressFn | None = None) -> PublishResult:
     """Publish an engine directory built elsewhere (e.g. by hand with ``trtllm-build``)."""
     if model_digest is not None and not is_digest(model_digest):
         raise BadInputError(f"--model-digest {model_digest!r} is not an xxh3-128:<32 hex> digest")
-    return publish_tree(store, engine_dir, manifest_draft(profile, fingerprint, model_digest=model_digest),
-                        on_bytes=on_bytes, signer=signer_of(settings), grace_s=settings.gc_grace_s,
-                        delete_window_s=settings.gc_delete_window_s)
+    return publish_tree(ctx.store, engine_dir, manifest_draft(profile, fingerprint, model_digest=model_digest),
+                        on_bytes=on_bytes, auth=ctx.auth, grace_s=ctx.settings.gc_grace_s,
+                        delete_window_s=ctx.settings.gc_delete_window_s)
 
 
 # --- preflight and engines -------------------------------------------------------------------
@@ -256,10 +241,11 @@ class BuiltEngine:
     tool_versions: dict[str, str | None]
 
 
-def plan_build(settings: Settings, store: Store, profile: BuildProfile, *, model: str | None = None,
+def plan_build(ctx: Context, profile: BuildProfile, *, model: str | None = None,
                target_compat_key: str | None = None, fingerprint: Fingerprint | None = None,
                say: Say = _quiet) -> BuildPlan:
     """Check the target, resolve the model, compute the build key and look it up in the cache."""
+    settings, store = ctx.settings, ctx.store
     fp = fingerprint or host_fingerprint(settings)
     compat = fp.compat_key(profile.engine.backend)
     if target_compat_key and target_compat_key != compat:
@@ -280,7 +266,7 @@ def plan_build(settings: Settings, store: Store, profile: BuildProfile, *, model
         # A cache hit is a hit only when every blob re-hashes right: seconds, against a build of
         # minutes to hours. A rotted artifact is quarantined (so it is never a hit again) and built anew.
         try:
-            verify_deep_or_quarantine(store, cached, detector="build cache check", who=settings.actor, signer=signer_of(settings))
+            verify_deep_or_quarantine(store, cached, detector="build cache check", auth=ctx.auth)
             say(f"cache hit: {cached} (deep-verified)")
         except VerificationError as err:
             say(f"cached artifact {cached} does not verify ({len(err.problems)} problem(s)); quarantined "
@@ -313,13 +299,13 @@ def run_build(settings: Settings, plan: BuildPlan, *, workdir: Path | None = Non
     return BuiltEngine(plan, run_dir, result.engine_dir, log_path, result.wall_s, result.tool_versions)
 
 
-def publish_build(settings: Settings, store: Store, built: BuiltEngine, *, say: Say = _quiet) -> PublishResult:
+def publish_build(ctx: Context, built: BuiltEngine, *, say: Say = _quiet) -> PublishResult:
     """Publish a built engine with its log and claim its build key; idempotent, so safe to retry."""
     plan = built.plan
     draft = manifest_draft(plan.profile, plan.fingerprint, model_digest=plan.model_digest,
                            extra_versions=built.tool_versions)
-    pub = publish_tree(store, built.engine_dir, draft, build_log=built.log_path, signer=signer_of(settings),
-                       who=settings.actor, grace_s=settings.gc_grace_s, delete_window_s=settings.gc_delete_window_s)
+    pub = publish_tree(ctx.store, built.engine_dir, draft, build_log=built.log_path, auth=ctx.auth,
+                       grace_s=ctx.settings.gc_grace_s, delete_window_s=ctx.settings.gc_delete_window_s)
     if pub.repaired:
         say(f"the rebuild has the quarantined artifact's content: put back {', '.join(pub.repaired)}")
     if pub.build_key_owner and pub.build_key_owner != pub.artifact_id:
@@ -328,8 +314,7 @@ def publish_build(settings: Settings, store: Store, built: BuiltEngine, *, say: 
 
 
 def build(
-    settings: Settings,
-    store: Store,
+    ctx: Context,
     profile: BuildProfile,
     *,
     model: str | None = None,
@@ -341,15 +326,15 @@ def build(
     """Build the profile for this host and publish it, unless its build key already has an
     artifact that verifies (then no builder runs at all)."""
     t0 = time.monotonic()
-    plan = plan_build(settings, store, profile, model=model, target_compat_key=target_compat_key,
+    plan = plan_build(ctx, profile, model=model, target_compat_key=target_compat_key,
                       fingerprint=fingerprint, say=say)
     if plan.cached is not None:
         return BuildOutcome(plan.cached, plan.build_key, plan.model_digest, plan.compat_key, cache_hit=True,
                             total_s=time.monotonic() - t0)
-    built = run_build(settings, plan, workdir=workdir, say=say)
+    built = run_build(ctx.settings, plan, workdir=workdir, say=say)
     try:
         t1 = time.monotonic()
-        pub = publish_build(settings, store, built, say=say)
+        pub = publish_build(ctx, built, say=say)
         publish_s = time.monotonic() - t1
     finally:
         shutil.rmtree(built.run_dir, ignore_errors=True)
@@ -378,7 +363,7 @@ def _with_kept_log(err: BuildFailedError, kept: Path | None) -> BuildFailedError
 # --- validation ------------------------------------------------------------------------------
 
 
-def validate(settings: Settings, store: Store, artifact_ref: str, *, profile_path: str | Path | None = None,
+def validate(ctx: Context, artifact_ref: str, *, profile_path: str | Path | None = None,
              prompts_file: str | Path | None = None, fingerprint: Fingerprint | None = None,
              reference: Runner | None = None, wrap_candidate: Callable[[Runner], Runner] | None = None,
              speed_budget: float = 1.0, say: Say = _quiet):
@@ -389,13 +374,14 @@ def validate(settings: Settings, store: Store, artifact_ref: str, *, profile_pat
     ``speed_budget`` scales)."""
     from buildctl.validators.validate import run_validation
 
+    settings, store = ctx.settings, ctx.store
     artifact_id = resolve_artifact(store, artifact_ref)
     manifest = get_manifest(store, artifact_id)
     profile = find_profile(settings, manifest.profile_name, manifest.profile_hash, profile_path)
     return run_validation(settings, store, artifact_id, profile=profile, model_dir=resolve_model(settings, profile),
                           prompts_file=prompts_file, fingerprint=fingerprint or host_fingerprint(settings),
-                          reference=reference, wrap_candidate=wrap_candidate, signer=signer_of(settings),
-                          who=settings.actor, speed_budget=speed_budget, say=say)
+                          reference=reference, wrap_candidate=wrap_candidate, auth=ctx.auth,
+                          speed_budget=speed_budget, say=say)
 
 
 def passing_attestation(store: Store, artifact_id: str, compat_key: str) -> StoredAttestation | None:
@@ -404,14 +390,13 @@ def passing_attestation(store: Store, artifact_id: str, compat_key: str) -> Stor
     return stored if stored is not None and stored.attestation.passed else None
 
 
-def reusable_attestation(settings: Settings, store: Store, artifact_id: str, compat_key: str) -> StoredAttestation | None:
+def reusable_attestation(ctx: Context, artifact_id: str, compat_key: str) -> StoredAttestation | None:
     """A passing attestation that lets validation be skipped: the same bytes on the same compat
     key were judged, and the bytes are still those (a deep verify within the settings' window, or
     now; a mismatch quarantines the artifact and raises)."""
-    stored = passing_attestation(store, artifact_id, compat_key)
+    stored = passing_attestation(ctx.store, artifact_id, compat_key)
     if stored is not None:
-        verify_recent_or_quarantine(store, artifact_id, detector="validation skip check", who=settings.actor,
-                        signer=signer_of(settings), window_s=settings.verify_window_s)
+        verify_recent_or_quarantine(ctx.store, artifact_id, detector="validation skip check", auth=ctx.auth)
     return stored
 
 
@@ -424,23 +409,21 @@ def check_automatic_promotion(channel: str) -> None:
         raise StoreArgumentError(f"the flow promotes to non-production channels only; promote to {channel!r} from CI")
 
 
-def promote_artifact(settings: Settings, store: Store, artifact_ref: str, channel: str, *, force: bool = False,
+def promote_artifact(ctx: Context, artifact_ref: str, channel: str, *, force: bool = False,
                      reason: str | None = None, rollout: RolloutPlan | None = None) -> ChannelRecord:
     """Promote through the gates, signed and attributed as the settings say; with ``rollout``,
     in waves (the rollout-channel flow moves it on)."""
-    return promote(store, artifact_ref, channel, force=force, reason=reason, who=settings.actor,
-                   signer=signer_of(settings), trusted=trusted_of(settings), verify_window_s=settings.verify_window_s,
-                   rollout=rollout, ttl_s=settings.record_ttl_s)
+    return promote(ctx.store, artifact_ref, channel, auth=ctx.auth, force=force, reason=reason, rollout=rollout)
 
 
-def channel_target(settings: Settings, store: Store, profile: str, channel: str,
+def channel_target(ctx: Context, profile: str, channel: str,
                    fingerprint: Fingerprint | None = None, node_id: str | None = None) -> tuple[ChannelRecord, Manifest]:
     """The record and the manifest a pull on this host (as ``node_id``, during a rollout) would install."""
-    rec = resolve_channel(store, profile, channel, host_compat_keys(fingerprint or host_fingerprint(settings)))
-    return rec, get_manifest(store, rec.artifact_for(node_id))
+    rec = resolve_channel(ctx.store, profile, channel, host_compat_keys(fingerprint or host_fingerprint(ctx.settings)))
+    return rec, get_manifest(ctx.store, rec.artifact_for(node_id))
 
 
-def report_pull_failure(settings: Settings, store: Store, node_id: str, fingerprint: Fingerprint,
+def report_pull_failure(ctx: Context, node_id: str, fingerprint: Fingerprint,
                         record: ChannelRecord, err: BuildctlError, artifact_id: str | None = None) -> PullFailure | None:
     """Record a refused pull of ``artifact_id`` (default: the record's) in the node's inventory
     record (the node cannot write anything else); ``None`` when even that write failed (the error
@@ -450,7 +433,7 @@ def report_pull_failure(settings: Settings, store: Store, node_id: str, fingerpr
                           files=tuple(p.path for p in err.problems) if isinstance(err, VerificationError) else (),
                           error=f"{type(err).__name__}: {str(err).splitlines()[0]}", when=utc_now())
     try:
-        record_pull_failure(store, node_id, fingerprint, failure)
+        record_pull_failure(ctx.store, node_id, fingerprint, failure)
     except BuildctlError:
         return None
     return failure

@@ -13,6 +13,9 @@ paused); an active wave whose bake time has passed within budget advances, or co
 rollout when it is the last. :func:`tick` applies the decisions, each against the record it was
 made on (compare-and-swap: a channel that moved meanwhile is decided again next time).
 
+:func:`rollout_step` writes each step (advance, complete, pause, resume, halt, abort) as a new,
+signed channel record.
+
 Signed channel records expire (``Settings.record_ttl_s``); :func:`resign_due` re-signs every
 current record whose expiry is near, so nodes can refuse a frozen or replayed one.
 """
@@ -21,23 +24,29 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
-from typing import Iterable
+from typing import Any, Iterable
 
-from buildctl.fleet import NodeRecord, read_inventory
-from buildctl.settings import Settings
-from buildctl.times import parse_utc
+from buildctl.context import Context
+from buildctl.times import parse_utc, utc_now
+from buildctl.artifact_store.authority import Authority
 from buildctl.artifact_store.backend import Store
 from buildctl.artifact_store.channels import (
     ChannelRecord,
     all_channel_records,
     channel_compat_keys,
+    channel_key,
+    move_channel,
     read_channel,
     resign,
-    rollout_step,
 )
-from buildctl.artifact_store.errors import CasConflictError, ChannelNotFoundError, StoreArgumentError
+from buildctl.artifact_store.inventory import NodeRecord, read_inventory
+from buildctl.artifact_store.errors import (
+    CasConflictError,
+    ChannelNotFoundError,
+    RolloutStateError,
+    StoreArgumentError,
+)
 from buildctl.artifact_store.rollout import in_wave
-from buildctl.artifact_store.signing import SigningKey
 from buildctl.artifact_store.verify import get_manifest
 
 NODE_STATES = ("healthy", "failed", "installed", "pending")
@@ -143,6 +152,60 @@ def decide(rec: ChannelRecord, nodes: list[NodeRecord], now: datetime) -> Rollou
                        f"(budget {cur.allowed}): rollout complete")
 
 
+# --- rollout steps: each a new, signed history record --------------------------------------------
+
+ROLLOUT_STEPS = ("advance", "complete", "pause", "resume", "halt", "abort")
+
+
+def rollout_step(store: Store, profile: str, channel: str, compat_key: str, step: str, *,
+                 auth: Authority = Authority(), expect_seq: int | None = None, reason: str | None = None,
+                 failed_nodes: tuple[str, ...] = ()) -> ChannelRecord:
+    """Move a live rollout on: ``advance`` to the next wave, ``complete`` it (every node has the
+    new artifact), ``pause``/``resume`` it, or ``halt`` (failures over budget) / ``abort`` (an
+    operator) it, which points the channel back at the rollout's base artifact. ``expect_seq``:
+    the record the decision was made on; if the channel moved since, :class:`CasConflictError`
+    (decide again on the new record)."""
+    if step not in ROLLOUT_STEPS:
+        raise StoreArgumentError(f"unknown rollout step {step!r}: one of {', '.join(ROLLOUT_STEPS)}")
+
+    def make(current: ChannelRecord | None) -> dict[str, Any] | None:
+        if current is None:
+            return None  # move_channel says the channel does not exist
+        if expect_seq is not None and current.seq != expect_seq:
+            raise CasConflictError(channel_key(profile, channel, compat_key), 1)
+        r = current.rollout
+        if r is None or not r.live:
+            raise RolloutStateError(f"channel {channel} of {profile} [{compat_key}] has no rollout in progress"
+                                    + (f" (the last one is {r.state})" if r else ""))
+        keep = {k: getattr(current, k) for k in ("artifact_id", "previous", "verified_at", "verify_window_s")}
+        if step == "pause":
+            if r.state == "paused":
+                return None
+            return {**keep, "action": "pause", "reason": reason, "rollout": r.model_copy(update={"state": "paused"})}
+        if step == "resume":
+            if r.state == "active":
+                return None
+            return {**keep, "action": "resume", "reason": reason, "rollout": r.model_copy(update={"state": "active"})}
+        if r.state != "active" and step in ("advance", "complete"):
+            raise RolloutStateError(f"the rollout on {channel} of {profile} is {r.state}: resume it first")
+        if step == "advance":
+            if r.wave + 1 >= len(r.waves):
+                raise RolloutStateError(f"the rollout on {channel} of {profile} is in its last wave: complete it")
+            return {**keep, "action": "advance", "reason": reason,
+                    "rollout": r.model_copy(update={"wave": r.wave + 1, "wave_started_at": utc_now()})}
+        if step == "complete":
+            if r.wave + 1 != len(r.waves):
+                raise RolloutStateError(f"the rollout on {channel} of {profile} is in wave {r.wave + 1} of {len(r.waves)}")
+            return {**keep, "action": "complete", "reason": reason, "rollout": r.model_copy(update={"state": "completed"})}
+        ended = "halted" if step == "halt" else "aborted"
+        return {"artifact_id": r.base, "previous": r.target, "action": "rollback", "reason": reason or f"rollout {ended}",
+                "verified_at": None, "verify_window_s": None,
+                "rollout": r.model_copy(update={"state": ended, "failed_nodes": tuple(failed_nodes)})}
+
+    return move_channel(store, profile, channel, compat_key, make, auth=auth)
+
+
+
 def _records(store: Store, profile: str | None, channel: str, compat_key: str | None) -> list[ChannelRecord]:
     if profile is None:  # every profile's refs of the channel
         recs = [r for r in all_channel_records(store) if r.channel == channel
@@ -172,10 +235,10 @@ def status(store: Store, profile: str, channel: str, compat_key: str | None = No
     return [view(store, r, nodes) for r in _records(store, profile, channel, compat_key)]
 
 
-def tick(settings: Settings, store: Store, signer: SigningKey | None, *, channel: str, profile: str | None = None,
-         now: datetime | None = None) -> list[RolloutView]:
+def tick(ctx: Context, *, channel: str, profile: str | None = None, now: datetime | None = None) -> list[RolloutView]:
     """Decide every live rollout on ``channel`` (of ``profile``, or of every profile) and apply the
     decisions; returns the views, each with the record written (``applied``), if any."""
+    store = ctx.store
     nodes = read_inventory(store)
     out = []
     for rec in _records(store, profile, channel, None):
@@ -185,32 +248,33 @@ def tick(settings: Settings, store: Store, signer: SigningKey | None, *, channel
         if v.decision in ("advance", "complete", "halt"):
             failed = v.waves[rec.rollout.wave].failed_nodes if v.decision == "halt" else ()
             try:
-                v.applied = rollout_step(store, rec.profile, rec.channel, rec.compat_key, v.decision,
-                                         expect_seq=rec.seq, reason=f"rollout-channel: {v.why}", failed_nodes=failed,
-                                         who=settings.actor, signer=signer, ttl_s=settings.record_ttl_s)
+                v.applied = rollout_step(store, rec.profile, rec.channel, rec.compat_key, v.decision, auth=ctx.auth,
+                                         expect_seq=rec.seq, reason=f"rollout-channel: {v.why}", failed_nodes=failed)
             except CasConflictError:
                 v.why += " (the channel moved meanwhile; decided again next time)"
         out.append(v)
     return out
 
 
-def control(settings: Settings, store: Store, signer: SigningKey | None, step: str, profile: str, channel: str,
-            compat_key: str | None = None, reason: str | None = None) -> list[ChannelRecord]:
+def control(ctx: Context, step: str, profile: str, channel: str, compat_key: str | None = None,
+            reason: str | None = None) -> list[ChannelRecord]:
     """``buildctl rollout pause|resume|abort``: apply ``step`` to the channel's live rollouts."""
     if step not in ("pause", "resume", "abort"):
         raise StoreArgumentError(f"unknown rollout command {step!r}: pause, resume or abort")
+    store = ctx.store
     recs = [r for r in _records(store, profile, channel, compat_key) if r.rollout is not None and r.rollout.live]
     if not recs:
         raise StoreArgumentError(f"no rollout in progress on {channel} of {profile}"
                                  + (f" [{compat_key}]" if compat_key else ""))
-    return [rollout_step(store, r.profile, r.channel, r.compat_key, step, reason=reason, who=settings.actor,
-                         signer=signer, ttl_s=settings.record_ttl_s) for r in recs]
+    return [rollout_step(store, r.profile, r.channel, r.compat_key, step, auth=ctx.auth, reason=reason) for r in recs]
 
 
-def resign_due(settings: Settings, store: Store, signer: SigningKey, *, margin_s: float,
-               now: datetime | None = None) -> list[ChannelRecord]:
+def resign_due(ctx: Context, *, margin_s: float, now: datetime | None = None) -> list[ChannelRecord]:
     """Re-sign every current channel record that expires within ``margin_s`` (or carries no
-    expiry) with ``signer``; returns the new records."""
+    expiry) with the context's key; returns the new records."""
+    settings, store = ctx.settings, ctx.store
+    if ctx.auth.signer is None:
+        raise StoreArgumentError("resign-channels needs a signing key (BUILDCTL_SIGNING_KEY): records are re-signed")
     if not settings.record_ttl_s:
         raise StoreArgumentError("record_ttl_s is 0 (records do not expire): nothing to re-sign")
     if margin_s >= settings.record_ttl_s:
@@ -223,7 +287,7 @@ def resign_due(settings: Settings, store: Store, signer: SigningKey, *, margin_s
             continue
         got = read_channel(store, rec.profile, rec.channel, rec.compat_key)
         if got is not None and got[0].seq == rec.seq:
-            new = resign(store, rec, who=settings.actor, signer=signer, ttl_s=settings.record_ttl_s)
+            new = resign(store, rec, auth=ctx.auth)
             if new.seq != rec.seq:
                 out.append(new)
     return out

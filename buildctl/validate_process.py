@@ -87,12 +87,13 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     request_path, result_path = Path(args[0]), Path(args[1])
     from buildctl import pipeline
+    from buildctl.context import Context
     from buildctl.errors import BuildctlError
 
     req = ChildRequest.model_validate_json(request_path.read_text())
     settings = Settings(**req.settings)
     try:
-        res = pipeline.validate(settings, pipeline.store_of(settings), req.artifact_id,
+        res = pipeline.validate(Context.from_settings(settings), req.artifact_id,
                                          profile_path=req.profile_path, speed_budget=req.speed_budget,
                                          say=lambda m: sys.stderr.write(f"[validate] {m}\n"))
         out = ChildResult(attestation_id=res.attestation_id, attestation=res.attestation)

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from .support.helpers import MODULES_PARSED, PROFILES, SHORT_DELETE_WINDOW_S, make_tree, settings, tiny_profile_with_speed
+from buildctl.context import Context
 
 # Prefect writes to ~/.prefect unless PREFECT_HOME is set: keep the suite's state in a temp dir,
 # removed when the session ends (a mutation run starts pytest once per mutant).
@@ -164,14 +165,14 @@ def tiny_build(tmp_path_factory):
     from buildctl import pipeline
     from buildctl.engines.profile import load_profile
     from buildctl.artifact_store.backend import open_store
-    from buildctl.artifact_store.pull import install_artifact
+    from buildctl.artifact_store.install_dir import install_artifact
 
     root = tmp_path_factory.mktemp("aoti")
     store = open_store(str(root / "store"))
     profile = load_profile(PROFILES / "tiny-llama-cpu.yaml")
     st = settings()
     t0 = time.monotonic()
-    outcome = pipeline.build(st, store, profile, workdir=root / "work")
+    outcome = pipeline.build(Context.from_settings(st, store=store), profile, workdir=root / "work")
     first_s = time.monotonic() - t0
     engine = root / "engine"
     install_artifact(store, outcome.artifact_id, engine)

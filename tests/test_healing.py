@@ -9,8 +9,10 @@ from pathlib import Path
 import pytest
 
 import buildctl.artifact_store as ops
+from buildctl.artifact_store.authority import Authority
+from buildctl.context import Context
 
-from .support.helpers import PROFILES, make_tree, rot, settings, write_attestation
+from .support.helpers import PROFILES, make_tree, publish_files, rot, settings
 from .support.trtllm_kit import calib, fake_tools, h100x8, hf_model, prod  # noqa: F401  (fixtures)
 
 KINDS = ("flip", "truncate", "missing")
@@ -21,9 +23,7 @@ def digest_of(store, aid: str, path: str) -> str:
 
 
 def published(store, root: Path, draft, content: bytes | int = 200_000, seed: int = 0) -> str:
-    res = ops.publish_tree(store, make_tree(root, {"config.json": b"{}", "rank0.engine": content}, seed=seed), draft)
-    write_attestation(store, res.artifact_id, draft.compat_key)
-    return res.artifact_id
+    return publish_files(store, root, draft, {"config.json": b"{}", "rank0.engine": content}, seed=seed)
 
 
 def j(result) -> dict:
@@ -51,11 +51,11 @@ def test_promote_refuses_a_rotted_artifact_and_quarantines_it(store, store_uri, 
 
 def test_promote_trusts_a_recent_deep_verify_and_records_it(store, draft, tmp_path):
     aid = published(store, tmp_path / "a", draft)
-    first = ops.promote(store, aid, "staging", verify_window_s=3600)
+    first = ops.promote(store, aid, "staging", auth=Authority(verify_window_s=3600))
     assert first.verified_at is not None and first.verify_window_s == 3600
-    again = ops.promote(store, aid, "prod", verify_window_s=3600)
+    again = ops.promote(store, aid, "prod", auth=Authority(verify_window_s=3600))
     assert again.verified_at == first.verified_at  # the deep verify of the first promotion was trusted
-    fresh = ops.promote(store, aid, "canary", verify_window_s=0)
+    fresh = ops.promote(store, aid, "canary", auth=Authority(verify_window_s=0))
     assert fresh.verified_at > first.verified_at  # a window of 0 re-hashes every time
 
 
@@ -120,8 +120,8 @@ def test_recovery_skips_earlier_artifacts_that_are_bad_or_unvalidated(store, dra
     rot(store, digest_of(store, rotten, "rank0.engine"), "flip")
     from buildctl.artifact_store.quarantine import quarantine
 
-    quarantine(store, newest, "bad engine", who="test")
-    (rec,) = recover_channels(settings(), store, newest)
+    quarantine(store, newest, "bad engine", auth=Authority(who="test"))
+    (rec,) = recover_channels(Context.from_settings(settings(), store=store), newest)
     assert rec.rolled_back_to == oldest  # the rotten one in between deep-failed and was quarantined too
     from buildctl.artifact_store.quarantine import active_quarantine
 
@@ -200,11 +200,11 @@ def test_build_key_generations_follow_quarantine(store, draft, tmp_path):
     a = published(store, tmp_path / "a", draft, seed=1)
     b = published(store, tmp_path / "b", draft, seed=2)
     assert claim_build_key(store, key, a) == a and claim_build_key(store, key, b) == a
-    quarantine(store, a, "rotted", who="test")
+    quarantine(store, a, "rotted", auth=Authority(who="test"))
     assert lookup_build_key(store, key) is None
     assert claim_build_key(store, key, b) == b and lookup_build_key(store, key) == b
     assert [o for _, o in build_key_owners(store, key)] == [a, b]
-    lift(store, a, "repaired", who="test")
+    lift(store, a, "repaired", auth=Authority(who="test"))
     assert lookup_build_key(store, key) == a  # the oldest generation in service
 
 
@@ -244,7 +244,7 @@ def test_validation_quarantines_an_artifact_whose_store_copy_is_bad(tmp_path, dr
     aid = ops.publish_tree(store, make_tree(tmp_path / "e", {"engine.json": b"{}", "model.pt2": 50_000}), draft).artifact_id
     rot(store, digest_of(store, aid, "model.pt2"), "flip")
     with pytest.raises(VerificationError) as exc:
-        pipeline.validate(settings(), store, aid, profile_path=PROFILES / "tiny-llama-cpu.yaml",
+        pipeline.validate(Context.from_settings(settings(), store=store), aid, profile_path=PROFILES / "tiny-llama-cpu.yaml",
                                    reference=object())
     assert "model.pt2" in str(exc.value) and exc.value.quarantine_key
     assert "validation" in active_quarantine(store, aid)[1].reason

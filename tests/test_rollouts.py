@@ -13,14 +13,16 @@ import pytest
 import buildctl.artifact_store as ops
 from buildctl import rollouts
 from buildctl.engines.fingerprint import detect
-from buildctl.fleet import read_node
+from buildctl.artifact_store.inventory import read_node
 from buildctl import node_agent
 from buildctl.artifact_store.channels import history, read_channel
 from buildctl.artifact_store.errors import EngineUnhealthyError, RolloutInProgressError, RolloutStateError, StoreArgumentError
-from buildctl.artifact_store.pull import current_artifact, previous_artifact, pull
+from buildctl.artifact_store.install_dir import current_artifact, previous_artifact
+from buildctl.artifact_store.pull import pull
 from buildctl.artifact_store.rollout import RolloutPlan, in_wave, parse_waves, wave_bucket
+from buildctl.context import Context
 
-from .support.helpers import make_tree, settings, write_attestation
+from .support.helpers import publish_files, settings
 
 PROFILE = "tiny-llama-cpu"
 # Fails on an engine that ships a file named BROKEN: the operator's health command, as a node runs it.
@@ -31,9 +33,7 @@ def publish(store, tmp_path: Path, name: str, draft, broken: bool = False) -> st
     files: dict[str, bytes | int] = {"config.json": name.encode(), "rank0.engine": 2048}
     if broken:
         files["BROKEN"] = b"segfaults past 4096 tokens"
-    res = ops.publish_tree(store, make_tree(tmp_path / name, files, seed=len(name)), draft)
-    write_attestation(store, res.artifact_id, draft.compat_key, "pass", ops.utc_now())
-    return res.artifact_id
+    return publish_files(store, tmp_path / name, draft, files, seed=len(name))
 
 
 class Fleet:
@@ -52,7 +52,7 @@ class Fleet:
 
     def pull(self, node: str, health_cmd: str = HEALTH):
         st = settings(fingerprint_file=self.root / node / "fingerprint.json", store=self.store.uri)
-        return node_agent.pull(st, self.store, PROFILE, "prod", self.dest(node), node_id=node, health_cmd=health_cmd,
+        return node_agent.pull(Context.from_settings(st, store=self.store), PROFILE, "prod", self.dest(node), node_id=node, health_cmd=health_cmd,
                          skip_preflight=True)
 
     def pull_all(self) -> dict[str, str]:
@@ -157,7 +157,7 @@ def test_a_failing_canary_halts_the_rollout_and_rolls_the_channel_back(store, tm
         state = read_node(store, n)[0].engine(PROFILE, "prod")
         assert (state.artifact_id, state.status, state.current) == (bad, "failed", v1)
 
-    (v,) = rollouts.tick(settings(), store, None, channel="prod")
+    (v,) = rollouts.tick(Context.from_settings(settings(), store=store), channel="prod")
     assert v.decision == "halt" and v.applied is not None
     now = read_channel(store, PROFILE, "prod", draft.compat_key)[0]
     assert now.seq == rec.seq + 1 and now.artifact_id == v1 and now.previous == bad and now.action == "rollback"
@@ -165,7 +165,7 @@ def test_a_failing_canary_halts_the_rollout_and_rolls_the_channel_back(store, tm
     assert all(n in now.reason for n in canaries) and "budget 0" in now.reason
     assert [r.action for r in history(store, PROFILE, "prod", draft.compat_key)] == ["promote", "promote", "rollback"]
     assert fleet.pull_all() == {} and set(fleet.current().values()) == {v1}
-    assert rollouts.tick(settings(), store, None, channel="prod") == []  # nothing live to decide
+    assert rollouts.tick(Context.from_settings(settings(), store=store), channel="prod") == []  # nothing live to decide
 
 
 def test_decisions_wait_bake_advance_complete_and_halt_when_paused(store, tmp_path, draft):
@@ -179,10 +179,10 @@ def test_decisions_wait_bake_advance_complete_and_halt_when_paused(store, tmp_pa
     later = now + timedelta(seconds=601)
     v = rollouts.view(store, rec, now=later)
     assert v.decision == "advance" and v.waves[0].healthy == v.waves[0].nodes > 0
-    assert [r.decision for r in rollouts.tick(settings(), store, None, channel="prod", now=later)] == ["advance"]
+    assert [r.decision for r in rollouts.tick(Context.from_settings(settings(), store=store), channel="prod", now=later)] == ["advance"]
     wave2 = read_channel(store, PROFILE, "prod", draft.compat_key)[0]
     assert wave2.action == "advance" and wave2.rollout.wave == 1
-    ops.rollout_step(store, PROFILE, "prod", draft.compat_key, "pause")
+    rollouts.rollout_step(store, PROFILE, "prod", draft.compat_key, "pause")
     paused = read_channel(store, PROFILE, "prod", draft.compat_key)[0]
     much_later = later + timedelta(seconds=3600)
     # wave 2 (100%, budget 5% of 40 = 2): two nodes fail their smoke checks, within budget
@@ -197,11 +197,11 @@ def test_decisions_wait_bake_advance_complete_and_halt_when_paused(store, tmp_pa
     _fail_on_node(fleet, late[2])  # a third: over budget halts, paused or not
     v = rollouts.view(store, paused, now=much_later)
     assert v.decision == "halt" and v.waves[1].failed == 3
-    assert [r.decision for r in rollouts.tick(settings(), store, None, channel="prod", now=much_later)] == ["halt"]
+    assert [r.decision for r in rollouts.tick(Context.from_settings(settings(), store=store), channel="prod", now=much_later)] == ["halt"]
     ended = read_channel(store, PROFILE, "prod", draft.compat_key)[0]
     assert ended.artifact_id == v1 and ended.rollout.state == "halted" and set(ended.rollout.failed_nodes) == set(late[:3])
     with pytest.raises(RolloutStateError, match="no rollout in progress"):
-        ops.rollout_step(store, PROFILE, "prod", draft.compat_key, "resume")
+        rollouts.rollout_step(store, PROFILE, "prod", draft.compat_key, "resume")
 
 
 def _fail_on_node(fleet: Fleet, node: str) -> None:
@@ -249,7 +249,7 @@ def test_the_default_smoke_check_loads_a_real_engine_and_generates(tiny_build, t
     ops.promote(store, aid, "smoke", force=True, reason="test channel")
     st = settings(store=store.uri)
     dest = tmp_path / "node"
-    got = node_agent.pull(st, store, tiny_build["profile"].name, "smoke", dest, node_id="cpu-node-1")
+    got = node_agent.pull(Context.from_settings(st, store=store), tiny_build["profile"].name, "smoke", dest, node_id="cpu-node-1")
     assert got.state is not None and got.state.status == "healthy" and current_artifact(dest) == aid
     assert read_node(store, "cpu-node-1")[0].engine(tiny_build["profile"].name, "smoke").status == "healthy"
 
@@ -269,12 +269,12 @@ def test_a_canary_that_refuses_a_rotted_target_counts_as_failed(store, tmp_path,
     assert code == 4 and "rank0.engine: digest mismatch" in err, err
     (failure,) = read_node(store, canary)[0].pull_failures
     assert failure.artifact_id == v2
-    (v,) = rollouts.tick(settings(), store, None, channel="prod")
+    (v,) = rollouts.tick(Context.from_settings(settings(), store=store), channel="prod")
     assert v.decision == "halt" and v.waves[0].failed_nodes == (canary,)
 
 
 def test_only_refusals_about_the_artifact_count_as_failures():
-    from buildctl.fleet import NodeRecord, PullFailure
+    from buildctl.artifact_store.inventory import NodeRecord, PullFailure
 
     def node(error: str) -> NodeRecord:
         f = PullFailure(artifact_id="xxh3-128:" + "2" * 32, profile=PROFILE, channel="prod", compat_key="k",

@@ -1,5 +1,8 @@
 """Channels: mutable refs per (profile, channel, compat key), moved with compare-and-swap, with an
-append-only history; promotion through the gates, and rollback."""
+append-only history, k-of-n co-signing and re-signing.
+
+Moves that pass gates first are elsewhere: promotion and rollback in
+:mod:`buildctl.artifact_store.promotion`, rollout steps in :mod:`buildctl.rollouts`."""
 
 from __future__ import annotations
 
@@ -12,17 +15,13 @@ from typing import Any, Callable
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from buildctl.digest import canonical_json
-from buildctl.artifact_store.attestations import latest_attestation, recomputed_verdict
+from buildctl.artifact_store.authority import Authority
 from buildctl.artifact_store.backend import Store
 from buildctl.artifact_store.errors import (
-    ArtifactNotFoundError,
     CasConflictError,
     ChannelNotFoundError,
     CorruptObjectError,
-    PromotionRefusedError,
     RolloutInProgressError,
-    RolloutStateError,
-    SignatureError,
     StoreArgumentError,
     StoreUnavailableError,
 )
@@ -37,15 +36,11 @@ from buildctl.artifact_store.layout import (
     history_prefix,
 )
 from buildctl.artifact_store.manifest import Manifest
-from buildctl.times import after, parse_utc, utc_now
 from buildctl.artifact_store.rollout import Rollout, RolloutPlan, artifact_for_node
-from buildctl.artifact_store.revocation import with_revocations
-from buildctl.artifact_store.signing import SigningKey, TrustedKeys, promoter_signers, verify_signature
-from buildctl.artifact_store.integrity import DEFAULT_VERIFY_WINDOW_S, verify_recent_or_quarantine
-from buildctl.artifact_store.verify import get_manifest, resolve_artifact
+from buildctl.artifact_store.signing import SigningKey, TrustedKeys, promoter_signers
+from buildctl.times import after, parse_utc, utc_now
 
 CHANNEL_RE = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
-UNKNOWN_ACTOR = "unknown"
 
 
 OPTIONAL_SIGNED = ("rollout", "expires", "cosignatures")  # left out when unset: older records' bytes stay the same
@@ -132,19 +127,20 @@ def _settle_history(store: Store, rec: ChannelRecord) -> None:
 MoveFn = Callable[[ChannelRecord | None], dict[str, Any] | None]
 
 
-def move_channel(store: Store, profile: str, channel: str, compat: str, make: MoveFn, *, who: str = UNKNOWN_ACTOR,
-                 signer: SigningKey | None = None, ttl_s: float | None = None, attempts: int = 30,
-                 sleep: Callable[[float], None] = time.sleep, threshold: int = 1,
-                 trusted: TrustedKeys | None = None) -> ChannelRecord:
+def move_channel(store: Store, profile: str, channel: str, compat: str, make: MoveFn, *,
+                 auth: Authority = Authority(), attempts: int = 30, sleep: Callable[[float], None] = time.sleep,
+                 threshold: int = 1) -> ChannelRecord:
     """Write the channel's next record with compare-and-swap (retried with jitter), then its
-    history entry. ``make`` sees the current record on every attempt, so a decision is always
-    made against what is there. Signed records expire ``ttl_s`` after they are written. With a
+    history entry, as ``auth`` (who, signer, record lifetime). ``make`` sees the current record on
+    every attempt, so a decision is always made against what is there. Signed records expire
+    ``auth.ttl_s`` after they are written. With a
     ``threshold`` above 1 the record waits in ``pending/`` until that many trusted promoter keys
-    have signed it (each promoter runs the same promote); the returned record is then pending
+    (of ``auth.trusted``) have signed it (each promoter runs the same promote); the returned record is then pending
     (:func:`pending_promotion`), and the channel moves when the last signature lands."""
     if not re.match(CHANNEL_RE, channel):
         raise StoreArgumentError(f"bad channel name {channel!r}: lowercase letters, digits and dashes")
     ref = channel_key(profile, channel, compat)
+    signer, trusted = auth.signer, auth.trusted
     for attempt in range(attempts):
         current = read_channel(store, profile, channel, compat)
         if current is not None:
@@ -156,11 +152,11 @@ def move_channel(store: Store, profile: str, channel: str, compat: str, make: Mo
             return current[0]
         now = utc_now()
         expires = None
-        if signer is not None and ttl_s:
-            expires = after(now, ttl_s)
+        if signer is not None and auth.ttl_s:
+            expires = after(now, auth.ttl_s)
         rec = ChannelRecord(**{"previous": current[0].artifact_id if current else None, **fields,
                                "seq": (current[0].seq + 1) if current else 1, "profile": profile, "channel": channel,
-                               "compat_key": compat, "who": who, "when": now, "expires": expires})
+                               "compat_key": compat, "who": auth.who, "when": now, "expires": expires})
         if signer is not None:
             rec = rec.model_copy(update={"signature": signer.sign(rec.signed_bytes())})
         if threshold > 1:
@@ -210,22 +206,21 @@ def set_channel(
     manifest: Manifest,
     channel: str,
     *,
+    auth: Authority = Authority(),
     reason: str | None = None,
     forced: bool = False,
     action: str = "promote",
-    who: str = UNKNOWN_ACTOR,
-    signer: SigningKey | None = None,
     verified_at: str | None = None,
-    verify_window_s: float | None = None,
     rollout: RolloutPlan | None = None,
-    ttl_s: float | None = None,
     attempts: int = 30,
     sleep: Callable[[float], None] = time.sleep,
-    trusted: TrustedKeys | None = None,
 ) -> ChannelRecord:
     """Move a channel to an artifact with compare-and-swap; retried with jitter; appends history.
     A live rollout on the channel is never replaced silently: abort it first (a rollback, which
-    ends it, may replace it). ``rollout``: start one (its base and start time are filled in)."""
+    ends it, may replace it). ``rollout``: start one (its base and start time are filled in).
+    ``verified_at``: the deep verify the move relied on, recorded with ``auth``'s verify window."""
+    signer = auth.signer
+    verify_window_s = auth.verify_window_s if verified_at is not None else None
 
     def make(current: ChannelRecord | None) -> dict[str, Any] | None:
         if current is not None:
@@ -251,49 +246,9 @@ def set_channel(
         return {"artifact_id": artifact_id, "reason": reason, "forced": forced, "action": action,
                 "verified_at": verified_at, "verify_window_s": verify_window_s, "rollout": started}
 
-    threshold = trusted.threshold(channel) if trusted is not None and action == "promote" else 1
-    return move_channel(store, manifest.profile_name, channel, manifest.compat_key, make, who=who, signer=signer,
-                        ttl_s=ttl_s, attempts=attempts, sleep=sleep, threshold=threshold, trusted=trusted)
-
-
-def promote(store: Store, artifact_ref: str, channel: str, *, force: bool = False, reason: str | None = None,
-            who: str = UNKNOWN_ACTOR, signer: SigningKey | None = None, trusted: TrustedKeys | None = None,
-            verify_window_s: float = DEFAULT_VERIFY_WINDOW_S, attempts: int = 30,
-            rollout: RolloutPlan | None = None, ttl_s: float | None = None) -> ChannelRecord:
-    """Promote after the gates: the artifact is not quarantined and deep-verifies (every blob
-    re-hashed, or a deep verify within ``verify_window_s``: a mismatch quarantines it and raises
-    :class:`VerificationError`, exit 4), and its latest attestation for its compat key passed (and,
-    with ``trusted`` keys, is signed by one of them). ``force`` overrides only the attestation
-    gates: bytes that do not verify are never promoted."""
-    artifact_id = resolve_artifact(store, artifact_ref)
-    if force and not reason:
-        raise StoreArgumentError("--force needs --reason: a break-glass promotion is recorded with why")
-    reasons: list[str] = []
-    verified_at = verify_recent_or_quarantine(store, artifact_id, detector=f"promote to {channel}", who=who, signer=signer,
-                                  window_s=verify_window_s)
-    manifest = get_manifest(store, artifact_id)
-    stored = latest_attestation(store, artifact_id, manifest.compat_key)
-    if stored is not None and trusted is not None:
-        try:
-            verify_signature(f"attestation of {artifact_id}", stored.signed_bytes, stored.attestation.signature,
-                             with_revocations(store, trusted), "validator", signed_at=stored.attestation.created_at)
-        except SignatureError as err:
-            reasons.append(f"attestation signature: {err.detail}")
-    if stored is None:
-        reasons.append(f"no validation attestation for compat key {manifest.compat_key}")
-    elif not stored.attestation.passed:
-        att = stored.attestation
-        reasons.append(f"latest validation attestation ({att.created_at}) did not pass: verdict {att.verdict!r}")
-    else:  # it says pass: its own figures must say so too
-        verdict, why = recomputed_verdict(stored.attestation)
-        if verdict != "pass":
-            reasons.append(f"latest validation attestation ({stored.attestation.created_at}) says pass but its "
-                           f"recorded figures give {verdict}: " + "; ".join(why))
-    if reasons and not force:
-        raise PromotionRefusedError(artifact_id, channel, reasons)
-    return set_channel(store, artifact_id, manifest, channel, reason=reason, forced=bool(reasons) and force,
-                       who=who, signer=signer, verified_at=verified_at, verify_window_s=verify_window_s,
-                       attempts=attempts, rollout=rollout, ttl_s=ttl_s, trusted=trusted)
+    threshold = auth.trusted.threshold(channel) if auth.trusted is not None and action == "promote" else 1
+    return move_channel(store, manifest.profile_name, channel, manifest.compat_key, make, auth=auth,
+                        attempts=attempts, sleep=sleep, threshold=threshold)
 
 
 def channel_compat_keys(store: Store, profile: str, channel: str) -> list[str]:
@@ -319,94 +274,11 @@ def history(store: Store, profile: str, channel: str, compat_key: str | None = N
     return sorted(out.values(), key=lambda r: (r.compat_key, r.seq))
 
 
-def rollback(store: Store, profile: str, channel: str, *, to: str | None = None, compat_key: str | None = None,
-             reason: str | None = None, who: str = UNKNOWN_ACTOR, signer: SigningKey | None = None,
-             verify_window_s: float = DEFAULT_VERIFY_WINDOW_S, ttl_s: float | None = None) -> ChannelRecord:
-    """Point the channel at an earlier artifact, recorded as a new, higher history record."""
-    keys = [compat_key] if compat_key else channel_compat_keys(store, profile, channel)
-    if not keys or (compat_key and read_channel(store, profile, channel, compat_key) is None):
-        raise ChannelNotFoundError(profile, channel, keys or ["<none>"])
-    if len(keys) > 1:
-        raise StoreArgumentError(f"channel {channel!r} of {profile!r} has refs for {len(keys)} compat keys; pass --compat-key")
-    compat = keys[0]
-    current = read_channel(store, profile, channel, compat)
-    if current is None:
-        raise ChannelNotFoundError(profile, channel, [compat])
-    if to is not None:
-        target = resolve_artifact(store, to)
-    else:
-        target = None
-        for rec in reversed(history(store, profile, channel, compat)):
-            if rec.artifact_id != current[0].artifact_id:
-                target = rec.artifact_id
-                break
-        if target is None:
-            raise ArtifactNotFoundError("<previous>", f"channel {channel!r} has no earlier artifact to roll back to")
-    manifest = get_manifest(store, target)
-    if manifest.profile_name != profile or manifest.compat_key != compat:
-        raise StoreArgumentError(f"artifact {target} is for {manifest.profile_name}/{manifest.compat_key}, not {profile}/{compat}")
-    verified_at = verify_recent_or_quarantine(store, target, detector=f"rollback of {channel}", who=who, signer=signer,
-                                  window_s=verify_window_s)
-    return set_channel(store, target, manifest, channel, reason=reason or "rollback", action="rollback",
-                       who=who, signer=signer, verified_at=verified_at, verify_window_s=verify_window_s, ttl_s=ttl_s)
-
-
-# --- rollout steps: each a new, signed history record --------------------------------------------
-
-ROLLOUT_STEPS = ("advance", "complete", "pause", "resume", "halt", "abort")
-
-
-def rollout_step(store: Store, profile: str, channel: str, compat_key: str, step: str, *,
-                 expect_seq: int | None = None, reason: str | None = None, failed_nodes: tuple[str, ...] = (),
-                 who: str = UNKNOWN_ACTOR, signer: SigningKey | None = None, ttl_s: float | None = None) -> ChannelRecord:
-    """Move a live rollout on: ``advance`` to the next wave, ``complete`` it (every node has the
-    new artifact), ``pause``/``resume`` it, or ``halt`` (failures over budget) / ``abort`` (an
-    operator) it, which points the channel back at the rollout's base artifact. ``expect_seq``:
-    the record the decision was made on; if the channel moved since, :class:`CasConflictError`
-    (decide again on the new record)."""
-    if step not in ROLLOUT_STEPS:
-        raise StoreArgumentError(f"unknown rollout step {step!r}: one of {', '.join(ROLLOUT_STEPS)}")
-
-    def make(current: ChannelRecord | None) -> dict[str, Any] | None:
-        if current is None:
-            return None  # move_channel says the channel does not exist
-        if expect_seq is not None and current.seq != expect_seq:
-            raise CasConflictError(channel_key(profile, channel, compat_key), 1)
-        r = current.rollout
-        if r is None or not r.live:
-            raise RolloutStateError(f"channel {channel} of {profile} [{compat_key}] has no rollout in progress"
-                                    + (f" (the last one is {r.state})" if r else ""))
-        keep = {k: getattr(current, k) for k in ("artifact_id", "previous", "verified_at", "verify_window_s")}
-        if step == "pause":
-            if r.state == "paused":
-                return None
-            return {**keep, "action": "pause", "reason": reason, "rollout": r.model_copy(update={"state": "paused"})}
-        if step == "resume":
-            if r.state == "active":
-                return None
-            return {**keep, "action": "resume", "reason": reason, "rollout": r.model_copy(update={"state": "active"})}
-        if r.state != "active" and step in ("advance", "complete"):
-            raise RolloutStateError(f"the rollout on {channel} of {profile} is {r.state}: resume it first")
-        if step == "advance":
-            if r.wave + 1 >= len(r.waves):
-                raise RolloutStateError(f"the rollout on {channel} of {profile} is in its last wave: complete it")
-            return {**keep, "action": "advance", "reason": reason,
-                    "rollout": r.model_copy(update={"wave": r.wave + 1, "wave_started_at": utc_now()})}
-        if step == "complete":
-            if r.wave + 1 != len(r.waves):
-                raise RolloutStateError(f"the rollout on {channel} of {profile} is in wave {r.wave + 1} of {len(r.waves)}")
-            return {**keep, "action": "complete", "reason": reason, "rollout": r.model_copy(update={"state": "completed"})}
-        ended = "halted" if step == "halt" else "aborted"
-        return {"artifact_id": r.base, "previous": r.target, "action": "rollback", "reason": reason or f"rollout {ended}",
-                "verified_at": None, "verify_window_s": None,
-                "rollout": r.model_copy(update={"state": ended, "failed_nodes": tuple(failed_nodes)})}
-
-    return move_channel(store, profile, channel, compat_key, make, who=who, signer=signer, ttl_s=ttl_s)
-
-
-def resign(store: Store, rec: ChannelRecord, *, who: str, signer: SigningKey, ttl_s: float) -> ChannelRecord:
-    """Write the channel's current content again as a new record, freshly signed with a new expiry
-    (the TUF timestamp role's job); a record moved since ``rec`` is left alone (it is newer)."""
+def resign(store: Store, rec: ChannelRecord, *, auth: Authority) -> ChannelRecord:
+    """Write the channel's current content again as a new record, freshly signed by ``auth`` with a
+    new expiry (the TUF timestamp role's job); a record moved since ``rec`` is left alone (it is newer)."""
+    if auth.signer is None:
+        raise StoreArgumentError("re-signing needs a signing key (BUILDCTL_SIGNING_KEY)")
 
     def make(current: ChannelRecord | None) -> dict[str, Any] | None:
         if current is None or current.seq != rec.seq:
@@ -416,7 +288,7 @@ def resign(store: Store, rec: ChannelRecord, *, who: str, signer: SigningKey, tt
         keep["rollout"] = current.rollout
         return {**keep, "action": "resign", "reason": f"re-signed #{current.seq} before it expires"}
 
-    return move_channel(store, rec.profile, rec.channel, rec.compat_key, make, who=who, signer=signer, ttl_s=ttl_s)
+    return move_channel(store, rec.profile, rec.channel, rec.compat_key, make, auth=auth)
 
 
 def all_channel_records(store: Store) -> list[ChannelRecord]:

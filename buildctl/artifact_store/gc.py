@@ -44,6 +44,7 @@ from buildctl.artifact_store.layout import (
     touch_key,
     verification_prefix,
 )
+from buildctl.artifact_store.inventory import node_protections, read_inventory
 from buildctl.artifact_store.manifest import Manifest
 from buildctl.artifact_store.publish import build_key_owners
 from buildctl.artifact_store.quarantine import quarantine_records
@@ -98,8 +99,8 @@ class GcResult:
 def protections(store: Store, arts: list[tuple[str, Manifest]], *, keep: int, keep_history: int,
                 grace_s: float, quarantine_retention_s: float, now: datetime,
                 also: Iterable[tuple[str, str]] = ()) -> dict[str, list[str]]:
-    """Every reason each artifact is kept (empty: nothing protects it). ``also``: (artifact, why)
-    pairs from above the store (the nodes' inventory: ``buildctl.fleet.node_protections``)."""
+    """Every reason each artifact is kept (empty: nothing protects it). ``also``: more (artifact,
+    why) pairs (gc passes the engines the nodes' inventory records say they run and keep)."""
     out: dict[str, list[str]] = {a: [] for a, _ in arts}
 
     def add(artifact: str | None, why: str) -> None:
@@ -144,7 +145,7 @@ def protections(store: Store, arts: list[tuple[str, Manifest]], *, keep: int, ke
 def gc(store: Store, *, keep: int = DEFAULT_KEEP, keep_history: int = DEFAULT_KEEP_HISTORY,
        grace_s: float | None = None, delete_window_s: float | None = None,
        quarantine_retention_s: float = DEFAULT_QUARANTINE_RETENTION_S, dry_run: bool = False,
-       also_protected: Iterable[tuple[str, str]] = (), now: datetime | None = None,
+       now: datetime | None = None,
        clock: Callable[[], float] = time.monotonic) -> GcResult:
     """Decide and (unless ``dry_run``) remove; see the module docstring for what is protected."""
     grace = grace_mod.DEFAULT_GRACE_S if grace_s is None else grace_s
@@ -157,7 +158,8 @@ def gc(store: Store, *, keep: int = DEFAULT_KEEP, keep_history: int = DEFAULT_KE
 
     arts = list_artifacts(store)
     keep_for = protections(store, arts, keep=keep, keep_history=keep_history, grace_s=grace,
-                           quarantine_retention_s=quarantine_retention_s, now=now, also=also_protected)
+                           quarantine_retention_s=quarantine_retention_s, now=now,
+                           also=node_protections(read_inventory(store)))
     result = GcResult(dry_run=dry_run)
     for artifact, m in arts:
         d = GcDecision(artifact, m.profile_name, m.compat_key, m.created_at, m.total_size, keep_for[artifact])

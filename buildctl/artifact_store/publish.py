@@ -26,7 +26,8 @@ from buildctl.artifact_store.manifest import Manifest, hash_tree, scan_tree
 from buildctl.times import utc_now
 from buildctl.artifact_store.quarantine import active_quarantine
 from buildctl.artifact_store.repair import repair, tree_source
-from buildctl.artifact_store.signing import SigningKey, sign_manifest
+from buildctl.artifact_store.authority import Authority
+from buildctl.artifact_store.signing import sign_manifest
 from buildctl.artifact_store.verify import parse_verified_manifest
 
 
@@ -66,15 +67,14 @@ def publish_tree(
     build_log: Path | None = None,
     workers: int = 4,
     on_bytes: ProgressFn | None = None,
-    signer: SigningKey | None = None,
-    who: str = "unknown",
+    auth: Authority = Authority(),
     grace_s: float | None = None,
     delete_window_s: float | None = None,
     sleep: Callable[[float], None] = time.sleep,
     clock: Callable[[], float] = time.monotonic,
 ) -> PublishResult:
     """Checksum every file under ``source`` and publish it as one immutable artifact; with
-    ``signer``, also store its signature of the manifest.
+    ``auth``'s signer, also store its signature of the manifest.
 
     Publishing the same content as a quarantined artifact (a deterministic rebuild of a rotted
     one) yields the same artifact id; its bad blobs are then replaced from ``source``, whose
@@ -156,10 +156,10 @@ def publish_tree(
     artifact_id = digest_bytes(body)
     result.artifact_id = artifact_id
     result.existed = not store.put_bytes(manifest_key(artifact_id), body)
-    if signer is not None:
-        sign_manifest(store, artifact_id, signer, body)
+    if auth.signer is not None:
+        sign_manifest(store, artifact_id, auth.signer, body)
     if result.existed and active_quarantine(store, artifact_id) is not None:
-        fixed = repair(store, artifact_id, tree_source(source), who=who, signer=signer,
+        fixed = repair(store, artifact_id, tree_source(source), auth=auth,
                        reason="republished with identical content")
         result.repaired = fixed.replaced
     if manifest.build_key:

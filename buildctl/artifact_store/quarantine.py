@@ -18,6 +18,7 @@ from buildctl.artifact_store.backend import Store
 from buildctl.artifact_store.errors import CorruptObjectError, QuarantinedError, StoreUnavailableError
 from buildctl.artifact_store.layout import quarantine_key, quarantine_prefix
 from buildctl.times import utc_now
+from buildctl.artifact_store.authority import Authority
 from buildctl.artifact_store.signing import SigningKey
 
 
@@ -79,31 +80,30 @@ def check_not_quarantined(store: Store, artifact_id: str, what: str = "refusing 
 
 
 def quarantine(store: Store, artifact_id: str, reason: str, *, problems: tuple[str, ...] | list[str] = (),
-               who: str, signer: SigningKey | None = None) -> tuple[str, QuarantineRecord]:
+               auth: Authority) -> tuple[str, QuarantineRecord]:
     """Quarantine the artifact (a no-op returning the active record when it already is)."""
     active = active_quarantine(store, artifact_id)
     if active is not None:
         return active
     rec, key = _write(store, QuarantineRecord(artifact_id=artifact_id, action="quarantine", reason=reason,
-                                              problems=tuple(problems), who=who, when=utc_now()), signer)
+                                              problems=tuple(problems), who=auth.who, when=utc_now()), auth.signer)
     return key, rec
 
 
 def try_quarantine(store: Store, artifact_id: str, reason: str, *, problems: tuple[str, ...] | list[str] = (),
-                   who: str, signer: SigningKey | None = None) -> str | None:
+                   auth: Authority) -> str | None:
     """Quarantine where this caller may write; a read-only caller (a node) gets ``None`` back and
     reports instead. Returns the record's key."""
     try:
-        return quarantine(store, artifact_id, reason, problems=problems, who=who, signer=signer)[0]
+        return quarantine(store, artifact_id, reason, problems=problems, auth=auth)[0]
     except StoreUnavailableError:
         return None
 
 
-def lift(store: Store, artifact_id: str, reason: str, *, who: str,
-         signer: SigningKey | None = None) -> tuple[str, QuarantineRecord] | None:
+def lift(store: Store, artifact_id: str, reason: str, *, auth: Authority) -> tuple[str, QuarantineRecord] | None:
     """Lift an active quarantine with a record; ``None`` when the artifact was not quarantined."""
     if active_quarantine(store, artifact_id) is None:
         return None
-    rec, key = _write(store, QuarantineRecord(artifact_id=artifact_id, action="lift", reason=reason, who=who,
-                                              when=utc_now()), signer)
+    rec, key = _write(store, QuarantineRecord(artifact_id=artifact_id, action="lift", reason=reason, who=auth.who,
+                                              when=utc_now()), auth.signer)
     return key, rec

@@ -20,7 +20,7 @@ from buildctl.artifact_store.errors import KeyNotFoundError, VerificationError
 from buildctl.artifact_store.layout import blob_key
 from buildctl.artifact_store.manifest import FileEntry
 from buildctl.artifact_store.quarantine import lift
-from buildctl.artifact_store.signing import SigningKey
+from buildctl.artifact_store.authority import Authority
 from buildctl.artifact_store.verify import get_manifest, verify
 
 # A source gives, for a manifest entry, a local file that may hold its bytes (None: no copy).
@@ -71,7 +71,7 @@ def store_source(other: Store, scratch: Path) -> SourceFn:
     return fetch
 
 
-def repair(store: Store, artifact_id: str, source: SourceFn, *, who: str, signer: SigningKey | None = None,
+def repair(store: Store, artifact_id: str, source: SourceFn, *, auth: Authority,
            reason: str = "repaired") -> RepairResult:
     """Replace every bad blob of the artifact whose copy in ``source`` hashes right; lift the
     quarantine when the artifact then deep-verifies."""
@@ -95,17 +95,17 @@ def repair(store: Store, artifact_id: str, source: SourceFn, *, who: str, signer
     except VerificationError:
         return result
     lifted = lift(store, artifact_id, f"{reason}: {len(result.replaced)} blob(s) replaced, deep verify passed",
-                  who=who, signer=signer)
+                  auth=auth)
     result.lifted = lifted[0] if lifted else None
     return result
 
 
 def repair_from(store: Store, artifact_id: str, source_uri_or_dir: str, *, open_store: Callable[[str], Store],
-                who: str, signer: SigningKey | None = None) -> RepairResult:
+                auth: Authority) -> RepairResult:
     """``repair`` from a directory or a store URI (``file://``, ``s3://``)."""
     if "://" in source_uri_or_dir:
         with tempfile.TemporaryDirectory(prefix="buildctl-repair-") as scratch:
-            return repair(store, artifact_id, store_source(open_store(source_uri_or_dir), Path(scratch)), who=who,
-                          signer=signer, reason=f"repaired from {source_uri_or_dir}")
-    return repair(store, artifact_id, tree_source(source_uri_or_dir), who=who, signer=signer,
+            return repair(store, artifact_id, store_source(open_store(source_uri_or_dir), Path(scratch)), auth=auth,
+                          reason=f"repaired from {source_uri_or_dir}")
+    return repair(store, artifact_id, tree_source(source_uri_or_dir), auth=auth,
                   reason=f"repaired from {source_uri_or_dir}")

@@ -22,7 +22,8 @@ from buildctl.artifact_store.backend import Store
 from buildctl.artifact_store.errors import SignatureError, StoreArgumentError
 from buildctl.artifact_store.layout import REVOCATIONS, revocation_key
 from buildctl.times import parse_utc, utc_now
-from buildctl.artifact_store.signing import SigningKey, TrustedKeys
+from buildctl.artifact_store.authority import Authority
+from buildctl.artifact_store.signing import TrustedKeys
 
 
 class Revocation(BaseModel):
@@ -41,13 +42,16 @@ class Revocation(BaseModel):
         return canonical_json(self.model_dump(mode="json", exclude={"signature"}))
 
 
-def revoke(store: Store, key_id: str, reason: str, *, signer: SigningKey, who: str,
+def revoke(store: Store, key_id: str, reason: str, *, auth: Authority,
            revoked_at: str | None = None) -> Revocation:
-    """Write a signed revocation of ``key_id`` (from ``revoked_at``, default now)."""
+    """Write a revocation of ``key_id`` (from ``revoked_at``, default now), signed by ``auth``'s key."""
     if not reason:
         raise StoreArgumentError("a revocation needs --reason")
+    signer = auth.signer
+    if signer is None:
+        raise StoreArgumentError("a revocation is signed: set BUILDCTL_SIGNING_KEY to a root key")
     now = utc_now()
-    rec = Revocation(key_id=key_id, revoked_at=revoked_at or now, reason=reason, who=who, when=now)
+    rec = Revocation(key_id=key_id, revoked_at=revoked_at or now, reason=reason, who=auth.who, when=now)
     rec = rec.model_copy(update={"signature": signer.sign(rec.signed_bytes())})
     body = canonical_json(rec.model_dump(mode="json"))
     store.put_bytes(revocation_key(now, digest_bytes(body)), body)

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.console import Console
 
 from buildctl.settings import Settings, load_settings
-from buildctl.artifact_store.backend import Store
+
+if TYPE_CHECKING:
+    from buildctl.context import Context
 
 JSON_OPT = typer.Option(False, "--json", help="JSON output.")
 
@@ -23,6 +25,7 @@ class CliState:
     settings: Settings
     json: bool = False
     verbose: int = 0
+    made: dict[str, Any] = field(default_factory=dict, compare=False)  # the command's Context, made once
 
 
 def state(ctx: typer.Context) -> CliState:
@@ -34,10 +37,14 @@ def settings(ctx: typer.Context) -> Settings:
     return state(ctx).settings
 
 
-def open_store_for(ctx: typer.Context) -> Store:
-    from buildctl.pipeline import store_of
+def context(ctx: typer.Context) -> "Context":
+    """The command's context (store opened, keys read), made on first use and then reused."""
+    from buildctl.context import Context
 
-    return store_of(settings(ctx))
+    st = state(ctx)
+    if "context" not in st.made:
+        st.made["context"] = Context.from_settings(st.settings)
+    return st.made["context"]
 
 
 def want_json(ctx: typer.Context, local: bool) -> bool:

@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from buildctl.cli._common import emit_json, open_store_for, out, settings, want_json
+from buildctl.cli._common import emit_json, context, out, settings, want_json
 
 model_app = typer.Typer(help="Model checkpoints.", no_args_is_help=True)
 
@@ -27,7 +27,7 @@ def build_cmd(
     prof = load_profile(profile)
     quiet = want_json(ctx, json_out)
     say = (lambda m: None) if quiet else (lambda m: typer.echo(f"[build] {m}", err=True))
-    res = build(settings(ctx), open_store_for(ctx), prof, model=model, target_compat_key=target_compat_key,
+    res = build(context(ctx), prof, model=model, target_compat_key=target_compat_key,
                 workdir=workdir, say=say)
     if quiet:
         emit_json({"artifact_id": res.artifact_id, "cache_hit": res.cache_hit, "adopted": res.adopted,

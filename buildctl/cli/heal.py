@@ -7,7 +7,7 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from buildctl.cli._common import JSON_OPT, emit_json, open_store_for, out, settings, short_id, want_json
+from buildctl.cli._common import JSON_OPT, emit_json, context, out, short_id, want_json
 
 GIB = 1 << 30
 
@@ -21,7 +21,7 @@ def quarantine_cmd(
     """Take an artifact out of service: never a cache hit, never promoted, never pulled."""
     from buildctl.healing import quarantine_artifact
 
-    aid, key = quarantine_artifact(settings(ctx), open_store_for(ctx), artifact, reason)
+    aid, key = quarantine_artifact(context(ctx), artifact, reason)
     if want_json(ctx, json_out):
         emit_json({"artifact_id": aid, "quarantine_record": key})
     else:
@@ -38,8 +38,9 @@ def repair_cmd(
     from buildctl.healing import repair_artifact
     from buildctl.artifact_store.verify import verify
 
-    st, store = settings(ctx), open_store_for(ctx)
-    res = repair_artifact(st, store, artifact, source)
+    c = context(ctx)
+    store = c.store
+    res = repair_artifact(c, artifact, source)
     if want_json(ctx, json_out):
         emit_json({"artifact_id": res.artifact_id, "replaced": res.replaced, "unrepaired": res.unrepaired,
                    "healthy": res.healthy, "lift_record": res.lifted})
@@ -62,7 +63,7 @@ def scrub_cmd(
     from buildctl.healing import scrub
     from buildctl.artifact_store.errors import ScrubFoundCorruptionError
 
-    report = scrub(settings(ctx), open_store_for(ctx), sample=sample, channels_only=channels_only,
+    report = scrub(context(ctx), sample=sample, channels_only=channels_only,
                    budget_bytes=int(budget_gib * GIB) if budget_gib is not None else None, seed=seed)
     if want_json(ctx, json_out):
         emit_json({"checked_bytes": report.checked_bytes, "artifacts": [
@@ -89,7 +90,7 @@ def heal_cmd(
     """Deep verify; if the store's copy is bad: quarantine, roll channels back, repair or say what to rebuild."""
     from buildctl.healing import heal_artifact
 
-    rep = heal_artifact(settings(ctx), open_store_for(ctx), artifact, repair_source=source)
+    rep = heal_artifact(context(ctx), artifact, repair_source=source)
     data = {"artifact_id": rep.artifact_id, "store_copy_ok": rep.store_copy_ok, "quarantine_record": rep.quarantine_key,
             "problems": rep.problems,
             "channels": [{"profile": r.profile, "channel": r.channel, "compat_key": r.compat_key,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import typer
 
-from buildctl.cli._common import emit_json, open_store_for, out, settings, want_json
+from buildctl.cli._common import emit_json, context, out, settings, want_json
 
 node_app = typer.Typer(help="Node agent commands.", no_args_is_help=True)
 
@@ -24,7 +24,7 @@ def report_cmd(
     from buildctl.engines.fingerprint import host_fingerprint
 
     names = sorted({p.strip() for item in profiles for p in item.split(",") if p.strip()})
-    res = fleet.report_node(open_store_for(ctx), node_id, host_fingerprint(settings(ctx)), names)
+    res = fleet.report_node(context(ctx).store, node_id, host_fingerprint(settings(ctx)), names)
     event_id = None
     if res.compat_changed and not no_event:
         # The one place the CLI reaches the flows package, lazily: without Prefect installed

@@ -7,7 +7,7 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from buildctl.cli._common import emit_json, open_store_for, out, settings, short_id, want_json
+from buildctl.cli._common import emit_json, context, out, short_id, want_json
 
 rollout_app = typer.Typer(help="Follow and steer rollouts started by `promote --rollout`.", no_args_is_help=True)
 
@@ -33,7 +33,7 @@ def status_cmd(ctx: typer.Context, profile: str = PROFILE_OPT, channel: str = CH
     """The rollout on the channel: its waves, with nodes done, healthy and failed, and what comes next."""
     from buildctl.rollouts import status
 
-    views = status(open_store_for(ctx), profile, channel, compat_key)
+    views = status(context(ctx).store, profile, channel, compat_key)
     if want_json(ctx, json_out):
         emit_json([v.to_json() for v in views])
         return
@@ -53,11 +53,9 @@ def status_cmd(ctx: typer.Context, profile: str = PROFILE_OPT, channel: str = CH
 
 def _control(ctx: typer.Context, step: str, profile: str, channel: str, compat_key: str | None,
              reason: str | None, json_out: bool) -> None:
-    from buildctl.pipeline import signer_of
     from buildctl.rollouts import control
 
-    st = settings(ctx)
-    recs = control(st, open_store_for(ctx), signer_of(st), step, profile, channel, compat_key, reason)
+    recs = control(context(ctx), step, profile, channel, compat_key, reason)
     if want_json(ctx, json_out):
         emit_json([r.body() for r in recs])
         return

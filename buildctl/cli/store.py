@@ -8,7 +8,7 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from buildctl.cli._common import JSON_OPT, emit_json, open_store_for, out, settings, short_id, want_json
+from buildctl.cli._common import JSON_OPT, context, emit_json, out, settings, short_id, want_json
 from buildctl.cli.progress import byte_progress
 
 key_app = typer.Typer(help="Signing keys.", no_args_is_help=True)
@@ -37,11 +37,10 @@ def import_cmd(
 
     prof = load_profile(profile)
     fp = load_fingerprint(fingerprint_file) if fingerprint_file else host_fingerprint(settings(ctx))
-    store = open_store_for(ctx)
     quiet = _quiet(ctx, json_out)
     total = _tree_size(directory) if directory.is_dir() else None
     with byte_progress("hashing + uploading", total, enabled=not quiet) as on_bytes:
-        res = import_engine(settings(ctx), store, directory, prof, fp, model_digest=model_digest, on_bytes=on_bytes)
+        res = import_engine(context(ctx), directory, prof, fp, model_digest=model_digest, on_bytes=on_bytes)
     if quiet:
         emit_json({"artifact_id": res.artifact_id, "existed": res.existed, "uploaded_blobs": res.uploaded_blobs,
                    "skipped_blobs": res.skipped_blobs, "uploaded_bytes": res.uploaded_bytes,
@@ -62,7 +61,7 @@ def ls_cmd(
     from buildctl.artifact_store.quarantine import active_quarantine
     from buildctl.artifact_store.verify import list_artifacts
 
-    store = open_store_for(ctx)
+    store = context(ctx).store
     arts = [(a, m, active_quarantine(store, a)) for a, m in list_artifacts(store, profile)]
     if _quiet(ctx, json_out):
         emit_json([{"artifact_id": a, "profile": m.profile_name, "backend": m.backend, "compat_key": m.compat_key,
@@ -86,7 +85,7 @@ def show_cmd(ctx: typer.Context, artifact: str = typer.Argument(..., help="Artif
     from buildctl.artifact_store.quarantine import active_of, quarantine_records
     from buildctl.artifact_store.verify import get_manifest, resolve_artifact
 
-    store = open_store_for(ctx)
+    store = context(ctx).store
     aid = resolve_artifact(store, artifact)
     m = get_manifest(store, aid)
     atts = list_attestations(store, aid)
@@ -132,16 +131,16 @@ def verify_cmd(
 ) -> None:
     """Check every blob exists with the right size (with --deep: and the right digest; a mismatch
     then quarantines the artifact, where this caller may write)."""
-    from buildctl.pipeline import signer_of
     from buildctl.artifact_store.integrity import verify_deep_or_quarantine
     from buildctl.artifact_store.verify import get_manifest, resolve_artifact, verify
 
-    st, store = settings(ctx), open_store_for(ctx)
+    c = context(ctx)
+    store = c.store
     aid = resolve_artifact(store, artifact)
     total = get_manifest(store, aid).total_size if deep else None
     with byte_progress("re-hashing", total, enabled=deep and not _quiet(ctx, json_out)) as on_bytes:
         if deep:
-            m, _ = verify_deep_or_quarantine(store, aid, detector="verify --deep", who=st.actor, signer=signer_of(st), on_bytes=on_bytes)
+            m, _ = verify_deep_or_quarantine(store, aid, detector="verify --deep", auth=c.auth, on_bytes=on_bytes)
         else:
             m = verify(store, aid, on_bytes=on_bytes)
     if _quiet(ctx, json_out):
@@ -176,12 +175,11 @@ def promote_cmd(
         plan = RolloutPlan(waves=parse_waves(rollout, max_failures), bake_s=parse_duration(bake or "30m"))
     elif max_failures is not None or bake is not None:
         raise StoreArgumentError("--bake and --max-failures need --rollout")
-    from buildctl.pipeline import trusted_of
     from buildctl.artifact_store.channels import pending_promotion
 
-    st, store = settings(ctx), open_store_for(ctx)
-    rec = promote_artifact(st, store, artifact, channel, force=force, reason=reason, rollout=plan)
-    trusted = trusted_of(st)
+    c = context(ctx)
+    rec = promote_artifact(c, artifact, channel, force=force, reason=reason, rollout=plan)
+    store, trusted = c.store, c.auth.trusted
     pend = pending_promotion(store, rec.profile, rec.channel, rec.compat_key)
     if pend is not None and (pend.seq, pend.artifact_id) == (rec.seq, rec.artifact_id):  # waiting for more signatures
         have, need = len(rec.signers(trusted)) if trusted else 1, trusted.threshold(channel) if trusted else 1
@@ -224,7 +222,7 @@ def history_cmd(
     from buildctl.artifact_store.errors import ChannelNotFoundError
     from buildctl.artifact_store.channels import history
 
-    recs = history(open_store_for(ctx), profile, channel, compat_key)
+    recs = history(context(ctx).store, profile, channel, compat_key)
     if not recs:
         raise ChannelNotFoundError(profile, channel, [compat_key or "<any>"])
     if _quiet(ctx, json_out):
@@ -243,12 +241,10 @@ def rollback_cmd(
     json_out: bool = JSON_OPT,
 ) -> None:
     """Point the channel back at an earlier artifact (recorded as a new promotion)."""
-    from buildctl.pipeline import signer_of
-    from buildctl.artifact_store.channels import rollback
+    from buildctl.artifact_store.promotion import rollback
 
-    st = settings(ctx)
-    rec = rollback(open_store_for(ctx), profile, channel, to=to, compat_key=compat_key, reason=reason,
-                   who=st.actor, signer=signer_of(st), ttl_s=st.record_ttl_s)
+    c = context(ctx)
+    rec = rollback(c.store, profile, channel, auth=c.auth, to=to, compat_key=compat_key, reason=reason)
     if _quiet(ctx, json_out):
         emit_json(_record_json(rec))
     else:
@@ -275,12 +271,10 @@ def pull_cmd(
     from buildctl import node_agent
     from buildctl.pipeline import channel_target, report_pull_failure
 
-    from buildctl.pipeline import trusted_of
-
-    st, store = settings(ctx), open_store_for(ctx)
-    trusted_of(st)  # a bad trusted-key layout is reported before anything else
+    c = context(ctx)  # a bad trusted-key layout is reported before anything else
+    st = c.settings
     fp = host_fingerprint(st)
-    rec, manifest = channel_target(st, store, profile, channel, fp, node_id=node_id)
+    rec, manifest = channel_target(c, profile, channel, fp, node_id=node_id)
     quiet = _quiet(ctx, json_out)
     checks = health_check if health_check is not None else bool(node_id or health_cmd)
 
@@ -296,12 +290,12 @@ def pull_cmd(
 
     try:
         with byte_progress("downloading + verifying", manifest.total_size, enabled=not quiet) as on_bytes:
-            got = node_agent.pull(st, store, profile, channel, dest, node_id=node_id, fingerprint=fp, health_cmd=health_cmd,
+            got = node_agent.pull(c, profile, channel, dest, node_id=node_id, fingerprint=fp, health_cmd=health_cmd,
                             health_check=checks, skip_preflight=skip_preflight, retry_failed=retry_failed, keep=keep,
                             min_seq=min_seq, on_bytes=on_bytes, on_health=on_health)
     except (IntegrityError, GateRefusedError) as err:
         if node_id:
-            failure = report_pull_failure(st, store, node_id, fp, rec, err, artifact_id=rec.artifact_for(node_id))
+            failure = report_pull_failure(c, node_id, fp, rec, err, artifact_id=rec.artifact_for(node_id))
             if failure is not None:
                 from buildctl.flows.events import emit_pull_failed
 
@@ -340,12 +334,11 @@ def gc_cmd(
     from buildctl import fleet
     from buildctl.times import parse_duration
 
-    st = settings(ctx)
     opts = {"keep": keep, "keep_history": keep_history, "dry_run": dry_run,
             "quarantine_retention_s": parse_duration(quarantine_retention)}
     if grace is not None:
         opts["grace_s"] = parse_duration(grace)
-    res = fleet.gc(st, open_store_for(ctx), **opts)
+    res = fleet.gc(context(ctx), **opts)
     if _quiet(ctx, json_out):
         emit_json({"dry_run": dry_run, "removed_artifacts": res.removed_artifacts, "removed_blobs": res.removed_blobs,
                    "freed_bytes": res.freed_bytes, "kept": res.kept, "kept_blobs": res.kept_blobs,
@@ -411,12 +404,11 @@ def key_revoke_cmd(
     signatures by the key on records made from then on are refused by pull and promote."""
     import re
 
-    from buildctl.pipeline import signer_of
     from buildctl.artifact_store.errors import StoreArgumentError
     from buildctl.artifact_store.revocation import revoke
 
-    st = settings(ctx)
-    signer = signer_of(st)
+    c = context(ctx)
+    signer = c.auth.signer
     if signer is None:
         raise StoreArgumentError("key revoke needs a promoter signing key (BUILDCTL_SIGNING_KEY)")
     if not re.fullmatch(r"[0-9a-f]{16}", key_id):
@@ -428,7 +420,7 @@ def key_revoke_cmd(
             parse_utc(revoked_from)
         except ValueError:
             raise StoreArgumentError(f"--from {revoked_from!r}: a UTC ISO-8601 time") from None
-    rec = revoke(open_store_for(ctx), key_id, reason, signer=signer, who=st.actor, revoked_at=revoked_from)
+    rec = revoke(c.store, key_id, reason, auth=c.auth, revoked_at=revoked_from)
     if _quiet(ctx, json_out):
         emit_json(rec.model_dump(mode="json"))
     else:

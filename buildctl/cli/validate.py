@@ -8,7 +8,7 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from buildctl.cli._common import emit_json, open_store_for, out, settings, want_json
+from buildctl.cli._common import emit_json, context, out, want_json
 
 
 def _print(att, att_id: str) -> None:
@@ -44,7 +44,7 @@ def validate_cmd(
     quiet = want_json(ctx, json_out)
     say = (lambda m: None) if quiet else (lambda m: typer.echo(f"[validate] {m}", err=True))
     try:
-        res = validate(settings(ctx), open_store_for(ctx), artifact, profile_path=profile,
+        res = validate(context(ctx), artifact, profile_path=profile,
                                 prompts_file=prompts, speed_budget=speed_budget, say=say)
         att, att_id, failure = res.attestation, res.attestation_id, None
     except ValidationFailedError as err:  # the attestation this run wrote, failing

@@ -22,6 +22,7 @@ from buildctl.settings import Settings
 from buildctl.validate_process import ValidationOutcome, validate_in_subprocess
 from buildctl.validators.errors import verdict_error
 from buildctl.validators.render import metric_rows
+from buildctl.context import Context, open_store_of
 
 
 # Run names an on-call engineer can read in the runs list (Prefect calls these in the run).
@@ -36,7 +37,7 @@ def _bvp_run_name() -> str:
 @task(cache_policy=NONE)
 def plan_task(settings: Settings, profile_name: str, model: str | None, target_compat_key: str | None):
     profile = pipeline.profile_by_name(settings, profile_name)
-    return pipeline.plan_build(settings, pipeline.store_of(settings), profile, model=model,
+    return pipeline.plan_build(Context.from_settings(settings), profile, model=model,
                                target_compat_key=target_compat_key, say=get_run_logger().info)
 
 
@@ -54,7 +55,7 @@ def build_task(settings: Settings, plan: pipeline.BuildPlan) -> pipeline.BuiltEn
 
 @task(retries=3, retry_delay_seconds=[5, 15, 45], cache_policy=NONE)
 def publish_task(settings: Settings, built: pipeline.BuiltEngine) -> str:
-    res = pipeline.publish_build(settings, pipeline.store_of(settings), built, say=get_run_logger().info)
+    res = pipeline.publish_build(Context.from_settings(settings), built, say=get_run_logger().info)
     return res.build_key_owner or res.artifact_id
 
 
@@ -66,7 +67,7 @@ INCONCLUSIVE_RETRY_BUDGET = 2.0
 @task(cache_policy=NONE)
 def validate_task(settings: Settings, artifact_id: str, compat_key: str, revalidate: bool,
                   speed_budget: float = 1.0) -> ValidationOutcome:
-    previous = None if revalidate else pipeline.reusable_attestation(settings, pipeline.store_of(settings), artifact_id,
+    previous = None if revalidate else pipeline.reusable_attestation(Context.from_settings(settings), artifact_id,
                                                                       compat_key)
     if previous is not None:
         get_run_logger().info(f"already validated on {compat_key} ({previous.attestation.created_at}): not re-running")
@@ -88,13 +89,13 @@ def validate_with_retry(settings: Settings, artifact_id: str, compat_key: str, r
 
 @task(retries=3, retry_delay_seconds=[2, 5, 10], cache_policy=NONE)
 def promote_task(settings: Settings, artifact_id: str, channel: str) -> dict[str, Any]:
-    return pipeline.promote_artifact(settings, pipeline.store_of(settings), artifact_id, channel).model_dump(mode="json")
+    return pipeline.promote_artifact(Context.from_settings(settings), artifact_id, channel).model_dump(mode="json")
 
 
 @task(retries=3, retry_delay_seconds=[2, 5, 10], cache_policy=NONE)
 def recover_task(settings: Settings, artifact_id: str) -> list[dict[str, Any]]:
     """Roll channels off a quarantined artifact (each a history record naming the quarantine)."""
-    recs = healing.recover_channels(settings, pipeline.store_of(settings), artifact_id)
+    recs = healing.recover_channels(Context.from_settings(settings), artifact_id)
     for r in recs:
         get_run_logger().warning(f"{r.profile}/{r.channel} [{r.compat_key}] pointed at quarantined {artifact_id}: "
                                  + (f"rolled back to {r.rolled_back_to} (#{r.seq})" if r.rolled_back_to else r.detail))
@@ -147,7 +148,7 @@ def _build_validate_publish(report: RunReport, profile: str, model: str | None,
     build_s = 0.0
     if plan.cached is not None:
         artifact_id = plan.cached
-        manifest = get_manifest(pipeline.store_of(settings), artifact_id)
+        manifest = get_manifest(open_store_of(settings), artifact_id)
         report.add("build", f"cache hit, no builder ran (built {manifest.created_at}; {tool_versions_line(manifest.tool_versions)})")
     else:
         report.step = "build"

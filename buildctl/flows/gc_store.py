@@ -8,8 +8,9 @@ from typing import Any
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
-from buildctl import fleet, pipeline
+from buildctl import fleet
 from buildctl.flows.common import run_settings, short
+from buildctl.context import Context
 
 
 def _gc_rows(res) -> list[dict[str, Any]]:
@@ -26,18 +27,18 @@ def gc_store(store: str | None = None, keep: int = 3, keep_history: int = 5, gra
     what keeps it or why nothing does, then (unless ``dry_run_only``) the real run, which decides
     again from what is there then, and its result."""
     settings = run_settings(store)
-    s = pipeline.store_of(settings)
+    c = Context.from_settings(settings)
     opts: dict[str, Any] = {"keep": keep, "keep_history": keep_history, "quarantine_retention_s": quarantine_retention_s}
     if grace_s is not None:
         opts["grace_s"] = grace_s
-    plan = fleet.gc(settings, s, dry_run=True, **opts)
+    plan = fleet.gc(c, dry_run=True, **opts)
     create_table_artifact(key="gc-store-plan", table=_gc_rows(plan),
                           description=f"gc dry run: would remove {len(plan.removed_artifacts)} artifacts and "
                                       f"{plan.removed_blobs} blobs ({plan.freed_bytes} bytes); keeps {plan.kept}")
     summary: dict[str, Any] = {"planned": plan.removed_artifacts, "planned_blobs": plan.removed_blobs}
     if dry_run_only:
         return summary
-    done = fleet.gc(settings, s, **opts)
+    done = fleet.gc(c, **opts)
     refused = "\n".join(f"- `{k}`: {why}" for k, why in done.not_removed) or "none"
     create_markdown_artifact(key="gc-store-result", markdown=(
         f"# gc-store\n\nremoved **{len(done.removed_artifacts)}** artifacts and **{done.removed_blobs}** blobs "

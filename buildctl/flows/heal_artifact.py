@@ -7,11 +7,12 @@ from typing import Any
 
 from prefect import flow, get_run_logger
 
-from buildctl import healing, pipeline
+from buildctl import healing
 from buildctl.flows.build_validate_publish import build_validate_publish
 from buildctl.flows.common import (BVP_DEPLOYMENT, ChildRunsFailedError, has_work_pool, run_settings, short,
                                    start_builds, wait_for_children)
 from buildctl.settings import Settings
+from buildctl.context import Context, open_store_of
 
 
 def _heal_run_name() -> str:
@@ -33,7 +34,7 @@ def _rebuild_on_matching_workers(settings: Settings, pairs: list[tuple[str, str]
         raise ChildRunsFailedError(bad)
     out = []
     for child in started:
-        rec = read_channel(pipeline.store_of(settings), child["profile"], "staging", child["compat_key"])
+        rec = read_channel(open_store_of(settings), child["profile"], "staging", child["compat_key"])
         out.append({"artifact_id": rec[0].artifact_id if rec else None, "verdict": "pass",
                     "promoted": {"channel": "staging", "seq": rec[0].seq} if rec else None})
     return out
@@ -51,7 +52,7 @@ def heal_artifact(artifact_id: str, node_id: str | None = None, repair_from: str
     ``wait_s``); prod stays on the rolled-back artifact until CI promotes again."""
     settings = run_settings(store)
     logger = get_run_logger()
-    rep = healing.heal_artifact(settings, pipeline.store_of(settings), artifact_id, repair_source=repair_from)
+    rep = healing.heal_artifact(Context.from_settings(settings), artifact_id, repair_source=repair_from)
     if rep.store_copy_ok:
         logger.info(f"{artifact_id}: the store's copy deep-verifies" + (f"; {node_id}'s own copy was bad" if node_id else ""))
         return {"artifact_id": artifact_id, "store_copy_ok": True, "rebuilt": []}

@@ -11,6 +11,7 @@ from buildctl import fleet, pipeline
 from buildctl.engines.fingerprint import parse_fingerprint
 from buildctl.flows.common import run_settings
 from buildctl.flows.reconcile_fleet import reconcile_fleet
+from buildctl.context import open_store_of
 
 
 def _upgrade_run_name() -> str:
@@ -28,7 +29,7 @@ def on_driver_upgrade(node_id: str, fingerprint: dict[str, Any], profiles: list[
     settings = run_settings(store)
     fp = parse_fingerprint(fingerprint, f"event for {node_id}")
     old = parse_fingerprint(old_fingerprint, f"event for {node_id}") if old_fingerprint else None
-    s = pipeline.store_of(settings)
+    s = open_store_of(settings)
     served = fleet.record_reported_fingerprint(s, node_id, fp, profiles)
     backends = sorted({p.engine.backend for n, p in pipeline.load_profiles(settings).items() if n in served})
     keys = {b: (old.compat_key(b) if old else None, fp.compat_key(b)) for b in backends}

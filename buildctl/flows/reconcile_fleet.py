@@ -10,6 +10,7 @@ from prefect.artifacts import create_table_artifact
 
 from buildctl import fleet, pipeline
 from buildctl.flows.common import ChildRunsFailedError, run_settings, start_builds, wait_for_children
+from buildctl.context import open_store_of
 
 
 def _reconcile_run_name() -> str:
@@ -26,7 +27,7 @@ def reconcile_fleet(profiles: list[str] | None = None, store: str | None = None,
     the work queue of its compat key; with ``wait`` (the default), wait up to ``wait_s`` for them
     and fail if any did not complete, so this run's state is its children's."""
     settings = run_settings(store)
-    needs = fleet.fleet_plan(pipeline.store_of(settings), pipeline.load_profiles(settings), profiles)
+    needs = fleet.fleet_plan(open_store_of(settings), pipeline.load_profiles(settings), profiles)
     logger = get_run_logger()
     started = start_builds(settings, [(n.profile, n.compat_key, n.nodes) for n in needs],
                             trigger or {"kind": "reconcile"}, None) if needs else []

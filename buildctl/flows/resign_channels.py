@@ -6,9 +6,9 @@ from typing import Any
 
 from prefect import flow, get_run_logger
 
-from buildctl import pipeline, rollouts
-from buildctl.artifact_store.errors import StoreArgumentError
+from buildctl import rollouts
 from buildctl.flows.common import run_settings, short
+from buildctl.context import Context
 
 
 @flow(name="resign-channels", log_prints=True)
@@ -16,10 +16,7 @@ def resign_channels(store: str | None = None, margin_s: float = 3 * 86400) -> li
     """Re-sign every current channel record that expires within ``margin_s`` (TUF's timestamp
     role): nodes refuse expired records, so a frozen or replayed channel cannot linger."""
     settings = run_settings(store)
-    signer = pipeline.signer_of(settings)
-    if signer is None:
-        raise StoreArgumentError("resign-channels needs a signing key (BUILDCTL_SIGNING_KEY on the worker)")
-    new = rollouts.resign_due(settings, pipeline.store_of(settings), signer, margin_s=margin_s)
+    new = rollouts.resign_due(Context.from_settings(settings), margin_s=margin_s)
     for rec in new:
         get_run_logger().info(f"re-signed {rec.profile}/{rec.channel} [{short(rec.compat_key)}] as #{rec.seq}, "
                               f"expires {rec.expires}")

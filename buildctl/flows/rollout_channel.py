@@ -8,8 +8,9 @@ from typing import Any
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_table_artifact
 
-from buildctl import pipeline, rollouts
+from buildctl import rollouts
 from buildctl.flows.common import artifact_key, run_settings, short
+from buildctl.context import Context
 
 
 def _rollout_run_name() -> str:
@@ -28,7 +29,7 @@ def rollout_channel(channel: str = "prod", profile: str | None = None, store: st
     ``buildctl.node.engine-health`` events (``node_id``: the reporting node, for the run's log)."""
     settings = run_settings(store)
     logger = get_run_logger()
-    views = rollouts.tick(settings, pipeline.store_of(settings), pipeline.signer_of(settings), channel=channel,
+    views = rollouts.tick(Context.from_settings(settings), channel=channel,
                           profile=profile)
     rows = []
     for v in views:

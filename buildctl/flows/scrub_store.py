@@ -8,10 +8,11 @@ from typing import Any
 from prefect import flow
 from prefect.artifacts import create_table_artifact
 
-from buildctl import healing, pipeline
+from buildctl import healing
 from buildctl.artifact_store.verify import get_manifest
 from buildctl.flows.common import run_settings
 from buildctl.flows.events import emit_artifact_corrupted
+from buildctl.context import Context
 
 
 def _scrub_run_name() -> str:
@@ -27,8 +28,9 @@ def scrub_store(sample: float = 1.0, channels_only: bool = False, budget_gib: fl
     """Deep-verify the store, channel-referenced artifacts first; quarantine and report every failure
     as a ``buildctl.artifact.corrupted`` event (an automation heals it)."""
     settings = run_settings(store)
-    s = pipeline.store_of(settings)
-    report = healing.scrub(settings, s, sample=sample, channels_only=channels_only,
+    c = Context.from_settings(settings)
+    s = c.store
+    report = healing.scrub(c, sample=sample, channels_only=channels_only,
                            budget_bytes=int(budget_gib * 2**30) if budget_gib is not None else None)
     events = []
     for row in report.corrupt:

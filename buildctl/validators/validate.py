@@ -34,9 +34,9 @@ from buildctl.artifact_store.backend import Store
 from buildctl.artifact_store.manifest import tree_digest
 from buildctl.times import utc_now
 from buildctl.artifact_store.errors import VerificationError
-from buildctl.artifact_store.pull import install_artifact
+from buildctl.artifact_store.install_dir import install_artifact
 from buildctl.artifact_store.integrity import quarantine_on
-from buildctl.artifact_store.signing import SigningKey
+from buildctl.artifact_store.authority import Authority
 from buildctl.artifact_store.verify import get_manifest
 from buildctl.validators.errors import ModelMismatchError, verdict_error
 from buildctl.validators.parity import ParityReport, check_parity
@@ -68,15 +68,14 @@ def run_validation(
     prompts_file: str | Path | None = None,
     reference: Runner | None = None,
     wrap_candidate: Callable[[Runner], Runner] | None = None,
-    signer: SigningKey | None = None,
-    who: str = "unknown",
+    auth: Authority = Authority(),
     speed_budget: float = 1.0,
     say: Callable[[str], None] = lambda _: None,
 ) -> ValidationResult:
     """Validate one artifact on this host (``fingerprint``) against the vLLM reference on
-    ``model_dir`` and store the attestation, signed by ``signer``. ``reference`` lets a caller
+    ``model_dir`` and store the attestation. ``reference`` lets a caller
     reuse a running vLLM runner (tests, long-lived validators); ``wrap_candidate`` is a hook for
-    fault injection; ``speed_budget`` scales the speed gate's repetition and time budget."""
+    fault injection; ``auth`` signs the attestation (and any quarantine); ``speed_budget`` scales the speed gate's repetition and time budget."""
     t0 = time.monotonic()
     manifest = get_manifest(store, artifact_id)
     fp = fingerprint
@@ -92,7 +91,7 @@ def run_validation(
         try:
             install_artifact(store, artifact_id, work / "engine")
         except VerificationError as err:  # the store's copy is bad: take it out of service
-            raise quarantine_on(store, err, detector="validation", who=who, signer=signer) from None
+            raise quarantine_on(store, err, detector="validation", auth=auth) from None
         candidate = get_backend(manifest.backend, settings).load(work / "engine" / "current")
         if wrap_candidate is not None:
             candidate = wrap_candidate(candidate)
@@ -147,7 +146,7 @@ def run_validation(
             "speed": speed.to_dict(),
             "duration_s": round(time.monotonic() - t0, 3),
         })
-        att_id = write_attestation(store, attestation, signer=signer)
+        att_id = write_attestation(store, attestation, signer=auth.signer)
         result = ValidationResult(artifact_id, att_id, attestation, parity, speed)
     finally:
         if candidate is not None:

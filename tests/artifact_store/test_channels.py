@@ -17,11 +17,11 @@ from buildctl.artifact_store.channels import (
     pending_promotion,
     read_channel,
     resign,
-    rollback,
-    rollout_step,
     set_channel,
 )
 from buildctl.times import parse_utc
+from buildctl.artifact_store.promotion import rollback
+from buildctl.rollouts import rollout_step
 from buildctl.artifact_store.errors import (
     ArtifactNotFoundError,
     CasConflictError,
@@ -33,6 +33,7 @@ from buildctl.artifact_store.errors import (
 from buildctl.artifact_store.layout import channel_key, history_key, pending_key
 from buildctl.artifact_store.rollout import RolloutPlan, parse_waves
 from buildctl.artifact_store.signing import SigningKey, TrustedKeys
+from buildctl.artifact_store.authority import Authority
 
 from ..support.helpers import make_signer, make_tree, write_attestation
 
@@ -61,12 +62,12 @@ def fields(aid: str) -> dict:
 
 def test_moves_number_records_and_name_the_previous_artifact(env):
     store, (a, b, _), m, compat = env
-    r1 = set_channel(store, a, m, "prod", who="ci")
-    r2 = set_channel(store, b, m, "prod", who="ci")
+    r1 = set_channel(store, a, m, "prod", auth=Authority(who="ci"))
+    r2 = set_channel(store, b, m, "prod", auth=Authority(who="ci"))
     assert (r1.seq, r1.previous, r2.seq, r2.previous) == (1, None, 2, a)
     assert [r.seq for r in ops.history(store, P, "prod", compat)] == [1, 2]
     assert read_channel(store, P, "prod", compat)[0] == r2
-    assert set_channel(store, b, m, "prod", who="ci") == r2  # the same promotion again: no new record
+    assert set_channel(store, b, m, "prod", auth=Authority(who="ci")) == r2  # the same promotion again: no new record
 
 
 @pytest.mark.parametrize("bad", ["Prod", "-x", "x-", "a_b", "", "a" * 64])
@@ -132,25 +133,25 @@ def test_a_move_that_makes_nothing(env):
 def test_signed_records_expire_ttl_after_they_are_written(env):
     store, (a, b, _), m, compat = env
     k = make_signer()
-    rec = set_channel(store, a, m, "prod", signer=k, ttl_s=3600)
+    rec = set_channel(store, a, m, "prod", auth=Authority(signer=k, ttl_s=3600))
     assert parse_utc(rec.expires) - parse_utc(rec.when) == timedelta(hours=1)
     assert not rec.expired() and rec.expired(parse_utc(rec.expires)) and not rec.expired(
         parse_utc(rec.expires) - timedelta(microseconds=1))
-    assert set_channel(store, b, m, "prod", ttl_s=3600).expires is None  # unsigned: no expiry
+    assert set_channel(store, b, m, "prod", auth=Authority(ttl_s=3600)).expires is None  # unsigned: no expiry
 
 
 def test_two_of_n_waits_pending_then_moves_with_the_second_signature(env):
     store, (a, b, _), m, compat = env
     k1, k2, k3 = make_signer(), make_signer(), make_signer()
     trusted = promoters(k1, k2, k3)
-    set_channel(store, a, m, "prod", signer=k1, trusted=trusted, action="rollback")  # a first record, 1 signature
+    set_channel(store, a, m, "prod", action="rollback", auth=Authority(signer=k1, trusted=trusted))  # a first record, 1 signature
     with pytest.raises(StoreArgumentError, match="needs 2 promoter signatures"):
-        set_channel(store, b, m, "prod", trusted=trusted)
-    pend = set_channel(store, b, m, "prod", signer=k1, trusted=trusted)
+        set_channel(store, b, m, "prod", auth=Authority(trusted=trusted))
+    pend = set_channel(store, b, m, "prod", auth=Authority(signer=k1, trusted=trusted))
     assert pend.signers(trusted) == {k1.key_id} and pending_promotion(store, P, "prod", compat) == pend
     assert read_channel(store, P, "prod", compat)[0].artifact_id == a  # not moved yet
-    assert set_channel(store, b, m, "prod", signer=k1, trusted=trusted) == pend  # the same key twice counts once
-    done = set_channel(store, b, m, "prod", signer=k2, trusted=trusted)
+    assert set_channel(store, b, m, "prod", auth=Authority(signer=k1, trusted=trusted)) == pend  # the same key twice counts once
+    done = set_channel(store, b, m, "prod", auth=Authority(signer=k2, trusted=trusted))
     assert done.signers(trusted) == {k1.key_id, k2.key_id} and done.seq == 2
     assert read_channel(store, P, "prod", compat)[0] == done
     assert store.get_ref(pending_key(P, "prod", compat)) is None
@@ -161,9 +162,9 @@ def test_a_different_proposal_replaces_the_pending_one(env):
     store, (a, b, c), m, compat = env
     k1, k2 = make_signer(), make_signer()
     trusted = promoters(k1, k2)
-    set_channel(store, a, m, "prod", signer=k1, trusted=trusted, action="rollback")
-    set_channel(store, b, m, "prod", signer=k1, trusted=trusted)
-    other = set_channel(store, c, m, "prod", signer=k2, trusted=trusted)
+    set_channel(store, a, m, "prod", action="rollback", auth=Authority(signer=k1, trusted=trusted))
+    set_channel(store, b, m, "prod", auth=Authority(signer=k1, trusted=trusted))
+    other = set_channel(store, c, m, "prod", auth=Authority(signer=k2, trusted=trusted))
     assert other.artifact_id == c and other.signers(trusted) == {k2.key_id}
     assert pending_promotion(store, P, "prod", compat).artifact_id == c
 
@@ -171,7 +172,7 @@ def test_a_different_proposal_replaces_the_pending_one(env):
 def test_a_staging_promotion_needs_one_signature(env):
     store, (a, *_), m, compat = env
     k1 = make_signer()
-    rec = set_channel(store, a, m, "staging", signer=k1, trusted=promoters(k1, make_signer()))
+    rec = set_channel(store, a, m, "staging", auth=Authority(signer=k1, trusted=promoters(k1, make_signer())))
     assert read_channel(store, P, "staging", compat)[0] == rec
 
 
@@ -269,11 +270,11 @@ def test_rollback_to_the_previous_artifact_or_a_named_one(env):
 def test_resign_rewrites_the_current_record_only(env):
     store, (a, b, _), m, compat = env
     k = make_signer()
-    rec = set_channel(store, a, m, "prod", signer=k, ttl_s=60, reason="first")
-    again = resign(store, rec, who="timer", signer=k, ttl_s=7200)
+    rec = set_channel(store, a, m, "prod", reason="first", auth=Authority(signer=k, ttl_s=60))
+    again = resign(store, rec, auth=Authority(who="timer", signer=k, ttl_s=7200))
     assert (again.seq, again.artifact_id, again.action, again.previous) == (2, a, "resign", rec.previous)
     assert again.reason == "re-signed #1 before it expires" and parse_utc(again.expires) > parse_utc(rec.expires)
-    assert resign(store, rec, who="timer", signer=k, ttl_s=7200) == again  # #1 is no longer current: left alone
+    assert resign(store, rec, auth=Authority(who="timer", signer=k, ttl_s=7200)) == again  # #1 is no longer current: left alone
 
 
 def test_history_includes_a_record_whose_history_write_was_lost(env):
@@ -329,7 +330,7 @@ def test_promote_with_trusted_keys_refuses_an_unsigned_attestation(env):
     k = make_signer()
     trusted = TrustedKeys({"promoter": {k.key_id: k.private.public_key()}})
     with pytest.raises(PromotionRefusedError) as exc:
-        ops.promote(store, a, "prod", trusted=trusted, signer=k)
+        ops.promote(store, a, "prod", auth=Authority(signer=k, trusted=trusted))
     assert any(r.startswith("attestation signature: unsigned") for r in exc.value.reasons)
 
 
@@ -339,7 +340,7 @@ def test_a_co_signature_that_races_another_is_merged_not_lost(env):
     store, (a, b, _), m, compat = env
     k1, k2 = make_signer(), make_signer()
     trusted = promoters(k1, k2)
-    set_channel(store, a, m, "prod", signer=k1, trusted=trusted, action="rollback")
+    set_channel(store, a, m, "prod", action="rollback", auth=Authority(signer=k1, trusted=trusted))
 
     class Racing:
         def __init__(self) -> None:
@@ -351,11 +352,11 @@ def test_a_co_signature_that_races_another_is_merged_not_lost(env):
         def cas(self, key, data, expected):
             if key == pending_key(P, "prod", compat) and not self.raced:
                 self.raced = True
-                set_channel(store, b, m, "prod", signer=k1, trusted=trusted)  # k1's proposal lands first
+                set_channel(store, b, m, "prod", auth=Authority(signer=k1, trusted=trusted))  # k1's proposal lands first
                 return False
             return store.cas(key, data, expected)
 
-    done = set_channel(Racing(), b, m, "prod", signer=k2, trusted=trusted)
+    done = set_channel(Racing(), b, m, "prod", auth=Authority(signer=k2, trusted=trusted))
     assert done.signers(trusted) == {k1.key_id, k2.key_id}
     assert read_channel(store, P, "prod", compat)[0] == done
 

@@ -9,14 +9,17 @@ import pytest
 
 import buildctl.artifact_store as ops
 from buildctl import fleet
-from buildctl.fleet import EngineState, record_engine_state
+from buildctl.fleet import record_engine_state
+from buildctl.artifact_store.inventory import EngineState
 from buildctl.engines.fingerprint import detect
 from buildctl.artifact_store import errors as ops_errors
 from buildctl.artifact_store.errors import StoreUnavailableError
 from buildctl.artifact_store.gc import gc
 from buildctl.artifact_store.layout import blob_key, touch_key
+from buildctl.artifact_store.authority import Authority
+from buildctl.context import Context
 
-from ..support.helpers import make_tree, settings, write_attestation
+from ..support.helpers import make_tree, publish_files, settings
 
 PROFILE = "tiny-llama-cpu"
 LATER = datetime.now(timezone.utc) + timedelta(days=3)  # everything below is past the 24 h grace by then
@@ -28,11 +31,9 @@ def draft_for(key: str) -> ops.ManifestDraft:
 
 
 def publish(store, tmp_path, key: str, name: str) -> str:
-    tree = make_tree(tmp_path / "trees" / key / name, {"config.json": b'{"shared": true}',  # one blob every artifact shares
-                                                        "rank0.engine": f"{key}/{name}".encode() * 50})
-    res = ops.publish_tree(store, tree, draft_for(key))
-    write_attestation(store, res.artifact_id, key, "pass", ops.utc_now())
-    return res.artifact_id
+    return publish_files(store, tmp_path / "trees" / key / name, draft_for(key),
+                         {"config.json": b'{"shared": true}',  # one blob every artifact shares
+                          "rank0.engine": f"{key}/{name}".encode() * 50})
 
 
 def test_ten_compat_keys_four_rounds_every_rollback_target_survives(store, tmp_path, cli, s3_env_if_needed):
@@ -51,7 +52,7 @@ def test_ten_compat_keys_four_rounds_every_rollback_target_survives(store, tmp_p
         profile=PROFILE, channel="canary", compat_key=keys[0], artifact_id=prod[keys[0]][-1], seq=1,
         status="healthy", current=prod[keys[0]][-1], previous=kept_by_node, when=ops.utc_now()))
 
-    res = fleet.gc(settings(store=store.uri), store, now=LATER)  # the defaults: keep 3, keep-history 5
+    res = fleet.gc(Context.from_settings(settings(store=store.uri), store=store), now=LATER)  # the defaults: keep 3, keep-history 5
     removed = set(res.removed_artifacts)
     assert removed == {a for k in keys for a in never_promoted[k]} - {kept_by_node}
     why = {d.artifact_id: d.protected_by for d in res.decisions}
@@ -89,7 +90,7 @@ def test_quarantined_artifacts_are_kept_for_their_retention(store, tmp_path):
     aid = publish(store, tmp_path, "aoti-q" + "0" * 30, "v0")
     from buildctl.artifact_store.quarantine import quarantine
 
-    quarantine(store, aid, "segfaults past 4096 tokens", who="test")
+    quarantine(store, aid, "segfaults past 4096 tokens", auth=Authority(who="test"))
     res = gc(store, keep=0, keep_history=0, dry_run=True, now=LATER)
     assert res.removed_artifacts == [] and "for forensics" in res.decisions[0].protected_by[0]
     much_later = LATER + timedelta(days=31)

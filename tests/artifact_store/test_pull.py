@@ -14,11 +14,12 @@ from hypothesis import HealthCheck, given, settings as hsettings, strategies as 
 import buildctl.artifact_store as ops
 from buildctl.artifact_store.errors import PreflightError, VerificationError
 from buildctl.artifact_store.manifest import FileEntry
-from buildctl.artifact_store.pull import current_artifact, install_artifact, pull
+from buildctl.artifact_store.install_dir import current_artifact, install_artifact
+from buildctl.artifact_store.pull import pull
 from buildctl.artifact_store.layout import blob_key, manifest_key
 from buildctl.engines.fingerprint import detect
 
-from ..support.helpers import REPO, make_tree, write_attestation
+from ..support.helpers import REPO, make_tree, publish_files
 
 BIG = 4 * 1024 * 1024 + 123
 
@@ -28,10 +29,9 @@ def tree_bytes(root: Path) -> dict[str, bytes]:
 
 
 def publish_and_promote(store, root: Path, draft) -> str:
-    res = ops.publish_tree(store, root, draft)
-    write_attestation(store, res.artifact_id, draft.compat_key, "pass", ops.utc_now())
-    ops.promote(store, res.artifact_id, "prod")
-    return res.artifact_id
+    aid = publish_files(store, root, draft)
+    ops.promote(store, aid, "prod")
+    return aid
 
 
 def keys():

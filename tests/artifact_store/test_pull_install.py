@@ -13,7 +13,7 @@ from datetime import timedelta
 import pytest
 
 import buildctl.artifact_store as ops
-import buildctl.artifact_store.pull as pull_mod
+import buildctl.artifact_store.download as download_mod
 from buildctl.artifact_store.backend import open_store
 from buildctl.artifact_store.channels import set_channel
 from buildctl.times import parse_utc
@@ -27,19 +27,20 @@ from buildctl.artifact_store.errors import (
     VerificationError,
 )
 from buildctl.artifact_store.layout import blob_key, history_key
-from buildctl.artifact_store.pull import (
-    check_fresh,
-    check_trust,
+from buildctl.artifact_store.install_dir import (
+    channel_ref,
     current_artifact,
     health_marks,
     install_artifact,
     installed_seqs,
     mark_health,
     previous_artifact,
-    pull,
     switch_back,
 )
+from buildctl.artifact_store.pull import pull
+from buildctl.artifact_store.trust import check_fresh, check_trust
 from buildctl.artifact_store.signing import TrustedKeys, sign_manifest
+from buildctl.artifact_store.authority import Authority
 
 from ..support.helpers import RangedStore as Ranged, make_signer, make_tree, write_attestation
 
@@ -168,7 +169,7 @@ def test_write_errors_while_installing(env, monkeypatch, code, raised):
             raise OSError(code, os.strerror(code), str(path)) if code != errno.EPERM else PermissionError(code, "no")
         return real(path, mode, *args, **kw)
 
-    monkeypatch.setattr(pull_mod, "open", failing, raising=False)
+    monkeypatch.setattr(download_mod, "open", failing, raising=False)
     with pytest.raises(raised) as exc:
         install_artifact(store, b, dest)
     if raised is InstallError:
@@ -207,7 +208,7 @@ def test_state_and_health_files_survive_garbage(tmp_path):
 def test_check_fresh_floor_and_expiry(env):
     store, (a, *_), _, draft = env
     m = ops.get_manifest(store, a)
-    rec = set_channel(store, a, m, "prod", signer=make_signer(), ttl_s=60)
+    rec = set_channel(store, a, m, "prod", auth=Authority(signer=make_signer(), ttl_s=60))
     check_fresh(rec, min_seq=1)
     with pytest.raises(StaleRecordError):
         check_fresh(rec, min_seq=2)
@@ -230,62 +231,63 @@ def signed(env):
 def test_pull_records_the_seq_and_refuses_older_records(signed):
     store, (a, b, *_), dest, trusted, p1, _ = signed
     m = ops.get_manifest(store, a)
-    set_channel(store, a, m, "prod", signer=p1)
+    set_channel(store, a, m, "prod", auth=Authority(signer=p1))
     r = pull(store, P, "prod", dest, [m.compat_key], trusted=trusted)
     assert r.installed and r.record.seq == 1
     assert installed_seqs(dest) == {f"{P}/prod/{m.compat_key}": 1}
     assert (dest / "current" / "tok" / "a" / "merges.txt").read_bytes() == b"a b"
     again = pull(store, P, "prod", dest, [m.compat_key], trusted=trusted)  # the same record again: fine
     assert not again.installed
-    rec2 = set_channel(store, b, m, "prod", signer=p1)
+    rec2 = set_channel(store, b, m, "prod", auth=Authority(signer=p1))
     pull(store, P, "prod", dest, [m.compat_key], trusted=trusted)
-    set_channel(store, ids_c := signed[1][2], m, "prod", signer=p1)
+    set_channel(store, ids_c := signed[1][2], m, "prod", auth=Authority(signer=p1))
     pull(store, P, "prod", dest, [m.compat_key], trusted=trusted)
     assert len(list((dest / "versions").iterdir())) == 2 and current_artifact(dest) == ids_c  # keep 2 by default
-    set_channel(store, b, m, "prod", signer=p1)
+    set_channel(store, b, m, "prod", auth=Authority(signer=p1))
     pull(store, P, "prod", dest, [m.compat_key], trusted=trusted)
     old = ops.history(store, P, "prod", m.compat_key)[0]
     with pytest.raises(RollbackError):
-        check_trust(store, old, dest, trusted)
+        check_trust(store, old, trusted, seen=installed_seqs(dest)[channel_ref(old)])
     with pytest.raises(RollbackError):
-        check_trust(store, rec2, dest, trusted)
-    check_trust(store, ops.history(store, P, "prod", m.compat_key)[-1], dest, trusted)  # the same seq again: fine
+        check_trust(store, rec2, trusted, seen=installed_seqs(dest)[channel_ref(rec2)])
+    last = ops.history(store, P, "prod", m.compat_key)[-1]
+    check_trust(store, last, trusted, seen=installed_seqs(dest)[channel_ref(last)])  # the same seq again: fine
 
 
 def test_a_fresh_node_refuses_a_ref_behind_the_signed_history(signed, tmp_path):
     store, (a, b, c, _), dest, trusted, p1, _ = signed
     m = ops.get_manifest(store, a)
-    r1 = set_channel(store, a, m, "prod", signer=p1)
-    set_channel(store, b, m, "prod", signer=p1)
+    r1 = set_channel(store, a, m, "prod", auth=Authority(signer=p1))
+    set_channel(store, b, m, "prod", auth=Authority(signer=p1))
     with pytest.raises(StaleRecordError):
-        check_trust(store, r1, tmp_path / "fresh", trusted)
+        check_trust(store, r1, trusted)
     # an unsigned (forged) history entry above proves nothing: the newest *signed* one counts
     forged = r1.model_copy(update={"seq": 9, "signature": None})
     store.put_bytes(history_key(P, "prod", m.compat_key, 9), forged.to_bytes())
     rec2 = ops.history(store, P, "prod", m.compat_key)[1]
-    check_trust(store, rec2, tmp_path / "fresh2", trusted)
+    check_trust(store, rec2, trusted)
     with pytest.raises(StaleRecordError):  # the forged #9 does not hide the signed #2 either
-        check_trust(store, r1, tmp_path / "fresh3", trusted)
+        check_trust(store, r1, trusted)
 
 
 def test_k_of_n_records_and_what_one_signature_may_still_do(signed, tmp_path):
     store, (a, b, c, _), dest, trusted, p1, p2 = signed
     trusted2 = TrustedKeys(trusted.by_role, thresholds={"prod": 2})
     m = ops.get_manifest(store, a)
-    set_channel(store, a, m, "prod", signer=p1, trusted=trusted2, action="rollback")
+    set_channel(store, a, m, "prod", action="rollback", auth=Authority(signer=p1, trusted=trusted2))
     with pytest.raises(SignatureError, match="1 of the 2 promoter signatures"):
-        check_trust(store, ops.history(store, P, "prod", m.compat_key)[0], tmp_path / "n0", trusted2)
-    set_channel(store, b, m, "prod", signer=p1, trusted=trusted2)
-    two = set_channel(store, b, m, "prod", signer=p2, trusted=trusted2)
-    check_trust(store, two, tmp_path / "n1", trusted2)
+        check_trust(store, ops.history(store, P, "prod", m.compat_key)[0], trusted2)
+    set_channel(store, b, m, "prod", auth=Authority(signer=p1, trusted=trusted2))
+    two = set_channel(store, b, m, "prod", auth=Authority(signer=p2, trusted=trusted2))
+    check_trust(store, two, trusted2)
     # a single-signature rollback to b is accepted: b was approved by the quorum before
-    set_channel(store, c, m, "prod", signer=p1, trusted=trusted2, action="rollback")
-    back = set_channel(store, b, m, "prod", signer=p1, trusted=trusted2, action="rollback")
-    check_trust(store, back, tmp_path / "n2", trusted2)
+    set_channel(store, c, m, "prod", action="rollback", auth=Authority(signer=p1, trusted=trusted2))
+    back = set_channel(store, b, m, "prod", action="rollback", auth=Authority(signer=p1, trusted=trusted2))
+    check_trust(store, back, trusted2)
     # ... but not to c, which only ever had one signature, nor as a promotion
-    to_c = set_channel(store, c, m, "prod", signer=p1, trusted=trusted2, action="rollback")
+    to_c = set_channel(store, c, m, "prod", action="rollback", auth=Authority(signer=p1, trusted=trusted2))
     with pytest.raises(SignatureError, match="1 of the 2"):
-        check_trust(store, to_c, tmp_path / "n3", trusted2)
+        check_trust(store, to_c, trusted2)
     assert json.loads(to_c.to_bytes())["action"] == "rollback"
 
 
@@ -297,13 +299,13 @@ def test_a_quorum_approved_rollout_does_not_approve_a_rollback_elsewhere(signed,
     store, (a, b, c, _), dest, trusted, p1, p2 = signed
     trusted2 = TrustedKeys(trusted.by_role, thresholds={"prod": 2})
     m = ops.get_manifest(store, a)
-    set_channel(store, a, m, "prod", signer=p1, trusted=trusted2, action="rollback")
+    set_channel(store, a, m, "prod", action="rollback", auth=Authority(signer=p1, trusted=trusted2))
     plan = RolloutPlan(waves=parse_waves("10,100", None), bake_s=0)
-    set_channel(store, b, m, "prod", signer=p1, trusted=trusted2, rollout=plan)
-    started = set_channel(store, b, m, "prod", signer=p2, trusted=trusted2, rollout=plan)
+    set_channel(store, b, m, "prod", rollout=plan, auth=Authority(signer=p1, trusted=trusted2))
+    started = set_channel(store, b, m, "prod", rollout=plan, auth=Authority(signer=p2, trusted=trusted2))
     assert started.rollout is not None and len(started.signers(trusted2)) == 2
-    to_c = set_channel(store, c, m, "prod", signer=p1, trusted=trusted2, action="rollback")
+    to_c = set_channel(store, c, m, "prod", action="rollback", auth=Authority(signer=p1, trusted=trusted2))
     with pytest.raises(SignatureError, match="1 of the 2"):
-        check_trust(store, to_c, tmp_path / "n", trusted2)
-    to_b = set_channel(store, b, m, "prod", signer=p1, trusted=trusted2, action="rollback")
-    check_trust(store, to_b, tmp_path / "n2", trusted2)
+        check_trust(store, to_c, trusted2)
+    to_b = set_channel(store, b, m, "prod", action="rollback", auth=Authority(signer=p1, trusted=trusted2))
+    check_trust(store, to_b, trusted2)

@@ -16,7 +16,7 @@ import pytest
 import buildctl.artifact_store as ops
 from buildctl.artifact_store.checkpoints import download_checkpoint
 from buildctl.artifact_store.errors import StoreUnavailableError, VerificationError
-from buildctl.artifact_store.pull import current_artifact, install_artifact
+from buildctl.artifact_store.install_dir import current_artifact, install_artifact
 from buildctl.artifact_store.ranged import RangedReader
 
 from ..support.helpers import REPO, make_tree
@@ -96,7 +96,7 @@ MEASURE = r"""
 import json, os, sys
 from buildctl.artifact_store.backend import open_store
 from buildctl.artifact_store import ranged
-from buildctl.artifact_store.pull import install_artifact
+from buildctl.artifact_store.install_dir import install_artifact
 ranged.RANGE_SIZE = int(sys.argv[4])
 store = open_store(sys.argv[1])
 store.ranged_reads = True

@@ -9,9 +9,10 @@ import stat
 import pytest
 
 import buildctl.artifact_store as ops
-from buildctl.pipeline import signer_of
 from buildctl.artifact_store.backend import open_store
 from buildctl.artifact_store.layout import channel_key, history_key
+from buildctl.artifact_store.authority import Authority
+from buildctl.context import authority_of
 
 from ..support.helpers import PROFILES, make_tree, settings, write_attestation
 
@@ -65,7 +66,7 @@ def publish(env: Env, cli, store_dir, tree, role="builder") -> str:
     aid = json.loads(out)["artifact_id"]
     env.as_("validator", trust=False)
     m = ops.get_manifest(open_store(str(store_dir)), aid)
-    write_attestation(open_store(str(store_dir)), aid, m.compat_key, "pass", ops.utc_now(), signer=signer_of(settings()))
+    write_attestation(open_store(str(store_dir)), aid, m.compat_key, "pass", ops.utc_now(), signer=authority_of(settings()).signer)
     return aid
 
 
@@ -148,7 +149,7 @@ def test_promote_refuses_an_attestation_signed_by_an_untrusted_key(keys, cli, tm
     store = open_store(str(store_dir))
     env.as_("intruder", trust=False)
     write_attestation(store, aid, ops.get_manifest(store, aid).compat_key, "pass", ops.utc_now(),
-                      signer=signer_of(settings()))
+                      signer=authority_of(settings()).signer)
     env.as_("promoter")
     code, _, err = cli("--store", store_dir, "promote", aid, "--channel", "prod")
     assert code == 5 and "attestation signature: signed by untrusted key" in err
@@ -194,7 +195,7 @@ def test_a_fresh_node_refuses_an_expired_record_until_it_is_re_signed(keys, cli,
     and a replay of the older record stays refused."""
     import time
 
-    from buildctl.pipeline import signer_of as signer_for
+    from buildctl.context import Context
     from buildctl.rollouts import resign_due
 
     env, store_dir = Env(monkeypatch, keys), tmp_path / "store"
@@ -213,9 +214,9 @@ def test_a_fresh_node_refuses_an_expired_record_until_it_is_re_signed(keys, cli,
     monkeypatch.setenv("BUILDCTL_RECORD_TTL_S", "3600")
     st = settings(store=str(store_dir))
     store = open_store(str(store_dir))
-    (new,) = resign_due(st, store, signer_for(st), margin_s=600)
+    (new,) = resign_due(Context.from_settings(st, store=store), margin_s=600)
     assert new.seq == 2 and new.action == "resign" and new.artifact_id == a and new.previous is None  # content kept
-    assert resign_due(st, store, signer_for(st), margin_s=600) == []  # fresh for another hour: nothing due
+    assert resign_due(Context.from_settings(st, store=store), margin_s=600) == []  # fresh for another hour: nothing due
     code, out, err = pull(cli, store_dir, tmp_path / "fresh")
     assert code == 0 and json.loads(out)["seq"] == 2, err
 
@@ -258,7 +259,7 @@ def test_trust_is_by_role_a_builder_cannot_vouch_for_its_own_engine(keys, cli, t
     store = open_store(str(store_dir))
     m = ops.get_manifest(store, aid)
     env.as_("builder", trust=False)  # the builder also writes a passing attestation, signed with its own key
-    write_attestation(store, aid, m.compat_key, "pass", "2099-01-01T00:00:00.000000Z", signer=signer_of(settings()))
+    write_attestation(store, aid, m.compat_key, "pass", "2099-01-01T00:00:00.000000Z", signer=authority_of(settings()).signer)
     env.as_("promoter")
     code, _, err = cli("--store", store_dir, "promote", aid, "--channel", "prod")
     assert code == 5 and "signed by the builder key" in err and "only with a validator signature" in err, err
@@ -385,7 +386,7 @@ def test_a_two_of_n_prod_promotion_is_pending_with_one_signature_and_completes_w
     store = open_store(str(store_dir))
     m = ops.get_manifest(store, b)
     env.as_("promoter")
-    forged = ops.set_channel(store, b, m, "prod", signer=signer_of(settings()), who="one promoter")
+    forged = ops.set_channel(store, b, m, "prod", auth=Authority(who="one promoter", signer=authority_of(settings()).signer))
     assert forged.cosignatures is None
     code, _, err = pull(cli, store_dir, tmp_path / "n2")
     assert code == 4 and "1 of the 2 promoter signatures the channel requires" in err, err

@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import pytest
 
-import buildctl.artifact_store as ops
 from buildctl.digest import digest_bytes
 from buildctl.artifact_store.backend import open_store
 from buildctl.artifact_store.errors import ArtifactNotFoundError, VerificationError
 from buildctl.artifact_store.layout import blob_key, manifest_key
 from buildctl.artifact_store.verify import BUILD_LOG_PATH, get_manifest, list_artifacts, resolve_artifact, verify
 
-from ..support.helpers import RangedStore as Ranged, make_tree, rot
+from ..support.helpers import RangedStore as Ranged, publish_files, rot
 
 MiB = 1024 * 1024
 
@@ -24,8 +23,8 @@ def local(tmp_path):
 
 
 def publish(store, tmp_path, draft, name: str, files=None, **kw) -> str:
-    root = make_tree(tmp_path / name, files or {"config.json": name.encode(), "rank0.engine": 4096}, seed=len(name))
-    return ops.publish_tree(store, root, draft, **kw).artifact_id
+    return publish_files(store, tmp_path / name, draft, files or {"config.json": name.encode(), "rank0.engine": 4096},
+                         seed=len(name), verdict=None, **kw)
 
 
 def test_resolve_full_ids_hex_and_unique_prefixes(local, tmp_path, draft):

@@ -11,11 +11,12 @@ import pytest
 
 import buildctl.artifact_store as ops
 from buildctl.artifact_store.errors import PreflightError
-from buildctl.artifact_store.pull import current_artifact, install_artifact
+from buildctl.artifact_store.install_dir import current_artifact, install_artifact
 from buildctl import pipeline
 from buildctl.engines.aoti import AotiBackend
 from buildctl.engines.errors import EngineLoadError, IncompatibleTargetError
 from buildctl.engines.fingerprint import detect
+from buildctl.context import Context
 
 from ..support.helpers import PROFILES, settings, write_attestation
 
@@ -46,7 +47,7 @@ def test_second_build_is_a_cache_hit_without_builder(tiny_build, monkeypatch):
     monkeypatch.setattr(pipeline, "run_build", no_builder)
     monkeypatch.setattr("buildctl.engines.isolate.run_step", no_builder)
     t0 = time.monotonic()
-    again = pipeline.build(settings(), tiny_build["store"], tiny_build["profile"])
+    again = pipeline.build(Context.from_settings(settings(), store=tiny_build["store"]), tiny_build["profile"])
     hit_s = time.monotonic() - t0
     assert again.cache_hit and again.artifact_id == tiny_build["outcome"].artifact_id
     assert hit_s < 0.2 * tiny_build["first_s"], (hit_s, tiny_build["first_s"])

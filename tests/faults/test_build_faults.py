@@ -12,6 +12,7 @@ from buildctl.artifact_store.backend import open_store
 from buildctl import pipeline
 from buildctl.errors import BuildFailedError
 from buildctl.engines.profile import load_profile, parse_profile
+from buildctl.context import Context
 
 from ..support.helpers import settings
 from ..support.trtllm_kit import calib, fake_tools, h100x8, hf_model, prod  # noqa: F401  (fixtures)
@@ -27,7 +28,7 @@ def test_build_faults_publish_nothing(mode, kind, fake_tools, hf_model, prod, tm
     profile = parse_profile(data)
     store = open_store(f"file://{tmp_path}/store")
     with pytest.raises(BuildFailedError) as exc:
-        pipeline.build(settings(), store, profile, model=str(hf_model), fingerprint=h100x8(), workdir=tmp_path / "work")
+        pipeline.build(Context.from_settings(settings(), store=store), profile, model=str(hf_model), fingerprint=h100x8(), workdir=tmp_path / "work")
     assert exc.value.kind == kind
     if mode == "oom":
         assert "passed the 1024 MiB limit" in exc.value.log_tail
@@ -35,7 +36,7 @@ def test_build_faults_publish_nothing(mode, kind, fake_tools, hf_model, prod, tm
     assert [p.name for p in (tmp_path / "work").iterdir() if not p.name.startswith("buildctl-failed-")] == []
     # the orchestrator (this process) carries on: the next build works
     monkeypatch.setenv("FAKE_TRTLLM_MODE", "ok")
-    ok = pipeline.build(settings(), store, profile, model=str(hf_model), fingerprint=h100x8(), workdir=tmp_path / "work")
+    ok = pipeline.build(Context.from_settings(settings(), store=store), profile, model=str(hf_model), fingerprint=h100x8(), workdir=tmp_path / "work")
     assert not ok.cache_hit and len(ops.list_artifacts(store)) == 1
     record_fault(f"builder {mode}", f"fake trtllm-build: {mode}" + (" past a 1 GiB resident-memory limit" if mode == "oom" else ""), 1,
                  outcome=f"ok (BuildFailedError {kind}, nothing published, next build fine)")

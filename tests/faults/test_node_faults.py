@@ -13,7 +13,7 @@ import pytest
 
 import buildctl.artifact_store as ops
 from buildctl.artifact_store.errors import VerificationError
-from buildctl.artifact_store.pull import current_artifact, install_artifact
+from buildctl.artifact_store.install_dir import current_artifact, install_artifact
 from buildctl.artifact_store.backend import open_store
 from buildctl.artifact_store.layout import blob_key
 
@@ -23,7 +23,7 @@ from .conftest import kill_at_random_point, scale
 PULLER = r"""
 import sys
 from buildctl.artifact_store.backend import open_store
-from buildctl.artifact_store.pull import install_artifact
+from buildctl.artifact_store.install_dir import install_artifact
 store = open_store(sys.argv[1])
 print("ready", flush=True)
 sys.stdin.readline()
@@ -81,7 +81,7 @@ def test_disk_full_during_pull(tmp_path, two_versions, record_fault):
 import resource, sys
 resource.setrlimit(resource.RLIMIT_FSIZE, (1_000_000, 1_000_000))
 from buildctl.artifact_store.backend import open_store
-from buildctl.artifact_store.pull import install_artifact
+from buildctl.artifact_store.install_dir import install_artifact
 from buildctl.artifact_store.errors import InstallError
 try:
     install_artifact(open_store(sys.argv[1]), sys.argv[2], sys.argv[3])

@@ -14,8 +14,10 @@ import buildctl.artifact_store as ops
 from buildctl.healing import heal_artifact
 from buildctl.artifact_store.errors import QuarantinedError
 from buildctl.artifact_store.integrity import verify_deep_or_quarantine
-from buildctl.artifact_store.pull import install_artifact
+from buildctl.artifact_store.install_dir import install_artifact
 from buildctl.artifact_store.quarantine import active_quarantine
+from buildctl.artifact_store.authority import Authority
+from buildctl.context import Context
 
 from ..support.helpers import make_tree, rot, settings, write_attestation
 from .conftest import scale
@@ -36,17 +38,17 @@ def test_rot_in_place_is_detected_quarantined_and_recovered(store, draft, tmp_pa
                                                                      **sizes}, seed=2 * i + 1), draft).artifact_id
         for a in (good, bad):
             write_attestation(store, a, draft.compat_key)
-            ops.promote(store, a, "prod", verify_window_s=0)
+            ops.promote(store, a, "prod", auth=Authority(verify_window_s=0))
         victim = rng.choice([f for f in ops.get_manifest(store, bad).files])
         rot(store, victim.digest, kind, rng)
         t0 = time.monotonic()
-        rep = heal_artifact(st, store, bad)  # one pipeline run
+        rep = heal_artifact(Context.from_settings(st, store=store), bad)  # one pipeline run
         seconds.append(time.monotonic() - t0)
         assert not rep.store_copy_ok and victim.path in " ".join(rep.problems)
         assert active_quarantine(store, bad) is not None
         rec = ops.read_channel(store, draft.profile_name, "prod", draft.compat_key)[0]
         assert rec.artifact_id == good and rec.action == "rollback" and bad in rec.reason
-        verify_deep_or_quarantine(store, rec.artifact_id, detector="test", who="test")  # the channel is on verified bytes
+        verify_deep_or_quarantine(store, rec.artifact_id, detector="test", auth=Authority(who="test"))  # the channel is on verified bytes
         with pytest.raises(QuarantinedError):
             install_artifact(store, bad, tmp_path / f"node{i}")  # never installed
         wrong_installs += (tmp_path / f"node{i}" / "current").exists()

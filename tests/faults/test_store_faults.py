@@ -109,7 +109,7 @@ def test_throttling_and_5xx_are_retried(tmp_path, draft, seaweed, s3_env, monkey
         tree = make_tree(tmp_path / "tree", {f"f{i}": 20_000 + i for i in range(20)})
         res = ops.publish_tree(store, tree, draft)
         ops.verify(store, res.artifact_id, deep=True)
-        from buildctl.artifact_store.pull import install_artifact
+        from buildctl.artifact_store.install_dir import install_artifact
 
         install_artifact(store, res.artifact_id, tmp_path / "node")
         assert proxy.injected > 5, proxy.injected

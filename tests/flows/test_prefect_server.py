@@ -18,6 +18,8 @@ import urllib.request
 import pytest
 
 from buildctl.engines.fingerprint import detect
+from buildctl.artifact_store.authority import Authority
+from buildctl.context import Context
 
 from ..support.helpers import REPO, rot
 from ..support.s3server import free_ports
@@ -212,7 +214,7 @@ def heal_through_the_automation(url: str, env: dict, tmp_path, compat_key: str) 
     assert active_quarantine(store, aid) is not None
     rec = ops.read_channel(store, "tiny-llama-cpu", "staging", compat_key)[0]
     assert rec.artifact_id != aid and active_quarantine(store, rec.artifact_id) is None
-    verify_deep_or_quarantine(store, rec.artifact_id, detector="test", who="test")  # staging is on bytes that verify
+    verify_deep_or_quarantine(store, rec.artifact_id, detector="test", auth=Authority(who="test"))  # staging is on bytes that verify
     att = ops.latest_attestation(store, rec.artifact_id, compat_key)
     assert att is not None and att.attestation.passed  # the rebuild was validated
     node = json.loads(store.get_bytes("inventory/nodes/gpu-node-1.json"))
@@ -291,7 +293,7 @@ def test_builds_are_routed_to_workers_of_their_compat_key(tmp_path, tiny_build, 
     keys = {name: fp.compat_key("aoti") for name, fp in fps.items()}
     imported = {}
     for name in ("a", "b"):  # each key already has a validated artifact: the runs are cache hits
-        res = pipeline.import_engine(settings(), store, tiny_build["engine"], tiny_build["profile"], fps[name],
+        res = pipeline.import_engine(Context.from_settings(settings(), store=store), tiny_build["engine"], tiny_build["profile"], fps[name],
                                      model_digest=tiny_build["outcome"].model_digest)
         write_attestation(store, res.artifact_id, keys[name], "pass")
         imported[name] = res.artifact_id

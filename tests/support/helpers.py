@@ -88,6 +88,20 @@ def make_tree(root: Path, files: dict[str, bytes | int], seed: int = 0) -> Path:
     return root
 
 
+def publish_files(store, root: Path, draft, files: dict[str, bytes | int] | None = None, *, seed: int = 0,
+                  verdict: str | None = "pass", **publish_kw) -> str:
+    """The one publish-a-tree factory: write ``files`` under ``root`` (:func:`make_tree`; ``None``:
+    publish ``root`` as it is), publish it with ``draft`` and, unless ``verdict`` is ``None``, store
+    an attestation with that verdict for the draft's compat key. Returns the artifact id."""
+    from buildctl.artifact_store.publish import publish_tree
+
+    tree = make_tree(root, files, seed=seed) if files is not None else root
+    aid = publish_tree(store, tree, draft, **publish_kw).artifact_id
+    if verdict is not None:
+        write_attestation(store, aid, draft.compat_key, verdict)
+    return aid
+
+
 def rot(store, digest: str, kind: str, rng=None) -> None:
     """Damage one stored blob the way a disk or a bad copy does: ``flip`` (4 bytes in the middle, or
     one random bit with ``rng``; the size kept), ``truncate`` (to half, or a random length with

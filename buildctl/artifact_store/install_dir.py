@@ -1,0 +1,248 @@
+"""A node's install directory: the engines installed there, which one is current, and what the
+node remembers about them.
+
+Layout::
+
+    DIR/current  -> versions/<artifact hex>     (symlink, replaced atomically)
+    DIR/previous -> versions/<artifact hex>     (the engine before, for instant rollback)
+    DIR/versions/<artifact hex>/...             (installed engines; older ones are pruned)
+    DIR/.staging-<uuid>/                        (a download in progress; removed on any failure)
+    DIR/.lock                                   (one install at a time per DIR)
+    DIR/.buildctl-state.json                    (the highest channel record seq installed, per channel ref)
+    DIR/.buildctl-health.json                   (this node's smoke-check verdict per artifact)
+
+``current`` only ever changes after every file's size and digest matched the manifest and the
+backend's preflight load succeeded. On any failure it is untouched and staging is removed. A
+quarantined artifact is refused before anything is downloaded.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+import shutil
+import uuid
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator
+
+from buildctl.digest import fsync_dir, hex_of
+from buildctl.artifact_store.backend import ProgressFn, Store
+from buildctl.artifact_store.channels import ChannelRecord
+from buildctl.artifact_store.download import download_verified
+from buildctl.artifact_store.errors import InstallError, PreflightError, VerificationError
+from buildctl.artifact_store.manifest import Manifest
+from buildctl.artifact_store.quarantine import check_not_quarantined
+from buildctl.artifact_store.verify import get_manifest
+
+Preflight = Callable[[Manifest, Path], None]
+
+
+@dataclass
+class PullResult:
+    artifact_id: str
+    installed: bool  # False: it was already current
+    path: Path
+    previous: str | None
+    record: ChannelRecord | None = None
+    bytes: int = 0
+    previous_link: str | None = None  # what DIR/previous pointed at before this install (for switch_back)
+
+
+@contextmanager
+def _locked(dest: Path) -> Iterator[None]:
+    fd = os.open(dest / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _link_target(link: Path) -> str | None:
+    try:
+        return os.readlink(link)
+    except OSError:
+        return None
+
+
+def current_artifact(dest: Path) -> str | None:
+    """The artifact id installed as ``DIR/current``, if any."""
+    target = _link_target(Path(dest) / "current")
+    if not target or not (Path(dest) / target).is_dir():
+        return None
+    return "xxh3-128:" + Path(target).name
+
+
+def previous_artifact(dest: Path) -> str | None:
+    """The artifact id ``DIR/previous`` points at, if any."""
+    target = _link_target(Path(dest) / "previous")
+    if not target or not (Path(dest) / target).is_dir():
+        return None
+    return "xxh3-128:" + Path(target).name
+
+
+def _swap_link(dest: Path, name: str, target: str) -> None:
+    tmp = dest / f".{name}-{uuid.uuid4().hex}"
+    os.symlink(target, tmp)
+    os.replace(tmp, dest / name)
+
+
+def install_artifact(
+    store: Store,
+    artifact_id: str,
+    dest: str | Path,
+    *,
+    preflight: Preflight | None = None,
+    keep: int = 2,
+    workers: int = 16,
+    range_slots: int | None = None,
+    on_bytes: ProgressFn | None = None,
+) -> PullResult:
+    """Download, verify and atomically install one artifact as ``DIR/current``. ``workers`` files
+    at once; large files as parallel ranged reads, ``range_slots`` in flight over all of them."""
+    dest = Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    (dest / "versions").mkdir(exist_ok=True)
+    with _locked(dest):
+        previous = current_artifact(dest)
+        final = dest / "versions" / hex_of(artifact_id)
+        if previous == artifact_id:
+            return PullResult(artifact_id, installed=False, path=final, previous=previous)
+        for stale in dest.glob(".staging-*"):  # left by a crashed pull
+            shutil.rmtree(stale, ignore_errors=True)
+        check_not_quarantined(store, artifact_id, "not installing it; the current engine stays")
+        manifest = get_manifest(store, artifact_id)
+        staging = dest / f".staging-{uuid.uuid4().hex}"
+        staging.mkdir()
+        try:
+            try:
+                problems = download_verified(store, manifest, staging, workers=workers, range_slots=range_slots,
+                                             on_bytes=on_bytes)
+            except OSError as err:
+                if err.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT, errno.EACCES, errno.EROFS, errno.EIO):
+                    raise InstallError(str(dest), f"{os.strerror(err.errno)} while writing {err.filename or 'staging'}") from None
+                raise
+            if problems:
+                raise VerificationError(artifact_id, problems)
+            if preflight is not None:
+                try:
+                    preflight(manifest, staging)
+                except Exception as err:  # any failure to load means: do not install
+                    raise PreflightError(artifact_id, f"{type(err).__name__}: {err}") from None
+            if final.exists():  # an older install of the same artifact (e.g. 'previous'): replace it
+                _make_writable(final)
+                shutil.rmtree(final)
+            os.rename(staging, final)
+            fsync_dir(final.parent)
+        except BaseException:
+            _make_writable(staging)
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+        rel = os.path.join("versions", final.name)
+        old_target = _link_target(dest / "current")
+        old_previous = _link_target(dest / "previous")
+        _swap_link(dest, "current", rel)
+        if old_target and old_target != rel:
+            _swap_link(dest, "previous", old_target)
+        fsync_dir(dest)
+        _prune(dest, keep)
+        return PullResult(artifact_id, installed=True, path=final, previous=previous, bytes=manifest.total_size,
+                          previous_link=old_previous)
+
+
+def switch_back(dest: str | Path, result: PullResult) -> str | None:
+    """Undo an install whose engine failed on this node: ``current`` goes back to the engine it
+    replaced, and ``previous`` to what it was before when that is still on disk (``keep`` of 3 or
+    more keeps it; with 2 it was pruned and ``previous`` is removed); returns the artifact now current (None: there
+    was nothing before, and ``current`` is removed so nothing serves the failed engine)."""
+    dest = Path(dest)
+    with _locked(dest):
+        if _link_target(dest / "current") != os.path.join("versions", hex_of(result.artifact_id)):
+            return current_artifact(dest)  # something else was installed meanwhile: leave it
+        if result.previous is None:
+            os.unlink(dest / "current")
+            fsync_dir(dest)
+            return None
+        _swap_link(dest, "current", os.path.join("versions", hex_of(result.previous)))
+        if result.previous_link and (dest / result.previous_link).is_dir():
+            _swap_link(dest, "previous", result.previous_link)
+        else:
+            os.unlink(dest / "previous")
+        fsync_dir(dest)
+        return result.previous
+
+
+def _make_writable(path: Path) -> None:
+    if not path.exists():
+        return
+    for root, dirs, files in os.walk(path):
+        os.chmod(root, 0o755)
+        for f in files:
+            try:
+                os.chmod(os.path.join(root, f), 0o644)
+            except OSError:
+                pass
+
+
+def _prune(dest: Path, keep: int) -> None:
+    keep_names = {Path(t).name for t in (_link_target(dest / "current"), _link_target(dest / "previous")) if t}
+    versions = sorted((dest / "versions").iterdir(), key=lambda p: p.stat().st_mtime, reverse=True)
+    kept = 0
+    for v in versions:
+        if v.name in keep_names or kept < keep - len(keep_names):
+            kept += v.name not in keep_names
+            continue
+        _make_writable(v)
+        shutil.rmtree(v, ignore_errors=True)
+
+
+STATE_FILE = ".buildctl-state.json"
+
+
+def installed_seqs(dest: Path) -> dict[str, int]:
+    """The highest channel record sequence installed here, per profile/channel/compat key."""
+    try:
+        data = json.loads((Path(dest) / STATE_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    return {str(k): int(v) for k, v in data.items()} if isinstance(data, dict) else {}
+
+
+def channel_ref(record: ChannelRecord) -> str:
+    """The key of a channel ref in the state file: profile/channel/compat key."""
+    return f"{record.profile}/{record.channel}/{record.compat_key}"
+
+
+def record_installed(dest: Path, record: ChannelRecord) -> None:
+    """Remember that this node installed ``record`` (its seq is the floor for later records)."""
+    state = installed_seqs(dest)
+    k = channel_ref(record)
+    state[k] = max(state.get(k, 0), record.seq)
+    tmp = Path(dest) / f".{STATE_FILE}.{uuid.uuid4().hex}"
+    tmp.write_text(json.dumps(state, sort_keys=True))
+    os.replace(tmp, Path(dest) / STATE_FILE)
+
+
+HEALTH_FILE = ".buildctl-health.json"
+
+
+def health_marks(dest: str | Path) -> dict[str, dict[str, str]]:
+    """This node's own smoke-check verdicts by artifact id: ``{"status", "when", "detail"}``."""
+    try:
+        data = json.loads((Path(dest) / HEALTH_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    return {str(k): v for k, v in data.items() if isinstance(v, dict)} if isinstance(data, dict) else {}
+
+
+def mark_health(dest: str | Path, artifact_id: str, status: str, when: str, detail: str | None = None) -> None:
+    """Record this node's smoke-check verdict for an artifact (atomically replaced)."""
+    marks = health_marks(dest)
+    marks[artifact_id] = {"status": status, "when": when, "detail": detail or ""}
+    tmp = Path(dest) / f".{HEALTH_FILE}.{uuid.uuid4().hex}"
+    tmp.write_text(json.dumps(marks, sort_keys=True))
+    os.replace(tmp, Path(dest) / HEALTH_FILE)

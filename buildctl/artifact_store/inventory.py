@@ -1,0 +1,127 @@
+"""The node inventory: what each node reported, one record per node under
+``inventory/nodes/<node_id>.json``, replaced with compare-and-swap.
+
+The store owns this data: nodes write their own record (the node role may write nothing else),
+rollouts count waves from it, and garbage collection (:mod:`.gc`) reads the engines nodes run
+and keep from it (:func:`node_protections`). Reporting a fingerprint is
+:mod:`buildctl.fleet`'s (it computes the compat keys).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from typing import Any, Callable, Iterable, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from buildctl.digest import canonical_json
+from buildctl.artifact_store.backend import Store
+from buildctl.artifact_store.errors import CasConflictError, CorruptObjectError, StoreArgumentError
+from buildctl.artifact_store.layout import NODES, node_key
+
+NODE_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")
+
+
+class PullFailure(BaseModel):
+    """A pull this node refused: the artifact stays out of ``current``, and the report says why."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    artifact_id: str = Field(..., description="The artifact the channel pointed at.")
+    profile: str = Field(..., description="Profile pulled.")
+    channel: str = Field(..., description="Channel pulled.")
+    compat_key: str = Field(..., description="The channel ref's compat key.")
+    files: tuple[str, ...] = Field((), description="The files that failed, when the bytes were wrong.")
+    error: str = Field(..., description="The error's type and message.")
+    when: str = Field(..., description="UTC ISO-8601 time.")
+
+
+MAX_PULL_FAILURES = 10
+HealthStatus = Literal["installed", "healthy", "failed"]
+
+
+class EngineState(BaseModel):
+    """What a node runs for one (profile, channel), and what its smoke check said."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    profile: str = Field(..., description="Profile pulled.")
+    channel: str = Field(..., description="Channel pulled.")
+    compat_key: str = Field(..., description="The channel ref's compat key.")
+    artifact_id: str = Field(..., description="The artifact the channel gave this node.")
+    seq: int = Field(..., ge=1, description="The channel record it was resolved from.")
+    status: HealthStatus = Field(..., description="installed (smoke check pending), healthy or failed.")
+    detail: str | None = Field(None, description="Why the smoke check failed, or what it ran.")
+    current: str | None = Field(None, description="The artifact DIR/current holds now (after a failure: the one switched back to).")
+    previous: str | None = Field(None, description="The artifact DIR/previous holds now (the node's own rollback target).")
+    when: str = Field(..., description="UTC ISO-8601 time.")
+
+
+class NodeRecord(BaseModel):
+    """What one node reported."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    node_id: str = Field(..., description="The node's id (hostname or cloud instance id).")
+    fingerprint: dict[str, Any] = Field(..., description="The node's fingerprint.")
+    compat_keys: dict[str, str] = Field(..., description="Compat key per backend, from the fingerprint.")
+    profiles: tuple[str, ...] = Field((), description="Profiles the node serves.")
+    reported_at: str = Field(..., description="UTC time of the report.")
+    reports: int = Field(1, ge=1, description="How many reports this node has made.")
+    pull_failures: tuple[PullFailure, ...] = Field((), description=f"The node's latest refused pulls, newest last (at most {MAX_PULL_FAILURES}).")
+    engines: tuple[EngineState, ...] = Field((), description="Per (profile, channel): the engine installed and its health.")
+
+    def engine(self, profile: str, channel: str) -> EngineState | None:
+        return next((e for e in self.engines if e.profile == profile and e.channel == channel), None)
+
+
+def read_node(store: Store, node_id: str) -> tuple[NodeRecord, str] | None:
+    got = store.get_ref(node_key(node_id))
+    if got is None:
+        return None
+    try:
+        return NodeRecord.model_validate_json(got[0]), got[1]
+    except ValidationError:
+        raise CorruptObjectError(node_key(node_id), "malformed node record") from None
+
+
+def check_node_id(node_id: str) -> None:
+    if not NODE_ID_RE.match(node_id):
+        raise StoreArgumentError(f"bad node id {node_id!r}: letters, digits, '.', '_' and '-'")
+
+
+def update_node(store: Store, node_id: str, change: Callable[[NodeRecord | None], NodeRecord], *,
+                attempts: int = 20) -> tuple[NodeRecord, NodeRecord | None]:
+    """Replace the node's record with ``change(current)`` (``None``: no record yet), with
+    compare-and-swap, retried; returns the new record and the one it replaced."""
+    check_node_id(node_id)
+    for _ in range(attempts):
+        current = read_node(store, node_id)
+        rec = change(current[0] if current else None)
+        if store.cas(node_key(node_id), canonical_json(rec.model_dump(mode="json")), current[1] if current else None):
+            return rec, current[0] if current else None
+        time.sleep(0.05)
+    raise CasConflictError(node_key(node_id), attempts)
+
+
+def read_inventory(store: Store) -> list[NodeRecord]:
+    out = []
+    for key in store.list(NODES):
+        got = store.get_ref(key)
+        if got is not None:
+            out.append(NodeRecord.model_validate_json(got[0]))
+    return out
+
+
+def node_protections(nodes: Iterable[NodeRecord]) -> list[tuple[str, str]]:
+    """What the nodes run or keep, as gc protections: (artifact, why)."""
+    out = []
+    for node in nodes:
+        for e in node.engines:
+            out.append((e.artifact_id, f"node {node.node_id} reports it installed ({e.profile}/{e.channel}, {e.status})"))
+            if e.current:
+                out.append((e.current, f"node {node.node_id} runs it (current, {e.profile}/{e.channel})"))
+            if e.previous:
+                out.append((e.previous, f"node {node.node_id} keeps it as previous ({e.profile}/{e.channel})"))
+    return out

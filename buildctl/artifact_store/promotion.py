@@ -1,0 +1,101 @@
+"""Gated channel moves: promotion and rollback.
+
+``promote`` moves a channel only when the promotion gate passes (:func:`promotion_refusals`): the
+artifact is not quarantined, its bytes deep-verify (or did within ``auth.verify_window_s``; a
+mismatch quarantines it), and its latest attestation for its compat key passed, says so in its own
+figures and, with trusted keys, is signed by a validator key. ``force`` overrides only the
+attestation part, with a reason on record: bytes that do not verify are never promoted.
+``rollback`` points a channel at an earlier artifact, after the same byte check.
+"""
+
+from __future__ import annotations
+
+from buildctl.artifact_store.attestations import latest_attestation, recomputed_verdict
+from buildctl.artifact_store.authority import Authority
+from buildctl.artifact_store.backend import Store
+from buildctl.artifact_store.channels import ChannelRecord, channel_compat_keys, history, read_channel, set_channel
+from buildctl.artifact_store.errors import (
+    ArtifactNotFoundError,
+    ChannelNotFoundError,
+    PromotionRefusedError,
+    SignatureError,
+    StoreArgumentError,
+)
+from buildctl.artifact_store.integrity import verify_recent_or_quarantine
+from buildctl.artifact_store.manifest import Manifest
+from buildctl.artifact_store.revocation import with_revocations
+from buildctl.artifact_store.rollout import RolloutPlan
+from buildctl.artifact_store.signing import verify_signature
+from buildctl.artifact_store.verify import get_manifest, resolve_artifact
+
+
+def promotion_refusals(store: Store, artifact_id: str, manifest: Manifest, auth: Authority) -> list[str]:
+    """Why the attestation gate refuses the artifact (empty: it passes): no attestation for its
+    compat key, one that did not pass, one whose own figures do not give a pass, or (with trusted
+    keys) one not signed by an unrevoked validator key."""
+    reasons: list[str] = []
+    stored = latest_attestation(store, artifact_id, manifest.compat_key)
+    if stored is not None and auth.trusted is not None:
+        try:
+            verify_signature(f"attestation of {artifact_id}", stored.signed_bytes, stored.attestation.signature,
+                             with_revocations(store, auth.trusted), "validator", signed_at=stored.attestation.created_at)
+        except SignatureError as err:
+            reasons.append(f"attestation signature: {err.detail}")
+    if stored is None:
+        reasons.append(f"no validation attestation for compat key {manifest.compat_key}")
+    elif not stored.attestation.passed:
+        att = stored.attestation
+        reasons.append(f"latest validation attestation ({att.created_at}) did not pass: verdict {att.verdict!r}")
+    else:  # it says pass: its own figures must say so too
+        verdict, why = recomputed_verdict(stored.attestation)
+        if verdict != "pass":
+            reasons.append(f"latest validation attestation ({stored.attestation.created_at}) says pass but its "
+                           f"recorded figures give {verdict}: " + "; ".join(why))
+    return reasons
+
+
+def promote(store: Store, artifact_ref: str, channel: str, *, auth: Authority = Authority(), force: bool = False,
+            reason: str | None = None, attempts: int = 30, rollout: RolloutPlan | None = None) -> ChannelRecord:
+    """Promote after the gates (see the module docstring); a byte mismatch quarantines the artifact
+    and raises :class:`VerificationError` (exit 4), a refused gate :class:`PromotionRefusedError`."""
+    artifact_id = resolve_artifact(store, artifact_ref)
+    if force and not reason:
+        raise StoreArgumentError("--force needs --reason: a break-glass promotion is recorded with why")
+    verified_at = verify_recent_or_quarantine(store, artifact_id, detector=f"promote to {channel}", auth=auth)
+    manifest = get_manifest(store, artifact_id)
+    reasons = promotion_refusals(store, artifact_id, manifest, auth)
+    if reasons and not force:
+        raise PromotionRefusedError(artifact_id, channel, reasons)
+    return set_channel(store, artifact_id, manifest, channel, auth=auth, reason=reason, forced=bool(reasons) and force,
+                       verified_at=verified_at, attempts=attempts, rollout=rollout)
+
+
+def rollback(store: Store, profile: str, channel: str, *, auth: Authority = Authority(), to: str | None = None,
+             compat_key: str | None = None, reason: str | None = None) -> ChannelRecord:
+    """Point the channel at an earlier artifact (``to``, default the one before the current),
+    recorded as a new, higher history record."""
+    keys = [compat_key] if compat_key else channel_compat_keys(store, profile, channel)
+    if not keys or (compat_key and read_channel(store, profile, channel, compat_key) is None):
+        raise ChannelNotFoundError(profile, channel, keys or ["<none>"])
+    if len(keys) > 1:
+        raise StoreArgumentError(f"channel {channel!r} of {profile!r} has refs for {len(keys)} compat keys; pass --compat-key")
+    compat = keys[0]
+    current = read_channel(store, profile, channel, compat)
+    if current is None:
+        raise ChannelNotFoundError(profile, channel, [compat])
+    if to is not None:
+        target = resolve_artifact(store, to)
+    else:
+        target = None
+        for rec in reversed(history(store, profile, channel, compat)):
+            if rec.artifact_id != current[0].artifact_id:
+                target = rec.artifact_id
+                break
+        if target is None:
+            raise ArtifactNotFoundError("<previous>", f"channel {channel!r} has no earlier artifact to roll back to")
+    manifest = get_manifest(store, target)
+    if manifest.profile_name != profile or manifest.compat_key != compat:
+        raise StoreArgumentError(f"artifact {target} is for {manifest.profile_name}/{manifest.compat_key}, not {profile}/{compat}")
+    verified_at = verify_recent_or_quarantine(store, target, detector=f"rollback of {channel}", auth=auth)
+    return set_channel(store, target, manifest, channel, auth=auth, reason=reason or "rollback", action="rollback",
+                       verified_at=verified_at)
