@@ -1,6 +1,6 @@
 # buildctl: two commands do all the setup on a fresh clone.
 #   make demo   runs the pipeline on the embedded defaults
-#   make test   runs the whole test suite
+#   make test   runs the test suite, less the end-to-end tests marked slow (CI runs those too: make test-slow)
 SHELL := /bin/bash
 comma := ,
 .DEFAULT_GOAL := help
@@ -16,12 +16,15 @@ EXTRAS := orchestration,cpu,test,bench,docs
 UV_VERSION := 0.13.9
 DEMO_DIR ?= .demo
 PYTEST_ARGS ?=
+# make test spreads the suite over this many pytest-xdist workers (one per core on the 2-core CI).
+TEST_WORKERS ?= 2
 
-.PHONY: help install lock lock-check docs system-deps test-deps test demo bench faults mutants clean stack-up stack-down
+.PHONY: help install lock lock-check docs system-deps test-deps test test-slow test-all demo bench faults mutants clean stack-up stack-down
 
 help:
 	@echo "make demo     run the pipeline on the embedded defaults (local store, CPU backend, tiny model)"
-	@echo "make test     run the test suite"
+	@echo "make test     run the test suite without the slow end-to-end tests (under 10 minutes on 2 cores)"
+	@echo "make test-slow  run the slow end-to-end tests (CI runs both: .ci/run)"
 	@echo "make docs     build the documentation site into .site/ (MkDocs, --strict)"
 	@echo "make bench    run the benchmarks; writes benchmarks/results/latest.md and a PNG chart"
 	@echo "make faults   run the fault matrix, fuzzing and mutation testing; regenerates docs/reliability.md"
@@ -80,8 +83,15 @@ test-deps:
 	  fi; \
 	fi
 
+# The suite less the end-to-end tests marked slow (they build, validate against vLLM and run real
+# Prefect servers for minutes each); .ci/run runs `make test` and then `make test-slow`.
 test: install test-deps docs
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not slow" -n $(TEST_WORKERS) $(PYTEST_ARGS)
+
+test-slow: install test-deps
+	$(PY) -m pytest -m slow --durations=15 $(PYTEST_ARGS)
+
+test-all: test test-slow
 
 # The documentation site from docs/ (MkDocs, --strict: a broken link or a page missing from the
 # nav fails it), after checking that the generated CLI reference is current.

@@ -23,6 +23,21 @@ if "PREFECT_HOME" not in os.environ:
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
 
+def pytest_sessionfinish(session) -> None:
+    """Under pytest-xdist, a worker hands its count to the controller (which prints it)."""
+    out = getattr(session.config, "workeroutput", None)
+    if out is not None and MODULES_PARSED in session.config.stash:
+        out["modules_parsed"] = session.config.stash[MODULES_PARSED]
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error) -> None:
+    """pytest-xdist's controller: keep the count a worker reported."""
+    got = getattr(node, "workeroutput", {}).get("modules_parsed")
+    if got is not None:
+        node.config.stash[MODULES_PARSED] = got
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
     """Say how many library modules the architecture guards parsed (tests/test_architecture.py)."""
     if MODULES_PARSED in config.stash:
