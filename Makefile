@@ -111,7 +111,7 @@ bench: install
 	$(PY) -m benchmarks.transfer --size-gib $(BENCH_TRANSFER_GIB)
 	$(PY) -m benchmarks.cache
 	$(PY) -m benchmarks.reconcile
-	$(PY) -m benchmarks.pipeline
+	$(PY) -m benchmarks.stage_times
 	$(PY) -m benchmarks.deep_verify
 	$(PY) -m benchmarks.install_sizes
 	$(PY) -m benchmarks.speedgate --runs $(BENCH_SPEEDGATE_RUNS)

@@ -37,6 +37,10 @@ class ChannelRecovery:
     seq: int | None = None
     detail: str = ""
 
+    def to_json(self) -> dict:
+        return {"profile": self.profile, "channel": self.channel, "compat_key": self.compat_key,
+                "rolled_back_to": self.rolled_back_to, "seq": self.seq, "detail": self.detail}
+
 
 @dataclass
 class HealReport:
@@ -47,6 +51,14 @@ class HealReport:
     recoveries: list[ChannelRecovery] = field(default_factory=list)
     repair: RepairResult | None = None
     rebuild: list[tuple[str, str]] = field(default_factory=list)  # (profile, compat key) still to rebuild
+
+    def to_json(self) -> dict:
+        return {"artifact_id": self.artifact_id, "store_copy_ok": self.store_copy_ok,
+                "quarantine_record": self.quarantine_key, "problems": self.problems,
+                "channels": [r.to_json() for r in self.recoveries],
+                "repaired": self.repair.replaced if self.repair else [],
+                "healthy_after_repair": bool(self.repair and self.repair.healthy),
+                "rebuild": [{"profile": p, "compat_key": k} for p, k in self.rebuild]}
 
 
 def quarantine_artifact(ctx: Context, artifact_ref: str, reason: str) -> tuple[str, str]:
@@ -132,10 +144,17 @@ class ScrubRow:
     problems: list[str] = field(default_factory=list)
     quarantine_key: str | None = None
 
+    def to_json(self) -> dict:
+        return {"artifact_id": self.artifact_id, "profile": self.profile, "channels": self.channels, "bytes": self.bytes,
+                "status": self.status, "problems": self.problems, "quarantine_record": self.quarantine_key}
+
 
 @dataclass
 class ScrubReport:
     rows: list[ScrubRow]
+
+    def to_json(self) -> dict:
+        return {"checked_bytes": self.checked_bytes, "artifacts": [r.to_json() for r in self.rows]}
 
     @property
     def corrupt(self) -> list[ScrubRow]:

@@ -214,6 +214,12 @@ class BuildOutcome:
     total_s: float = 0.0
     uploaded_bytes: int = 0
 
+    def to_json(self) -> dict:
+        """What ``buildctl build --json`` prints."""
+        return {"artifact_id": self.artifact_id, "cache_hit": self.cache_hit, "adopted": self.adopted,
+                "build_key": self.build_key, "model_digest": self.model_digest, "compat_key": self.compat_key,
+                "build_s": round(self.build_s, 3), "publish_s": round(self.publish_s, 3), "total_s": round(self.total_s, 3)}
+
 
 @dataclass
 class BuildPlan:

@@ -85,6 +85,13 @@ class GcResult:
     not_removed: list[tuple[str, str]] = field(default_factory=list)  # (key, why) the store refused
     stopped_early: str | None = None
 
+    def to_json(self) -> dict:
+        return {"dry_run": self.dry_run, "removed_artifacts": self.removed_artifacts, "removed_blobs": self.removed_blobs,
+                "freed_bytes": self.freed_bytes, "kept": self.kept, "kept_blobs": self.kept_blobs,
+                "artifacts": [d.to_json() for d in self.decisions],
+                "not_removed": [{"key": k, "why": why} for k, why in self.not_removed],
+                "stopped_early": self.stopped_early}
+
     @property
     def removed_artifacts(self) -> list[str]:
         """Removed (a dry run: would be); an artifact whose manifest the store refused to remove is not."""

@@ -44,6 +44,12 @@ class PublishResult:
     build_key_owner: str | None = None  # artifact that holds the build key (may differ on a lost race)
     repaired: list[str] = field(default_factory=list)  # files whose rotted blobs this publish put back
 
+    def to_json(self) -> dict:
+        """What ``buildctl import --json`` prints."""
+        return {"artifact_id": self.artifact_id, "existed": self.existed, "uploaded_blobs": self.uploaded_blobs,
+                "skipped_blobs": self.skipped_blobs, "uploaded_bytes": self.uploaded_bytes,
+                "compat_key": self.manifest.compat_key, "build_key": self.manifest.build_key}
+
 
 @dataclass
 class ManifestDraft:

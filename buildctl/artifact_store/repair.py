@@ -35,6 +35,10 @@ class RepairResult:
     healthy: bool = False                                  # a full deep verify passed afterwards
     lifted: str | None = None                              # the lift record's key
 
+    def to_json(self) -> dict:
+        return {"artifact_id": self.artifact_id, "replaced": self.replaced, "unrepaired": self.unrepaired,
+                "healthy": self.healthy, "lift_record": self.lifted}
+
 
 def stored_blob_ok(store: Store, entry: FileEntry) -> bool:
     key = blob_key(entry.digest)

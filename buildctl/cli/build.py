@@ -30,10 +30,7 @@ def build_cmd(
     res = build(context(ctx), prof, model=model, target_compat_key=target_compat_key,
                 workdir=workdir, say=say)
     if quiet:
-        emit_json({"artifact_id": res.artifact_id, "cache_hit": res.cache_hit, "adopted": res.adopted,
-                   "build_key": res.build_key, "model_digest": res.model_digest, "compat_key": res.compat_key,
-                   "build_s": round(res.build_s, 3), "publish_s": round(res.publish_s, 3),
-                   "total_s": round(res.total_s, 3)})
+        emit_json(res.to_json())
         return
     out().print(res.artifact_id)
     if res.cache_hit:

@@ -42,8 +42,7 @@ def repair_cmd(
     store = c.store
     res = repair_artifact(c, artifact, source)
     if want_json(ctx, json_out):
-        emit_json({"artifact_id": res.artifact_id, "replaced": res.replaced, "unrepaired": res.unrepaired,
-                   "healthy": res.healthy, "lift_record": res.lifted})
+        emit_json(res.to_json())
     else:
         out().print(f"{res.artifact_id}: replaced {len(res.replaced)} blob(s) ({', '.join(res.replaced) or 'none'})"
                     + (f"; lifted the quarantine ({res.lifted})" if res.lifted else ""))
@@ -66,9 +65,7 @@ def scrub_cmd(
     report = scrub(context(ctx), sample=sample, channels_only=channels_only,
                    budget_bytes=int(budget_gib * GIB) if budget_gib is not None else None, seed=seed)
     if want_json(ctx, json_out):
-        emit_json({"checked_bytes": report.checked_bytes, "artifacts": [
-            {"artifact_id": r.artifact_id, "profile": r.profile, "channels": r.channels, "bytes": r.bytes,
-             "status": r.status, "problems": r.problems, "quarantine_record": r.quarantine_key} for r in report.rows]})
+        emit_json(report.to_json())
     else:
         t = Table(title=f"scrub: {len(report.rows)} artifacts, {report.checked_bytes} bytes re-hashed")
         for c in ("artifact", "profile", "channels", "bytes", "status", "problems"):
@@ -91,12 +88,7 @@ def heal_cmd(
     from buildctl.healing import heal_artifact
 
     rep = heal_artifact(context(ctx), artifact, repair_source=source)
-    data = {"artifact_id": rep.artifact_id, "store_copy_ok": rep.store_copy_ok, "quarantine_record": rep.quarantine_key,
-            "problems": rep.problems,
-            "channels": [{"profile": r.profile, "channel": r.channel, "compat_key": r.compat_key,
-                          "rolled_back_to": r.rolled_back_to, "seq": r.seq, "detail": r.detail} for r in rep.recoveries],
-            "repaired": rep.repair.replaced if rep.repair else [], "healthy_after_repair": bool(rep.repair and rep.repair.healthy),
-            "rebuild": [{"profile": p, "compat_key": k} for p, k in rep.rebuild]}
+    data = rep.to_json()
     if want_json(ctx, json_out):
         emit_json(data)
         return

@@ -42,9 +42,7 @@ def import_cmd(
     with byte_progress("hashing + uploading", total, enabled=not quiet) as on_bytes:
         res = import_engine(context(ctx), directory, prof, fp, model_digest=model_digest, on_bytes=on_bytes)
     if quiet:
-        emit_json({"artifact_id": res.artifact_id, "existed": res.existed, "uploaded_blobs": res.uploaded_blobs,
-                   "skipped_blobs": res.skipped_blobs, "uploaded_bytes": res.uploaded_bytes,
-                   "compat_key": res.manifest.compat_key, "build_key": res.manifest.build_key})
+        emit_json(res.to_json())
         return
     state = "already published" if res.existed else "published"
     out().print(f"{res.artifact_id}", highlight=False)
@@ -340,11 +338,7 @@ def gc_cmd(
         opts["grace_s"] = parse_duration(grace)
     res = fleet.gc(context(ctx), **opts)
     if _quiet(ctx, json_out):
-        emit_json({"dry_run": dry_run, "removed_artifacts": res.removed_artifacts, "removed_blobs": res.removed_blobs,
-                   "freed_bytes": res.freed_bytes, "kept": res.kept, "kept_blobs": res.kept_blobs,
-                   "artifacts": [d.to_json() for d in res.decisions],
-                   "not_removed": [{"key": k, "why": why} for k, why in res.not_removed],
-                   "stopped_early": res.stopped_early})
+        emit_json(res.to_json())
         return
     verb = "would remove" if dry_run else "removed"
     gone = [d for d in res.decisions if not d.protected_by]

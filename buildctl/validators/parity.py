@@ -31,7 +31,7 @@ class PromptParity:
     def passed(self) -> bool:
         return self.status != "failed"
 
-    def to_dict(self) -> dict:
+    def to_json(self) -> dict:
         return asdict(self)
 
 
@@ -82,12 +82,12 @@ class ParityReport:
                        f"{self.min_identical_fraction:.0%}")
         return out
 
-    def to_dict(self) -> dict:
+    def to_json(self) -> dict:
         return {"passed": self.passed, "prompts": len(self.prompts),
                 "identical": sum(p.status == "identical" for p in self.prompts),
                 "close": sum(p.status == "close" for p in self.prompts), "failed": len(self.failed),
                 "identical_fraction": self.identical_fraction, "min_identical_fraction": self.min_identical_fraction,
-                "max_abs_logprob_diff": self.max_abs_logprob_diff, "per_prompt": [p.to_dict() for p in self.prompts]}
+                "max_abs_logprob_diff": self.max_abs_logprob_diff, "per_prompt": [p.to_json() for p in self.prompts]}
 
 
 def check_parity(reference: list[Generation], candidate: list[Generation], min_identical_fraction: float = 0.0) -> ParityReport:

@@ -149,7 +149,7 @@ class Ratio:
         return (f"concurrency {concurrency}: {LABELS[self.metric]} {self.interval.describe()} {what} "
                 f"the gate {op} {self.threshold}" + ("" if self.verdict == "fail" else ": inconclusive"))
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
         iv = self.interval
         return {"metric": self.metric, "median": iv.median, "low": iv.low if iv.bounded else None,
                 "high": iv.high if iv.bounded else None, "confidence": iv.confidence,
@@ -191,14 +191,14 @@ class LevelResult:
     def ratio(self, metric: str) -> Ratio:
         return next(r for r in self.ratios if r.metric == metric)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
         return {"concurrency": self.concurrency,
                 "candidate": _side(self.candidate_runs, self.candidate_gpus),
                 "reference": _side(self.reference_runs, self.reference_gpus),
                 "throughput_ratio": self.ratio("throughput").interval.median,
                 "p99_ttft_ratio": self.ratio("ttft_p99").interval.median,
                 "passed": self.passed, "verdict": self.verdict, "reasons": self.reasons,
-                "ratios": [r.to_dict() for r in self.ratios]}
+                "ratios": [r.to_json() for r in self.ratios]}
 
 
 def evaluate_level(concurrency: int, candidate_runs: list[RunMetrics], reference_runs: list[RunMetrics],
@@ -233,9 +233,9 @@ class SpeedReport:
     def reasons(self) -> list[str]:
         return [r for level in self.levels for r in level.reasons]
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
         return {"passed": self.passed, "verdict": self.verdict, "gate": self.gate,
-                "levels": [lv.to_dict() for lv in self.levels], "noise": self.noise or None,
+                "levels": [lv.to_json() for lv in self.levels], "noise": self.noise or None,
                 "budget": self.budget or None}
 
 

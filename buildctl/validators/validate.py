@@ -142,8 +142,8 @@ def run_validation(
             "thresholds": {"parity_rule": v.parity.rule, "min_identical_fraction": v.parity.min_identical_fraction,
                            "max_tokens": v.max_tokens, "top_logprobs": v.top_logprobs, **speed.gate},
             "reference_engine_args": profile.reference.model_dump(mode="json"),
-            "parity": parity.to_dict(),
-            "speed": speed.to_dict(),
+            "parity": parity.to_json(),
+            "speed": speed.to_json(),
             "duration_s": round(time.monotonic() - t0, 3),
         })
         att_id = write_attestation(store, attestation, signer=auth.signer)

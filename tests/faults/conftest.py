@@ -32,6 +32,27 @@ def record_fault(request):
     return record
 
 
+def time_to_done(script: str, args: list[str]) -> float:
+    """Run ``script`` (as :func:`kill_at_random_point` does) to the end: the seconds from "go" to its
+    "done" line, so kill times can be drawn over the work's own length on this machine."""
+    import subprocess
+    import sys
+    import time
+
+    from ..support.helpers import REPO
+
+    p = subprocess.Popen([sys.executable, "-c", script, *args], cwd=REPO, stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, text=True)
+    assert p.stdout.readline().strip() == "ready"
+    t0 = time.monotonic()
+    p.stdin.write("go\n")
+    p.stdin.flush()
+    assert p.stdout.readline().strip() == "done"
+    took = time.monotonic() - t0
+    p.wait()
+    return took
+
+
 def kill_at_random_point(script: str, args: list[str], delay_s: float) -> None:
     """Run ``script`` (which prints "ready" and waits for a line on stdin), let it go, and SIGKILL
     it ``delay_s`` later: a crash at an arbitrary point of the work it does after "ready"."""

@@ -17,7 +17,7 @@ from buildctl.artifact_store.layout import blob_key
 from buildctl.digest import digest_bytes
 
 from ..support.helpers import REPO, make_tree, write_attestation
-from .conftest import kill_at_random_point, scale
+from .conftest import kill_at_random_point, scale, time_to_done
 from .proxy import FaultProxy
 
 PUBLISHER = r"""
@@ -46,9 +46,12 @@ def test_publish_sigkilled_at_random_points_then_rerun(tmp_path, draft, record_f
     tree = make_tree(tmp_path / "tree", {f"rank{i}.engine": 1_500_000 + i for i in range(12)})
     rng = random.Random(1234)
     runs, completed_before_kill = scale(50), 0
+    # Kill times over the publish's own length here (and a third past it, so some runs finish):
+    # a fixed 120 ms window had every publish killed on a slower machine, testing only early kills.
+    window = 1.33 * max(time_to_done(PUBLISHER, [f"file://{tmp_path}/calibration-{j}", str(tree)]) for j in range(3))
     for i in range(runs):
         uri = f"file://{tmp_path}/store-{i}"
-        kill_at_random_point(PUBLISHER, [uri, str(tree)], rng.uniform(0, 0.12))
+        kill_at_random_point(PUBLISHER, [uri, str(tree)], rng.uniform(0, window))
         store = open_store(uri)
         seen = visible_artifacts_verify(store)  # whatever is visible is complete
         completed_before_kill += seen
@@ -59,7 +62,8 @@ def test_publish_sigkilled_at_random_points_then_rerun(tmp_path, draft, record_f
         ops.verify(store, res.artifact_id, deep=True)
         assert ops.lookup_build_key(store, "xxh3-128:" + "3" * 32) == res.artifact_id
     assert 0 < completed_before_kill < runs, "kill times should cover both early and late points"
-    record_fault("publish killed (SIGKILL)", "random kill time 0-120 ms into publish, then re-run", runs)
+    record_fault("publish killed (SIGKILL)", f"random kill time 0-{window * 1000:.0f} ms into publish (4/3 of its "
+                 "own time here), then re-run", runs)
 
 
 @pytest.mark.slow

@@ -80,7 +80,7 @@ def test_identical_fraction_exactly_at_the_minimum_passes():
     assert rep.identical_fraction == 0.5 and rep.passed and rep.reasons() == []
     strict = check_parity([same, ref_close], [same, close], min_identical_fraction=0.51)
     assert not strict.passed and strict.reasons() == ["only 50% of prompts identical, profile requires 51%"]
-    d = rep.to_dict()
+    d = rep.to_json()
     assert (d["identical"], d["close"], d["failed"], d["prompts"]) == (1, 1, 0, 2)
 
 
@@ -120,7 +120,7 @@ def test_report_counts_and_defaults():
     (0: a 'close' prompt alone passes)."""
     ref = [G([1, 2]), G([1, 2]), G([3]), G([1, 2], [{1: -0.1}, {2: -0.1, 9: -0.2}]), G([1, 2])]
     cand = [G([1, 2]), G([1, 2]), G([3]), G([1, 9], [{1: -0.1}, {9: -0.1, 2: -0.2}]), G([5, 5])]
-    d = check_parity(ref, cand).to_dict()
+    d = check_parity(ref, cand).to_json()
     assert (d["prompts"], d["identical"], d["close"], d["failed"]) == (5, 3, 1, 1)
     assert d["identical_fraction"] == 0.6 and d["max_abs_logprob_diff"] == 0.0
     no_shared_top_k = compare(0, G([1, 2], [{}, {}]), G([1, 2], [{}, {}]))

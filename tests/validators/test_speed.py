@@ -179,7 +179,7 @@ def test_a_failed_level_stops_the_others_from_adding_repetitions():
 def test_the_report_is_a_typed_attestation_section_with_intervals_and_noise():
     c, r = cand_ref([0.5])
     rep = measure(c, r, ttft_gate(levels={1: {"max_p50_ttft_ratio": 0.6}}), [[1]] * 3)
-    s = SpeedSummary.model_validate(rep.to_dict())
+    s = SpeedSummary.model_validate(rep.to_json())
     lv = s.levels[0]
     assert s.verdict == "pass" and lv.verdict == "pass"
     p50 = next(x for x in lv.ratios if x.metric == "ttft_p50")
@@ -244,7 +244,7 @@ def test_slow_candidate_fails_throughput_gate():
 def test_slow_first_token_fails_ttft_gate():
     rep = measure(Scripted(0.001, first_s=0.03), Scripted(0.001), gate(min_throughput_ratio=1e-3), [[1]] * 4)
     assert rep.verdict == "fail" and all("p50 TTFT ratio" in r for r in rep.reasons())
-    d = rep.to_dict()
+    d = rep.to_json()
     assert d["levels"][0]["candidate"]["ttft_p50_ms"] > d["levels"][0]["reference"]["ttft_p50_ms"]
     assert {"output_tok_s_min", "output_tok_s_max", "output_tok_s_cv", "tpot_p50_ms", "itl_p99_ms",
             "request_throughput", "output_tok_s_per_gpu"} <= set(d["levels"][0]["candidate"])
@@ -259,7 +259,7 @@ def test_the_report_states_each_sides_figures_in_milliseconds_and_the_time_spent
     gate = SpeedGate(min_throughput_ratio=1e-9, max_p99_ttft_ratio=1.5, concurrency=(1,), input_len=4, output_len=2,
                      num_prompts=100, repetitions=6, max_repetitions=6, max_seconds=1e6, warmup=0)
     rep = measure(TailRunner(0.010), TailRunner(0.010), gate, [[1]] * 100, clock=lambda: next(ticks))
-    side = rep.levels[0].to_dict()["candidate"]
+    side = rep.levels[0].to_json()["candidate"]
     assert side["ttft_p50_ms"] == pytest.approx(10.0) and side["ttft_p99_ms"] == pytest.approx(10.0)
     assert side["tpot_p50_ms"] == pytest.approx(1.0) and side["itl_p50_ms"] == pytest.approx(1.0)
     assert rep.budget["seconds"] == pytest.approx(2.5)  # the first reading after the start, minus the start
@@ -283,14 +283,14 @@ def test_every_reported_figure_of_a_side_by_hand():
     gate = SpeedGate(min_throughput_ratio=1e-9, max_p99_ttft_ratio=None, concurrency=(1,), input_len=4, output_len=3,
                      num_prompts=5, repetitions=6, max_repetitions=6, max_seconds=1e6, warmup=0)
     rep = measure(Ramp(), Ramp(), gate, [[1]] * 5, candidate_gpus=2)
-    side = rep.levels[0].to_dict()["candidate"]
+    side = rep.levels[0].to_json()["candidate"]
     assert side["ttft_p50_ms"] == pytest.approx(3.0) and side["ttft_p99_ms"] == pytest.approx(4.96)
     assert side["tpot_p50_ms"] == pytest.approx(0.3) and side["tpot_p99_ms"] == pytest.approx(0.496)
     # ITL pools both gaps of every request: [.1, .1, .2, .2, ..., .5, .5]; p99 at index 8.91
     assert side["itl_p50_ms"] == pytest.approx(0.3) and side["itl_p99_ms"] == pytest.approx(0.5)
     assert side["output_tok_s_per_gpu"] == pytest.approx(side["output_tok_s"] / 2)
     assert side["repetitions"] == 6 and side["output_tok_s_min"] <= side["output_tok_s"] <= side["output_tok_s_max"]
-    ref = rep.levels[0].to_dict()["reference"]
+    ref = rep.levels[0].to_json()["reference"]
     assert ref["output_tok_s_per_gpu"] == pytest.approx(ref["output_tok_s"])  # 1 GPU by default
     lv = rep.levels[0]
     assert lv.ratio("ttft_p50").interval.median == pytest.approx(1.0) and lv.ratio("tpot_p50").interval.median == pytest.approx(1.0)
@@ -333,13 +333,13 @@ def test_tail_figures_and_defaults_by_hand():
     from buildctl.validators.speed import evaluate_level, run_once
 
     rep = measure(Curve(), Curve(), curve_gate(), [[1]] * 5)
-    side = rep.levels[0].to_dict()["candidate"]
+    side = rep.levels[0].to_json()["candidate"]
     assert side["itl_p99_ms"] == pytest.approx(1.473) and side["itl_p50_ms"] == pytest.approx(0.45)
     assert side["tpot_p99_ms"] == pytest.approx(0.992) and side["tpot_p50_ms"] == pytest.approx(0.6)
     assert side["output_tok_s_per_gpu"] == pytest.approx(side["output_tok_s"])
     runs = [run_once(Curve(), [[1]] * 5, 3, 1) for _ in range(6)]
     level = evaluate_level(1, runs, runs, curve_gate())
-    assert level.to_dict()["candidate"]["output_tok_s_per_gpu"] == pytest.approx(level.to_dict()["candidate"]["output_tok_s"])
+    assert level.to_json()["candidate"]["output_tok_s_per_gpu"] == pytest.approx(level.to_json()["candidate"]["output_tok_s"])
     assert runs[0].value("tpot_p50") == pytest.approx(0.6e-3) and runs[0].value("ttft_p50") == pytest.approx(3e-3)
 
 
@@ -381,23 +381,23 @@ def test_warmup_progress_and_budget_are_reported():
         "concurrency 1, repetition 2 (R/C): ")
     assert rep.budget == {"scale": 2.0, "max_repetitions": 12, "max_seconds": 2e6, "seconds": 0.123,
                           "exhausted": False}
-    assert rep.to_dict()["budget"] == rep.budget and rep.to_dict()["noise"] == rep.noise
+    assert rep.to_json()["budget"] == rep.budget and rep.to_json()["noise"] == rep.noise
 
 
 def test_level_and_ratio_records():
     rep = measure(Curve(), Curve(), curve_gate(), [[1]] * 5)
     lv = rep.levels[0]
-    assert lv.passed and lv.to_dict()["passed"] and lv.verdict == "pass"
-    assert rep.passed and rep.verdict == "pass" and rep.to_dict()["passed"] is True
-    d = lv.ratio("throughput").to_dict()
+    assert lv.passed and lv.to_json()["passed"] and lv.verdict == "pass"
+    assert rep.passed and rep.verdict == "pass" and rep.to_json()["passed"] is True
+    d = lv.ratio("throughput").to_json()
     assert d["low"] == lv.ratio("throughput").interval.low and d["high"] == lv.ratio("throughput").interval.high
     assert d["low"] is not None and d["high"] is not None
     from buildctl.validators.speed import RunMetrics, evaluate_level
 
     few = [RunMetrics([0.1], [0.1], [0.1], 10, 1.0, 1)] * 3  # too few pairs for an interval
-    d = evaluate_level(1, few, few, curve_gate()).ratio("throughput").to_dict()
+    d = evaluate_level(1, few, few, curve_gate()).ratio("throughput").to_json()
     assert d["low"] is None and d["high"] is None
-    refs = rep.levels[0].to_dict()["reference"]
+    refs = rep.levels[0].to_json()["reference"]
     assert refs["output_tok_s_per_gpu"] == pytest.approx(refs["output_tok_s"])
     run = RunMetrics([0.001, 0.002, 0.003, 0.004, 0.005], [0.1], [0.1], 10, 1.0, 5)
     assert run.value("ttft_p99") == pytest.approx(4.96e-3) and run.value("ttft_p50") == pytest.approx(3e-3)

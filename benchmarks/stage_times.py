@@ -2,7 +2,7 @@
 start-up, parity, speed), promote, pull. They show where the time goes: median (min-max) of
 ``--runs`` whole runs (5 by default), each from a cold tiny model and an empty store.
 
-    python -m benchmarks.pipeline [--runs 5]
+    python -m benchmarks.stage_times [--runs 5]
 """
 
 from __future__ import annotations
@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     runs = []
     for _ in range(args.runs):  # a process per run: vLLM keeps per-process state
-        out = subprocess.run([sys.executable, "-m", "benchmarks.pipeline", "--single"], check=True, cwd=REPO,
+        out = subprocess.run([sys.executable, "-m", "benchmarks.stage_times", "--single"], check=True, cwd=REPO,
                              capture_output=True, text=True).stdout
         runs.append([tuple(x) for x in json.loads(out.strip().splitlines()[-1])])
     names = [n for n, _ in runs[0]]
@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     text = table(f"tiny CPU pipeline stage times; median (min-max) of {args.runs} runs",
                  ["stage", "seconds", "share of the median total"], rows)
     text += f"\n\nTotal {fmt_spread(totals, 1)} s."
-    finish("pipeline", text, {"stages": {n: [round(x, 3) for x in v] for n, v in per.items()},
+    finish("stage_times", text, {"stages": {n: [round(x, 3) for x in v] for n, v in per.items()},
                               "total_s": [round(x, 2) for x in totals], "runs": args.runs})
     return 0
 

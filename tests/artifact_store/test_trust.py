@@ -1,0 +1,127 @@
+"""Whether a node may trust a channel record (buildctl.artifact_store.trust): freshness, rollback
+protection against the sequence the node has seen, the signed history, k-of-n quorums. Called
+directly on a local store; fast."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+
+import pytest
+
+import buildctl.artifact_store as ops
+from buildctl.artifact_store.channels import set_channel
+from buildctl.times import parse_utc
+from buildctl.artifact_store.errors import (
+    ExpiredRecordError,
+    RollbackError,
+    SignatureError,
+    StaleRecordError,
+)
+from buildctl.artifact_store.layout import history_key
+from buildctl.artifact_store.install_dir import channel_ref, current_artifact, installed_seqs
+from buildctl.artifact_store.pull import pull
+from buildctl.artifact_store.trust import check_fresh, check_trust
+from buildctl.artifact_store.signing import TrustedKeys
+from buildctl.artifact_store.authority import Authority
+
+from ..support.helpers import make_signer
+
+MiB = 1024 * 1024
+P = "tiny-llama-cpu"
+
+
+
+def test_check_fresh_floor_and_expiry(node_env):
+    store, (a, *_), _, draft = node_env
+    m = ops.get_manifest(store, a)
+    rec = set_channel(store, a, m, "prod", auth=Authority(signer=make_signer(), ttl_s=60))
+    check_fresh(rec, min_seq=1)
+    with pytest.raises(StaleRecordError):
+        check_fresh(rec, min_seq=2)
+    old = rec.model_copy(update={"expires": (parse_utc(rec.when) - timedelta(seconds=1)).isoformat()})
+    with pytest.raises(ExpiredRecordError):
+        check_fresh(old)
+
+
+def test_pull_records_the_seq_and_refuses_older_records(signed_env):
+    store, (a, b, *_), dest, trusted, p1, _ = signed_env
+    m = ops.get_manifest(store, a)
+    set_channel(store, a, m, "prod", auth=Authority(signer=p1))
+    r = pull(store, P, "prod", dest, [m.compat_key], trusted=trusted)
+    assert r.installed and r.record.seq == 1
+    assert installed_seqs(dest) == {f"{P}/prod/{m.compat_key}": 1}
+    assert (dest / "current" / "tok" / "a" / "merges.txt").read_bytes() == b"a b"
+    again = pull(store, P, "prod", dest, [m.compat_key], trusted=trusted)  # the same record again: fine
+    assert not again.installed
+    rec2 = set_channel(store, b, m, "prod", auth=Authority(signer=p1))
+    pull(store, P, "prod", dest, [m.compat_key], trusted=trusted)
+    set_channel(store, ids_c := signed_env[1][2], m, "prod", auth=Authority(signer=p1))
+    pull(store, P, "prod", dest, [m.compat_key], trusted=trusted)
+    assert len(list((dest / "versions").iterdir())) == 2 and current_artifact(dest) == ids_c  # keep 2 by default
+    set_channel(store, b, m, "prod", auth=Authority(signer=p1))
+    pull(store, P, "prod", dest, [m.compat_key], trusted=trusted)
+    old = ops.history(store, P, "prod", m.compat_key)[0]
+    with pytest.raises(RollbackError):
+        check_trust(store, old, trusted, seen=installed_seqs(dest)[channel_ref(old)])
+    with pytest.raises(RollbackError):
+        check_trust(store, rec2, trusted, seen=installed_seqs(dest)[channel_ref(rec2)])
+    last = ops.history(store, P, "prod", m.compat_key)[-1]
+    check_trust(store, last, trusted, seen=installed_seqs(dest)[channel_ref(last)])  # the same seq again: fine
+
+
+def test_a_fresh_node_refuses_a_ref_behind_the_signed_history(signed_env, tmp_path):
+    store, (a, b, c, _), dest, trusted, p1, _ = signed_env
+    m = ops.get_manifest(store, a)
+    r1 = set_channel(store, a, m, "prod", auth=Authority(signer=p1))
+    set_channel(store, b, m, "prod", auth=Authority(signer=p1))
+    with pytest.raises(StaleRecordError):
+        check_trust(store, r1, trusted)
+    # an unsigned (forged) history entry above proves nothing: the newest *signed* one counts
+    forged = r1.model_copy(update={"seq": 9, "signature": None})
+    store.put_bytes(history_key(P, "prod", m.compat_key, 9), forged.to_bytes())
+    rec2 = ops.history(store, P, "prod", m.compat_key)[1]
+    check_trust(store, rec2, trusted)
+    with pytest.raises(StaleRecordError):  # the forged #9 does not hide the signed #2 either
+        check_trust(store, r1, trusted)
+
+
+def test_k_of_n_records_and_what_one_signature_may_still_do(signed_env, tmp_path):
+    store, (a, b, c, _), dest, trusted, p1, p2 = signed_env
+    trusted2 = TrustedKeys(trusted.by_role, thresholds={"prod": 2})
+    m = ops.get_manifest(store, a)
+    set_channel(store, a, m, "prod", action="rollback", auth=Authority(signer=p1, trusted=trusted2))
+    with pytest.raises(SignatureError, match="1 of the 2 promoter signatures"):
+        check_trust(store, ops.history(store, P, "prod", m.compat_key)[0], trusted2)
+    set_channel(store, b, m, "prod", auth=Authority(signer=p1, trusted=trusted2))
+    two = set_channel(store, b, m, "prod", auth=Authority(signer=p2, trusted=trusted2))
+    check_trust(store, two, trusted2)
+    # a single-signature rollback to b is accepted: b was approved by the quorum before
+    set_channel(store, c, m, "prod", action="rollback", auth=Authority(signer=p1, trusted=trusted2))
+    back = set_channel(store, b, m, "prod", action="rollback", auth=Authority(signer=p1, trusted=trusted2))
+    check_trust(store, back, trusted2)
+    # ... but not to c, which only ever had one signature, nor as a promotion
+    to_c = set_channel(store, c, m, "prod", action="rollback", auth=Authority(signer=p1, trusted=trusted2))
+    with pytest.raises(SignatureError, match="1 of the 2"):
+        check_trust(store, to_c, trusted2)
+    assert json.loads(to_c.to_bytes())["action"] == "rollback"
+
+
+def test_a_quorum_approved_rollout_does_not_approve_a_rollback_elsewhere(signed_env, tmp_path):
+    """k-of-n: a single-signature record may point only at an artifact a quorum record moved the
+    channel to (or rolled out); a quorum-approved rollout of b approves b, not c."""
+    from buildctl.artifact_store.rollout import RolloutPlan, parse_waves
+
+    store, (a, b, c, _), dest, trusted, p1, p2 = signed_env
+    trusted2 = TrustedKeys(trusted.by_role, thresholds={"prod": 2})
+    m = ops.get_manifest(store, a)
+    set_channel(store, a, m, "prod", action="rollback", auth=Authority(signer=p1, trusted=trusted2))
+    plan = RolloutPlan(waves=parse_waves("10,100", None), bake_s=0)
+    set_channel(store, b, m, "prod", rollout=plan, auth=Authority(signer=p1, trusted=trusted2))
+    started = set_channel(store, b, m, "prod", rollout=plan, auth=Authority(signer=p2, trusted=trusted2))
+    assert started.rollout is not None and len(started.signers(trusted2)) == 2
+    to_c = set_channel(store, c, m, "prod", action="rollback", auth=Authority(signer=p1, trusted=trusted2))
+    with pytest.raises(SignatureError, match="1 of the 2"):
+        check_trust(store, to_c, trusted2)
+    to_b = set_channel(store, b, m, "prod", action="rollback", auth=Authority(signer=p1, trusted=trusted2))
+    check_trust(store, to_b, trusted2)
