@@ -93,18 +93,22 @@ def pull(ctx: Context, profile: str, channel: str, dest: str | Path, *,
          health_check: bool = True, skip_preflight: bool = False, retry_failed: bool = False, keep: int = 2,
          min_seq: int = 0, on_bytes: ProgressFn | None = None,
          on_health: Callable[[EngineState], None] | None = None,
-         health_timeout_s: float = HEALTH_TIMEOUT_S) -> NodePull:
+         health_timeout_s: float = HEALTH_TIMEOUT_S,
+         target: tuple[ChannelRecord, Manifest] | None = None) -> NodePull:
     """Pull for this node, then smoke-check what was installed (see the module docstring).
     ``on_health`` is called with each state recorded (the CLI emits the event from it). Raises
-    :class:`EngineUnhealthyError` (after switching back) when the check fails."""
+    :class:`EngineUnhealthyError` (after switching back) when the check fails. ``target``: the
+    channel record and manifest already resolved for this node (``pipeline.channel_target``), so
+    they are not read again."""
     settings, store = ctx.settings, ctx.store
     fp = fingerprint or host_fingerprint(settings)
     dest = Path(dest)
-    rec = resolve_channel(store, profile, channel, host_compat_keys(fp))
-    target = rec.artifact_for(node_id)
-    verdict = health_marks(dest).get(target, {})
-    if verdict.get("status") == "failed" and not retry_failed and current_artifact(dest) != target:
-        raise EngineUnhealthyError(target, verdict.get("detail") or "failed", current_artifact(dest), held_back=True)
+    rec = target[0] if target else resolve_channel(store, profile, channel, host_compat_keys(fp))
+    manifest = target[1] if target else None
+    target_id = rec.artifact_for(node_id)
+    verdict = health_marks(dest).get(target_id, {})
+    if verdict.get("status") == "failed" and not retry_failed and current_artifact(dest) != target_id:
+        raise EngineUnhealthyError(target_id, verdict.get("detail") or "failed", current_artifact(dest), held_back=True)
     res = store_pull(store, profile, channel, dest, host_compat_keys(fp), record=rec, node_id=node_id, keep=keep,
                preflight=None if skip_preflight else preflight_for(settings), on_bytes=on_bytes,
                trusted=ctx.auth.trusted, min_seq=min_seq)
@@ -112,8 +116,8 @@ def pull(ctx: Context, profile: str, channel: str, dest: str | Path, *,
     if not runs_check or (not res.installed and verdict.get("status") == "healthy"):
         if node_id and res.installed:  # what it runs and keeps, for rollouts and gc: no verdict to add
             reported = _record(store, node_id, fp, EngineState(
-                profile=profile, channel=channel, compat_key=rec.compat_key, artifact_id=target, seq=rec.seq,
-                status="installed", detail="no smoke check", current=target, previous=previous_artifact(dest),
+                profile=profile, channel=channel, compat_key=rec.compat_key, artifact_id=target_id, seq=rec.seq,
+                status="installed", detail="no smoke check", current=target_id, previous=previous_artifact(dest),
                 when=utc_now()))
             return NodePull(res, rec, None, reported)
         return NodePull(res, rec, None)
@@ -121,7 +125,7 @@ def pull(ctx: Context, profile: str, channel: str, dest: str | Path, *,
 
     def report(status: HealthStatus, detail: str | None, current: str | None) -> EngineState:
         nonlocal reported
-        state = EngineState(profile=profile, channel=channel, compat_key=rec.compat_key, artifact_id=target,
+        state = EngineState(profile=profile, channel=channel, compat_key=rec.compat_key, artifact_id=target_id,
                             seq=rec.seq, status=status, detail=detail, current=current,
                             previous=previous_artifact(dest), when=utc_now())
         if node_id and not _record(store, node_id, fp, state):
@@ -130,14 +134,15 @@ def pull(ctx: Context, profile: str, channel: str, dest: str | Path, *,
             on_health(state)
         return state
 
-    report("installed", None, target)
-    detail = smoke_check(settings, get_manifest(store, target), target, dest / "current", health_cmd, health_timeout_s)
+    report("installed", None, target_id)
+    detail = smoke_check(settings, manifest or get_manifest(store, target_id), target_id, dest / "current", health_cmd,
+                         health_timeout_s)
     if detail is None:
-        mark_health(dest, target, "healthy", utc_now())
-        return NodePull(res, rec, report("healthy", None, target), reported)
+        mark_health(dest, target_id, "healthy", utc_now())
+        return NodePull(res, rec, report("healthy", None, target_id), reported)
     if not res.installed:  # it was current already, without a verdict (a crash mid-check): undo like an install
-        res = PullResult(target, installed=True, path=res.path, previous=previous_artifact(dest))
+        res = PullResult(target_id, installed=True, path=res.path, previous=previous_artifact(dest))
     now_current = switch_back(dest, res)
-    mark_health(dest, target, "failed", utc_now(), detail)
+    mark_health(dest, target_id, "failed", utc_now(), detail)
     report("failed", detail, now_current)
-    raise EngineUnhealthyError(target, detail, now_current)
+    raise EngineUnhealthyError(target_id, detail, now_current)

@@ -290,7 +290,7 @@ def pull_cmd(
         with byte_progress("downloading + verifying", manifest.total_size, enabled=not quiet) as on_bytes:
             got = node_agent.pull(c, profile, channel, dest, node_id=node_id, fingerprint=fp, health_cmd=health_cmd,
                             health_check=checks, skip_preflight=skip_preflight, retry_failed=retry_failed, keep=keep,
-                            min_seq=min_seq, on_bytes=on_bytes, on_health=on_health)
+                            min_seq=min_seq, on_bytes=on_bytes, on_health=on_health, target=(rec, manifest))
     except (IntegrityError, GateRefusedError) as err:
         if node_id:
             failure = report_pull_failure(c, node_id, fp, rec, err, artifact_id=rec.artifact_for(node_id))

@@ -70,6 +70,17 @@ def test_moves_number_records_and_name_the_previous_artifact(env):
     assert set_channel(store, b, m, "prod", auth=Authority(who="ci")) == r2  # the same promotion again: no new record
 
 
+def test_a_record_names_the_verify_window_only_with_the_verify_it_relied_on(env):
+    """The authority's verify window goes into a record with the deep verify the move relied on,
+    and only then (a move that relied on none names no window)."""
+    store, (a, b, _), m, compat = env
+    auth = Authority(who="ci", verify_window_s=60)
+    plain = set_channel(store, a, m, "prod", auth=auth)
+    assert (plain.verified_at, plain.verify_window_s) == (None, None)
+    checked = set_channel(store, b, m, "prod", auth=auth, verified_at="2026-01-01T00:00:00.000000Z")
+    assert (checked.verified_at, checked.verify_window_s) == ("2026-01-01T00:00:00.000000Z", 60)
+
+
 @pytest.mark.parametrize("bad", ["Prod", "-x", "x-", "a_b", "", "a" * 64])
 def test_bad_channel_names_are_refused(env, bad):
     store, (a, *_), m, _ = env
