@@ -44,15 +44,20 @@ class ReportResult:
         return self.previous is not None and self.previous.compat_keys != self.record.compat_keys
 
 
+def _identity(node_id: str, fingerprint: Fingerprint, profiles: tuple[str, ...]) -> dict[str, Any]:
+    """A node record's fields that come from the node's fingerprint, and when it reported them."""
+    return {"node_id": node_id, "fingerprint": fingerprint.model_dump(mode="json"),
+            "compat_keys": {b: fingerprint.compat_key(b) for b in backend_names()}, "profiles": profiles,
+            "reported_at": utc_now()}
+
+
 def report_node(store: Store, node_id: str, fingerprint: Fingerprint, profiles: Iterable[str], *,
                 attempts: int = 20) -> ReportResult:
     """Write this node's record with compare-and-swap; returns it and the record it replaced."""
     served = tuple(sorted(set(profiles)))
 
     def change(current: NodeRecord | None) -> NodeRecord:
-        return NodeRecord(node_id=node_id, fingerprint=fingerprint.model_dump(mode="json"),
-                          compat_keys={b: fingerprint.compat_key(b) for b in backend_names()}, profiles=served,
-                          reported_at=utc_now(), reports=(current.reports + 1) if current else 1,
+        return NodeRecord(**_identity(node_id, fingerprint, served), reports=(current.reports + 1) if current else 1,
                           pull_failures=current.pull_failures if current else (),
                           engines=current.engines if current else ())
 
@@ -66,10 +71,7 @@ def _update_node(store: Store, node_id: str, fingerprint: Fingerprint, profile: 
     reported gets a record from its fingerprint)."""
 
     def apply(current: NodeRecord | None) -> NodeRecord:
-        return change(current if current is not None else NodeRecord(
-            node_id=node_id, fingerprint=fingerprint.model_dump(mode="json"),
-            compat_keys={b: fingerprint.compat_key(b) for b in backend_names()}, profiles=(profile,),
-            reported_at=utc_now()))
+        return change(current if current is not None else NodeRecord(**_identity(node_id, fingerprint, (profile,))))
 
     return update_node(store, node_id, apply, attempts=attempts)[0]
 
