@@ -13,7 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
-from buildctl.engines.fingerprint import Fingerprint
+from buildctl.coverage import serving_key
+from buildctl.engines.errors import FingerprintError
+from buildctl.engines.fingerprint import Fingerprint, parse_fingerprint
 from buildctl.engines.profile import BuildProfile
 from buildctl.engines.registry import backend_names, get_backend
 from buildctl.context import Context
@@ -40,8 +42,42 @@ class ReportResult:
 
     @property
     def compat_changed(self) -> bool:
-        """Whether any backend's compat key changed since the last report (a driver/CUDA/... upgrade)."""
-        return self.previous is not None and self.previous.compat_keys != self.record.compat_keys
+        """Whether any backend's compat key (its hard fields) changed since the last report: the
+        node needs other bytes. Keys are compared as this version computes them, so a record
+        written under schema-1 keys does not count as a change."""
+        return self.previous is not None and node_compat_keys(self.previous) != self.record.compat_keys
+
+    @property
+    def soft_changed(self) -> dict[str, dict[str, tuple[Any, Any]]]:
+        """Per backend, the soft fields that changed since the last report (the engines must be
+        re-checked on the new values), as ``{backend: {field: (old, new)}}``."""
+        if self.previous is None:
+            return {}
+        old, new = node_fingerprint(self.previous), node_fingerprint(self.record)
+        if old is None or new is None:
+            return {}
+        out = {b: old.soft_differences(new, b) for b in backend_names()}
+        return {b: d for b, d in out.items() if d}
+
+    @property
+    def upgraded(self) -> bool:
+        """Whether the report changed anything an engine depends on, hard or soft."""
+        return self.compat_changed or bool(self.soft_changed)
+
+
+def node_fingerprint(record: NodeRecord) -> Fingerprint | None:
+    """The fingerprint a node record holds (None when this version cannot read it)."""
+    try:
+        return parse_fingerprint(record.fingerprint, f"inventory record of {record.node_id}")
+    except FingerprintError:
+        return None
+
+
+def node_compat_keys(record: NodeRecord) -> dict[str, str]:
+    """A node's compat key per backend, computed from its recorded fingerprint by this version
+    (the record's own ``compat_keys`` may be schema-1 keys)."""
+    fp = node_fingerprint(record)
+    return {b: fp.compat_key(b) for b in backend_names()} if fp is not None else dict(record.compat_keys)
 
 
 def _identity(node_id: str, fingerprint: Fingerprint, profiles: tuple[str, ...]) -> dict[str, Any]:
@@ -133,8 +169,9 @@ def plan_builds(nodes: Iterable[tuple[Iterable[str], dict[str, str]]], profile_b
 
 
 def existing_pairs(store: Store, profile_hashes: dict[str, str]) -> set[tuple[str, str]]:
-    """(profile, compat key) pairs that have an artifact built from the profile's current hash."""
-    return {(m.profile_name, m.compat_key) for _, m in list_artifacts(store)
+    """(profile, compat key) pairs that have an artifact built from the profile's current hash,
+    each under the key it serves under now."""
+    return {(m.profile_name, serving_key(m)) for _, m in list_artifacts(store)
             if profile_hashes.get(m.profile_name) == m.profile_hash}
 
 
@@ -157,13 +194,15 @@ def fleet_plan(store: Store, profiles: dict[str, BuildProfile], only_profiles: I
     """Read the inventory and the artifacts, and plan. ``profiles``: name -> profile (``pipeline.load_profiles``)."""
     inventory = read_inventory(store)
     have = existing_pairs(store, {n: p.build_hash() for n, p in profiles.items()})
-    return plan_builds(((n.profiles, n.compat_keys) for n in inventory),
+    return plan_builds(((n.profiles, node_compat_keys(n)) for n in inventory),
                        {n: p.engine.backend for n, p in profiles.items()}, have, only_profiles)
 
 
 def event_payload(result: ReportResult) -> dict[str, Any]:
-    """The ``buildctl.node.driver-upgraded`` payload: old and new fingerprints and the node's profiles."""
+    """The ``buildctl.node.driver-upgraded`` payload: old and new fingerprints, the soft fields that
+    changed, and the node's profiles."""
     return {"node_id": result.record.node_id,
+            "soft_changed": {b: {k: list(v) for k, v in d.items()} for b, d in result.soft_changed.items()},
             "old_fingerprint": result.previous.fingerprint if result.previous else None,
             "new_fingerprint": result.record.fingerprint,
             "old_compat_keys": result.previous.compat_keys if result.previous else None,

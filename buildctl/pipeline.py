@@ -35,12 +35,13 @@ from buildctl.engines.errors import (
 from buildctl.engines.fingerprint import Fingerprint, host_fingerprint
 from buildctl.engines.profile import BuildProfile, load_profile, profile_path
 from buildctl.engines.registry import backend_names, backend_of_engine_dir, get_backend
+from buildctl.coverage import coverage, serving_key
 from buildctl.fleet import record_pull_failure
 from buildctl.artifact_store.inventory import PullFailure
 from buildctl.context import Context
 from buildctl.errors import BadInputError, BuildctlError, BuildFailedError
 from buildctl.settings import Settings
-from buildctl.artifact_store.attestations import StoredAttestation, latest_attestation
+from buildctl.artifact_store.attestations import StoredAttestation, latest_attestation, list_attestations
 from buildctl.artifact_store.backend import ProgressFn, Store, open_store
 from buildctl.artifact_store.channels import ChannelRecord
 from buildctl.artifact_store.promotion import promote
@@ -52,7 +53,8 @@ from buildctl.artifact_store.publish import ManifestDraft, PublishResult, lookup
 from buildctl.artifact_store.pull import resolve_channel
 from buildctl.artifact_store.rollout import RolloutPlan
 from buildctl.artifact_store.integrity import verify_recent_or_quarantine, verify_deep_or_quarantine
-from buildctl.artifact_store.verify import get_manifest, resolve_artifact
+from buildctl.artifact_store.quarantine import active_quarantine
+from buildctl.artifact_store.verify import get_manifest, list_artifacts, resolve_artifact
 
 Say = Callable[[str], None]
 
@@ -128,8 +130,9 @@ def resolve_model(settings: Settings, profile: BuildProfile, override: str | Non
 
 
 def manifest_draft(profile: BuildProfile, fingerprint: Fingerprint, *, model_digest: str | None = None,
-                   extra_versions: dict[str, str | None] | None = None) -> ManifestDraft:
-    """The manifest fields of an engine built for ``profile`` on ``fingerprint``."""
+                   extra_versions: dict[str, str | None] | None = None, build_key: str | None = None) -> ManifestDraft:
+    """The manifest fields of an engine built for ``profile`` on ``fingerprint`` (``build_key``:
+    the plan's, when it is a rebuild's)."""
     backend = profile.engine.backend
     versions: dict[str, str | None] = {
         "buildctl": buildctl.__version__,
@@ -143,7 +146,7 @@ def manifest_draft(profile: BuildProfile, fingerprint: Fingerprint, *, model_dig
         profile_name=profile.name, profile_hash=profile.build_hash(), backend=backend,
         compat_key=fingerprint.compat_key(backend), fingerprint=fingerprint.model_dump(mode="json"),
         tool_versions=versions, model_digest=model_digest,
-        build_key=build_key_for(profile, model_digest, fingerprint) if model_digest else None,
+        build_key=build_key or (build_key_for(profile, model_digest, fingerprint) if model_digest else None),
     )
 
 
@@ -192,8 +195,11 @@ def load_engine(settings: Settings, engine_dir: str | Path) -> Runner:
 
 
 def host_compat_keys(fingerprint: Fingerprint) -> list[str]:
-    """This host's compat key for every registered backend, in registration order."""
-    return [fingerprint.compat_key(b) for b in backend_names()]
+    """This host's compat key for every registered backend, in registration order, then its
+    schema-1 keys: a channel written before the hard/soft split resolves until ``migrate-keys``
+    gives it a ref under the new key, which then wins."""
+    keys = [fingerprint.compat_key(b) for b in backend_names()]
+    return list(dict.fromkeys(keys + [fingerprint.legacy_compat_key(b) for b in backend_names()]))
 
 
 # --- build with the build cache --------------------------------------------------------------
@@ -233,6 +239,7 @@ class BuildPlan:
     compat_key: str
     cached: str | None
     quarantined: list[str] = field(default_factory=list)  # cached artifacts the deep check took out of service
+    rebuild_of: str | None = None  # the artifact whose failed re-check on these soft values this rebuilds
 
 
 @dataclass
@@ -249,8 +256,11 @@ class BuiltEngine:
 
 def plan_build(ctx: Context, profile: BuildProfile, *, model: str | None = None,
                target_compat_key: str | None = None, fingerprint: Fingerprint | None = None,
-               say: Say = _quiet) -> BuildPlan:
-    """Check the target, resolve the model, compute the build key and look it up in the cache."""
+               rebuild_of: str | None = None, say: Say = _quiet) -> BuildPlan:
+    """Check the target, resolve the model, compute the build key and look it up in the cache: by
+    key first, then (for artifacts published under a schema-1 key) by the same inputs under this
+    key. ``rebuild_of``: the artifact that failed its re-check here; the plan then has the rebuild's
+    key (:func:`~buildctl.engines.buildkey.build_key_for`) and never takes that artifact."""
     settings, store = ctx.settings, ctx.store
     fp = fingerprint or host_fingerprint(settings)
     compat = fp.compat_key(profile.engine.backend)
@@ -264,9 +274,13 @@ def plan_build(ctx: Context, profile: BuildProfile, *, model: str | None = None,
     say(f"model: resolving {model or profile.model.path or profile.model.uri or 'tiny ' + str(profile.model.tiny)}")
     model_dir = resolve_model(settings, profile, model)
     digest = tree_digest(model_dir)
-    key = build_key_for(profile, digest, fp)
-    say(f"build key {key} (model {digest}, compat {compat})")
+    key = build_key_for(profile, digest, fp, rebuild=rebuild_of is not None)
+    say(f"build key {key} (model {digest}, compat {compat})" + (f", a rebuild of {rebuild_of}" if rebuild_of else ""))
     cached = lookup_build_key(store, key)
+    if cached is None and rebuild_of is None:
+        cached = same_inputs_artifact(store, profile, digest, fp)
+        if cached is not None:
+            say(f"{cached} was built from the same inputs under a schema-1 compat key: taking it")
     quarantined = []
     if cached is not None:
         # A cache hit is a hit only when every blob re-hashes right: seconds, against a build of
@@ -279,7 +293,20 @@ def plan_build(ctx: Context, profile: BuildProfile, *, model: str | None = None,
                 f"({err.quarantine_key}); rebuilding")
             quarantined.append(cached)
             cached = None
-    return BuildPlan(profile, fp, model_dir, digest, key, compat, cached, quarantined)
+    return BuildPlan(profile, fp, model_dir, digest, key, compat, cached, quarantined, rebuild_of)
+
+
+def same_inputs_artifact(store: Store, profile: BuildProfile, model_digest: str, fingerprint: Fingerprint) -> str | None:
+    """The newest unquarantined artifact built from the same profile, model and tool version for
+    this host's compat key, whatever key its manifest was published under (a schema-1 one)."""
+    backend = profile.engine.backend
+    compat, version = fingerprint.compat_key(backend), fingerprint.tool_version(backend)
+    for artifact_id, m in list_artifacts(store, profile.name):
+        if (m.backend == backend and m.profile_hash == profile.build_hash() and m.model_digest == model_digest
+                and m.tool_versions.get("backend") == version and m.compat_key != compat
+                and serving_key(m) == compat and active_quarantine(store, artifact_id) is None):
+            return artifact_id
+    return None
 
 
 def run_build(settings: Settings, plan: BuildPlan, *, workdir: Path | None = None, say: Say = _quiet) -> BuiltEngine:
@@ -309,7 +336,7 @@ def publish_build(ctx: Context, built: BuiltEngine, *, say: Say = _quiet) -> Pub
     """Publish a built engine with its log and claim its build key; idempotent, so safe to retry."""
     plan = built.plan
     draft = manifest_draft(plan.profile, plan.fingerprint, model_digest=plan.model_digest,
-                           extra_versions=built.tool_versions)
+                           extra_versions=built.tool_versions, build_key=plan.build_key)
     pub = publish_tree(ctx.store, built.engine_dir, draft, build_log=built.log_path, auth=ctx.auth,
                        grace_s=ctx.settings.gc_grace_s, delete_window_s=ctx.settings.gc_delete_window_s)
     if pub.repaired:
@@ -396,11 +423,17 @@ def passing_attestation(store: Store, artifact_id: str, compat_key: str) -> Stor
     return stored if stored is not None and stored.attestation.passed else None
 
 
-def reusable_attestation(ctx: Context, artifact_id: str, compat_key: str) -> StoredAttestation | None:
-    """A passing attestation that lets validation be skipped: the same bytes on the same compat
-    key were judged, and the bytes are still those (a deep verify within the settings' window, or
-    now; a mismatch quarantines the artifact and raises)."""
+def reusable_attestation(ctx: Context, artifact_id: str, compat_key: str,
+                         fingerprint: Fingerprint | None = None) -> StoredAttestation | None:
+    """A passing attestation that lets validation be skipped: the same bytes were judged on a host
+    with this compat key and, with ``fingerprint``, the same soft values (else validation runs: a
+    re-check), and the bytes are still those (a deep verify within the settings' window, or now; a
+    mismatch quarantines the artifact and raises)."""
     stored = passing_attestation(ctx.store, artifact_id, compat_key)
+    if stored is not None and fingerprint is not None:
+        cov = coverage(ctx.store, artifact_id, get_manifest(ctx.store, artifact_id), fingerprint)
+        stored = next((a for a in list_attestations(ctx.store, artifact_id) if a.attestation_id == cov.attestation_id),
+                      None) if cov.covered else None
     if stored is not None:
         verify_recent_or_quarantine(ctx.store, artifact_id, detector="validation skip check", auth=ctx.auth)
     return stored
@@ -419,7 +452,10 @@ def promote_artifact(ctx: Context, artifact_ref: str, channel: str, *, force: bo
                      reason: str | None = None, rollout: RolloutPlan | None = None) -> ChannelRecord:
     """Promote through the gates, signed and attributed as the settings say; with ``rollout``,
     in waves (the rollout-channel flow moves it on)."""
-    return promote(ctx.store, artifact_ref, channel, auth=ctx.auth, force=force, reason=reason, rollout=rollout)
+    manifest = get_manifest(ctx.store, resolve_artifact(ctx.store, artifact_ref))
+    key = serving_key(manifest)
+    return promote(ctx.store, artifact_ref, channel, auth=ctx.auth, force=force, reason=reason, rollout=rollout,
+                   compat_key=key if key != manifest.compat_key else None)
 
 
 def channel_target(ctx: Context, profile: str, channel: str,

@@ -179,7 +179,10 @@ def test_every_backend_implements_the_protocol():
         cls = backend_class(name)
         backend = cls(settings())
         assert isinstance(backend, EngineBackend) and cls.name == name
-        assert isinstance(cls.compat_fields(fp), dict) and "backend" not in cls.compat_fields(fp)
+        hard = [f for f in cls.compat if f.kind == "hard"]
+        assert hard and all(f.source for f in cls.compat) and all(fl.source for fl in cls.floors)
+        assert isinstance(cls.legacy_compat_fields(fp), dict) and "backend" not in cls.legacy_compat_fields(fp)
+        assert set(fp.compat_fields(name)) == {"backend", *(f.label for f in hard)}
         assert fp.compat_fields(name)["backend"] == name
         assert fp.compat_key(name).startswith(f"{name}-")
 

@@ -90,7 +90,7 @@ def test_worker_start_serves_exactly_this_hosts_compat_keys(cli, tmp_path, monke
     assert got["queues"] == sorted([fp.compat_key("aoti"), "default"])
     assert got["command"][1:] == ["-m", "prefect", "worker", "start", "--pool", "gpu-pool",
                                   *[x for q in got["queues"] for x in ("--work-queue", q)]]
-    other = fp.model_copy(update={"compiler_version": "gcc 98.0.0"})
+    other = fp.model_copy(update={"torch_version": "9.8.0"})  # a hard aoti field
     f.write_text(json.dumps(other.model_dump(mode="json")))
     code, out, _ = cli("--json", "worker", "start", "--pool", "gpu-pool", "--dry-run", "--builds-only")
     assert json.loads(out)["queues"] == [other.compat_key("aoti")] != [fp.compat_key("aoti")]

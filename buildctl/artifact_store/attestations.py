@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Iterable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -249,9 +249,10 @@ def list_attestations(store: Store, artifact_id: str) -> list[StoredAttestation]
     return out
 
 
-def latest_attestation(store: Store, artifact_id: str, compat_key: str) -> StoredAttestation | None:
-    """The newest attestation of an artifact made on a host with ``compat_key``."""
-    matching = [a for a in list_attestations(store, artifact_id) if a.attestation.compat_key == compat_key]
+def latest_attestation(store: Store, artifact_id: str, compat_key: str | Iterable[str]) -> StoredAttestation | None:
+    """The newest attestation of an artifact made on a host with ``compat_key`` (or any of several)."""
+    keys = {compat_key} if isinstance(compat_key, str) else set(compat_key)
+    matching = [a for a in list_attestations(store, artifact_id) if a.attestation.compat_key in keys]
     return matching[-1] if matching else None
 
 

@@ -43,7 +43,7 @@ from buildctl.times import after, parse_utc, utc_now
 CHANNEL_RE = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
 
 
-OPTIONAL_SIGNED = ("rollout", "expires", "cosignatures")  # left out when unset: older records' bytes stay the same
+OPTIONAL_SIGNED = ("rollout", "expires", "cosignatures", "migrated_from")  # left out when unset: older records' bytes stay the same
 
 
 class ChannelRecord(BaseModel):
@@ -61,13 +61,14 @@ class ChannelRecord(BaseModel):
     when: str = Field(..., description="UTC ISO-8601 time of the move.")
     reason: str | None = Field(None, description="Why (required for forced promotions and rollbacks).")
     forced: bool = Field(False, description="Whether the promotion gates were overridden.")
-    action: str = Field("promote", description="promote, rollback, or a rollout step (advance, pause, resume, complete, halt, abort), or resign.")
+    action: str = Field("promote", description="promote, rollback, or a rollout step (advance, pause, resume, complete, halt, abort), resign, or migrate-keys.")
     verified_at: str | None = Field(None, description="When the deep verify this move relied on ran (every blob re-hashed).")
     verify_window_s: float | None = Field(None, description="How old that deep verify was allowed to be, in seconds.")
     rollout: Rollout | None = Field(None, description="The rollout in progress or last run through this record, if any.")
     expires: str | None = Field(None, description="UTC ISO-8601 time after which nodes refuse this record (signed records; re-signed before).")
     signature: dict[str, str] | None = Field(None, description="Ed25519 signature over the record without this field.")
     cosignatures: tuple[dict[str, str], ...] | None = Field(None, description="More promoter signatures of the same bytes (k-of-n channels).")
+    migrated_from: str | None = Field(None, description="migrate-keys: the schema-1 compat key whose ref this one continues (its history holds the approvals).")
 
     def body(self) -> dict:
         """The stored form: every field, less the optional ones that are unset."""
@@ -214,8 +215,12 @@ def set_channel(
     rollout: RolloutPlan | None = None,
     attempts: int = 30,
     sleep: Callable[[float], None] = time.sleep,
+    compat_key: str | None = None,
+    migrated_from: str | None = None,
 ) -> ChannelRecord:
     """Move a channel to an artifact with compare-and-swap; retried with jitter; appends history.
+    ``compat_key``: the ref's key, when it is not the manifest's own (an artifact published under a
+    schema-1 key serves under the key its build fingerprint has now; the caller computes it).
     A live rollout on the channel is never replaced silently: abort it first (a rollback, which
     ends it, may replace it). ``rollout``: start one (its base and start time are filled in).
     ``verified_at``: the deep verify the move relied on, recorded with ``auth``'s verify window."""
@@ -244,10 +249,11 @@ def set_channel(
             started = Rollout(waves=rollout.waves, bake_s=rollout.bake_s, base=current.artifact_id, target=artifact_id,
                               started_at=now, wave_started_at=now)
         return {"artifact_id": artifact_id, "reason": reason, "forced": forced, "action": action,
-                "verified_at": verified_at, "verify_window_s": verify_window_s, "rollout": started}
+                "verified_at": verified_at, "verify_window_s": verify_window_s, "rollout": started,
+                "migrated_from": migrated_from}
 
     threshold = auth.trusted.threshold(channel) if auth.trusted is not None and action == "promote" else 1
-    return move_channel(store, manifest.profile_name, channel, manifest.compat_key, make, auth=auth,
+    return move_channel(store, manifest.profile_name, channel, compat_key or manifest.compat_key, make, auth=auth,
                         attempts=attempts, sleep=sleep, threshold=threshold)
 
 

@@ -29,12 +29,16 @@ from buildctl.artifact_store.signing import verify_signature
 from buildctl.artifact_store.verify import get_manifest, resolve_artifact
 
 
-def promotion_refusals(store: Store, artifact_id: str, manifest: Manifest, auth: Authority) -> list[str]:
+def promotion_refusals(store: Store, artifact_id: str, manifest: Manifest, auth: Authority,
+                       compat_key: str | None = None) -> list[str]:
     """Why the attestation gate refuses the artifact (empty: it passes): no attestation for its
     compat key, one that did not pass, one whose own figures do not give a pass, or (with trusted
-    keys) one not signed by an unrevoked validator key."""
+    keys) one not signed by an unrevoked validator key. ``compat_key``: the key it is promoted
+    under when not the manifest's (a schema-1 key's hosts are a subset of the new key's, so an
+    attestation under either counts; the newest of them decides)."""
     reasons: list[str] = []
-    stored = latest_attestation(store, artifact_id, manifest.compat_key)
+    keys = {manifest.compat_key, compat_key or manifest.compat_key}
+    stored = latest_attestation(store, artifact_id, keys)
     if stored is not None and auth.trusted is not None:
         try:
             verify_signature(f"attestation of {artifact_id}", stored.signed_bytes, stored.attestation.signature,
@@ -42,7 +46,7 @@ def promotion_refusals(store: Store, artifact_id: str, manifest: Manifest, auth:
         except SignatureError as err:
             reasons.append(f"attestation signature: {err.detail}")
     if stored is None:
-        reasons.append(f"no validation attestation for compat key {manifest.compat_key}")
+        reasons.append(f"no validation attestation for compat key {compat_key or manifest.compat_key}")
     elif not stored.attestation.passed:
         att = stored.attestation
         reasons.append(f"latest validation attestation ({att.created_at}) did not pass: verdict {att.verdict!r}")
@@ -55,19 +59,21 @@ def promotion_refusals(store: Store, artifact_id: str, manifest: Manifest, auth:
 
 
 def promote(store: Store, artifact_ref: str, channel: str, *, auth: Authority = Authority(), force: bool = False,
-            reason: str | None = None, attempts: int = 30, rollout: RolloutPlan | None = None) -> ChannelRecord:
+            reason: str | None = None, attempts: int = 30, rollout: RolloutPlan | None = None,
+            compat_key: str | None = None) -> ChannelRecord:
     """Promote after the gates (see the module docstring); a byte mismatch quarantines the artifact
-    and raises :class:`VerificationError` (exit 4), a refused gate :class:`PromotionRefusedError`."""
+    and raises :class:`VerificationError` (exit 4), a refused gate :class:`PromotionRefusedError`.
+    ``compat_key``: the ref's key when not the manifest's (see :func:`promotion_refusals`)."""
     artifact_id = resolve_artifact(store, artifact_ref)
     if force and not reason:
         raise StoreArgumentError("--force needs --reason: a break-glass promotion is recorded with why")
     verified_at = verify_recent_or_quarantine(store, artifact_id, detector=f"promote to {channel}", auth=auth)
     manifest = get_manifest(store, artifact_id)
-    reasons = promotion_refusals(store, artifact_id, manifest, auth)
+    reasons = promotion_refusals(store, artifact_id, manifest, auth, compat_key)
     if reasons and not force:
         raise PromotionRefusedError(artifact_id, channel, reasons)
     return set_channel(store, artifact_id, manifest, channel, auth=auth, reason=reason, forced=bool(reasons) and force,
-                       verified_at=verified_at, attempts=attempts, rollout=rollout)
+                       verified_at=verified_at, attempts=attempts, rollout=rollout, compat_key=compat_key)
 
 
 def rollback(store: Store, profile: str, channel: str, *, auth: Authority = Authority(), to: str | None = None,
@@ -94,8 +100,9 @@ def rollback(store: Store, profile: str, channel: str, *, auth: Authority = Auth
         if target is None:
             raise ArtifactNotFoundError("<previous>", f"channel {channel!r} has no earlier artifact to roll back to")
     manifest = get_manifest(store, target)
-    if manifest.profile_name != profile or manifest.compat_key != compat:
+    served_here = any(r.artifact_id == target for r in history(store, profile, channel, compat))
+    if manifest.profile_name != profile or (manifest.compat_key != compat and not served_here):
         raise StoreArgumentError(f"artifact {target} is for {manifest.profile_name}/{manifest.compat_key}, not {profile}/{compat}")
     verified_at = verify_recent_or_quarantine(store, target, detector=f"rollback of {channel}", auth=auth)
     return set_channel(store, target, manifest, channel, auth=auth, reason=reason or "rollback", action="rollback",
-                       verified_at=verified_at)
+                       verified_at=verified_at, compat_key=compat)

@@ -10,15 +10,17 @@ from buildctl.cli._common import emit_json, out, settings, want_json
 
 def fingerprint_cmd(
     ctx: typer.Context,
-    json_out: bool = typer.Option(False, "--json", help="Print the fingerprint as JSON (loadable with --fingerprint-file)."),
+    json_out: bool = typer.Option(False, "--json", help="Print the fingerprint as JSON (loadable with --fingerprint-file), "
+                                  "with a backends object: per backend the compat key and its hard, soft and floor fields."),
 ) -> None:
-    """Print this host's fingerprint and its compat key per backend."""
+    """Print this host's fingerprint and its compat key per backend, with which fields are hard
+    (rebuild), soft (re-check) and floors."""
     from buildctl.engines.fingerprint import host_fingerprint
     from buildctl.engines.registry import backend_names
 
     fp = host_fingerprint(settings(ctx))
     if want_json(ctx, json_out):
-        emit_json(fp.model_dump(mode="json"))
+        emit_json({**fp.model_dump(mode="json"), "backends": fp.backends_json()})
         return
     t = Table(title="host fingerprint", show_header=False)
     t.add_column("field")
@@ -32,6 +34,8 @@ def fingerprint_cmd(
         ("platform", fp.platform), ("glibc", fp.glibc_version), ("compiler", fp.compiler_version),
         ("digest", fp.digest()),
         *((f"compat key ({b})", fp.compat_key(b)) for b in backend_names()),
+        *((f"soft ({b})", ", ".join(fp.backends_json()[b]["soft"])) for b in backend_names()),
+        *((f"below a floor ({b})", "; ".join(p)) for b in backend_names() if (p := fp.floor_problems(b))),
     ]
     for k, v in rows:
         t.add_row(k, "-" if v is None else str(v))

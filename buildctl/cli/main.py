@@ -17,7 +17,7 @@ import typer
 from rich.console import Console
 from typer.core import TyperOption
 
-from buildctl.cli import build, fingerprint, heal, node, profile, rollout, store, validate, worker
+from buildctl.cli import build, fingerprint, heal, node, profile, rollout, store, upgrade, validate, worker
 from buildctl.cli._common import CliState
 from buildctl.errors import (
     BadInputError,
@@ -115,6 +115,8 @@ app.command("heal")(heal.heal_cmd)
 app.command("validate")(validate.validate_cmd)
 app.add_typer(node.node_app, name="node")
 app.add_typer(worker.worker_app, name="worker")
+app.add_typer(upgrade.upgrade_app, name="upgrade")
+app.command("migrate-keys")(upgrade.migrate_keys_cmd)
 
 _err = Console(stderr=True, soft_wrap=True)
 

@@ -19,14 +19,15 @@ def report_cmd(
     no_event: bool = typer.Option(False, "--no-event", help="Record only; do not emit the Prefect event."),
 ) -> None:
     """Record this host's fingerprint in the store's inventory; emit buildctl.node.driver-upgraded
-    when its compat key changed since the last report."""
+    when a field its engines depend on changed since the last report: a hard one (its compat key
+    changed: rebuild) or a soft one (re-check the engines it serves on the new values)."""
     from buildctl import fleet
     from buildctl.engines.fingerprint import host_fingerprint
 
     names = sorted({p.strip() for item in profiles for p in item.split(",") if p.strip()})
     res = fleet.report_node(context(ctx).store, node_id, host_fingerprint(settings(ctx)), names)
     event_id = None
-    if res.compat_changed and not no_event:
+    if res.upgraded and not no_event:
         # The one place the CLI reaches the flows package, lazily: without Prefect installed
         # (a node agent's slim install) it records and says no event was emitted.
         from buildctl.flows.events import emit_driver_upgraded
@@ -34,7 +35,8 @@ def report_cmd(
         event_id = emit_driver_upgraded(node_id, fleet.event_payload(res), sorted(res.record.compat_keys.values()))
     summary = {"node_id": node_id, "profiles": names, "first_report": res.previous is None,
                "compat_changed": res.compat_changed, "compat_keys": res.record.compat_keys,
-               "previous_compat_keys": res.previous.compat_keys if res.previous else None,
+               "previous_compat_keys": fleet.node_compat_keys(res.previous) if res.previous else None,
+               "soft_changed": {b: {k: list(v) for k, v in d.items()} for b, d in res.soft_changed.items()},
                "event_emitted": event_id is not None, "event_id": event_id}
     if want_json(ctx, json_out):
         emit_json(summary)
@@ -48,12 +50,19 @@ def report_cmd(
         after = parse_fingerprint(res.record.fingerprint, "this report")
         out().print(f"{node_id}: compat key changed; "
                     + (f"emitted buildctl.node.driver-upgraded ({event_id})" if event_id else "no event emitted"))
+        previous = fleet.node_compat_keys(res.previous)
         for b, key in sorted(res.record.compat_keys.items()):
-            was = res.previous.compat_keys.get(b)
+            was = previous.get(b)
             if key == was:
                 continue
             out().print(f"  {b}: {was or 'none'} -> {key}")
             for name, (now, then) in sorted(after.compat_differences(before, b).items()):
                 out().print(f"    {name}: {then} -> {now}")
+    elif res.soft_changed:
+        out().print(f"{node_id}: soft fields changed, compat keys kept (re-check, no rebuild); "
+                    + (f"emitted buildctl.node.driver-upgraded ({event_id})" if event_id else "no event emitted"))
+        for b, diff in sorted(res.soft_changed.items()):
+            for name, (then, now) in diff.items():
+                out().print(f"  {b} {name}: {then} -> {now}")
     else:
         out().print(f"{node_id}: unchanged since the last report")

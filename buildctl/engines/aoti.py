@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Iterator
 
 from buildctl.engines.backend import BuildResult, Generation, TokenEvent
+from buildctl.engines.compat import CompatField, Floor, version_tuple
 from buildctl.engines.errors import EngineBuildError, EngineLoadError, IncompatibleTargetError
 from buildctl.engines.fingerprint import Fingerprint, compiler_major, host_fingerprint
 from buildctl.engines.isolate import run_step
@@ -40,6 +41,39 @@ ISA_ENV = {
     "avx512": {"ATEN_CPU_CAPABILITY": "avx512", "TORCHINDUCTOR_CPP_MARCH": "x86-64-v4"},
     "native": {},
 }
+
+
+# What an AOTInductor package is bound to, and how hard (docs/upgrades.md explains each). A
+# compiled package needs the ISA it was compiled for, the torch that compiled it and the C++
+# runtime; it does not need the node's compiler to load.
+COMPAT_FIELDS: tuple[CompatField, ...] = (
+    CompatField("cpu.isa_level", "hard", "code compiled for a higher x86-64 level dies with SIGILL ('Illegal "
+                "instruction') on a lower one (TORCHINDUCTOR_CPP_MARCH / ATEN_CPU_CAPABILITY of the build)"),
+    CompatField("torch_version", "hard", "PyTorch AOTInductor docs: a package is loaded by "
+                "torch._inductor.aoti_load_package of the release that compiled it (its package format and libtorch ABI)"),
+    CompatField("platform", "hard", "a compiled .so loads only on its own OS and architecture ('wrong ELF class', "
+                "'invalid ELF header')"),
+    CompatField("cpu.flags", "soft", "libtorch dispatches its own kernels on the CPU's flags at run time (ATen CPU "
+                "capability): numerics and speed may change"),
+    CompatField("compiler_version", "soft", "the host's libstdc++ comes with its compiler; a package needs the "
+                "GLIBCXX symbols it was linked against ('version `GLIBCXX_3.4.30' not found')"),
+    CompatField("glibc_version", "soft", "a .so linked against a newer glibc fails with 'version `GLIBC_2.xx' not found'"),
+)
+
+
+def _glibc_floor(host: dict[str, Any], built_on: dict[str, Any] | None) -> str | None:
+    need = version_tuple((built_on or {}).get("glibc_version"))
+    have = version_tuple(host.get("glibc_version"))
+    if need is None or have is None or have >= need:
+        return None
+    return f"built against glibc {built_on['glibc_version']}: this host has {host['glibc_version']}"  # type: ignore[index]
+
+
+FLOORS: tuple[Floor, ...] = (
+    Floor("glibc >= the build host's", ("glibc_version",),
+          "glibc is backward compatible only: a .so linked against a newer glibc fails with 'GLIBC_2.xx not found'",
+          _glibc_floor),
+)
 
 
 def build_record(profile: BuildProfile, fingerprint: Fingerprint, model_dir: Path, model_digest: str | None) -> dict[str, Any]:
@@ -79,12 +113,22 @@ def read_record(engine_dir: Path) -> dict[str, Any]:
     return record
 
 
+# A schema-1 record's compat fields, by the label of the hard field they held (compiler_major was
+# one of them and is no longer hard).
+_LEGACY_RECORD_FIELDS = {"isa_level": "cpu.isa_level", "torch": "torch_version", "platform": "platform"}
+
+
 def check_compat(engine_dir: Path, record: dict[str, Any], host: Fingerprint) -> None:
-    """Refuse an engine built for another compat key, naming every differing field."""
-    if record.get("compat_key") == host.compat_key("aoti"):
+    """Refuse an engine built for another compat key, naming every differing hard field. A record
+    written under a schema-1 key is compared on the hard fields it recorded."""
+    if record.get("compat_key") in (host.compat_key("aoti"), host.legacy_compat_key("aoti")):
         return
     mine = host.compat_fields("aoti")
-    theirs = record.get("compat_fields") or {}
+    theirs = dict(record.get("compat_fields") or {})
+    if "backend" in theirs and "cpu.isa_level" not in theirs:  # schema 1
+        theirs = {"backend": theirs["backend"], **{new: theirs.get(old) for old, new in _LEGACY_RECORD_FIELDS.items()}}
+        if theirs == mine:
+            return
     diff = {k: (theirs.get(k), mine[k]) for k in mine if theirs.get(k) != mine[k]} or {"compat_key": (record.get("compat_key"), host.compat_key("aoti"))}
     raise IncompatibleTargetError(f"aoti engine {engine_dir} was built for another host", diff)
 
@@ -99,8 +143,12 @@ class AotiBackend:
     def tool_version(fingerprint: Fingerprint) -> str | None:
         return fingerprint.torch_version
 
+    compat: ClassVar[tuple[CompatField, ...]] = COMPAT_FIELDS
+    floors: ClassVar[tuple[Floor, ...]] = FLOORS
+
     @staticmethod
-    def compat_fields(fingerprint: Fingerprint) -> dict[str, Any]:
+    def legacy_compat_fields(fingerprint: Fingerprint) -> dict[str, Any]:
+        """The fields of schema-1 compat keys (before the hard/soft split), exactly as they were."""
         return {
             "isa_level": fingerprint.cpu.isa_level,
             "torch": fingerprint.torch_version,

@@ -9,8 +9,8 @@ A backend has three operations:
 * ``unmet_requirements(profile, fingerprint)``: why this host cannot build a profile, checked
   before anything costly;
 
-and three facts it takes from a fingerprint or a directory: ``tool_version``, ``compat_fields``
-and ``recognises``. Backends are constructed with the :class:`~buildctl.settings.Settings`.
+and what it takes from a fingerprint or a directory: ``tool_version``, its ``compat`` fields
+(hard and soft) and ``floors``, and ``recognises``. Backends are constructed with the :class:`~buildctl.settings.Settings`.
 
 A :class:`Runner` generates greedily from token-id prompts. The validators use the same
 interface for the vLLM reference, so comparison code does not care which side is which.
@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Iterator, Protocol, runtime_checkable
 
+from buildctl.engines.compat import CompatField, Floor
 from buildctl.engines.fingerprint import Fingerprint
 from buildctl.engines.profile import BuildProfile
 from buildctl.settings import Settings
@@ -91,9 +92,16 @@ class EngineBackend(Protocol):
         """The version of the tool that builds this backend's engines on a host (in the build key)."""
         ...
 
+    compat: ClassVar[tuple[CompatField, ...]]
+    """The fingerprint fields its engines depend on, each hard (rebuild) or soft (re-check), with
+    its upstream source (:mod:`buildctl.engines.compat`); the compat key hashes the hard ones."""
+
+    floors: ClassVar[tuple[Floor, ...]]
+    """Requirements a host must meet to run its engines (not part of the key)."""
+
     @staticmethod
-    def compat_fields(fingerprint: Fingerprint) -> dict[str, Any]:
-        """The fingerprint fields that invalidate this backend's engines, and nothing else."""
+    def legacy_compat_fields(fingerprint: Fingerprint) -> dict[str, Any]:
+        """The fields of this backend's schema-1 compat keys, so that old channels keep resolving."""
         ...
 
     @staticmethod

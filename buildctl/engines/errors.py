@@ -53,6 +53,15 @@ class FingerprintError(BadInputError):
         super().__init__(f"{source}: invalid fingerprint: {detail}")
 
 
+class UpgradeTargetError(BadInputError):
+    """An upgrade TARGET file does not parse, or names a field a fingerprint does not have."""
+
+    def __init__(self, source: str, detail: str) -> None:
+        self.source = source
+        self.detail = detail
+        super().__init__(f"{source}: invalid upgrade target: {detail}")
+
+
 class IncompatibleTargetError(BadInputError):
     """This host cannot build (or load) an engine for the requested target.
 

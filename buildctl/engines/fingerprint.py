@@ -1,10 +1,10 @@
 """Host fingerprints: what a built engine is bound to.
 
-A TensorRT engine is valid only for the GPU, driver, CUDA, TensorRT and TensorRT-LLM it was
-built with; an AOTInductor package only for the CPU ISA, torch and compiler it was built
-with. :class:`Fingerprint` records all of it; :meth:`Fingerprint.compat_key` reduces it, per
-backend, to exactly the fields that invalidate that backend's engines. Each field's
-description names the upstream failure it prevents.
+A TensorRT engine is valid only for the GPU architecture, CUDA major, TensorRT and TensorRT-LLM it
+was built with; an AOTInductor package only for the CPU ISA, platform and torch it was built with.
+:class:`Fingerprint` records all of it. Each backend declares which fields are hard (rebuild),
+soft (re-check) and floors (:mod:`buildctl.engines.compat`); :meth:`Fingerprint.compat_key` hashes
+the hard ones only. Each field's description names the upstream failure it prevents.
 
 Detection never crashes: what is absent is ``None`` (or an empty GPU list).
 """
@@ -20,12 +20,19 @@ import subprocess
 import sys
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Iterable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from buildctl.digest import digest_json, hex_of
-from buildctl.engines.errors import FingerprintError
+from buildctl.digest import digest_json
+from buildctl.engines.compat import (
+    compat_key_of,
+    differences,
+    field_values,
+    floor_problems,
+    legacy_compat_key,
+)
+from buildctl.engines.errors import FingerprintError, UpgradeTargetError
 from buildctl.settings import Settings
 
 FINGERPRINT_SCHEMA_VERSION = 1
@@ -66,15 +73,15 @@ class Fingerprint(_Frozen):
 
     schema_version: Literal[1] = Field(FINGERPRINT_SCHEMA_VERSION, description="Fingerprint schema version.")
     gpus: tuple[GpuInfo, ...] = Field((), description="GPUs visible through NVML; empty where there is none.")
-    driver_version: str | None = Field(None, description="NVIDIA driver version; its branch is in the trtllm key. Engines have failed across driver branches (and even patches) with 'Failed to deserialize cuda engine'.")
-    cuda_version: str | None = Field(None, description="CUDA version (runtime when found, else what the driver supports); its major is in the trtllm key: kernels and plugins are built per CUDA major.")
+    driver_version: str | None = Field(None, description="NVIDIA driver version: a soft trtllm field (re-check on change; one upstream report, NVIDIA/TensorRT-LLM#2455) and a floor (at least the CUDA runtime's minimum).")
+    cuda_version: str | None = Field(None, description="CUDA runtime version (else what the driver supports); its major is a hard trtllm field (kernels and plugins are built per CUDA major), the rest soft.")
     tensorrt_version: str | None = Field(None, description="TensorRT version. Prevents 'The engine plan file is not compatible with this version of TensorRT, expecting library version X got Y, please rebuild' and 'Serialization assertion stdVersionRead == kSERIALIZATION_VERSION failed'.")
     tensorrt_llm_version: str | None = Field(None, description="TensorRT-LLM version. Prevents 'getPluginCreator could not find plugin' and config.json schema drift between build and serving containers.")
     torch_version: str | None = Field(None, description="torch version; AOTInductor packages call into libtorch's ABI of the version that compiled them.")
     cpu: CpuInfo = Field(..., description="CPU architecture and ISA level; aoti code built for AVX-512 crashes with SIGILL on an AVX2-only host.")
     platform: str = Field(..., description="OS and architecture, e.g. linux-x86_64; a compiled .so loads only on its own platform.")
     glibc_version: str | None = Field(None, description="glibc version; a .so linked against a newer glibc fails with 'GLIBC_2.xx not found'.")
-    compiler_version: str | None = Field(None, description="C++ compiler ('gcc 12.2.0'); its major is in the aoti key because it sets the C++ ABI of the compiled package.")
+    compiler_version: str | None = Field(None, description="C++ compiler ('gcc 12.2.0'), whose libstdc++ is the host's C++ runtime: a soft aoti field (a package needs the runtime, not the compiler, to load).")
 
     @property
     def gpu_count(self) -> int:
@@ -84,32 +91,69 @@ class Fingerprint(_Frozen):
         """A stable digest of the whole fingerprint."""
         return digest_json(self.model_dump(mode="json"))
 
-    def compat_fields(self, backend: str) -> dict[str, Any]:
-        """The fields that invalidate ``backend``'s engines, and nothing else (the backend declares them)."""
+    def _rules(self, backend: str):
         from buildctl.engines.registry import backend_class  # the registry imports this module
 
-        return {"backend": backend, **backend_class(backend).compat_fields(self)}
+        return backend_class(backend)
+
+    def compat_fields(self, backend: str) -> dict[str, Any]:
+        """The hard fields of ``backend``'s engines (a change means rebuild), by label, with the
+        backend: what the compat key hashes."""
+        return {"backend": backend, **field_values(self.model_dump(mode="json"), self._rules(backend).compat, "hard")}
+
+    def soft_fields(self, backend: str) -> dict[str, Any]:
+        """The soft fields of ``backend``'s engines (a change means re-check the bytes), by label."""
+        return field_values(self.model_dump(mode="json"), self._rules(backend).compat, "soft")
+
+    def floor_problems(self, backend: str, built_on: dict[str, Any] | None = None) -> list[str]:
+        """Every floor of ``backend`` this host is below (``built_on``: the engine's build fingerprint)."""
+        return floor_problems(self._rules(backend).floors, self.model_dump(mode="json"), built_on)
 
     def tool_version(self, backend: str) -> str | None:
         """The version of the tool that builds ``backend``'s engines on this host."""
-        from buildctl.engines.registry import backend_class
-
-        return backend_class(backend).tool_version(self)
+        return self._rules(backend).tool_version(self)
 
     def compat_key(self, backend: str) -> str:
-        """``<backend>-<32 hex>``: equal for hosts whose engines are interchangeable for ``backend``."""
-        return f"{backend}-{hex_of(digest_json(self.compat_fields(backend)))}"
+        """``<backend>-<32 hex>`` over the hard fields: equal for hosts whose engines are
+        interchangeable for ``backend``."""
+        return compat_key_of(backend, field_values(self.model_dump(mode="json"), self._rules(backend).compat, "hard"))
+
+    def legacy_compat_key(self, backend: str) -> str:
+        """The compat key buildctl computed for this host before the hard/soft split (schema 1):
+        channels written under it keep resolving until ``buildctl migrate-keys``."""
+        return legacy_compat_key(backend, self._rules(backend).legacy_compat_fields(self))
 
     def compat_differences(self, other: "Fingerprint", backend: str) -> dict[str, tuple[Any, Any]]:
-        """Compat fields whose values differ, as ``{field: (self's, other's)}``."""
+        """Hard fields whose values differ, as ``{label: (self's, other's)}``."""
         mine, theirs = self.compat_fields(backend), other.compat_fields(backend)
         return {k: (mine[k], theirs.get(k)) for k in mine if mine[k] != theirs.get(k)}
 
+    def soft_differences(self, other: "Fingerprint", backend: str) -> dict[str, tuple[Any, Any]]:
+        """Soft fields whose values differ, as ``{label: (self's, other's)}``."""
+        return differences(self.soft_fields(backend), other.soft_fields(backend))
 
-def major(version: str | None) -> str | None:
-    if not version:
-        return None
-    return version.split(".", 1)[0]
+    def backends_json(self) -> dict[str, Any]:
+        """Per backend: the compat key, and the fingerprint paths of its hard and soft fields and
+        floors, each field with its source (the ``backends`` object of ``fingerprint --json``)."""
+        from buildctl.engines.registry import backend_names
+
+        out: dict[str, Any] = {}
+        for name in backend_names():
+            rules = self._rules(name)
+            out[name] = {
+                "compat_key": self.compat_key(name),
+                "hard": _unique(f.path for f in rules.compat if f.kind == "hard"),
+                "soft": _unique(f.path for f in rules.compat if f.kind == "soft"),
+                "floors": _unique(p for fl in rules.floors for p in fl.paths),
+                "fields": [{"path": f.path, "kind": f.kind, "part": f.part, "source": f.source} for f in rules.compat]
+                + [{"path": ", ".join(fl.paths), "kind": "floor", "name": fl.name, "source": fl.source} for fl in rules.floors],
+                "floor_problems": self.floor_problems(name),
+            }
+        return out
+
+
+def _unique(items: Iterable[str]) -> list[str]:
+    return list(dict.fromkeys(items))
 
 
 def compiler_major(version: str | None) -> str | None:
@@ -246,12 +290,85 @@ def detect(*, cxx: str | None = None) -> Fingerprint:
 
 
 def parse_fingerprint(data: Any, source: str = "<string>") -> Fingerprint:
-    """Validate parsed JSON into a fingerprint, or raise :class:`FingerprintError`."""
+    """Validate parsed JSON into a fingerprint, or raise :class:`FingerprintError`. The
+    ``backends`` object that ``fingerprint --json`` adds is derived, so it is dropped."""
+    if isinstance(data, dict) and "backends" in data:
+        data = {k: v for k, v in data.items() if k != "backends"}
     try:
         return Fingerprint.model_validate(data)
     except ValidationError as err:
         detail = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or '<root>'}: {e['msg']}" for e in err.errors())
         raise FingerprintError(source, detail) from None
+
+
+# --- upgrade targets: a fingerprint's fields after a planned upgrade -------------------------
+
+
+class TargetCpu(_Frozen):
+    """The CPU fields a target may set."""
+
+    machine: str | None = None
+    isa_level: str | None = None
+    flags: tuple[str, ...] | None = None
+
+
+class UpgradeTarget(_Frozen):
+    """A TARGET file of ``buildctl upgrade``: fingerprint fields, nested as in ``fingerprint
+    --json``, and their values after the upgrade. Every field is optional; one a fingerprint does
+    not have is an error."""
+
+    gpus: tuple[GpuInfo, ...] | None = Field(None, description="The GPUs after the upgrade (the whole list).")
+    driver_version: str | None = None
+    cuda_version: str | None = None
+    tensorrt_version: str | None = None
+    tensorrt_llm_version: str | None = None
+    torch_version: str | None = None
+    cpu: TargetCpu | None = None
+    platform: str | None = None
+    glibc_version: str | None = None
+    compiler_version: str | None = None
+
+    def fields(self) -> dict[str, Any]:
+        """The fields it sets, by fingerprint path (``cpu.isa_level``)."""
+        out: dict[str, Any] = {}
+        for name, value in self.model_dump(mode="json", exclude_unset=True).items():
+            if name == "cpu" and isinstance(value, dict):
+                out.update({f"cpu.{k}": v for k, v in value.items()})
+            else:
+                out[name] = value
+        return out
+
+    def apply(self, fingerprint: Fingerprint) -> Fingerprint:
+        """``fingerprint`` with this target's fields put in (the node's projected fingerprint)."""
+        data = fingerprint.model_dump(mode="json")
+        for name, value in self.model_dump(mode="json", exclude_unset=True).items():
+            if name == "cpu":
+                data["cpu"] = {**data["cpu"], **(value or {})}
+            else:
+                data[name] = value
+        return Fingerprint.model_validate(data)
+
+
+def load_target(path: str | Path) -> UpgradeTarget:
+    """Read a TARGET YAML file strictly: an unknown or mistyped field is an
+    :class:`UpgradeTargetError` that names it."""
+    import yaml
+
+    try:
+        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise UpgradeTargetError(str(path), "file not found") from None
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as err:
+        raise UpgradeTargetError(str(path), f"not readable YAML: {str(err).splitlines()[0]}") from None
+    if not isinstance(data, dict) or not data:
+        raise UpgradeTargetError(str(path), "not a mapping of fingerprint fields to their values after the upgrade")
+    try:
+        return UpgradeTarget.model_validate(data)
+    except ValidationError as err:
+        detail = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or '<root>'}: "
+                           + ("not a fingerprint field" if e["type"] == "extra_forbidden" else e["msg"])
+                           for e in err.errors())
+        raise UpgradeTargetError(str(path), detail) from None
 
 
 def load_fingerprint(path: str | Path) -> Fingerprint:

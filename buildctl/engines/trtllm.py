@@ -40,7 +40,8 @@ from typing import Any, ClassVar, Iterator, Mapping
 
 from buildctl.engines.backend import BuildResult, Generation, TokenEvent
 from buildctl.engines.errors import EngineBuildError, EngineLoadError, HostRequirementsError
-from buildctl.engines.fingerprint import Fingerprint, major
+from buildctl.engines.compat import CompatField, Floor, major, version_tuple
+from buildctl.engines.fingerprint import Fingerprint
 from buildctl.engines.isolate import log_tail, run_step
 from buildctl.engines.profile import FP8_MIN_SM, BuildProfile, EngineSpec, rule_error
 from buildctl.settings import Settings
@@ -48,6 +49,51 @@ from buildctl.settings import Settings
 DTYPES = {"float32": "float32", "float16": "float16", "bfloat16": "bfloat16"}
 # The checkpoint's quantization record (config.json pretrained_config.quantization) per profile value.
 KV_QUANT_ALGO = {"fp8": "FP8", "int8": "INT8"}
+
+
+# What a TensorRT-LLM engine is bound to, and how hard (docs/upgrades.md explains each).
+COMPAT_FIELDS: tuple[CompatField, ...] = (
+    CompatField("gpus.sm", "hard", "TensorRT: 'The engine plan file is generated on an incompatible device, "
+                "expecting compute 8.6 got compute 8.0, please rebuild'"),
+    CompatField("tensorrt_version", "hard", "TensorRT: 'The engine plan file is not compatible with this version of "
+                "TensorRT, expecting library version 9.2.0.4 got 9.2.0.5, please rebuild'; 'Serialization assertion "
+                "stdVersionRead == kSERIALIZATION_VERSION failed'"),
+    CompatField("tensorrt_llm_version", "hard", "TensorRT-LLM plugins register per release: 'getPluginCreator could "
+                "not find plugin'"),
+    CompatField("cuda_version", "hard", "TensorRT and TensorRT-LLM ship per CUDA major (tensorrt-cu12, tensorrt-cu13); "
+                "CUDA compatibility guide: binary compatibility holds within a major only", part="major"),
+    CompatField("platform", "hard", "TensorRT support matrix: 'Serialized engines are not portable across platforms'"),
+    CompatField("gpus.name", "soft", "TensorRT: 'Using an engine plan file across different models of devices is not "
+                "recommended and is likely to affect performance or even cause errors'"),
+    CompatField("driver_version", "soft", "the driver is a floor for the CUDA runtime, not part of the plan; one "
+                "upstream report links a driver update to a broken engine (NVIDIA/TensorRT-LLM#2455)"),
+    CompatField("cuda_version", "soft", "CUDA compatibility guide: minor version compatibility within a major "
+                "(kernels may pick other code paths)"),
+)
+
+# The lowest driver each CUDA major's runtime runs on (NVIDIA's CUDA compatibility guide, "CUDA
+# Toolkit and minimum required driver version"); newer drivers run older runtimes.
+MIN_DRIVER_FOR_CUDA_MAJOR = {"11": (450, 80, 2), "12": (525, 60, 13), "13": (580, 0, 0)}
+
+
+def _driver_floor(host: dict[str, Any], built_on: dict[str, Any] | None) -> str | None:
+    cuda = major(host.get("cuda_version") or (built_on or {}).get("cuda_version"))
+    need = MIN_DRIVER_FOR_CUDA_MAJOR.get(cuda or "")
+    have = version_tuple(host.get("driver_version"))
+    if need is None or not host.get("gpus"):
+        return None
+    if have is None:
+        return f"CUDA {cuda} needs driver >= {'.'.join(map(str, need))}: this host reports none"
+    if have < need:
+        return f"CUDA {cuda} needs driver >= {'.'.join(map(str, need))}: this host has {host['driver_version']}"
+    return None
+
+
+FLOORS: tuple[Floor, ...] = (
+    Floor("driver >= the CUDA runtime's minimum", ("driver_version", "cuda_version"),
+          "NVIDIA CUDA compatibility guide: CUDA 13.x needs a driver >= 580, 12.x >= 525; newer drivers run older "
+          "runtimes", _driver_floor),
+)
 
 
 def _onoff(flag: bool) -> str:
@@ -237,11 +283,12 @@ class TrtllmBackend:
     def tool_version(fingerprint: Fingerprint) -> str | None:
         return fingerprint.tensorrt_llm_version
 
+    compat: ClassVar[tuple[CompatField, ...]] = COMPAT_FIELDS
+    floors: ClassVar[tuple[Floor, ...]] = FLOORS
+
     @staticmethod
-    def compat_fields(fingerprint: Fingerprint) -> dict[str, Any]:
-        # Driver branch and CUDA major stay although TensorRT's own rule is the TensorRT version and
-        # the device: the seed's field reports saw engines fail across driver upgrades, and a
-        # rebuild costs less than a fleet of engines that do not load.
+    def legacy_compat_fields(fingerprint: Fingerprint) -> dict[str, Any]:
+        """The fields of schema-1 compat keys (before the hard/soft split), exactly as they were."""
         return {
             "gpu_models": sorted({g.name for g in fingerprint.gpus}),
             "gpu_sm": sorted({g.sm for g in fingerprint.gpus}),
@@ -249,7 +296,7 @@ class TrtllmBackend:
             "tensorrt_llm": fingerprint.tensorrt_llm_version,
             "cuda_major": major(fingerprint.cuda_version),
             "driver_branch": major(fingerprint.driver_version),
-            "platform": fingerprint.platform,  # TensorRT plans are not portable across platforms
+            "platform": fingerprint.platform,
         }
 
     @staticmethod

@@ -6,6 +6,7 @@ is a :mod:`buildctl.pipeline` step."""
 from __future__ import annotations
 
 import shutil
+import time
 from typing import Any
 
 from prefect import flow, get_run_logger, task
@@ -15,6 +16,8 @@ from prefect.concurrency.sync import concurrency
 
 from buildctl import healing, pipeline
 from buildctl.artifact_store.verify import get_manifest
+from buildctl.coverage import coverage
+from buildctl.engines.fingerprint import host_fingerprint
 from buildctl.flows.common import artifact_key, run_settings, short, tool_versions_line
 from buildctl.flows.events import emit_artifact_validated
 from buildctl.flows.summary import RunReport, describe_trigger
@@ -35,10 +38,11 @@ def _bvp_run_name() -> str:
 
 
 @task(cache_policy=NONE)
-def plan_task(settings: Settings, profile_name: str, model: str | None, target_compat_key: str | None):
+def plan_task(settings: Settings, profile_name: str, model: str | None, target_compat_key: str | None,
+              rebuild_of: str | None = None):
     profile = pipeline.profile_by_name(settings, profile_name)
     return pipeline.plan_build(Context.from_settings(settings), profile, model=model,
-                               target_compat_key=target_compat_key, say=get_run_logger().info)
+                               target_compat_key=target_compat_key, rebuild_of=rebuild_of, say=get_run_logger().info)
 
 
 def build_slot(settings: Settings):
@@ -68,9 +72,10 @@ INCONCLUSIVE_RETRY_BUDGET = 2.0
 def validate_task(settings: Settings, artifact_id: str, compat_key: str, revalidate: bool,
                   speed_budget: float = 1.0) -> ValidationOutcome:
     previous = None if revalidate else pipeline.reusable_attestation(Context.from_settings(settings), artifact_id,
-                                                                      compat_key)
+                                                                      compat_key, host_fingerprint(settings))
     if previous is not None:
-        get_run_logger().info(f"already validated on {compat_key} ({previous.attestation.created_at}): not re-running")
+        get_run_logger().info(f"already validated on {compat_key} with this host's soft values "
+                              f"({previous.attestation.created_at}): not re-running")
         return ValidationOutcome(previous.attestation_id, previous.attestation, reused=True)
     return validate_in_subprocess(settings, artifact_id, speed_budget=speed_budget)
 
@@ -162,7 +167,42 @@ def _build_validate_publish(report: RunReport, profile: str, model: str | None,
             shutil.rmtree(built.run_dir, ignore_errors=True)
     report.add("artifact", f"`{artifact_id}`")
     report.step = "validate"
+    ctx = Context.from_settings(settings)
+    recheck = None
+    if cache_hit and not revalidate:  # existing bytes: is this host's set of soft values already validated?
+        manifest = get_manifest(ctx.store, artifact_id)
+        cov = coverage(ctx.store, artifact_id, manifest, plan.fingerprint)
+        if not cov.covered and cov.validated_on:
+            recheck = cov
+            get_run_logger().info(f"{artifact_id}: {cov.describe()}; re-checking on this host before any rebuild")
+    t0 = time.monotonic()
     outcome = validate_with_retry(settings, artifact_id, plan.compat_key, revalidate)
+    if recheck is not None and outcome.passed:
+        report.add("re-check", f"re-checked on {describe_soft(recheck.soft)}, no rebuild ({time.monotonic() - t0:.0f} s)")
+    elif recheck is not None:
+        why = "; ".join(outcome.attestation.reasons) or outcome.attestation.verdict
+        report.add("re-check", f"re-check failed ({why}): rebuilt")
+        get_run_logger().warning(f"re-check of {artifact_id} on {describe_soft(recheck.soft)} failed ({why}): rebuilding")
+        report.step = "build"
+        failed_recheck = artifact_id
+        plan = plan_task.with_options(task_run_name="plan-task-rebuild")(settings, profile, model, target_compat_key,
+                                                                         failed_recheck)
+        report.add("build key", f"`{plan.build_key}` (a rebuild of `{failed_recheck}` for these soft values)")
+        if plan.cached is not None:
+            artifact_id = plan.cached
+        else:
+            built = build_task(settings, plan)
+            build_s = built.wall_s
+            report.add("build", f"rebuilt in {build_s:.1f} s ({tool_versions_line(built.tool_versions)})")
+            report.step = "publish"
+            try:
+                artifact_id = publish_task(settings, built)
+            finally:
+                shutil.rmtree(built.run_dir, ignore_errors=True)
+        cache_hit = plan.cached is not None
+        report.add("artifact", f"`{artifact_id}`")
+        report.step = "validate"
+        outcome = validate_with_retry(settings, artifact_id, plan.compat_key, revalidate)
     attestation = outcome.attestation
     report.add("attestation", f"`{outcome.attestation_id}` ({attestation.created_at}"
                               + (", validated earlier and reused: not re-run" if outcome.reused else "") + ")")
@@ -189,4 +229,11 @@ def _build_validate_publish(report: RunReport, profile: str, model: str | None,
     return {"artifact_id": artifact_id, "cache_hit": cache_hit, "build_key": plan.build_key,
             "compat_key": plan.compat_key, "verdict": attestation.verdict, "promoted": promoted, "build_s": build_s,
             "attestation_id": outcome.attestation_id, "attestation": attestation.model_dump(mode="json"),
-            "quarantined": plan.quarantined, "recovered": recovered, "attestation_reused": outcome.reused}
+            "quarantined": plan.quarantined, "recovered": recovered, "attestation_reused": outcome.reused,
+            "rechecked": recheck is not None, "recheck_passed": recheck is not None and plan.rebuild_of is None,
+            "rebuild_of": plan.rebuild_of}
+
+
+def describe_soft(soft: dict[str, Any]) -> str:
+    """A host's soft values in one line: ``driver_version=590.44.01, cuda_version=13.1``."""
+    return ", ".join(f"{k}={','.join(map(str, v)) if isinstance(v, list) else v}" for k, v in soft.items()) or "no soft fields"

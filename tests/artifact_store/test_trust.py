@@ -125,3 +125,26 @@ def test_a_quorum_approved_rollout_does_not_approve_a_rollback_elsewhere(signed_
         check_trust(store, to_c, trusted2)
     to_b = set_channel(store, b, m, "prod", action="rollback", auth=Authority(signer=p1, trusted=trusted2))
     check_trust(store, to_b, trusted2)
+
+
+def test_a_migrated_ref_counts_its_old_keys_quorum_and_nothing_else(signed_env):
+    """k-of-n: the first record under a new compat key, written by migrate-keys with one
+    signature, is trusted when the old key's quorum approved its artifact; a migrate-keys record
+    naming an artifact the old key's quorum never approved is not."""
+    store, (a, b, c, _), dest, trusted, p1, p2 = signed_env
+    trusted2 = TrustedKeys(trusted.by_role, thresholds={"prod": 2})
+    m = ops.get_manifest(store, a)
+    set_channel(store, a, m, "prod", auth=Authority(signer=p1, trusted=trusted2))
+    set_channel(store, a, m, "prod", auth=Authority(signer=p2, trusted=trusted2))  # a: 2 of 2 under the old key
+    moved = set_channel(store, a, m, "prod", action="migrate-keys", compat_key="new-key", migrated_from=m.compat_key,
+                        auth=Authority(signer=p1, trusted=trusted2))
+    assert moved.compat_key == "new-key" and moved.seq == 1
+    check_trust(store, moved, trusted2)
+    forged = set_channel(store, c, m, "prod", action="migrate-keys", compat_key="other-key",
+                         migrated_from=m.compat_key, auth=Authority(signer=p1, trusted=trusted2))
+    with pytest.raises(SignatureError, match="1 of the 2"):
+        check_trust(store, forged, trusted2)
+    unnamed = set_channel(store, a, m, "prod", action="migrate-keys", compat_key="third-key",
+                          auth=Authority(signer=p1, trusted=trusted2))  # no old key named: nothing to count
+    with pytest.raises(SignatureError, match="1 of the 2"):
+        check_trust(store, unnamed, trusted2)

@@ -33,9 +33,23 @@ def test_build_key_for_follows_profile_model_compat_and_tool_version():
     other_prof = prof.model_copy(update={"engine": prof.engine.model_copy(update={"max_batch_size": 3})})
     assert build_key_for(other_prof, BASE["model_digest"], fp) != base
     assert build_key_for(prof, "xxh3-128:" + "9" * 32, fp) != base
-    for field, value in (("driver_version", "999.1"), ("tensorrt_llm_version", "1.2.2"), ("cuda_version", "14.0")):
+    for field, value in (("tensorrt_llm_version", "1.2.2"), ("tensorrt_version", "10.14.0"), ("cuda_version", "14.0")):
         assert build_key_for(prof, BASE["model_digest"], fp.model_copy(update={field: value})) != base, field
-    for field, value in (("torch_version", "0.0.1"), ("glibc_version", "9.99"), ("compiler_version", "gcc 99.0.0")):
+    # Soft fields (a re-check, not a rebuild) and fields trtllm does not depend on keep the key.
+    for field, value in (("driver_version", "999.1"), ("cuda_version", fp.cuda_version.split(".")[0] + ".99"), ("torch_version", "0.0.1"),
+                         ("glibc_version", "9.99"), ("compiler_version", "gcc 99.0.0")):
         assert build_key_for(prof, BASE["model_digest"], fp.model_copy(update={field: value})) == base, field
+
+
+@pytest.mark.guard
+def test_a_rebuild_after_a_failed_recheck_has_its_own_key_per_soft_values():
+    prof = load_profile(PROFILES / "llama-3-8b-instruct-fp8-tp1.yaml")
+    fp = h100x8()
+    base = build_key_for(prof, BASE["model_digest"], fp)
+    rebuild = build_key_for(prof, BASE["model_digest"], fp, rebuild=True)
+    assert rebuild != base and build_key_for(prof, BASE["model_digest"], fp, rebuild=True) == rebuild
+    newer_driver = fp.model_copy(update={"driver_version": "580.65.06"})
+    assert build_key_for(prof, BASE["model_digest"], newer_driver) == base
+    assert build_key_for(prof, BASE["model_digest"], newer_driver, rebuild=True) not in (base, rebuild)
 
 

@@ -44,49 +44,104 @@ def test_roundtrip_through_json(tmp_path):
 
 
 @pytest.mark.parametrize("change", [
-    {"gpus": (GpuInfo(name="NVIDIA L40S", sm="8.9", memory_mib=46068),)},
+    {"gpus": (GpuInfo(name="NVIDIA L40S", sm="8.9", memory_mib=46068),)},  # another SM
     {"tensorrt_version": "10.14.1"},
     {"tensorrt_llm_version": "1.2.0"},
-    {"cuda_version": "12.9"},
-    {"driver_version": "590.44.01"},
+    {"cuda_version": "12.9"},  # another CUDA major
     {"platform": "linux-aarch64"},
 ])
-def test_trtllm_key_changes_on_invalidating_fields(change):
+def test_trtllm_key_changes_on_hard_fields(change):
     assert h100_host(**change).compat_key("trtllm") != h100_host().compat_key("trtllm")
 
 
 @pytest.mark.parametrize("change", [
+    {"driver_version": "590.44.01"},  # another branch: soft, a re-check
     {"driver_version": "580.105.08"},  # same branch
-    {"cuda_version": "13.0"},  # same major
+    {"cuda_version": "13.0"},  # same major: soft
+    {"gpus": (GpuInfo(name="NVIDIA H200", sm="9.0", memory_mib=143771),) * 8},  # another model, the same SM: soft
     {"torch_version": "2.9.1"},
     {"compiler_version": "gcc 13.1.0"},
     {"glibc_version": "2.39"},
 ])
-def test_trtllm_key_ignores_other_fields(change):
+def test_trtllm_key_ignores_soft_and_other_fields(change):
     assert h100_host(**change).compat_key("trtllm") == h100_host().compat_key("trtllm")
+
+
+@pytest.mark.parametrize("change,soft", [
+    ({"driver_version": "590.44.01"}, {"driver_version"}),
+    ({"cuda_version": "13.0"}, {"cuda_version"}),
+    ({"gpus": (GpuInfo(name="NVIDIA H200", sm="9.0", memory_mib=143771),) * 8}, {"gpus.name"}),
+    ({"torch_version": "2.9.1"}, set()),
+])
+def test_trtllm_soft_differences_name_the_changed_soft_fields(change, soft):
+    assert set(h100_host().soft_differences(h100_host(**change), "trtllm")) == soft
 
 
 @pytest.mark.parametrize("change", [
     {"torch_version": "2.10.0"},
-    {"compiler_version": "gcc 13.1.0"},
     {"platform": "linux-aarch64"},
     {"cpu": CpuInfo(machine="x86_64", isa_level="x86-64-v3", flags=("avx2",))},
 ])
-def test_aoti_key_changes_on_invalidating_fields(change):
+def test_aoti_key_changes_on_hard_fields(change):
     assert h100_host(**change).compat_key("aoti") != h100_host().compat_key("aoti")
 
 
 @pytest.mark.parametrize("change", [
     {"driver_version": "590.44.01"}, {"tensorrt_version": "10.14.1"},
-    {"compiler_version": "gcc 11.5.0"}, {"gpus": ()},
+    {"compiler_version": "gcc 13.1.0"},  # the node's compiler: soft (its C++ runtime), not hard
+    {"compiler_version": "gcc 11.5.0"}, {"gpus": ()}, {"glibc_version": "2.39"},
+    {"cpu": CpuInfo(machine="x86_64", isa_level="x86-64-v4", flags=("avx2", "avx512f", "amx_tile"))},
 ])
-def test_aoti_key_ignores_other_fields(change):
+def test_aoti_key_ignores_soft_and_other_fields(change):
     assert h100_host(**change).compat_key("aoti") == h100_host().compat_key("aoti")
 
 
 def test_compat_differences_names_fields():
     diff = h100_host().compat_differences(h100_host(tensorrt_version="10.14.1"), "trtllm")
-    assert diff == {"tensorrt": ("10.13.3", "10.14.1")}
+    assert diff == {"tensorrt_version": ("10.13.3", "10.14.1")}
+
+
+def test_new_keys_never_equal_schema_1_keys_and_schema_1_keys_are_reproduced():
+    """The schema-1 key of tests/support/fixtures/legacy_store's hosts, as the code of commit
+    3565518 computed them, and a new key that differs from it."""
+    from ..support.helpers import REPO
+
+    fixture = json.loads((REPO / "tests/support/fixtures/legacy_store/FINGERPRINTS.json").read_text())
+    for host, backend in (("cpu", "aoti"), ("h100", "trtllm"), ("l40s", "trtllm")):
+        fp = Fingerprint.model_validate(fixture[host])
+        assert fp.legacy_compat_key(backend) == fixture["keys"][host]
+        assert fp.compat_key(backend) != fixture["keys"][host]
+
+
+def test_driver_floor_follows_the_cuda_major():
+    assert h100_host().floor_problems("trtllm") == []  # 580.95 runs CUDA 13
+    low = h100_host(driver_version="575.57.08")
+    assert low.floor_problems("trtllm") == ["driver >= the CUDA runtime's minimum: CUDA 13 needs driver >= 580.0.0: "
+                                            "this host has 575.57.08"]
+    assert h100_host(driver_version="575.57.08", cuda_version="12.9").floor_problems("trtllm") == []
+    assert h100_host(gpus=()).floor_problems("trtllm") == []  # no GPU: nothing to run it on, no floor to meet
+
+
+def test_glibc_floor_is_the_build_hosts():
+    built = h100_host(glibc_version="2.39").model_dump(mode="json")
+    assert h100_host(glibc_version="2.35").floor_problems("aoti", built) == [
+        "glibc >= the build host's: built against glibc 2.39: this host has 2.35"]
+    assert h100_host(glibc_version="2.39").floor_problems("aoti", built) == []
+    assert h100_host(glibc_version="2.35").floor_problems("aoti") == []
+
+
+def test_fingerprint_json_with_backends_loads_back(tmp_path):
+    fp = h100_host()
+    data = {**fp.model_dump(mode="json"), "backends": fp.backends_json()}
+    trt = data["backends"]["trtllm"]
+    assert trt["hard"] == ["gpus.sm", "tensorrt_version", "tensorrt_llm_version", "cuda_version", "platform"]
+    assert trt["soft"] == ["gpus.name", "driver_version", "cuda_version"]
+    assert trt["floors"] == ["driver_version", "cuda_version"] and trt["compat_key"] == fp.compat_key("trtllm")
+    assert data["backends"]["aoti"]["hard"] == ["cpu.isa_level", "torch_version", "platform"]
+    assert all(f["source"] for b in data["backends"].values() for f in b["fields"])
+    f = tmp_path / "fp.json"
+    f.write_text(json.dumps(data))
+    assert load_fingerprint(f) == fp
 
 
 @pytest.mark.parametrize("flags,level", [
@@ -123,24 +178,24 @@ def test_env_override(tmp_path, monkeypatch):
 
 # (field, new value, changes the trtllm key, changes the aoti key)
 ONE_AT_A_TIME = (
-    ("driver_version", "{major5}.10", True, False),  # a new driver branch
+    ("driver_version", "{major5}.10", False, False),  # a new driver branch: soft for trtllm
     ("driver_version", "{major}.99", False, False),  # a patch within the branch
-    ("cuda_version", "99.0", True, False),
+    ("cuda_version", "99.0", True, False),  # a new CUDA major
+    ("cuda_version", "{cuda_major}.99", False, False),  # a new CUDA minor: soft
     ("tensorrt_version", "99.1.0", True, False),
     ("tensorrt_llm_version", "9.9.9", True, False),
     ("torch_version", "0.0.1", False, True),
-    ("compiler_version", "gcc 99.1.0", False, True),
-    ("compiler_version", "{compiler_major}.99.99", False, False),  # same major
+    ("compiler_version", "gcc 99.1.0", False, False),  # soft for aoti
     ("platform", "linux-riscv64", True, True),
     ("glibc_version", "9.99", False, False),
 )
 
 
 @pytest.mark.guard
-def test_compat_keys_change_with_each_compat_field_and_only_those():
+def test_compat_keys_change_with_each_hard_field_and_only_those():
     fp = h100x8().model_copy(update={"torch_version": "2.9.0", "compiler_version": "gcc 12.2.0"})
     major = fp.driver_version.split(".")[0]
-    subs = {"major5": str(int(major) + 5), "major": major, "compiler_major": fp.compiler_version.split(".")[0]}
+    subs = {"major5": str(int(major) + 5), "major": major, "cuda_major": fp.cuda_version.split(".")[0]}
     for field, value, trt, aoti in ONE_AT_A_TIME:
         changed = fp.model_copy(update={field: value.format(**subs)})
         assert (changed.compat_key("trtllm") != fp.compat_key("trtllm")) is trt, (field, value)

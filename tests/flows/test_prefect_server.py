@@ -92,7 +92,7 @@ def test_driver_upgrade_to_completed_rebuild(tmp_path, quick_profiles):
                   "--profiles", "tiny-llama-cpu"]
         first = json.loads(subprocess.run(report, env=env, cwd=REPO, capture_output=True, text=True, check=True).stdout)
         assert first["first_report"] and not first["event_emitted"]
-        upgraded = detect().model_copy(update={"compiler_version": "gcc 99.1.0"})  # a new toolchain on the node
+        upgraded = detect().model_copy(update={"torch_version": "2.99.0"})  # a new torch on the node: a hard aoti field
         fp_file.write_text(json.dumps(upgraded.model_dump(mode="json")))
         second = json.loads(subprocess.run(report, env=env, cwd=REPO, capture_output=True, text=True, check=True).stdout)
         assert second["compat_changed"] and second["event_emitted"]
@@ -151,14 +151,14 @@ def a_failing_child_fails_its_parents(url: str, env: dict, tmp_path) -> None:
     fp2 = tmp_path / "node2.json"
     node2 = {**env, "BUILDCTL_FINGERPRINT_FILE": str(fp2)}
     report = [sys.executable, "-m", "buildctl", "node", "report", "--node-id", "gpu-node-2", "--profiles", "tiny-llama-cpu"]
-    fp2.write_text(json.dumps(detect().model_copy(update={"compiler_version": "gcc 97.0.0"}).model_dump(mode="json")))
+    fp2.write_text(json.dumps(detect().model_copy(update={"torch_version": "2.97.0"}).model_dump(mode="json")))
     subprocess.run(report, env=node2, cwd=REPO, capture_output=True, text=True, check=True)
-    new = detect().model_copy(update={"compiler_version": "gcc 98.0.0"})
+    new = detect().model_copy(update={"torch_version": "2.98.0"})
     fp2.write_text(json.dumps(new.model_dump(mode="json")))
     r = subprocess.run(report, env=node2, cwd=REPO, capture_output=True, text=True, check=True)
-    old_key = detect().model_copy(update={"compiler_version": "gcc 97.0.0"}).compat_key("aoti")
+    old_key = detect().model_copy(update={"torch_version": "2.97.0"}).compat_key("aoti")
     assert f"aoti: {old_key} -> {new.compat_key('aoti')}" in r.stdout
-    assert "compiler_major: gcc 97 -> gcc 98" in r.stdout  # the compat field that differs
+    assert "torch_version: 2.97.0 -> 2.98.0" in r.stdout  # the hard field that differs
     assert "Still processing" not in r.stdout + r.stderr
     final = ("COMPLETED", "FAILED", "CRASHED", "CANCELLED")
     deadline = time.monotonic() + 180
@@ -288,14 +288,14 @@ def test_builds_are_routed_to_workers_of_their_compat_key(tmp_path, tiny_build, 
     url = f"http://127.0.0.1:{port}/api"
     store_uri = "file://" + str(tmp_path / "store")
     store = open_store(store_uri)
-    fps = {name: detect().model_copy(update={"compiler_version": f"gcc {v}.1.0"})
+    fps = {name: detect().model_copy(update={"torch_version": f"2.{v}.0"})
            for name, v in (("a", 91), ("b", 92), ("c", 93))}
     keys = {name: fp.compat_key("aoti") for name, fp in fps.items()}
     imported = {}
     for name in ("a", "b"):  # each key already has a validated artifact: the runs are cache hits
         res = pipeline.import_engine(Context.from_settings(settings(), store=store), tiny_build["engine"], tiny_build["profile"], fps[name],
                                      model_digest=tiny_build["outcome"].model_digest)
-        write_attestation(store, res.artifact_id, keys[name], "pass")
+        write_attestation(store, res.artifact_id, keys[name], "pass", validator=fps[name])
         imported[name] = res.artifact_id
     res_a = imported["a"]
     env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect-home"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",

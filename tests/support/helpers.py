@@ -69,11 +69,13 @@ def attestation(artifact_id: str, compat_key: str, verdict: str = "pass", create
 
 
 def write_attestation(store, artifact_id: str, compat_key: str, verdict: str = "pass", created_at: str | None = None,
-                      signer=None) -> str:
-    """Store :func:`attestation` for the artifact (signed by ``signer``); returns its id."""
+                      signer=None, validator=None) -> str:
+    """Store :func:`attestation` for the artifact (signed by ``signer``; ``validator``: the
+    validating host's fingerprint, which the attestation then covers); returns its id."""
     from buildctl.artifact_store.attestations import write_attestation as write
 
-    return write(store, attestation(artifact_id, compat_key, verdict, created_at), signer=signer)
+    over = {"validator_fingerprint": validator.model_dump(mode="json")} if validator is not None else {}
+    return write(store, attestation(artifact_id, compat_key, verdict, created_at, **over), signer=signer)
 
 
 def make_tree(root: Path, files: dict[str, bytes | int], seed: int = 0) -> Path:

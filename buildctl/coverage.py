@@ -1,0 +1,88 @@
+"""Coverage: which hosts an artifact is validated for, and the key it serves under.
+
+An artifact's passing attestation records the validating host's whole fingerprint, so the artifact
+is *covered* for that host's soft values (:mod:`buildctl.engines.compat`): a host with the same
+compat key and the same soft values may serve it without a re-check. A host whose soft values
+differ re-checks the bytes (preflight, parity and speed) before anything is rebuilt.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from buildctl.artifact_store.attestations import list_attestations
+from buildctl.artifact_store.backend import Store
+from buildctl.artifact_store.manifest import Manifest
+from buildctl.engines.compat import differences
+from buildctl.engines.errors import FingerprintError
+from buildctl.engines.fingerprint import Fingerprint, parse_fingerprint
+
+
+def built_on(manifest: Manifest) -> Fingerprint | None:
+    """The fingerprint an artifact was built on, as its manifest records it (None: unreadable)."""
+    try:
+        return parse_fingerprint(manifest.fingerprint, f"manifest of {manifest.profile_name}")
+    except FingerprintError:
+        return None
+
+
+def serving_key(manifest: Manifest) -> str:
+    """The compat key an artifact serves under now: its build fingerprint's key. It differs from
+    the manifest's own only for an artifact published under a schema-1 key."""
+    fp = built_on(manifest)
+    return fp.compat_key(manifest.backend) if fp is not None else manifest.compat_key
+
+
+# --- coverage: which soft values an artifact passed validation on ------------------------------
+
+
+@dataclass
+class Coverage:
+    """Whether an artifact is validated for a host's soft values: a passing attestation made on a
+    host with the same compat key and the same soft values covers it."""
+
+    artifact_id: str
+    compat_key: str
+    covered: bool
+    attestation_id: str | None  # the newest covering attestation
+    soft: dict  # the host's soft values
+    validated_on: list[dict]  # the soft values of every passing attestation under the key
+    floor_problems: list[str]
+    differences: dict  # soft value -> (host's, nearest validated) when not covered
+
+    def to_json(self) -> dict:
+        """What ``pull --json`` and ``upgrade plan --json`` print of it."""
+        return {"artifact_id": self.artifact_id, "compat_key": self.compat_key, "covered": self.covered,
+                "attestation_id": self.attestation_id, "soft": self.soft, "validated_on": self.validated_on,
+                "floor_problems": self.floor_problems,
+                "differences": {k: list(v) for k, v in self.differences.items()}}
+
+    def describe(self) -> str:
+        if self.covered:
+            return f"covered by attestation {self.attestation_id}"
+        if not self.validated_on:
+            return "no passing validation under this compat key"
+        return "not validated on " + ", ".join(f"{k}={v[0]}" for k, v in self.differences.items())
+
+
+def coverage(store: Store, artifact_id: str, manifest: Manifest, fingerprint: Fingerprint) -> Coverage:
+    """Which of the artifact's passing attestations, if any, covers ``fingerprint``'s soft values."""
+    backend = manifest.backend
+    key = fingerprint.compat_key(backend)
+    soft = fingerprint.soft_fields(backend)
+    validated: list[tuple[str, dict]] = []
+    for stored in list_attestations(store, artifact_id):
+        att = stored.attestation
+        if not att.passed:
+            continue
+        try:
+            on = parse_fingerprint(att.validator_fingerprint, f"attestation {stored.attestation_id}")
+        except FingerprintError:
+            continue  # a record without the validating host's fingerprint covers nothing
+        if on.compat_key(backend) == key:
+            validated.append((stored.attestation_id, on.soft_fields(backend)))
+    covering = [a for a, values in validated if values == soft]
+    nearest = min((v for _, v in validated), key=lambda v: len(differences(soft, v)), default=None)
+    return Coverage(artifact_id, key, bool(covering), covering[-1] if covering else None, soft,
+                    [v for _, v in validated], fingerprint.floor_problems(backend, manifest.fingerprint),
+                    differences(soft, nearest) if nearest is not None and not covering else {})
