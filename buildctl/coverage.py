@@ -13,9 +13,12 @@ from dataclasses import dataclass
 from buildctl.artifact_store.attestations import list_attestations
 from buildctl.artifact_store.backend import Store
 from buildctl.artifact_store.manifest import Manifest
+from buildctl.artifact_store.quarantine import active_quarantine
+from buildctl.artifact_store.verify import list_artifacts
 from buildctl.engines.compat import differences
 from buildctl.engines.errors import FingerprintError
 from buildctl.engines.fingerprint import Fingerprint, parse_fingerprint
+from buildctl.engines.profile import BuildProfile
 
 
 def built_on(manifest: Manifest) -> Fingerprint | None:
@@ -86,3 +89,24 @@ def coverage(store: Store, artifact_id: str, manifest: Manifest, fingerprint: Fi
     return Coverage(artifact_id, key, bool(covering), covering[-1] if covering else None, soft,
                     [v for _, v in validated], fingerprint.floor_problems(backend, manifest.fingerprint),
                     differences(soft, nearest) if nearest is not None and not covering else {})
+
+
+def artifacts_for_key(store: Store, profile: BuildProfile, compat_key: str) -> list[tuple[str, Manifest]]:
+    """The unquarantined artifacts of ``profile``'s current build hash that serve under
+    ``compat_key``, newest first (whatever key their manifests were published under)."""
+    return [(aid, m) for aid, m in list_artifacts(store, profile.name)
+            if m.profile_hash == profile.build_hash() and serving_key(m) == compat_key
+            and active_quarantine(store, aid) is None]
+
+
+def recheck_needs(store: Store, fingerprint: Fingerprint, profiles: dict[str, BuildProfile]) -> list[tuple[str, str, str]]:
+    """(profile, compat key, artifact) for each profile whose newest artifact for this host's key
+    is not validated on its soft values: what to re-check before any rebuild. A profile with no
+    artifact for the key is a build, not a re-check, and is not listed."""
+    out = []
+    for name, profile in sorted(profiles.items()):
+        key = fingerprint.compat_key(profile.engine.backend)
+        found = artifacts_for_key(store, profile, key)
+        if found and not any(coverage(store, aid, m, fingerprint).covered for aid, m in found):
+            out.append((name, key, found[0][0]))
+    return out

@@ -15,11 +15,15 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
-from buildctl.engines.fingerprint import Fingerprint, host_fingerprint
+from buildctl.coverage import Coverage, coverage
+from buildctl.engines.fingerprint import Fingerprint, UpgradeTarget, host_fingerprint
+from buildctl.engines.registry import backend_names
 from buildctl.errors import BuildctlError
 from buildctl.fleet import record_engine_state
 from buildctl.artifact_store.inventory import EngineState, HealthStatus
@@ -29,18 +33,25 @@ from buildctl.settings import Settings
 from buildctl.times import utc_now
 from buildctl.artifact_store.backend import ProgressFn, Store
 from buildctl.artifact_store.channels import ChannelRecord
-from buildctl.artifact_store.errors import EngineUnhealthyError
+from buildctl.artifact_store.errors import EngineUnhealthyError, NotCoveredError
 from buildctl.artifact_store.install_dir import (
     PullResult,
+    StagedEngine,
+    activate_staged,
+    channel_ref,
     current_artifact,
     health_marks,
+    installed_seqs,
     mark_health,
     previous_artifact,
+    stage_artifact,
+    staged_engines,
     switch_back,
 )
 from buildctl.artifact_store.manifest import Manifest
 from buildctl.artifact_store.pull import pull as store_pull
 from buildctl.artifact_store.pull import resolve_channel
+from buildctl.artifact_store.trust import check_fresh, check_trust
 from buildctl.artifact_store.verify import get_manifest
 
 HEALTH_TIMEOUT_S = 600.0
@@ -94,18 +105,21 @@ def pull(ctx: Context, profile: str, channel: str, dest: str | Path, *,
          min_seq: int = 0, on_bytes: ProgressFn | None = None,
          on_health: Callable[[EngineState], None] | None = None,
          health_timeout_s: float = HEALTH_TIMEOUT_S,
-         target: tuple[ChannelRecord, Manifest] | None = None) -> NodePull:
+         target: tuple[ChannelRecord, Manifest] | None = None, require_covered: bool = False) -> NodePull:
     """Pull for this node, then smoke-check what was installed (see the module docstring).
     ``on_health`` is called with each state recorded (the CLI emits the event from it). Raises
     :class:`EngineUnhealthyError` (after switching back) when the check fails. ``target``: the
     channel record and manifest already resolved for this node (``pipeline.channel_target``), so
-    they are not read again."""
+    they are not read again. ``require_covered``: refuse, before downloading, an engine not
+    validated on this host's soft values (:class:`NotCoveredError`, exit 5)."""
     settings, store = ctx.settings, ctx.store
     fp = fingerprint or host_fingerprint(settings)
     dest = Path(dest)
     rec = target[0] if target else resolve_channel(store, profile, channel, host_compat_keys(fp))
     manifest = target[1] if target else None
     target_id = rec.artifact_for(node_id)
+    if require_covered:
+        check_covered(store, target_id, manifest or get_manifest(store, target_id), fp)
     verdict = health_marks(dest).get(target_id, {})
     if verdict.get("status") == "failed" and not retry_failed and current_artifact(dest) != target_id:
         raise EngineUnhealthyError(target_id, verdict.get("detail") or "failed", current_artifact(dest), held_back=True)
@@ -146,3 +160,86 @@ def pull(ctx: Context, profile: str, channel: str, dest: str | Path, *,
     mark_health(dest, target_id, "failed", utc_now(), detail)
     report("failed", detail, now_current)
     raise EngineUnhealthyError(target_id, detail, now_current)
+
+
+# --- coverage, staging before an upgrade, activation after it ---------------------------------
+
+
+def check_covered(store: Store, artifact_id: str, manifest: Manifest, fp: Fingerprint) -> Coverage:
+    """The artifact's coverage of this host's soft values; :class:`NotCoveredError` (exit 5) when
+    it is not validated on them (``pull --require-covered``)."""
+    cov = coverage(store, artifact_id, manifest, fp)
+    if not cov.covered:
+        raise NotCoveredError(artifact_id, cov.describe())
+    return cov
+
+
+@dataclass
+class Staged:
+    """What ``pull --for-upgrade TARGET --stage-only`` did."""
+
+    entry: StagedEngine
+    downloaded: bool
+    projected: Fingerprint
+    coverage: Coverage
+
+    def to_json(self) -> dict:
+        return {**self.entry.to_json(), "staged": True, "downloaded": self.downloaded,
+                "projected_compat_keys": {b: self.projected.compat_key(b) for b in backend_names()},
+                "coverage": self.coverage.to_json()}
+
+
+def stage(ctx: Context, profile: str, channel: str, dest: str | Path, target: UpgradeTarget | None = None, *,
+          node_id: str | None = None, fingerprint: Fingerprint | None = None, min_seq: int = 0,
+          on_bytes: ProgressFn | None = None) -> Staged:
+    """Download and deep-verify the engine this node will need after ``target``'s upgrade into
+    ``DIR/versions/`` without touching ``current`` (no preflight: this host cannot load it yet).
+    The node's own fingerprint is projected with the target's fields; the channel record is
+    checked as a pull checks it (freshness, and with trusted keys signatures and rollback)."""
+    store = ctx.store
+    fp = fingerprint or host_fingerprint(ctx.settings)
+    projected = target.apply(fp) if target is not None else fp
+    dest = Path(dest)
+    rec = resolve_channel(store, profile, channel, host_compat_keys(projected))
+    check_fresh(rec, min_seq)
+    aid = rec.artifact_for(node_id)
+    if ctx.auth.trusted is not None:
+        check_trust(store, rec, ctx.auth.trusted, seen=installed_seqs(dest).get(channel_ref(rec), 0), artifact_id=aid)
+    cov = coverage(store, aid, get_manifest(store, aid), projected)
+    entry, downloaded = stage_artifact(store, rec, aid, dest, when=utc_now(), on_bytes=on_bytes)
+    return Staged(entry, downloaded, projected, cov)
+
+
+@dataclass
+class Activation:
+    """What ``node activate`` did: a staged engine swapped in offline, or a pull."""
+
+    result: PullResult
+    staged: StagedEngine | None
+    seconds: float
+
+    def to_json(self) -> dict:
+        return {"artifact_id": self.result.artifact_id, "activated": self.result.installed,
+                "from_staged": self.staged is not None, "previous": self.result.previous,
+                "compat_key": self.result.record.compat_key if self.result.record else None,
+                "seq": self.result.record.seq if self.result.record else None, "seconds": round(self.seconds, 3)}
+
+
+def activate(ctx: Context, profile: str, dest: str | Path, *, channel: str | None = None,
+             node_id: str | None = None, fingerprint: Fingerprint | None = None) -> Activation:
+    """After an upgrade: fingerprint this host and swap ``current`` to the engine staged for its
+    compat key, reading nothing from the store (:func:`activate_staged`). With nothing staged for
+    it, pull from ``channel`` (default prod) as ``buildctl pull`` does; an unreachable store then
+    fails with ``current`` as it was."""
+    t0 = time.monotonic()
+    fp = fingerprint or host_fingerprint(ctx.settings)
+    keys = host_compat_keys(fp)
+    found = sorted((e for e in staged_engines(dest) if e.record.profile == profile and e.compat_key in keys
+                    and (channel is None or e.record.channel == channel)),
+                   key=lambda e: (keys.index(e.compat_key), -e.record.seq))
+    if found:
+        res = activate_staged(dest, found[0], trusted=ctx.auth.trusted, now=datetime.now(timezone.utc),
+                              verify_window_s=ctx.auth.verify_window_s)
+        return Activation(res, found[0], time.monotonic() - t0)
+    got = pull(ctx, profile, channel or "prod", dest, node_id=node_id, fingerprint=fp)
+    return Activation(got.result, None, time.monotonic() - t0)

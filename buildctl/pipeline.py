@@ -35,7 +35,7 @@ from buildctl.engines.errors import (
 from buildctl.engines.fingerprint import Fingerprint, host_fingerprint
 from buildctl.engines.profile import BuildProfile, load_profile, profile_path
 from buildctl.engines.registry import backend_names, backend_of_engine_dir, get_backend
-from buildctl.coverage import coverage, serving_key
+from buildctl.coverage import artifacts_for_key, coverage, serving_key
 from buildctl.fleet import record_pull_failure
 from buildctl.artifact_store.inventory import PullFailure
 from buildctl.context import Context
@@ -53,8 +53,7 @@ from buildctl.artifact_store.publish import ManifestDraft, PublishResult, lookup
 from buildctl.artifact_store.pull import resolve_channel
 from buildctl.artifact_store.rollout import RolloutPlan
 from buildctl.artifact_store.integrity import verify_recent_or_quarantine, verify_deep_or_quarantine
-from buildctl.artifact_store.quarantine import active_quarantine
-from buildctl.artifact_store.verify import get_manifest, list_artifacts, resolve_artifact
+from buildctl.artifact_store.verify import get_manifest, resolve_artifact
 
 Say = Callable[[str], None]
 
@@ -301,10 +300,9 @@ def same_inputs_artifact(store: Store, profile: BuildProfile, model_digest: str,
     this host's compat key, whatever key its manifest was published under (a schema-1 one)."""
     backend = profile.engine.backend
     compat, version = fingerprint.compat_key(backend), fingerprint.tool_version(backend)
-    for artifact_id, m in list_artifacts(store, profile.name):
-        if (m.backend == backend and m.profile_hash == profile.build_hash() and m.model_digest == model_digest
-                and m.tool_versions.get("backend") == version and m.compat_key != compat
-                and serving_key(m) == compat and active_quarantine(store, artifact_id) is None):
+    for artifact_id, m in artifacts_for_key(store, profile, compat):
+        if (m.backend == backend and m.model_digest == model_digest and m.tool_versions.get("backend") == version
+                and m.compat_key != compat):
             return artifact_id
     return None
 

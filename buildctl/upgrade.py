@@ -33,9 +33,9 @@ from buildctl.artifact_store.errors import ChannelNotFoundError
 from buildctl.artifact_store.inventory import NodeRecord, read_inventory, read_node
 from buildctl.artifact_store.pull import resolve_channel
 from buildctl.artifact_store.quarantine import active_quarantine
-from buildctl.artifact_store.verify import get_manifest, list_artifacts
+from buildctl.artifact_store.verify import get_manifest
 from buildctl.context import Context
-from buildctl.coverage import Coverage, coverage, serving_key
+from buildctl.coverage import Coverage, artifacts_for_key, coverage, serving_key
 from buildctl.engines.fingerprint import Fingerprint, UpgradeTarget, host_fingerprint
 from buildctl.engines.profile import BuildProfile
 from buildctl.errors import GateRefusedError, NotFoundError
@@ -193,9 +193,7 @@ def decide(ctx: Context, group: Group, profile: BuildProfile, channel: str, serv
         if cov.covered:
             group.state, group.detail = "ready", f"{channel} #{rec.seq}, attestation {cov.attestation_id}"
             return
-    candidates = [(aid, m) for aid, m in list_artifacts(store, group.profile)
-                  if m.profile_hash == profile.build_hash() and serving_key(m) == group.compat_key
-                  and active_quarantine(store, aid) is None]
+    candidates = artifacts_for_key(store, profile, group.compat_key)
     covering = [(aid, c) for aid, m in candidates if (c := coverage(store, aid, m, projected)).covered]
     if covering:
         group.artifact_id, group.coverage = covering[0][0], covering[0][1]

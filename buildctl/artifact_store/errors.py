@@ -138,6 +138,16 @@ class CasConflictError(ConflictError):
         super().__init__(f"{key}: lost {attempts} compare-and-swap attempts to concurrent updates")
 
 
+class NotCoveredError(GateRefusedError):
+    """``pull --require-covered``: the engine is not validated on this host's soft values."""
+
+    def __init__(self, artifact_id: str, detail: str) -> None:
+        self.artifact_id = artifact_id
+        self.detail = detail
+        super().__init__(f"{artifact_id} is not validated on this host's soft values ({detail}); "
+                         "not installing it (re-check it: buildctl upgrade prepare, or the on-driver-upgrade flow)")
+
+
 class InstallError(BuildctlError):
     """A pull could not write its staging copy (disk full, file size limit, permissions)."""
 

@@ -26,17 +26,29 @@ import shutil
 import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Callable, Iterator
 
-from buildctl.digest import fsync_dir, hex_of
+from buildctl.digest import fsync_dir, hash_file, hex_of
 from buildctl.artifact_store.backend import ProgressFn, Store
 from buildctl.artifact_store.channels import ChannelRecord
 from buildctl.artifact_store.download import download_verified
-from buildctl.artifact_store.errors import InstallError, PreflightError, VerificationError
+from buildctl.artifact_store.errors import (
+    FileProblem,
+    InstallError,
+    PreflightError,
+    RollbackError,
+    SignatureError,
+    VerificationError,
+)
+from buildctl.artifact_store.layout import manifest_key, manifest_signature_prefix
 from buildctl.artifact_store.manifest import Manifest
 from buildctl.artifact_store.quarantine import check_not_quarantined
-from buildctl.artifact_store.verify import get_manifest
+from buildctl.artifact_store.signing import TrustedKeys, verify_signature
+from buildctl.artifact_store.trust import check_fresh
+from buildctl.artifact_store.verify import get_manifest, parse_verified_manifest
+from buildctl.times import parse_utc
 
 Preflight = Callable[[Manifest, Path], None]
 
@@ -190,6 +202,7 @@ def _make_writable(path: Path) -> None:
 
 def _prune(dest: Path, keep: int) -> None:
     keep_names = {Path(t).name for t in (_link_target(dest / "current"), _link_target(dest / "previous")) if t}
+    keep_names |= {e.path_name for e in staged_engines(dest)}  # staged for an upgrade: kept until activated
     versions = sorted((dest / "versions").iterdir(), key=lambda p: p.stat().st_mtime, reverse=True)
     kept = 0
     for v in versions:
@@ -246,3 +259,165 @@ def mark_health(dest: str | Path, artifact_id: str, status: str, when: str, deta
     tmp = Path(dest) / f".{HEALTH_FILE}.{uuid.uuid4().hex}"
     tmp.write_text(json.dumps(marks, sort_keys=True))
     os.replace(tmp, Path(dest) / HEALTH_FILE)
+
+
+# --- staged engines: downloaded before an upgrade, activated after it, offline ------------------
+
+STAGED_DIR = ".buildctl-staged"
+
+
+@dataclass
+class StagedEngine:
+    """An engine downloaded and verified into ``versions/`` ahead of an upgrade, with what
+    activation checks offline: the channel record, the manifest's bytes and signatures, and when
+    every file last re-hashed right."""
+
+    artifact_id: str
+    compat_key: str
+    record: ChannelRecord
+    manifest_body: bytes
+    manifest_signatures: list[dict]
+    verified_at: str
+    staged_at: str
+
+    @property
+    def path_name(self) -> str:
+        return hex_of(self.artifact_id)
+
+    def to_json(self) -> dict:
+        return {"artifact_id": self.artifact_id, "compat_key": self.compat_key, "profile": self.record.profile,
+                "channel": self.record.channel, "seq": self.record.seq, "verified_at": self.verified_at,
+                "staged_at": self.staged_at}
+
+
+def _staged_file(dest: Path, record: ChannelRecord) -> Path:
+    name = f"{record.profile}--{record.channel}--{record.compat_key}.json"
+    return Path(dest) / STAGED_DIR / name
+
+
+def staged_engines(dest: str | Path) -> list[StagedEngine]:
+    """Every engine staged in ``dest``, unreadable entries skipped (they are re-staged)."""
+    out = []
+    for f in sorted((Path(dest) / STAGED_DIR).glob("*.json")):
+        try:
+            d = json.loads(f.read_text())
+            out.append(StagedEngine(d["artifact_id"], d["compat_key"], ChannelRecord.model_validate(d["record"]),
+                                    d["manifest"].encode(), list(d.get("manifest_signatures") or []), d["verified_at"],
+                                    d["staged_at"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return out
+
+
+def stage_artifact(store: Store, record: ChannelRecord, artifact_id: str, dest: str | Path, *, when: str,
+                   workers: int = 16, on_bytes: ProgressFn | None = None) -> tuple[StagedEngine, bool]:
+    """Download and verify ``artifact_id`` into ``DIR/versions/`` without touching ``current``,
+    and record what activation needs offline. Returns the entry and whether bytes were downloaded
+    (an engine already in ``versions/`` is re-hashed instead)."""
+    dest = Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    (dest / "versions").mkdir(exist_ok=True)
+    with _locked(dest):
+        check_not_quarantined(store, artifact_id, "not staging it")
+        body = store.get_bytes(manifest_key(artifact_id))
+        manifest = parse_verified_manifest(body, artifact_id, manifest_key(artifact_id))
+        sigs = [json.loads(store.get_bytes(k)) for k in store.list(manifest_signature_prefix(artifact_id))]
+        final = dest / "versions" / hex_of(artifact_id)
+        downloaded = False
+        if final.is_dir() and not local_problems(manifest, final):
+            pass  # already here (installed before, or staged): re-hashed just now
+        else:
+            staging = dest / f".staging-{uuid.uuid4().hex}"
+            staging.mkdir()
+            try:
+                problems = download_verified(store, manifest, staging, workers=workers, on_bytes=on_bytes)
+                if problems:
+                    raise VerificationError(artifact_id, problems)
+                if final.exists():
+                    _make_writable(final)
+                    shutil.rmtree(final)
+                os.rename(staging, final)
+                fsync_dir(final.parent)
+                downloaded = True
+            except BaseException:
+                _make_writable(staging)
+                shutil.rmtree(staging, ignore_errors=True)
+                raise
+        entry = StagedEngine(artifact_id, record.compat_key, record, body, sigs, when, when)
+        f = _staged_file(dest, record)
+        f.parent.mkdir(exist_ok=True)
+        tmp = f.parent / f".{f.name}.{uuid.uuid4().hex}"
+        tmp.write_text(json.dumps({"artifact_id": artifact_id, "compat_key": record.compat_key,
+                                   "record": json.loads(record.to_bytes()), "manifest": body.decode(),
+                                   "manifest_signatures": sigs, "verified_at": when, "staged_at": when}, sort_keys=True))
+        os.replace(tmp, f)
+        fsync_dir(f.parent)
+        return entry, downloaded
+
+
+def local_problems(manifest: Manifest, root: Path) -> list[FileProblem]:
+    """Every file of ``root`` that does not match the manifest (re-hashed)."""
+    problems = []
+    for e in manifest.files:
+        p = root / e.path
+        if not p.is_file():
+            problems.append(FileProblem(e.path, "missing"))
+            continue
+        digest, size = hash_file(p)
+        if size != e.size:
+            problems.append(FileProblem(e.path, "size", e.size, size))
+        elif digest != e.digest:
+            problems.append(FileProblem(e.path, "digest", e.digest, digest))
+    return problems
+
+
+def activate_staged(dest: str | Path, entry: StagedEngine, *, trusted: TrustedKeys | None, now: datetime,
+                    verify_window_s: float) -> PullResult:
+    """Swap ``current`` to a staged engine, reading nothing from the store: the staged manifest
+    must hash to the artifact id and, with ``trusted`` keys, carry a trusted builder signature
+    under a record signed by a trusted promoter key (revocations are those the keys file holds);
+    the record must be fresh; the files are re-hashed only when the staging's verify is older than
+    ``verify_window_s``. The staged entry is removed once it is current."""
+    dest = Path(dest)
+    aid = entry.artifact_id
+    manifest = parse_verified_manifest(entry.manifest_body, aid, f"staged manifest of {aid}")
+    check_fresh(entry.record)
+    if trusted is not None:
+        verify_signature(f"channel record {entry.record.channel} #{entry.record.seq}", entry.record.signed_bytes(),
+                         entry.record.signature, trusted, "promoter", signed_at=entry.record.when)
+        _verify_staged_manifest(entry, trusted, manifest.created_at)
+        seen = installed_seqs(dest).get(channel_ref(entry.record), 0)
+        if entry.record.seq < seen:
+            raise RollbackError(entry.record.channel, entry.record.seq, seen)
+    final = dest / "versions" / entry.path_name
+    with _locked(dest):
+        if (now - parse_utc(entry.verified_at)).total_seconds() > verify_window_s or not final.is_dir():
+            problems = local_problems(manifest, final) if final.is_dir() else [FileProblem(".", "missing")]
+            if problems:
+                raise VerificationError(aid, problems)
+        previous = current_artifact(dest)
+        rel = os.path.join("versions", final.name)
+        old_target = _link_target(dest / "current")
+        old_previous = _link_target(dest / "previous")
+        if previous != aid:
+            _swap_link(dest, "current", rel)
+            if old_target and old_target != rel:
+                _swap_link(dest, "previous", old_target)
+            fsync_dir(dest)
+        record_installed(dest, entry.record)
+        _staged_file(dest, entry.record).unlink(missing_ok=True)
+        return PullResult(aid, installed=previous != aid, path=final, previous=previous, record=entry.record,
+                          bytes=manifest.total_size, previous_link=old_previous)
+
+
+def _verify_staged_manifest(entry: StagedEngine, trusted: TrustedKeys, created_at: str) -> str:
+    if not entry.manifest_signatures:
+        raise SignatureError(f"manifest {entry.artifact_id}", "unsigned")
+    last: SignatureError | None = None
+    for sig in entry.manifest_signatures:
+        try:
+            return verify_signature(f"manifest {entry.artifact_id}", entry.manifest_body, sig, trusted, "builder",
+                                    signed_at=created_at)
+        except SignatureError as err:
+            last = err
+    raise last  # type: ignore[misc]

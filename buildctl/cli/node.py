@@ -1,7 +1,10 @@
-"""``buildctl node report``: the node agent's report, on boot and after driver or CUDA changes."""
+"""``buildctl node report|activate``: the node agent's report, on boot and after driver or CUDA changes,
+and the activation of an engine staged before an upgrade."""
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Optional
 
 import typer
 
@@ -66,3 +69,30 @@ def report_cmd(
                 out().print(f"  {b} {name}: {then} -> {now}")
     else:
         out().print(f"{node_id}: unchanged since the last report")
+
+
+@node_app.command("activate")
+def activate_cmd(
+    ctx: typer.Context,
+    profile: str = typer.Option(..., "--profile", help="Profile name."),
+    dest: Path = typer.Option(..., "--dest", help="Install directory (as given to pull)."),
+    channel: Optional[str] = typer.Option(None, "--channel", help="Only an engine staged from this channel; and the "
+                                          "channel to pull from when none is staged (default prod)."),
+    node_id: Optional[str] = typer.Option(None, "--node-id", help="This node's id, for a pull when nothing is staged."),
+    json_out: bool = typer.Option(False, "--json", help="JSON output."),
+) -> None:
+    """After an upgrade: fingerprint this host and swap DIR/current to the engine staged for its
+    compat key (`pull --for-upgrade TARGET --stage-only`), with no network; pull when none is staged."""
+    from buildctl import node_agent
+
+    got = node_agent.activate(context(ctx), profile, dest, channel=channel, node_id=node_id)
+    if want_json(ctx, json_out):
+        emit_json(got.to_json())
+        return
+    res = got.result
+    how = "staged engine, no network" if got.staged else "pulled: nothing was staged for this host"
+    if res.installed:
+        out().print(f"activated {res.artifact_id} at {Path(dest) / 'current'} in {got.seconds:.2f} s ({how}); "
+                    f"previous: {res.previous or 'none'}")
+    else:
+        out().print(f"already current: {res.artifact_id} in {dest} ({how})")

@@ -261,19 +261,30 @@ def pull_cmd(
     health_check: Optional[bool] = typer.Option(None, "--health-check/--no-health-check", help="Smoke-check a newly installed engine and switch back to the previous one if it fails (default: on with --node-id or --health-cmd)."),
     retry_failed: bool = typer.Option(False, "--retry-failed", help="Install an artifact again although it failed its smoke check here before."),
     min_seq: int = typer.Option(0, "--min-seq", min=0, help="Refuse a channel record older than this sequence (exit 4); provisioning pins it so a new node cannot be handed a replayed record."),
+    require_covered: bool = typer.Option(False, "--require-covered", help="Refuse (exit 5), before downloading, an engine not validated on this host's soft values (driver, GPU model, CUDA minor; see fingerprint --json)."),
+    for_upgrade: Optional[Path] = typer.Option(None, "--for-upgrade", help="TARGET.yaml: pull the engine this node needs after that upgrade (its fingerprint with the target's fields); needs --stage-only."),
+    stage_only: bool = typer.Option(False, "--stage-only", help="Download and deep-verify into DIR/versions/ without touching DIR/current; `buildctl node activate` swaps it in later, offline."),
     json_out: bool = JSON_OPT,
 ) -> None:
-    """Install the channel's engine for this node: verify, preflight, swap atomically, smoke-check."""
+    """Install the channel's engine for this node: verify, preflight, swap atomically, smoke-check.
+    With --for-upgrade TARGET --stage-only: stage the engine for after an upgrade instead."""
     from buildctl.engines.fingerprint import host_fingerprint
-    from buildctl.errors import GateRefusedError, IntegrityError
+    from buildctl.coverage import coverage
+    from buildctl.errors import BadInputError, GateRefusedError, IntegrityError
     from buildctl import node_agent
     from buildctl.pipeline import channel_target, report_pull_failure
 
+    if for_upgrade is not None and not stage_only:
+        raise BadInputError("--for-upgrade needs --stage-only: the engine for the upgraded host cannot load before "
+                            "the upgrade; stage it now and run `buildctl node activate` after the upgrade")
     c = context(ctx)  # a bad trusted-key layout is reported before anything else
     st = c.settings
     fp = host_fingerprint(st)
-    rec, manifest = channel_target(c, profile, channel, fp, node_id=node_id)
     quiet = _quiet(ctx, json_out)
+    if stage_only:
+        _stage(c, profile, channel, dest, for_upgrade, node_id, fp, min_seq, quiet)
+        return
+    rec, manifest = channel_target(c, profile, channel, fp, node_id=node_id)
     checks = health_check if health_check is not None else bool(node_id or health_cmd)
 
     def on_health(state) -> None:
@@ -290,7 +301,8 @@ def pull_cmd(
         with byte_progress("downloading + verifying", manifest.total_size, enabled=not quiet) as on_bytes:
             got = node_agent.pull(c, profile, channel, dest, node_id=node_id, fingerprint=fp, health_cmd=health_cmd,
                             health_check=checks, skip_preflight=skip_preflight, retry_failed=retry_failed, keep=keep,
-                            min_seq=min_seq, on_bytes=on_bytes, on_health=on_health, target=(rec, manifest))
+                            min_seq=min_seq, on_bytes=on_bytes, on_health=on_health, target=(rec, manifest),
+                            require_covered=require_covered)
     except (IntegrityError, GateRefusedError) as err:
         if node_id:
             failure = report_pull_failure(c, node_id, fp, rec, err, artifact_id=rec.artifact_for(node_id))
@@ -308,7 +320,8 @@ def pull_cmd(
                    "current": str(Path(dest) / "current"), "previous": res.previous, "seq": rec.seq,
                    "bytes": res.bytes, "health": got.state.status if got.state else None,
                    "health_recorded": got.reported if got.state and node_id else None,
-                   "rollout": rec.rollout.state if rec.rollout else None})
+                   "rollout": rec.rollout.state if rec.rollout else None,
+                   "coverage": coverage(c.store, res.artifact_id, manifest, fp).to_json()})
     elif res.installed:
         out().print(f"installed {res.artifact_id} ({channel} #{rec.seq}) at {Path(dest) / 'current'}; "
                     f"previous: {res.previous or 'none'}", highlight=False)
@@ -316,6 +329,37 @@ def pull_cmd(
         out().print(f"already installed: {res.artifact_id} ({channel} #{rec.seq}) is current in {dest}", highlight=False)
     if got.state is not None and node_id and not got.reported:
         typer.echo(f"warning: could not record the smoke-check verdict in inventory/nodes/{node_id}.json", err=True)
+
+
+def _stage(c, profile: str, channel: str, dest: Path, for_upgrade: Path | None, node_id: str | None, fp,
+           min_seq: int, quiet: bool) -> None:
+    from buildctl import node_agent
+    from buildctl.engines.fingerprint import load_target
+    from buildctl.pipeline import host_compat_keys
+
+    target = load_target(for_upgrade) if for_upgrade is not None else None
+    projected = target.apply(fp) if target is not None else fp
+    rec, manifest = _resolved(c, profile, channel, host_compat_keys(projected), node_id)
+    with byte_progress("staging: downloading + verifying", manifest.total_size, enabled=not quiet) as on_bytes:
+        got = node_agent.stage(c, profile, channel, dest, target, node_id=node_id, fingerprint=fp, min_seq=min_seq,
+                               on_bytes=on_bytes)
+    if quiet:
+        emit_json(got.to_json())
+        return
+    out().print(f"staged {got.entry.artifact_id} ({channel} #{got.entry.record.seq}, {got.entry.compat_key}) in "
+                f"{Path(dest) / 'versions'}; current untouched" + ("" if got.downloaded else " (already on disk, re-hashed)"),
+                highlight=False)
+    if not got.coverage.covered:
+        out().print(f"note: {got.coverage.describe()}", highlight=False)
+    out().print(f"after the upgrade: buildctl node activate --profile {profile} --dest {dest}", highlight=False)
+
+
+def _resolved(c, profile: str, channel: str, keys: list[str], node_id: str | None):
+    from buildctl.artifact_store.pull import resolve_channel
+    from buildctl.artifact_store.verify import get_manifest
+
+    rec = resolve_channel(c.store, profile, channel, keys)
+    return rec, get_manifest(c.store, rec.artifact_for(node_id))
 
 
 def gc_cmd(

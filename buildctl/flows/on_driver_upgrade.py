@@ -1,17 +1,20 @@
 """``on-driver-upgrade``: started by the ``buildctl.node.driver-upgraded`` event trigger; records
-the node's new fingerprint and reconciles the profiles the node serves."""
+the node's new fingerprint, re-checks the engines whose soft fields changed and reconciles the
+profiles the node serves (builds for compat keys that have no artifact)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from prefect import flow, get_run_logger
+from prefect.artifacts import create_markdown_artifact
 
 from buildctl import fleet, pipeline
-from buildctl.engines.fingerprint import parse_fingerprint
-from buildctl.flows.common import run_settings
-from buildctl.flows.reconcile_fleet import reconcile_fleet
 from buildctl.context import open_store_of
+from buildctl.coverage import recheck_needs
+from buildctl.engines.fingerprint import parse_fingerprint
+from buildctl.flows.common import ChildRunsFailedError, artifact_key, run_settings, start_builds, wait_for_children
+from buildctl.flows.reconcile_fleet import reconcile_fleet
 
 
 def _upgrade_run_name() -> str:
@@ -23,18 +26,36 @@ def _upgrade_run_name() -> str:
 @flow(name="on-driver-upgrade", flow_run_name=_upgrade_run_name, log_prints=True)
 def on_driver_upgrade(node_id: str, fingerprint: dict[str, Any], profiles: list[str] | None = None,
                       store: str | None = None, old_fingerprint: dict[str, Any] | None = None,
-                      event_id: str | None = None) -> list[dict[str, Any]]:
-    """Record the node's new fingerprint and reconcile the profiles it serves; the builds it starts
-    name this node, its old and new compat keys and the event in their summaries."""
+                      event_id: str | None = None, wait_s: float = 6 * 3600) -> list[dict[str, Any]]:
+    """Record the node's new fingerprint; for each profile it serves whose artifact for its compat
+    key is not validated on its soft values, start a re-check (a build run that takes the cache hit
+    and validates on the worker; only a failed re-check rebuilds); then reconcile the keys that have
+    no artifact. The runs it starts name this node, its old and new compat keys and the event."""
     settings = run_settings(store)
     fp = parse_fingerprint(fingerprint, f"event for {node_id}")
     old = parse_fingerprint(old_fingerprint, f"event for {node_id}") if old_fingerprint else None
     s = open_store_of(settings)
     served = fleet.record_reported_fingerprint(s, node_id, fp, profiles)
-    backends = sorted({p.engine.backend for n, p in pipeline.load_profiles(settings).items() if n in served})
+    known = {n: p for n, p in pipeline.load_profiles(settings).items() if n in served}
+    backends = sorted({p.engine.backend for p in known.values()})
     keys = {b: (old.compat_key(b) if old else None, fp.compat_key(b)) for b in backends}
+    logger = get_run_logger()
     for b, (was, now) in keys.items():
-        get_run_logger().info(f"{node_id}: {b} compat key {was or 'none'} -> {now}")
+        soft = old.soft_differences(fp, b) if old else {}
+        logger.info(f"{node_id}: {b} compat key {was or 'none'} -> {now}"
+                    + (f"; soft fields changed: {', '.join(f'{k} {a} -> {z}' for k, (a, z) in soft.items())}" if soft else ""))
     trigger = {"kind": "driver-upgrade", "node_id": node_id, "event_id": event_id,
                "compat_keys": {b: list(v) for b, v in keys.items()}}
-    return reconcile_fleet(profiles=served, store=settings.store, trigger=trigger)
+    rechecks = recheck_needs(s, fp, known)
+    started = start_builds(settings, [(p, k, 1) for p, k, _ in rechecks], {**trigger, "recheck": True}, None) if rechecks else []
+    for (p, k, aid), run in zip(rechecks, started):
+        logger.info(f"{p}: {aid} is not validated on {node_id}'s soft values: re-checking on {k} (run {run['flow_run_id']})")
+    bad = wait_for_children(started, wait_s) if started else []
+    lines = [f"- `{c['profile']}` on `{c['compat_key']}`: re-check run `{c['flow_run_id']}`, {c['state']}" for c in started]
+    create_markdown_artifact(key=artifact_key("driver-upgrade", node_id), description=f"{node_id}: what its report started",
+                             markdown=f"# driver upgrade on {node_id}\n\n" + ("\n".join(lines) if lines else
+                                      "no engine of its profiles needed a re-check") + "\n")
+    if bad:
+        raise ChildRunsFailedError(bad)
+    rebuilt = reconcile_fleet(profiles=served, store=settings.store, trigger=trigger)
+    return [{**c, "recheck": True} for c in started] + rebuilt

@@ -1,0 +1,182 @@
+"""buildctl.node_agent before and after an upgrade: ``pull --require-covered``, ``pull
+--for-upgrade TARGET --stage-only`` and ``node activate``, with fingerprint files standing in for
+the host before and after, and engine-like trees (no preflight: stage and activate load nothing)."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from buildctl import node_agent
+from buildctl.artifact_store.backend import open_store
+from buildctl.artifact_store.install_dir import current_artifact, staged_engines
+from buildctl.artifact_store.channels import set_channel
+from buildctl.artifact_store.promotion import promote
+from buildctl.artifact_store.verify import get_manifest
+from buildctl.artifact_store.publish import ManifestDraft
+from buildctl.artifact_store.signing import TrustedKeys, sign_manifest
+from buildctl.artifact_store.authority import Authority
+from buildctl.artifact_store.errors import SignatureError, VerificationError
+from buildctl.context import Context
+from buildctl.engines.fingerprint import UpgradeTarget
+
+from .support.helpers import make_signer, publish_files, settings, write_attestation
+from .support.s3server import free_ports
+from .support.trtllm_kit import h100x8
+
+PROFILE = "llama-3-8b-instruct-fp8-tp1"
+BEFORE = h100x8()
+AFTER = BEFORE.model_copy(update={"tensorrt_llm_version": "1.2.2", "tensorrt_version": "10.14.1.48"})  # hard
+
+
+def publish_for(store, tmp_path: Path, fp, seed: int, size: int = 4096) -> str:
+    draft = ManifestDraft(profile_name=PROFILE, profile_hash="xxh3-128:" + "0" * 32, backend="trtllm",
+                          compat_key=fp.compat_key("trtllm"), fingerprint=fp.model_dump(mode="json"),
+                          tool_versions={"backend": fp.tool_version("trtllm")}, model_digest=None, build_key=None)
+    aid = publish_files(store, tmp_path / f"tree{seed}", draft, {"config.json": f"{seed}".encode(),
+                                                                "rank0.engine": size}, seed=seed, verdict=None)
+    write_attestation(store, aid, fp.compat_key("trtllm"), "pass", validator=fp)
+    return aid
+
+
+@pytest.fixture
+def fleet_store(tmp_path, monkeypatch):
+    """A store with prod for the host before (A) and after (B) the upgrade; the node's
+    fingerprint file says 'before'; A is installed."""
+    store = open_store(f"file://{tmp_path / 'store'}")
+    a = publish_for(store, tmp_path, BEFORE, 1)
+    b = publish_for(store, tmp_path, AFTER, 2, size=3 * 1024 * 1024)
+    for aid in (a, b):
+        promote(store, aid, "prod")
+    fp_file = tmp_path / "fp.json"
+    fp_file.write_text(json.dumps(BEFORE.model_dump(mode="json")))
+    monkeypatch.setenv("BUILDCTL_FINGERPRINT_FILE", str(fp_file))
+    monkeypatch.setenv("BUILDCTL_STORE", store.uri)
+    target = tmp_path / "target.yaml"
+    target.write_text('tensorrt_llm_version: "1.2.2"\ntensorrt_version: "10.14.1.48"\n')
+    dest = tmp_path / "node"
+    ctx = Context.from_settings(settings(), store=store)
+    node_agent.pull(ctx, PROFILE, "prod", dest, fingerprint=BEFORE, skip_preflight=True, health_check=False)
+    assert current_artifact(dest) == a
+    return {"store": store, "a": a, "b": b, "fp_file": fp_file, "target": target, "dest": dest, "ctx": ctx}
+
+
+def unreachable(monkeypatch) -> None:
+    """Point the store at an S3 endpoint nothing listens on."""
+    (port,) = free_ports(1)
+    monkeypatch.setenv("BUILDCTL_STORE", "s3://gone/buildctl")
+    monkeypatch.setenv("BUILDCTL_ENDPOINT_URL", f"http://127.0.0.1:{port}")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "x")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "y")
+
+
+def test_stage_only_leaves_current_untouched_and_activate_swaps_offline_in_under_a_second(fleet_store, cli,
+                                                                                         monkeypatch):
+    f = fleet_store
+    before = os.readlink(f["dest"] / "current")
+    code, out, err = cli("--json", "pull", "--profile", PROFILE, "--channel", "prod", "--dest", f["dest"],
+                         "--for-upgrade", f["target"], "--stage-only")
+    assert code == 0, err
+    staged = json.loads(out)
+    assert staged["artifact_id"] == f["b"] and staged["downloaded"] and staged["coverage"]["covered"]
+    assert staged["compat_key"] == AFTER.compat_key("trtllm")
+    assert os.readlink(f["dest"] / "current") == before and current_artifact(f["dest"]) == f["a"]  # untouched
+    assert (f["dest"] / "versions" / f["b"].split(":")[1] / "rank0.engine").stat().st_size == 3 * 1024 * 1024
+
+    # the upgrade happens; the store is gone
+    f["fp_file"].write_text(json.dumps(AFTER.model_dump(mode="json")))
+    unreachable(monkeypatch)
+    ctx = Context.from_settings(settings())
+    t0 = time.monotonic()
+    got = node_agent.activate(ctx, PROFILE, f["dest"])
+    took = time.monotonic() - t0
+    assert got.staged is not None and got.result.installed and took < 1.0, took
+    assert current_artifact(f["dest"]) == f["b"] and got.result.previous == f["a"]
+    assert os.readlink(f["dest"] / "previous") == before  # instant rollback target
+    assert staged_engines(f["dest"]) == []
+    code, out, err = cli("--json", "node", "activate", "--profile", PROFILE, "--dest", f["dest"])
+    assert code == 9 and "cannot reach" in err  # nothing staged any more: it pulls, and the store is gone
+    assert current_artifact(f["dest"]) == f["b"]
+
+
+def test_activate_with_nothing_staged_and_the_store_unreachable_exits_9_and_keeps_current(fleet_store, cli,
+                                                                                         monkeypatch):
+    f = fleet_store
+    unreachable(monkeypatch)
+    before = os.readlink(f["dest"] / "current")
+    code, _, err = cli("node", "activate", "--profile", PROFILE, "--dest", f["dest"])
+    assert code == 9 and "store s3://gone/buildctl" in err
+    assert os.readlink(f["dest"] / "current") == before
+
+
+def test_for_upgrade_without_stage_only_is_refused(fleet_store, cli):
+    f = fleet_store
+    code, _, err = cli("pull", "--profile", PROFILE, "--channel", "prod", "--dest", f["dest"],
+                       "--for-upgrade", f["target"])
+    assert code == 2 and "--stage-only" in err
+
+
+def test_activation_rehashes_an_old_staging_and_refuses_damaged_bytes(fleet_store, monkeypatch):
+    f = fleet_store
+    node_agent.stage(f["ctx"], PROFILE, "prod", f["dest"], UpgradeTarget(tensorrt_llm_version="1.2.2",
+                                                                          tensorrt_version="10.14.1.48"),
+                     fingerprint=BEFORE)
+    engine = f["dest"] / "versions" / f["b"].split(":")[1] / "rank0.engine"
+    os.chmod(engine, 0o644)
+    data = bytearray(engine.read_bytes())
+    data[100] ^= 1
+    engine.write_bytes(bytes(data))
+    c = f["ctx"]
+    no_window = Context(c.settings, c.store, c.auth.but(verify_window_s=0))  # the staging's verify is too old
+    with pytest.raises(VerificationError) as err:
+        node_agent.activate(no_window, PROFILE, f["dest"], fingerprint=AFTER)
+    assert [p.path for p in err.value.problems] == ["rank0.engine"]
+    assert current_artifact(f["dest"]) == f["a"]
+
+
+def test_a_signed_staging_activates_offline_and_a_tampered_one_does_not(fleet_store, tmp_path):
+    f = fleet_store
+    builder, promoter = make_signer(), make_signer()
+    trusted = TrustedKeys({"builder": {builder.key_id: builder.private.public_key()},
+                           "promoter": {promoter.key_id: promoter.private.public_key()}})
+    sign_manifest(f["store"], f["b"], builder)
+    auth = Authority(signer=promoter, trusted=trusted)
+    set_channel(f["store"], f["b"], get_manifest(f["store"], f["b"]), "prod", auth=auth)  # a signed record (#2)
+    ctx = Context(f["ctx"].settings, f["store"], auth)
+    target = UpgradeTarget(tensorrt_llm_version="1.2.2", tensorrt_version="10.14.1.48")
+    node_agent.stage(ctx, PROFILE, "prod", f["dest"], target, fingerprint=BEFORE)
+    (entry_file,) = (f["dest"] / ".buildctl-staged").glob("*.json")
+    good = entry_file.read_text()
+    entry = json.loads(good)
+    entry["record"]["artifact_id"] = f["a"]  # point the signed record elsewhere
+    entry_file.write_text(json.dumps(entry))
+    with pytest.raises(SignatureError):
+        node_agent.activate(ctx, PROFILE, f["dest"], fingerprint=AFTER)
+    assert current_artifact(f["dest"]) == f["a"]
+    entry_file.write_text(good)
+    got = node_agent.activate(ctx, PROFILE, f["dest"], fingerprint=AFTER)
+    assert got.staged is not None and current_artifact(f["dest"]) == f["b"]
+
+
+def test_pull_reports_coverage_and_require_covered_refuses_before_downloading(fleet_store, cli, tmp_path):
+    f = fleet_store
+    newer_driver = BEFORE.model_copy(update={"driver_version": "590.44.01"})  # soft: same key, not validated there
+    f["fp_file"].write_text(json.dumps(newer_driver.model_dump(mode="json")))
+    dest = tmp_path / "other-node"
+    code, _, err = cli("pull", "--profile", PROFILE, "--channel", "prod", "--dest", dest, "--skip-preflight",
+                       "--require-covered")
+    assert code == 5 and "not validated on this host's soft values" in err and "driver_version=590.44.01" in err
+    assert not (dest / "versions").exists() or not any((dest / "versions").iterdir())
+    code, out, err = cli("--json", "pull", "--profile", PROFILE, "--channel", "prod", "--dest", dest,
+                         "--skip-preflight")
+    assert code == 0, err
+    cov = json.loads(out)["coverage"]
+    assert cov["covered"] is False and cov["differences"] == {"driver_version": ["590.44.01", BEFORE.driver_version]}
+    f["fp_file"].write_text(json.dumps(BEFORE.model_dump(mode="json")))
+    code, out, err = cli("--json", "pull", "--profile", PROFILE, "--channel", "prod", "--dest", tmp_path / "n3",
+                         "--skip-preflight", "--require-covered")
+    assert code == 0 and json.loads(out)["coverage"]["covered"], err
