@@ -219,3 +219,117 @@ def test_upgrade_plan_prints_the_table_and_json(legacy, cli, tmp_path):
 
 def test_profiles_are_the_repositorys():
     assert (PROFILES / f"{TRT}.yaml").is_file() and (PROFILES / f"{CPU}.yaml").is_file()
+
+
+# --- prepare on the tiny profile: a soft change re-checks, a failed re-check rebuilds, a hard
+# change builds (fingerprint files stand in for the host after the upgrade) ----------------------
+
+
+@pytest.fixture
+def tiny_fleet(tiny_build, quick_profiles, tmp_path, monkeypatch):
+    """A fresh store with the tiny engine on prod, validated (an attestation) on this host as it
+    is, and two nodes of this host reporting; the profile directory validates in seconds."""
+    from buildctl.artifact_store.promotion import promote
+    from buildctl.engines.fingerprint import detect
+
+    from .support.helpers import write_attestation
+
+    monkeypatch.setenv("BUILDCTL_PROFILE_DIR", str(quick_profiles))
+    store = open_store(f"file://{tmp_path / 'store'}")
+    monkeypatch.setenv("BUILDCTL_STORE", store.uri)
+    here = detect()
+    ctx = Context.from_settings(settings(), store=store)
+    res = pipeline.import_engine(ctx, tiny_build["engine"], tiny_build["profile"], here,
+                                 model_digest=tiny_build["outcome"].model_digest)
+    write_attestation(store, res.artifact_id, here.compat_key("aoti"), "pass", validator=here)
+    promote(store, res.artifact_id, "prod")
+    for node in ("cpu-1", "cpu-2"):
+        fleet.report_node(store, node, here, [CPU])
+    return {"store": store, "ctx": ctx, "here": here, "artifact": res.artifact_id, "tmp": tmp_path,
+            "profiles": pipeline.load_profiles(settings())}
+
+
+def host_file(tmp_path: Path, fp: Fingerprint, monkeypatch) -> Fingerprint:
+    f = tmp_path / "host-after.json"
+    f.write_text(json.dumps(fp.model_dump(mode="json")))
+    monkeypatch.setenv("BUILDCTL_FINGERPRINT_FILE", str(f))
+    return fp
+
+
+def test_a_soft_change_rechecks_and_passes_with_no_build(tiny_fleet, monkeypatch):
+    from buildctl.artifact_store.attestations import list_attestations
+    from buildctl.artifact_store.verify import list_artifacts
+
+    t = tiny_fleet
+    soft = target(compiler_version="gcc 13.2.0")  # soft for aoti: the package needs the C++ runtime only
+    after = host_file(t["tmp"], soft.apply(t["here"]), monkeypatch)
+    assert after.compat_key("aoti") == t["here"].compat_key("aoti")
+    ctx = Context.from_settings(settings(), store=t["store"])
+    assert states(upgrade.plan(ctx, soft, t["profiles"])) == {"cpu-1": {CPU: "re-check"}, "cpu-2": {CPU: "re-check"}}
+    done, after_plan = upgrade.prepare(ctx, soft, t["profiles"])
+    assert [(d.action, d.artifact_id) for d in done] == [("re-checked", t["artifact"])]
+    assert len(list_artifacts(t["store"])) == 1  # no build
+    atts = [a.attestation for a in list_attestations(t["store"], t["artifact"])]
+    assert len(atts) == 2 and atts[-1].passed and atts[-1].validator_fingerprint["compiler_version"] == "gcc 13.2.0"
+    assert after_plan.counts() == {"ready": 2}
+    upgrade.ready(ctx, "cpu-1", soft, t["profiles"])  # the gate opens
+    prod = read_channel(t["store"], CPU, "prod", t["here"].compat_key("aoti"))[0]
+    assert prod.seq == 1 and prod.artifact_id == t["artifact"]  # a re-check moves no channel
+
+
+def passing_then(verdicts: list[str], store, validator):
+    """``validate`` as prepare calls it, judged by ``verdicts`` in turn (the validator itself is
+    tested in tests/validators): each call writes an attestation of the next verdict for the
+    artifact, made on ``validator``, and raises like the real one on a fail."""
+    from buildctl.artifact_store.attestations import list_attestations
+    from buildctl.validators.errors import verdict_error
+
+    from .support.helpers import write_attestation
+
+    calls = []
+
+    def judge(ctx, aid, *, fingerprint=None, say=None, **_):
+        verdict = verdicts[len(calls)]
+        calls.append(aid)
+        att_id = write_attestation(store, aid, validator.compat_key("aoti"), verdict, validator=validator)
+        stored = next(a for a in list_attestations(store, aid) if a.attestation_id == att_id)
+        if verdict != "pass":
+            raise verdict_error(aid, att_id, stored.attestation)
+        return stored
+
+    return judge, calls
+
+
+@pytest.mark.slow
+def test_a_recheck_that_fails_rebuilds_and_a_hard_change_builds(tiny_fleet, monkeypatch):
+    from buildctl.artifact_store.verify import get_manifest, list_artifacts
+    from buildctl.engines.buildkey import build_key_for
+
+    t = tiny_fleet
+    soft = target(compiler_version="gcc 13.2.0")
+    after = host_file(t["tmp"], soft.apply(t["here"]), monkeypatch)
+    judge, calls = passing_then(["fail", "pass"], t["store"], after)
+    monkeypatch.setattr(upgrade, "validate", judge)
+    ctx = Context.from_settings(settings(), store=t["store"])
+    done, plan_after = upgrade.prepare(ctx, soft, t["profiles"])
+    (d,) = done
+    assert d.action == "rebuilt" and d.artifact_id != t["artifact"] and "re-check failed" in d.detail
+    assert calls == [t["artifact"], d.artifact_id]
+    m = get_manifest(t["store"], d.artifact_id)
+    profile = t["profiles"][CPU]
+    assert m.build_key == build_key_for(profile, m.model_digest, after, rebuild=True) != build_key_for(
+        profile, m.model_digest, after)
+    assert read_channel(t["store"], CPU, "staging", after.compat_key("aoti"))[0].artifact_id == d.artifact_id
+    assert d.promote_commands == [f"buildctl promote {d.artifact_id} --channel prod"]  # prod stays CI's
+    assert plan_after.counts() == {"promote": 2}
+    assert len(list_artifacts(t["store"])) == 2
+
+    hard = target(torch_version="2.99.0")  # hard for aoti: a new key with no artifact
+    newer = host_file(t["tmp"], hard.apply(t["here"]), monkeypatch)
+    judge, calls = passing_then(["pass"], t["store"], newer)
+    monkeypatch.setattr(upgrade, "validate", judge)
+    assert {s[CPU] for s in states(upgrade.plan(ctx, hard, t["profiles"])).values()} == {"build"}
+    done, plan_after = upgrade.prepare(ctx, hard, t["profiles"], channel="staging")
+    (d,) = done
+    assert d.action == "built" and d.compat_key == newer.compat_key("aoti") and "built in" in d.detail
+    assert plan_after.counts() == {"ready": 2}
