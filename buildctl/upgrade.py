@@ -36,6 +36,7 @@ from buildctl.artifact_store.quarantine import active_quarantine
 from buildctl.artifact_store.verify import get_manifest
 from buildctl.context import Context
 from buildctl.coverage import Coverage, artifacts_for_key, coverage, serving_key
+from buildctl.engines.errors import EngineLoadError, IncompatibleTargetError
 from buildctl.engines.fingerprint import Fingerprint, UpgradeTarget, host_fingerprint
 from buildctl.engines.profile import BuildProfile
 from buildctl.errors import GateRefusedError, NotFoundError
@@ -95,6 +96,7 @@ class Group:
     artifact_id: str | None = None
     detail: str = ""
     coverage: Coverage | None = None
+    command: str | None = None  # for ``promote``: the command that moves the channel
 
     @property
     def queue(self) -> str:
@@ -108,7 +110,8 @@ class Group:
     def to_json(self) -> dict[str, Any]:
         return {"profile": self.profile, "backend": self.backend, "compat_key": self.compat_key,
                 "gpu_model": self.gpu_model, "soft": self.projected.soft_fields(self.backend), "state": self.state,
-                "artifact_id": self.artifact_id, "queue": self.queue, "detail": self.detail, "nodes": sorted(self.nodes)}
+                "artifact_id": self.artifact_id, "queue": self.queue, "detail": self.detail, "command": self.command,
+                "nodes": sorted(self.nodes)}
 
 
 @dataclass
@@ -198,8 +201,8 @@ def decide(ctx: Context, group: Group, profile: BuildProfile, channel: str, serv
     if covering:
         group.artifact_id, group.coverage = covering[0][0], covering[0][1]
         group.state = "promote"
-        group.detail = (f"validated, not on {channel}: buildctl promote {covering[0][0]} --channel {channel}"
-                        + ("   # from CI" if channel in PROTECTED_CHANNELS else ""))
+        group.command = f"buildctl promote {covering[0][0]} --channel {channel}"
+        group.detail = f"validated, not on {channel}: {group.command}" + ("   # from CI" if channel in PROTECTED_CHANNELS else "")
         return
     if group.artifact_id is None and candidates:
         group.artifact_id = candidates[0][0]
@@ -342,12 +345,15 @@ def prepare(ctx: Context, target: UpgradeTarget, profiles: dict[str, BuildProfil
     done: list[Prepared] = []
 
     def validated(aid: str) -> str | None:
-        """The failing attestation's reasons, or None when it passed."""
+        """Why validation here failed (its reasons, or that the engine did not load: a soft change
+        can break loading), or None when it passed."""
         try:
             validate(ctx, aid, fingerprint=host, say=say)
             return None
         except ValidationFailedError as err:
             return "; ".join(err.attestation.reasons) or err.attestation.verdict
+        except (EngineLoadError, IncompatibleTargetError) as err:
+            return f"it did not load here: {str(err).splitlines()[0]}"
 
     def promoted(aid: str) -> list[str]:
         promote_artifact(ctx, aid, "staging")

@@ -23,7 +23,8 @@ from buildctl.flows.events import emit_artifact_validated
 from buildctl.flows.summary import RunReport, describe_trigger
 from buildctl.settings import Settings
 from buildctl.validate_process import ValidationOutcome, validate_in_subprocess
-from buildctl.validators.errors import verdict_error
+from buildctl.validators.errors import ValidatorProcessError, verdict_error
+from buildctl.engines.errors import EngineLoadError, IncompatibleTargetError
 from buildctl.validators.render import metric_rows
 from buildctl.context import Context, open_store_of
 
@@ -176,13 +177,18 @@ def _build_validate_publish(report: RunReport, profile: str, model: str | None,
             recheck = cov
             get_run_logger().info(f"{artifact_id}: {cov.describe()}; re-checking on this host before any rebuild")
     t0 = time.monotonic()
-    outcome = validate_with_retry(settings, artifact_id, plan.compat_key, revalidate)
-    if recheck is not None and outcome.passed:
+    try:
+        outcome = validate_with_retry(settings, artifact_id, plan.compat_key, revalidate)
+        failed = None if outcome.passed else "; ".join(outcome.attestation.reasons) or outcome.attestation.verdict
+    except (ValidatorProcessError, EngineLoadError, IncompatibleTargetError) as err:
+        if recheck is None:
+            raise
+        failed = f"it did not load here: {str(err).splitlines()[0]}"  # a soft change can break loading
+    if recheck is not None and failed is None:
         report.add("re-check", f"re-checked on {describe_soft(recheck.soft)}, no rebuild ({time.monotonic() - t0:.0f} s)")
     elif recheck is not None:
-        why = "; ".join(outcome.attestation.reasons) or outcome.attestation.verdict
-        report.add("re-check", f"re-check failed ({why}): rebuilt")
-        get_run_logger().warning(f"re-check of {artifact_id} on {describe_soft(recheck.soft)} failed ({why}): rebuilding")
+        report.add("re-check", f"re-check failed ({failed}): rebuilt")
+        get_run_logger().warning(f"re-check of {artifact_id} on {describe_soft(recheck.soft)} failed ({failed}): rebuilding")
         report.step = "build"
         failed_recheck = artifact_id
         plan = plan_task.with_options(task_run_name="plan-task-rebuild")(settings, profile, model, target_compat_key,

@@ -1,4 +1,4 @@
-"""``python -m buildctl.flows.serve``: serve the eight deployments from this process (no work pool needed).
+"""``python -m buildctl.flows.serve``: serve the nine deployments from this process (no work pool needed).
 
 The local alternative to ``prefect deploy --all`` + ``prefect worker start``: the deployments,
 the event triggers (read from prefect.yaml) and the build limit are created on the
@@ -16,6 +16,7 @@ from buildctl.flows.build_validate_publish import build_validate_publish
 from buildctl.flows.gc_store import gc_store
 from buildctl.flows.heal_artifact import heal_artifact
 from buildctl.flows.on_driver_upgrade import on_driver_upgrade
+from buildctl.flows.prepare_upgrade import prepare_upgrade
 from buildctl.flows.reconcile_fleet import reconcile_fleet
 from buildctl.flows.resign_channels import resign_channels
 from buildctl.flows.rollout_channel import rollout_channel
@@ -36,6 +37,7 @@ def main() -> int:
                                       triggers=deployment_triggers("rollout-channel")),
         resign_channels.to_deployment(name="resign-channels", cron="15 */6 * * *"),
         gc_store.to_deployment(name="gc-store", cron="0 4 * * 0"),
+        prepare_upgrade.to_deployment(name="prepare-upgrade"),
     )
     return 0
 

@@ -345,6 +345,7 @@ def test_builds_are_routed_to_workers_of_their_compat_key(tmp_path, tiny_build, 
         polled = {row["queue"]: row["last_polled"] for row in json.loads(q.stdout)}
         assert polled[keys["a"]] and polled[keys["b"]] and polled[keys["c"]] is None  # nobody polls c's queue
         heal_rebuilds_on_the_matching_worker(url, store, env, tmp_path, res_a, keys["a"])
+        prepare_upgrade_readies_a_two_fingerprint_fleet(url, env, tmp_path, tiny_build, fps, keys)
     finally:
         for w in workers:
             if w.poll() is None:
@@ -377,6 +378,62 @@ def heal_rebuilds_on_the_matching_worker(url: str, store, env: dict, tmp_path, a
     assert active_quarantine(store, artifact_id) is not None
     rec = ops.read_channel(store, "tiny-llama-cpu", "staging", key)[0]
     assert rec.artifact_id != artifact_id and active_quarantine(store, rec.artifact_id) is None
+
+
+def prepare_upgrade_readies_a_two_fingerprint_fleet(url: str, env: dict, tmp_path, tiny_build, fps: dict,
+                                                   keys: dict) -> None:
+    """A second store: nodes of fingerprints a and b on gcc 11 (the upgrade brings the workers'
+    compiler), each key with an engine on staging validated on gcc 11 only. prepare-upgrade plans
+    a re-check for both, starts one run on each key's queue, each worker re-checks (the imported
+    engine does not load for its claimed torch: the re-check fails) and rebuilds, and the run ends
+    with every node ready and the plan table; a target whose key no worker serves is blocked and
+    fails naming the queue."""
+    from buildctl import fleet, pipeline
+    from buildctl.artifact_store.backend import open_store
+    from buildctl.artifact_store.promotion import promote
+
+    from ..support.helpers import settings, write_attestation
+
+    store2 = open_store("file://" + str(tmp_path / "store2"))
+    gcc = fps["a"].compiler_version
+    for name in ("a", "b"):
+        before = fps[name].model_copy(update={"compiler_version": "gcc 11.4.0"})
+        res = pipeline.import_engine(Context.from_settings(settings(), store=store2), tiny_build["engine"],
+                                     tiny_build["profile"], before, model_digest=tiny_build["outcome"].model_digest)
+        write_attestation(store2, res.artifact_id, keys[name], "pass", validator=before)
+        promote(store2, res.artifact_id, "staging")
+        fleet.report_node(store2, f"node-{name}", before, ["tiny-llama-cpu"])
+    run = create_run(url, "prepare-upgrade/prepare-upgrade", {"target": {"compiler_version": gcc}, "channel": "staging",
+                                                             "store": store2.uri})
+    state = wait_final(url, run, 600)
+    logs = "".join((tmp_path / f"worker-{n}.log").read_text()[-2000:] for n in ("a", "b"))
+    assert state["state_type"] == "COMPLETED", (state["state"], logs)
+    children = [x for x in api(url, "/flow_runs/filter", {}) if x.get("parent_task_run_id")
+                and x["parameters"].get("store") == store2.uri]
+    assert sorted(c["work_queue_name"] for c in children) == sorted([keys["a"], keys["b"]])
+    assert all(c["state_type"] == "COMPLETED" for c in children)
+    (table,) = api(url, "/artifacts/latest/filter", {"artifacts": {"key": {"any_": ["prepare-upgrade-staging"]}}})
+    rows = json.loads(table["data"]) if isinstance(table["data"], str) else table["data"]
+    assert {r["state"] for r in rows} == {"ready"} and sum(r["nodes"] for r in rows) == 2, rows
+    summaries = [a["data"] for a in api(url, "/artifacts/filter", {"artifacts": {"type": {"any_": ["markdown"]}}})]
+    assert any("re-check failed (it did not load here" in md and "rebuilt" in md for md in summaries)
+
+    blocked = create_run(url, "prepare-upgrade/prepare-upgrade", {"target": {"torch_version": "2.77.0"},
+                                                                 "channel": "staging", "store": store2.uri})
+    state = wait_final(url, blocked, 120)
+    key = fps["a"].model_copy(update={"torch_version": "2.77.0"}).compat_key("aoti")
+    assert state["state_type"] == "FAILED" and f"no worker serves queue {key}" in state["state"], state
+
+
+def wait_final(url: str, run_id: str, timeout: float) -> dict:
+    deadline = time.monotonic() + timeout
+    state: dict = {}
+    while time.monotonic() < deadline:
+        state = run_state(url, run_id)
+        if state["state_type"] in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED"):
+            return state
+        time.sleep(2)
+    return state
 
 
 def api_get(url: str, path: str):

@@ -1,0 +1,94 @@
+"""``prepare-upgrade``: before a planned driver or toolchain upgrade, re-check and build what the
+fleet will need after it, through the compat-key work queues, and end with the plan table.
+
+The plan (:func:`buildctl.upgrade.plan`) knows which work queues have a live worker (a queue is
+READY when a worker polled it within the last minute): a projected key no worker serves is
+``blocked`` and fails the run, naming its queue. Each (profile, projected key) that needs a
+re-check or a build gets one ``build-validate-publish`` run on its key's queue; the worker takes
+the cache hit and re-checks it (a failed re-check rebuilds), or builds. Results go to the
+channel, or to ``staging`` when the channel is a protected one (prod stays CI's: the table names
+the ``buildctl promote`` commands).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefect import flow, get_run_logger
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
+
+from buildctl import pipeline, upgrade
+from buildctl.context import Context
+from buildctl.engines.fingerprint import UpgradeTarget
+from buildctl.flows.common import (
+    BVP_DEPLOYMENT,
+    ChildRunsFailedError,
+    artifact_key,
+    run_settings,
+    start_builds,
+    wait_for_children,
+)
+
+
+def _prepare_run_name() -> str:
+    from prefect.runtime import flow_run
+
+    p = flow_run.parameters
+    return "prepare-upgrade " + ", ".join(f"{k}={v}" for k, v in sorted((p.get("target") or {}).items()))
+
+
+def served_queues() -> set[str] | None:
+    """The work queues of the build deployment's pool that a worker polls now (READY); ``None``
+    when the deployment has no pool (a served deployment: this process runs every run)."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.objects import WorkQueueStatus
+
+    with get_client(sync_client=True) as client:
+        pool = client.read_deployment_by_name(BVP_DEPLOYMENT).work_pool_name
+        if not pool:
+            return None
+        return {q.name for q in client.read_work_queues(work_pool_name=pool) if q.status == WorkQueueStatus.READY}
+
+
+@flow(name="prepare-upgrade", flow_run_name=_prepare_run_name, log_prints=True)
+def prepare_upgrade(target: dict[str, Any], channel: str = "prod", nodes: str | None = None,
+                    store: str | None = None, wait_s: float = 6 * 3600) -> dict[str, Any]:
+    """Plan the upgrade to ``target`` (fingerprint fields after it, as in a TARGET file), start a
+    re-check or a build for each (profile, projected key) that needs one on its key's work queue,
+    wait for them, and publish the plan table: one row per GPU model x profile, with its state."""
+    settings = run_settings(store)
+    logger = get_run_logger()
+    tgt = UpgradeTarget.model_validate(target)
+    ctx = Context.from_settings(settings)
+    profiles = pipeline.load_profiles(settings)
+    before = upgrade.plan(ctx, tgt, profiles, channel=channel, nodes_glob=nodes, served=served_queues())
+    publish = "staging" if channel in pipeline.PROTECTED_CHANNELS else channel
+    blocked = [g for g in before.groups if g.state == "blocked"]
+    todo = sorted({(g.profile, g.compat_key): sum(len(x.nodes) for x in before.groups
+                                                  if (x.profile, x.compat_key) == (g.profile, g.compat_key))
+                   for g in before.groups if g.state in ("re-check", "build")}.items())
+    trigger = {"kind": "prepare-upgrade", "target": tgt.fields(), "channel": channel}
+    started = start_builds(settings, [(p, k, n) for (p, k), n in todo], trigger, publish) if todo else []
+    for g in before.groups:
+        if g.state == "promote" and g.artifact_id and publish == channel:
+            pipeline.promote_artifact(ctx, g.artifact_id, channel)
+            logger.info(f"{g.profile} [{g.compat_key}]: promoted {g.artifact_id} to {channel}")
+    bad = wait_for_children(started, wait_s) if started else []
+    after = upgrade.plan(ctx, tgt, profiles, channel=channel, nodes_glob=nodes, served=served_queues())
+    create_table_artifact(key=artifact_key("prepare-upgrade", channel), table=after.table(),
+                          description=f"upgrade to {tgt.fields()}: each GPU model x profile on {channel}, and its state")
+    commands = sorted({g.command for g in after.groups if g.state == "promote" and g.command})
+    md = [f"# prepare-upgrade to `{tgt.fields()}` on `{channel}`", "", f"before: {before.counts()}",
+          f"after: {after.counts()}", ""]
+    md += [f"- run `{c['flow_run_id']}`: `{c['profile']}` on `{c['compat_key']}`, {c['state']}" for c in started]
+    if commands:
+        md += ["", f"{channel} is promoted from CI:", ""] + [f"    {c}" for c in commands]
+    create_markdown_artifact(key=artifact_key("prepare-upgrade", channel, "summary"), markdown="\n".join(md) + "\n",
+                             description="what the run started and what is left")
+    logger.info(f"upgrade plan after: {after.counts()}")
+    if bad:
+        raise ChildRunsFailedError(bad)
+    still_blocked = [g for g in after.groups if g.state == "blocked"]
+    if blocked or still_blocked:
+        raise upgrade.UpgradeBlockedError([f"{g.profile} on {g.gpu_model}: {g.detail}" for g in (still_blocked or blocked)])
+    return after.to_json()
