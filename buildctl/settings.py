@@ -70,6 +70,7 @@ class Settings(BaseSettings):
     profile_dir: Path = Field(Path("build_profiles"), description="Where profiles are found by name.")
     cache_dir: Path = Field(default_factory=default_cache_dir, description="Cache for tiny models and downloaded checkpoints.")
     fingerprint_file: Path | None = Field(None, description="Use this fingerprint JSON instead of detecting the host.")
+    fingerprint_python: str | None = Field(None, description="Detect the runtime's versions in this interpreter (a command: /opt/serve/bin/python, or docker exec -i serving python3) when the node agent runs outside the serving environment.")
     debug: bool = Field(False, description="Print tracebacks for errors.")
     verify_window_s: float = Field(24 * 3600.0, ge=0, description="How old a deep verify promote and rollback may trust; older ones are re-run (0: always re-hash).")
     record_ttl_s: float = Field(7 * 86400.0, ge=0, description="How long a signed channel record stays valid; the resign-channels flow re-signs it before (0: no expiry).")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Optional
+
 import typer
 from rich.table import Table
 
@@ -12,13 +14,18 @@ def fingerprint_cmd(
     ctx: typer.Context,
     json_out: bool = typer.Option(False, "--json", help="Print the fingerprint as JSON (loadable with --fingerprint-file), "
                                   "with a backends object: per backend the compat key and its hard, soft and floor fields."),
+    python: Optional[str] = typer.Option(None, "--python", help="Detect the runtime's versions in this interpreter or "
+                                         "container command (/opt/serve/bin/python, 'docker exec -i serving python3'): "
+                                         "where the engines are served, when this agent runs outside it "
+                                         "(BUILDCTL_FINGERPRINT_PYTHON)."),
 ) -> None:
     """Print this host's fingerprint and its compat key per backend, with which fields are hard
     (rebuild), soft (re-check) and floors."""
     from buildctl.engines.fingerprint import host_fingerprint
     from buildctl.engines.registry import backend_names
 
-    fp = host_fingerprint(settings(ctx))
+    st = settings(ctx)
+    fp = host_fingerprint(st.with_flags(fingerprint_python=python) if python else st)
     if want_json(ctx, json_out):
         emit_json({**fp.model_dump(mode="json"), "backends": fp.backends_json()})
         return
@@ -40,3 +47,5 @@ def fingerprint_cmd(
     for k, v in rows:
         t.add_row(k, "-" if v is None else str(v))
     out().print(t)
+    for field, where in sorted(fp.sources.items()):
+        out().print(f"  {field}: {where}")

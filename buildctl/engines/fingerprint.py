@@ -11,14 +11,12 @@ Detection never crashes: what is absent is ``None`` (or an empty GPU list).
 
 from __future__ import annotations
 
-import ctypes
 import json
 import platform
 import re
-import shutil
+import shlex
 import subprocess
 import sys
-from importlib import metadata
 from pathlib import Path
 from typing import Any, Iterable, Literal
 
@@ -82,14 +80,15 @@ class Fingerprint(_Frozen):
     platform: str = Field(..., description="OS and architecture, e.g. linux-x86_64; a compiled .so loads only on its own platform.")
     glibc_version: str | None = Field(None, description="glibc version; a .so linked against a newer glibc fails with 'GLIBC_2.xx not found'.")
     compiler_version: str | None = Field(None, description="C++ compiler ('gcc 12.2.0'), whose libstdc++ is the host's C++ runtime: a soft aoti field (a package needs the runtime, not the compiler, to load).")
+    sources: dict[str, str] = Field(default_factory=dict, description="Where each value came from (NVML, /proc/cpuinfo, the module or library the serving interpreter loads); provenance, not identity: not in the digest or any key.")
 
     @property
     def gpu_count(self) -> int:
         return len(self.gpus)
 
     def digest(self) -> str:
-        """A stable digest of the whole fingerprint."""
-        return digest_json(self.model_dump(mode="json"))
+        """A stable digest of the whole fingerprint (less ``sources``: where values came from)."""
+        return digest_json(self.model_dump(mode="json", exclude={"sources"}))
 
     def _rules(self, backend: str):
         from buildctl.engines.registry import backend_class  # the registry imports this module
@@ -166,15 +165,6 @@ def compiler_major(version: str | None) -> str | None:
 # --- detection -----------------------------------------------------------------------------
 
 
-def _dist_version(*names: str) -> str | None:
-    for name in names:
-        try:
-            return metadata.version(name)
-        except metadata.PackageNotFoundError:
-            continue
-    return None
-
-
 def _detect_gpus() -> tuple[tuple[GpuInfo, ...], str | None, str | None]:
     """(gpus, driver version, CUDA version the driver supports) via NVML, or empties."""
     try:
@@ -213,19 +203,6 @@ def _decode(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def _detect_cuda_runtime() -> str | None:
-    """The CUDA runtime version from libcudart, without importing torch."""
-    for lib in ("libcudart.so", "libcudart.so.13", "libcudart.so.12", "libcudart.so.11.0"):
-        try:
-            cudart = ctypes.CDLL(lib)
-        except OSError:
-            continue
-        v = ctypes.c_int(0)
-        if cudart.cudaRuntimeGetVersion(ctypes.byref(v)) == 0 and v.value:
-            return f"{v.value // 1000}.{(v.value % 1000) // 10}"
-    return None
-
-
 def _cpu_flags() -> tuple[str, ...]:
     try:
         text = Path("/proc/cpuinfo").read_text()
@@ -253,39 +230,60 @@ def isa_level(machine: str, flags: tuple[str, ...] | set[str]) -> str:
     return "x86-64-v1"
 
 
-def _compiler_version(cxx: str | None = None) -> str | None:
-    cxx = cxx or shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
-    if not cxx:
-        return None
+def runtime_versions(*, python: str | None = None, cxx: str | None = None) -> dict[str, Any]:
+    """The serving runtime's versions and their sources (:mod:`buildctl.engines.runtime_probe`):
+    asked of this interpreter, or of ``python`` (a command: ``/opt/serve/bin/python`` or
+    ``docker exec -i serving python3``), which gets the probe's source on stdin."""
+    from buildctl.engines import runtime_probe
+
+    if python is None:
+        return runtime_probe.probe(cxx)
+    cmd = [*shlex.split(python), "-", *([cxx] if cxx else [])]
+    src = Path(runtime_probe.__file__).read_text(encoding="utf-8")
     try:
-        out = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=10).stdout
-    except (OSError, subprocess.SubprocessError):
-        return None
-    first = out.splitlines()[0] if out else ""
-    m = re.search(r"(\d+\.\d+(?:\.\d+)?)", first)
-    if not m:
-        return None
-    family = "clang" if "clang" in first.lower() else "gcc"
-    return f"{family} {m.group(1)}"
+        r = subprocess.run(cmd, input=src, capture_output=True, text=True, timeout=PROBE_TIMEOUT_S)
+    except (OSError, subprocess.SubprocessError) as err:
+        raise FingerprintError(f"--python {python}", f"could not run it: {err}") from None
+    line = next((ln for ln in r.stdout.splitlines() if ln.startswith(runtime_probe.MARK)), None)
+    if r.returncode != 0 or line is None:
+        tail = " | ".join((r.stdout + r.stderr).strip().splitlines()[-3:])
+        raise FingerprintError(f"--python {python}", f"the probe did not answer (exit {r.returncode}): {tail}")
+    try:
+        got = json.loads(line[len(runtime_probe.MARK):])
+    except ValueError as err:
+        raise FingerprintError(f"--python {python}", f"the probe's answer is not JSON: {err}") from None
+    got["sources"]["python"] = f"{python} ({got['sources'].get('python', '?')})"
+    return got
 
 
-def detect(*, cxx: str | None = None) -> Fingerprint:
-    """This host's fingerprint, detected (``cxx``: the C++ compiler to ask, default g++ on PATH)."""
-    gpus, driver, driver_cuda = _detect_gpus()
+PROBE_TIMEOUT_S = 120
+
+
+def detect(*, cxx: str | None = None, python: str | None = None) -> Fingerprint:
+    """This host's fingerprint: GPUs and driver through NVML, the CPU from /proc/cpuinfo, and the
+    runtime's versions from the serving interpreter (``python``; default this one), each field's
+    source recorded in ``sources``."""
+    gpus, driver, _driver_cuda = _detect_gpus()
     machine = platform.machine()
     flags = _cpu_flags()
-    libc_name, libc_version = platform.libc_ver()
+    rt = runtime_versions(python=python, cxx=cxx)
+    v, src = rt["versions"], dict(rt["sources"])
+    src.update({"gpus": "NVML" if gpus else "NVML: no GPU (or no driver)", "driver_version": "NVML" if driver else "NVML: none",
+                "cpu": "/proc/cpuinfo"})
+    if not gpus:
+        src["cuda_version"] = "no GPU: not recorded (" + src.get("cuda_version", "") + ")"
     return Fingerprint(
         gpus=gpus,
         driver_version=driver,
-        cuda_version=(_detect_cuda_runtime() or driver_cuda) if gpus else None,
-        tensorrt_version=_dist_version("tensorrt", "tensorrt-cu13", "tensorrt-cu12", "tensorrt_cu12"),
-        tensorrt_llm_version=_dist_version("tensorrt-llm", "tensorrt_llm"),
-        torch_version=_dist_version("torch"),
+        cuda_version=v.get("cuda_version") if gpus else None,
+        tensorrt_version=v.get("tensorrt_version"),
+        tensorrt_llm_version=v.get("tensorrt_llm_version"),
+        torch_version=v.get("torch_version"),
         cpu=CpuInfo(machine=machine, isa_level=isa_level(machine, flags), flags=flags),
-        platform=f"{sys.platform}-{machine}",
-        glibc_version=libc_version if libc_name == "glibc" and libc_version else None,
-        compiler_version=_compiler_version(cxx),
+        platform=v.get("platform") or f"{sys.platform}-{machine}",
+        glibc_version=v.get("glibc_version"),
+        compiler_version=v.get("compiler_version"),
+        sources=src,
     )
 
 
@@ -384,7 +382,8 @@ def load_fingerprint(path: str | Path) -> Fingerprint:
 
 def host_fingerprint(settings: Settings) -> Fingerprint:
     """This host's fingerprint: the one in ``settings.fingerprint_file`` when set (node agents
-    that report for another view of the host, tests), else detected."""
+    that report for another view of the host, tests), else detected, with the runtime's versions
+    from ``settings.fingerprint_python`` when set (the serving interpreter or container)."""
     if settings.fingerprint_file:
         return load_fingerprint(settings.fingerprint_file)
-    return detect(cxx=settings.cxx)
+    return detect(cxx=settings.cxx, python=settings.fingerprint_python)
