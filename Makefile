@@ -116,6 +116,7 @@ bench: install
 	$(PY) -m benchmarks.install_sizes
 	$(PY) -m benchmarks.speedgate --runs $(BENCH_SPEEDGATE_RUNS)
 	$(PY) -m benchmarks.rollout
+	$(PY) -m benchmarks.upgrade
 	$(PY) -m benchmarks.report
 
 FAULTS_SCALE ?= 3

@@ -8,7 +8,7 @@ import time
 
 from benchmarks.common import RESULTS, machine, spread
 
-ORDER = ["hashing", "transfer", "cache", "reconcile", "stage_times", "deep_verify", "install_sizes", "speedgate", "rollout"]
+ORDER = ["hashing", "transfer", "cache", "reconcile", "stage_times", "deep_verify", "install_sizes", "speedgate", "rollout", "upgrade"]
 
 
 def chart(hashing: dict, transfer: dict | None) -> str | None:
