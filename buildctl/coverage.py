@@ -8,6 +8,7 @@ differ re-checks the bytes (preflight, parity and speed) before anything is rebu
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 from buildctl.artifact_store.attestations import list_attestations
@@ -69,26 +70,50 @@ class Coverage:
 
 
 def coverage(store: Store, artifact_id: str, manifest: Manifest, fingerprint: Fingerprint) -> Coverage:
-    """Which of the artifact's passing attestations, if any, covers ``fingerprint``'s soft values."""
+    """Whether the artifact is validated on ``fingerprint``'s soft values: the newest attestation
+    made on a host with its compat key and those soft values passed (a later failure on the same
+    values, a regression found by a re-validation, uncovers them again)."""
     backend = manifest.backend
     key = fingerprint.compat_key(backend)
     soft = fingerprint.soft_fields(backend)
-    validated: list[tuple[str, dict]] = []
-    for stored in list_attestations(store, artifact_id):
-        att = stored.attestation
-        if not att.passed:
-            continue
+    newest: dict[str, tuple[str, bool, dict]] = {}  # soft values -> the newest attestation on them
+    for stored in list_attestations(store, artifact_id):  # oldest first
         try:
-            on = parse_fingerprint(att.validator_fingerprint, f"attestation {stored.attestation_id}")
+            on = parse_fingerprint(stored.attestation.validator_fingerprint, f"attestation {stored.attestation_id}")
         except FingerprintError:
             continue  # a record without the validating host's fingerprint covers nothing
         if on.compat_key(backend) == key:
-            validated.append((stored.attestation_id, on.soft_fields(backend)))
-    covering = [a for a, values in validated if values == soft]
+            values = on.soft_fields(backend)
+            newest[json.dumps(values, sort_keys=True)] = (stored.attestation_id, stored.attestation.passed, values)
+    validated = [(aid, values) for aid, passed, values in newest.values() if passed]
+    covering = [aid for aid, values in validated if values == soft]
     nearest = min((v for _, v in validated), key=lambda v: len(differences(soft, v)), default=None)
     return Coverage(artifact_id, key, bool(covering), covering[-1] if covering else None, soft,
                     [v for _, v in validated], fingerprint.floor_problems(backend, manifest.fingerprint),
                     differences(soft, nearest) if nearest is not None and not covering else {})
+
+
+def describe_soft(soft: dict) -> str:
+    """A host's soft values in one line: ``driver_version=590.44.01, cuda_version=13.1``."""
+    return ", ".join(f"{k}={','.join(map(str, v)) if isinstance(v, list) else v}" for k, v in soft.items()) or "no soft fields"
+
+
+def recheck_outcome(store: Store, profile: BuildProfile, artifact_id: str, fingerprint: Fingerprint,
+                    seconds: float | None = None) -> str:
+    """What a re-check of ``artifact_id`` for this host came to, read back from the store: the
+    line the driver-upgrade flow's summary gives."""
+    soft = fingerprint.soft_fields(profile.engine.backend)
+    took = f" ({seconds:.0f} s)" if seconds is not None else ""
+    found = artifacts_for_key(store, profile, fingerprint.compat_key(profile.engine.backend))
+    mine = next((m for aid, m in found if aid == artifact_id), None)
+    if mine is not None and coverage(store, artifact_id, mine, fingerprint).covered:
+        return f"re-checked on {describe_soft(soft)}, no rebuild{took}"
+    failed = [a.attestation for a in list_attestations(store, artifact_id) if not a.attestation.passed]
+    why = "; ".join(failed[-1].reasons) if failed and failed[-1].reasons else "it did not pass here"
+    newer = next((aid for aid, m in found if aid != artifact_id and coverage(store, aid, m, fingerprint).covered), None)
+    if newer is not None:
+        return f"re-check failed ({why}): rebuilt as {newer}{took}"
+    return f"re-check did not cover {describe_soft(soft)}{took}: {why}"
 
 
 def artifacts_for_key(store: Store, profile: BuildProfile, compat_key: str) -> list[tuple[str, Manifest]]:

@@ -416,8 +416,10 @@ def validate(ctx: Context, artifact_ref: str, *, profile_path: str | Path | None
 
 
 def passing_attestation(store: Store, artifact_id: str, compat_key: str) -> StoredAttestation | None:
-    """The newest attestation of the artifact for ``compat_key``, if it passed."""
-    stored = latest_attestation(store, artifact_id, compat_key)
+    """The newest attestation of the artifact for ``compat_key`` (or for the manifest's own key,
+    a schema-1 one whose hosts the new key includes), if it passed."""
+    keys = {compat_key, get_manifest(store, artifact_id).compat_key}
+    stored = latest_attestation(store, artifact_id, keys)
     return stored if stored is not None and stored.attestation.passed else None
 
 
@@ -427,8 +429,9 @@ def reusable_attestation(ctx: Context, artifact_id: str, compat_key: str,
     with this compat key and, with ``fingerprint``, the same soft values (else validation runs: a
     re-check), and the bytes are still those (a deep verify within the settings' window, or now; a
     mismatch quarantines the artifact and raises)."""
-    stored = passing_attestation(ctx.store, artifact_id, compat_key)
-    if stored is not None and fingerprint is not None:
+    if fingerprint is None:
+        stored = passing_attestation(ctx.store, artifact_id, compat_key)
+    else:
         cov = coverage(ctx.store, artifact_id, get_manifest(ctx.store, artifact_id), fingerprint)
         stored = next((a for a in list_attestations(ctx.store, artifact_id) if a.attestation_id == cov.attestation_id),
                       None) if cov.covered else None

@@ -27,6 +27,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any, Iterable
 
 from buildctl.context import Context
+from buildctl.fleet import node_fingerprint
 from buildctl.times import parse_utc, utc_now
 from buildctl.artifact_store.authority import Authority
 from buildctl.artifact_store.backend import Store
@@ -113,9 +114,18 @@ def node_status(node: NodeRecord, profile: str, channel: str, target: str) -> st
 
 
 def nodes_in_scope(nodes: Iterable[NodeRecord], profile: str, channel: str, backend: str, compat_key: str) -> list[NodeRecord]:
-    """The nodes a channel ref reaches: serving the profile (or having pulled it) on its compat key."""
-    return [n for n in nodes if n.compat_keys.get(backend) == compat_key
-            and (profile in n.profiles or n.engine(profile, channel) is not None)]
+    """The nodes a channel ref reaches: serving the profile (or having pulled it) on its compat key
+    (the key their record holds, or, across the hard/soft key change, the new or the schema-1 key
+    of their fingerprint: a node resolves both)."""
+    return [n for n in nodes if (profile in n.profiles or n.engine(profile, channel) is not None)
+            and on_key(n, backend, compat_key)]
+
+
+def on_key(node: NodeRecord, backend: str, compat_key: str) -> bool:
+    if node.compat_keys.get(backend) == compat_key:
+        return True
+    fp = node_fingerprint(node)
+    return fp is not None and compat_key in (fp.compat_key(backend), fp.legacy_compat_key(backend))
 
 
 def decide(rec: ChannelRecord, nodes: list[NodeRecord], now: datetime) -> RolloutView:

@@ -291,3 +291,20 @@ def test_only_refusals_about_the_artifact_count_as_failures():
                           ("StaleRecordError: channel prod record #2 is stale", "pending")):
         assert rollouts.node_status(node(error), PROFILE, "prod", target) == status, error
     assert rollouts.node_status(node("VerificationError: x"), PROFILE, "staging", target) == "pending"
+
+
+def test_a_node_is_in_scope_under_its_new_key_its_schema_1_key_and_the_key_on_record():
+    """Across the hard/soft key change a node resolves its new key first and its schema-1 key
+    after, so a rollout on either ref counts it, whichever key its inventory record holds."""
+    from buildctl.artifact_store.inventory import NodeRecord
+
+    from .support.trtllm_kit import h100x8
+
+    fp = h100x8()
+    old = NodeRecord(node_id="n1", fingerprint=fp.model_dump(mode="json"), profiles=("p",),
+                     compat_keys={"trtllm": fp.legacy_compat_key("trtllm")}, reported_at="2026-12-01T00:00:00Z")
+    for key in (fp.compat_key("trtllm"), fp.legacy_compat_key("trtllm")):
+        assert rollouts.nodes_in_scope([old], "p", "prod", "trtllm", key) == [old]
+    other = h100x8(sm="8.9")
+    assert rollouts.nodes_in_scope([old], "p", "prod", "trtllm", other.compat_key("trtllm")) == []
+    assert rollouts.nodes_in_scope([old], "q", "prod", "trtllm", fp.compat_key("trtllm")) == []

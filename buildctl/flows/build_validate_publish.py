@@ -16,7 +16,7 @@ from prefect.concurrency.sync import concurrency
 
 from buildctl import healing, pipeline
 from buildctl.artifact_store.verify import get_manifest
-from buildctl.coverage import coverage
+from buildctl.coverage import coverage, describe_soft
 from buildctl.engines.fingerprint import host_fingerprint
 from buildctl.flows.common import artifact_key, run_settings, short, tool_versions_line
 from buildctl.flows.events import emit_artifact_validated
@@ -239,7 +239,3 @@ def _build_validate_publish(report: RunReport, profile: str, model: str | None,
             "rechecked": recheck is not None, "recheck_passed": recheck is not None and plan.rebuild_of is None,
             "rebuild_of": plan.rebuild_of}
 
-
-def describe_soft(soft: dict[str, Any]) -> str:
-    """A host's soft values in one line: ``driver_version=590.44.01, cuda_version=13.1``."""
-    return ", ".join(f"{k}={','.join(map(str, v)) if isinstance(v, list) else v}" for k, v in soft.items()) or "no soft fields"

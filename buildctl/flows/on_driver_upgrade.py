@@ -11,10 +11,19 @@ from prefect.artifacts import create_markdown_artifact
 
 from buildctl import fleet, pipeline
 from buildctl.context import open_store_of
-from buildctl.coverage import recheck_needs
+from buildctl.coverage import recheck_needs, recheck_outcome
 from buildctl.engines.fingerprint import parse_fingerprint
 from buildctl.flows.common import ChildRunsFailedError, artifact_key, run_settings, start_builds, wait_for_children
 from buildctl.flows.reconcile_fleet import reconcile_fleet
+
+
+def run_seconds(flow_run_id: str) -> float | None:
+    """How long a flow run ran (Prefect's total run time)."""
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        run = client.read_flow_run(flow_run_id)
+    return run.total_run_time.total_seconds() if run.total_run_time else None
 
 
 def _upgrade_run_name() -> str:
@@ -51,7 +60,11 @@ def on_driver_upgrade(node_id: str, fingerprint: dict[str, Any], profiles: list[
     for (p, k, aid), run in zip(rechecks, started):
         logger.info(f"{p}: {aid} is not validated on {node_id}'s soft values: re-checking on {k} (run {run['flow_run_id']})")
     bad = wait_for_children(started, wait_s) if started else []
-    lines = [f"- `{c['profile']}` on `{c['compat_key']}`: re-check run `{c['flow_run_id']}`, {c['state']}" for c in started]
+    lines = []
+    for (p, _, aid), c in zip(rechecks, started):
+        c["outcome"] = recheck_outcome(s, known[p], aid, fp, run_seconds(c["flow_run_id"]))
+        lines.append(f"- `{p}` on `{c['compat_key']}`: {c['outcome']} (run `{c['flow_run_id']}`, {c['state']})")
+        logger.info(f"{node_id} {p}: {c['outcome']}")
     create_markdown_artifact(key=artifact_key("driver-upgrade", node_id), description=f"{node_id}: what its report started",
                              markdown=f"# driver upgrade on {node_id}\n\n" + ("\n".join(lines) if lines else
                                       "no engine of its profiles needed a re-check") + "\n")

@@ -339,3 +339,44 @@ def test_served_deployments_get_the_triggers_of_prefect_yaml():
     for name, n in with_triggers.items():
         got = deployment_triggers(name)
         assert len(got) == n and all(t.expect for t in got), name
+
+
+def test_a_cache_hit_on_new_soft_values_is_rechecked_not_rebuilt(prefect_api, in_repo, quick_profiles, tiny_build,
+                                                                  tmp_path, monkeypatch):
+    """The worker's compiler changed (soft for aoti): the build key is the same, so the run takes
+    the cache hit, sees the artifact is not validated on these soft values and re-checks it; the
+    summary says so and no builder runs."""
+    import json
+
+    from buildctl import pipeline
+    from buildctl.artifact_store.attestations import list_attestations
+    from buildctl.artifact_store.backend import open_store
+    from buildctl.artifact_store.verify import list_artifacts
+    from buildctl.context import Context
+    from buildctl.engines.fingerprint import detect
+    from buildctl.flows.build_validate_publish import build_validate_publish
+    from buildctl.flows.common import artifact_key
+
+    from ..support.helpers import write_attestation
+
+    monkeypatch.setenv("BUILDCTL_PROFILE_DIR", str(quick_profiles))
+    monkeypatch.setenv("BUILDCTL_BUILD_LIMIT", "test-builds")
+    ensure_limit("test-builds", 1)
+    store = open_store("file://" + str(tmp_path / "store"))
+    here = detect()
+    res = pipeline.import_engine(Context.from_settings(settings(), store=store), tiny_build["engine"],
+                                 tiny_build["profile"], here, model_digest=tiny_build["outcome"].model_digest)
+    write_attestation(store, res.artifact_id, here.compat_key("aoti"), "pass", validator=here)
+    after = here.model_copy(update={"compiler_version": "gcc 13.2.0"})
+    f = tmp_path / "after.json"
+    f.write_text(json.dumps(after.model_dump(mode="json")))
+    monkeypatch.setenv("BUILDCTL_FINGERPRINT_FILE", str(f))
+    out = build_validate_publish(profile="tiny-llama-cpu", store=store.uri)
+    assert out["cache_hit"] and out["rechecked"] and out["recheck_passed"] and out["artifact_id"] == res.artifact_id
+    assert not out["attestation_reused"] and len(list_artifacts(store)) == 1
+    atts = list_attestations(store, res.artifact_id)
+    assert atts[-1].attestation.validator_fingerprint["compiler_version"] == "gcc 13.2.0" and atts[-1].attestation.passed
+    md = read_artifact(artifact_key("bvp", "tiny-llama-cpu", out["compat_key"][:24]) + "-summary").data
+    assert "| re-check | re-checked on " in md and "compiler_version=gcc 13.2.0" in md and ", no rebuild (" in md
+    again = build_validate_publish(profile="tiny-llama-cpu", store=store.uri)  # now covered: reused
+    assert again["attestation_reused"] and not again["rechecked"]
