@@ -217,9 +217,8 @@ def rollout_step(store: Store, profile: str, channel: str, compat_key: str, step
 
 
 def _records(store: Store, profile: str | None, channel: str, compat_key: str | None) -> list[ChannelRecord]:
-    if profile is None:  # every profile's refs of the channel
-        recs = [r for r in all_channel_records(store) if r.channel == channel
-                and (compat_key is None or r.compat_key == compat_key)]
+    if profile is None:  # every profile's refs of the channel (tick: no caller narrows them by key)
+        recs = [r for r in all_channel_records(store) if r.channel == channel]
     else:  # only this profile's refs: no need to read the whole store's channels
         keys = [compat_key] if compat_key else channel_compat_keys(store, profile, channel)
         recs = [got[0] for got in (read_channel(store, profile, channel, k) for k in keys) if got is not None]

@@ -308,3 +308,102 @@ def test_a_node_is_in_scope_under_its_new_key_its_schema_1_key_and_the_key_on_re
     other = h100x8(sm="8.9")
     assert rollouts.nodes_in_scope([old], "p", "prod", "trtllm", other.compat_key("trtllm")) == []
     assert rollouts.nodes_in_scope([old], "q", "prod", "trtllm", fp.compat_key("trtllm")) == []
+
+
+# --- what a view says, exactly (each figure and label; guards for mutants the suite let live) -----
+
+
+def _node(node_id: str, key: str, profile: str = PROFILE, status: str | None = None, target: str | None = None,
+          rec=None):
+    from buildctl.artifact_store.inventory import EngineState, NodeRecord
+
+    engines = ()
+    if status is not None:
+        engines = (EngineState(profile=profile, channel="prod", compat_key=key, artifact_id=target, seq=rec.seq,
+                               status=status, current=target, when="2026-12-01T00:00:00Z"),)
+    return NodeRecord(node_id=node_id, fingerprint={}, compat_keys={"aoti": key}, profiles=(profile,),
+                      reported_at="2026-12-01T00:00:00Z", engines=engines)
+
+
+def test_a_views_labels_counts_and_json_are_exact(tmp_path, draft):
+    from buildctl.artifact_store.backend import open_store
+
+    store = open_store(f"file://{tmp_path / 'store'}")
+    v1, v2 = publish(store, tmp_path, "v1", draft), publish(store, tmp_path, "v2", draft)
+    ops.promote(store, v1, "prod")
+    rec = ops.promote(store, v2, "prod", rollout=RolloutPlan(waves=parse_waves("50,100", "1"), bake_s=600))
+    key = draft.compat_key
+    ids = [f"n{i:03d}" for i in range(40)]
+    first = [n for n in ids if wave_bucket(PROFILE, "prod", n) < 50]
+    assert len(first) >= 6
+    states = ["healthy"] * 3 + ["failed", "installed"] + [None] * (len(first) - 5)
+    nodes = [_node(n, key, status=s, target=v2, rec=rec) for n, s in zip(first, states)]
+    nodes += [_node(n, key) for n in ids if n not in first]
+    started = datetime.fromisoformat(rec.rollout.wave_started_at.replace("Z", "+00:00"))
+    now = started + timedelta(seconds=0.87655)  # 599.12345 s of bake left
+    v = rollouts.decide(rec, nodes, now)
+    pending = len(first) - 4
+    assert v.decision == "wait" and v.why == (f"wave 1 (50%): baking, 599s left; 3 healthy, 1 failed, "
+                                              f"{pending} not reported of {len(first)}")
+    assert v.waves[0].done == 4 and v.waves[1].done == 4  # healthy + failed
+    j = v.to_json()
+    assert j["wave"] == 1 and [w["wave"] for w in j["waves"]] == [1, 2] and j["waves"][0]["done"] == 4
+    assert j["bake_left_s"] == 599.123 and j["waves"][0]["allowed"] == 1
+    baked = rollouts.decide(rec, nodes, started + timedelta(seconds=601))
+    assert baked.decision == "advance" and baked.why == f"wave 1 (50%) baked with 1 failure(s) of {len(first)} (budget 1): on to 100%"
+    last = rollouts.rollout_step(store, PROFILE, "prod", key, "advance")
+    done = rollouts.decide(last, nodes, datetime.now(timezone.utc) + timedelta(seconds=601))
+    assert done.decision == "complete" and done.why.startswith("wave 2 (100%) baked with 1 failure(s)")
+    none = rollouts.decide(ops.promote(store, v1, "staging"), nodes, now)
+    assert none.decision == "none" and none.to_json()["bake_left_s"] == 0.0 and none.to_json()["wave"] is None
+
+
+def test_scope_needs_the_profile_or_an_engine_of_it_and_the_key():
+    nodes = [_node("serves", "k1"), _node("other-profile", "k1", profile="p2"), _node("other-key", "k2")]
+    assert [n.node_id for n in rollouts.nodes_in_scope(nodes, PROFILE, "prod", "aoti", "k1")] == ["serves"]
+
+
+def test_tick_decides_every_live_rollout_past_channels_without_one(tmp_path, draft):
+    """Refs are taken in (profile, key) order: a ref without a rollout before a live one is skipped, not the end."""
+    from buildctl.artifact_store.backend import open_store
+    from buildctl.artifact_store.channels import set_channel
+
+    store = open_store(f"file://{tmp_path / 'store'}")
+    v1, v2 = publish(store, tmp_path, "v1", draft), publish(store, tmp_path, "v2", draft)
+    m = ops.get_manifest(store, v1)
+    set_channel(store, v1, m, "prod", compat_key="aaa-first")  # no rollout, sorts first
+    ops.promote(store, v1, "prod")
+    ops.promote(store, v2, "prod", rollout=RolloutPlan(waves=parse_waves("50,100", "0"), bake_s=0))
+    views = rollouts.tick(Context.from_settings(settings(), store=store), channel="prod")
+    assert [(v.record.compat_key, v.decision) for v in views] == [(draft.compat_key, "advance")]
+
+
+def test_control_acts_on_live_rollouts_only_and_names_the_key_it_was_given(tmp_path, draft):
+    from buildctl.artifact_store.backend import open_store
+    from buildctl.artifact_store.channels import set_channel
+
+    store = open_store(f"file://{tmp_path / 'store'}")
+    v1, v2 = publish(store, tmp_path, "v1", draft), publish(store, tmp_path, "v2", draft)
+    set_channel(store, v1, ops.get_manifest(store, v1), "prod", compat_key="aaa-plain")  # a ref without a rollout
+    ops.promote(store, v1, "prod")
+    ops.promote(store, v2, "prod", rollout=RolloutPlan(waves=parse_waves("50,100", "0"), bake_s=0))
+    ctx = Context.from_settings(settings(), store=store)
+    (paused,) = rollouts.control(ctx, "pause", PROFILE, "prod")
+    assert paused.compat_key == draft.compat_key and paused.rollout.state == "paused"
+    rollouts.control(ctx, "abort", PROFILE, "prod")  # ended: not live any more
+    with pytest.raises(StoreArgumentError, match=rf"no rollout in progress on prod of {PROFILE} \[{draft.compat_key}\]"):
+        rollouts.control(ctx, "resume", PROFILE, "prod", draft.compat_key)
+
+
+def test_resign_refuses_a_margin_equal_to_the_record_lifetime(tmp_path):
+    from buildctl.artifact_store.authority import Authority
+    from buildctl.artifact_store.backend import open_store
+
+    from .support.helpers import make_signer
+
+    store = open_store(f"file://{tmp_path / 'store'}")
+    st = settings(record_ttl_s=3600)
+    ctx = Context(st, store, Authority(signer=make_signer(), ttl_s=3600))
+    with pytest.raises(StoreArgumentError, match="is not below the record lifetime"):
+        rollouts.resign_due(ctx, margin_s=3600)
+    assert rollouts.resign_due(ctx, margin_s=3599) == []
