@@ -178,8 +178,10 @@ def project(records: Iterable[NodeRecord], target: UpgradeTarget, profiles: dict
     return [groups[k] for k in sorted(groups)], skipped
 
 
-def decide(ctx: Context, group: Group, profile: BuildProfile, channel: str, served: set[str] | None) -> None:
-    """Set the group's state (see the module docstring)."""
+def decide(ctx: Context, group: Group, profile: BuildProfile, channel: str, served: set[str] | None,
+           memo: dict | None = None) -> None:
+    """Set the group's state (see the module docstring). ``memo``: the artifacts per (profile,
+    key) already listed for this plan (groups of one key share them)."""
     store, projected, backend = ctx.store, group.projected, group.backend
     floors = projected.floor_problems(backend)
     if floors:
@@ -196,7 +198,10 @@ def decide(ctx: Context, group: Group, profile: BuildProfile, channel: str, serv
         if cov.covered:
             group.state, group.detail = "ready", f"{channel} #{rec.seq}, attestation {cov.attestation_id}"
             return
-    candidates = artifacts_for_key(store, profile, group.compat_key)
+    memo = {} if memo is None else memo
+    if (profile.name, group.compat_key) not in memo:
+        memo[(profile.name, group.compat_key)] = artifacts_for_key(store, profile, group.compat_key)
+    candidates = memo[(profile.name, group.compat_key)]
     covering = [(aid, c) for aid, m in candidates if (c := coverage(store, aid, m, projected)).covered]
     if covering:
         group.artifact_id, group.coverage = covering[0][0], covering[0][1]
@@ -230,8 +235,9 @@ def plan(ctx: Context, target: UpgradeTarget, profiles: dict[str, BuildProfile],
     """The upgrade plan of the inventory's nodes (``records``: these instead). ``served``: the work
     queues that have a worker; ``None``: unknown, so nothing is blocked for want of one."""
     groups, skipped = project(read_inventory(ctx.store) if records is None else records, target, profiles, nodes_glob)
+    memo: dict = {}
     for g in groups:
-        decide(ctx, g, profiles[g.profile], channel, served)
+        decide(ctx, g, profiles[g.profile], channel, served, memo)
     return UpgradePlan(target.fields(), channel, groups, skipped)
 
 
