@@ -1,5 +1,5 @@
 """``python -m buildctl``: the same CLI as the ``buildctl`` console script."""
 
-from buildctl.cli.main import main
+from buildctl.cli.entry import main
 
 main()

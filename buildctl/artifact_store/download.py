@@ -8,7 +8,6 @@ Large blobs are read as parallel ranges (:mod:`buildctl.artifact_store.ranged`),
 from __future__ import annotations
 
 import os
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from buildctl.digest import BUFFER_SIZE, Hasher, write_all
@@ -16,6 +15,7 @@ from buildctl.artifact_store.backend import ProgressFn, Store
 from buildctl.artifact_store.errors import FileProblem, KeyNotFoundError
 from buildctl.artifact_store.layout import blob_key
 from buildctl.artifact_store.manifest import FileEntry, Manifest
+from buildctl.artifact_store.pools import Stop, check, interruptible_pool
 from buildctl.artifact_store.ranged import RangedReader, ShortRangeError
 
 
@@ -41,7 +41,7 @@ def _download_ranged(store: Store, entry: FileEntry, target: Path, on_bytes: Pro
 
 
 def _download(store: Store, entry: FileEntry, target: Path, on_bytes: ProgressFn | None,
-              ranged: RangedReader | None = None) -> FileProblem | None:
+              ranged: RangedReader | None = None, stop: Stop | None = None) -> FileProblem | None:
     """Download one blob into ``target`` while hashing it; report what is wrong, or None. Blobs
     ``ranged`` applies to are read as ranges; others stream."""
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -53,6 +53,7 @@ def _download(store: Store, entry: FileEntry, target: Path, on_bytes: ProgressFn
     try:
         with store.open_read(blob_key(entry.digest)) as src, open(target, "xb", buffering=0) as dst:
             while True:
+                check(stop)  # an interrupted pull does not wait for this file
                 n = src.readinto(buf)
                 if not n:
                     break
@@ -78,6 +79,6 @@ def download_verified(store: Store, manifest: Manifest, staging: Path, *, worker
     """Download every file of ``manifest`` under ``staging``, ``workers`` at once, large ones as
     ranged reads (``range_slots`` in flight over all of them); what is wrong with each, if anything.
     ``OSError`` from the local disk propagates."""
-    with RangedReader(store, slots=range_slots) as ranged, ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-        return [p for p in pool.map(lambda e: _download(store, e, staging / e.path, on_bytes, ranged), manifest.files)
-                if p]
+    with RangedReader(store, slots=range_slots) as ranged, interruptible_pool(workers, "buildctl-download") as (pool, stop):
+        return [p for p in pool.map(lambda e: _download(store, e, staging / e.path, on_bytes, ranged, stop),
+                                    manifest.files) if p]

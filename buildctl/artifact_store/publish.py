@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -21,6 +20,7 @@ from buildctl.digest import canonical_json, digest_bytes, hash_file, is_digest
 from buildctl.artifact_store import grace as grace_mod
 from buildctl.artifact_store.backend import ProgressFn, Store
 from buildctl.artifact_store.errors import CorruptObjectError, KeyNotFoundError, StoreArgumentError, StoreUnavailableError
+from buildctl.artifact_store.pools import check, interruptible_pool
 from buildctl.artifact_store.layout import blob_key, build_index_key, build_index_prefix, identity_key, manifest_key
 from buildctl.artifact_store.manifest import Manifest, hash_tree, scan_tree
 from buildctl.times import utc_now
@@ -109,6 +109,7 @@ def publish_tree(
 
     def upload(item: tuple[str, Path, int]) -> tuple[bool, int]:
         digest, path, size = item
+        check(stop)  # an interrupted publish starts no more uploads
         existing = store.stat(blob_key(digest))
         if existing == size:
             return False, 0
@@ -125,7 +126,7 @@ def publish_tree(
     if window >= grace / 4:
         raise StoreArgumentError(f"delete window {window:g}s must be under a quarter of the grace period {grace:g}s")
     uploaded: set[str] = set()
-    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+    with interruptible_pool(workers, "buildctl-upload") as (pool, stop):
         for attempt in range(1, 6):
             touched = clock()
             grace_mod.touch(store, [u[0] for u in uploads], workers)

@@ -55,11 +55,11 @@ class RangedReader:
     def __enter__(self) -> "RangedReader":
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        self.close(wait=exc_type is None)  # an interrupt or an error does not wait for ranges in flight
 
-    def close(self) -> None:
-        self._pool.shutdown(wait=True, cancel_futures=True)
+    def close(self, wait: bool = True) -> None:
+        self._pool.shutdown(wait=wait, cancel_futures=True)
 
     def applies(self, size: int) -> bool:
         """Whether an object of ``size`` bytes is read as ranges: a range or more, from a store where

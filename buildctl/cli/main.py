@@ -9,7 +9,10 @@ table :data:`EXIT_CODES`. Commands never pick exit codes themselves.
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
+import threading
 import traceback
 from typing import Optional
 
@@ -33,6 +36,16 @@ from buildctl.errors import (
 from buildctl.settings import load_settings
 
 EXIT_OK = 0
+
+
+class Terminated(BaseException):
+    """SIGTERM while a command runs: raised in the main thread so that the command unwinds (its
+    staging removed, its transfers cancelled) and exits 143."""
+
+
+def _raise_terminated(_signum: int, _frame: object) -> None:
+    raise Terminated()
+
 # The one table from error type to exit code, rendered into docs/cli.md. The first matching row
 # wins (most specific first); no other module holds an exit-code literal.
 EXIT_CODES: tuple[tuple[type[BaseException], int, str], ...] = (
@@ -46,7 +59,8 @@ EXIT_CODES: tuple[tuple[type[BaseException], int, str], ...] = (
     (UnavailableError, 9, "store unreachable or credentials refused"),
     (BuildctlError, 1, "error"),
     (typer.TyperException, 2, "usage error"),
-    (KeyboardInterrupt, 130, "interrupted"),
+    (KeyboardInterrupt, 130, "interrupted (SIGINT); re-running finishes the job"),
+    (Terminated, 143, "terminated (SIGTERM); re-running finishes the job"),
     (typer.Abort, 130, "aborted"),
     (BaseException, 1, "unexpected error"),
 )
@@ -122,8 +136,14 @@ _err = Console(stderr=True, soft_wrap=True)
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the CLI; map errors to the exit-code table. Returns (and exits with) the code."""
+    """Run the CLI; map errors to the exit-code table. Returns (and exits with) the code. After an
+    interrupt the process exits at once, without waiting for transfer threads still in a read or
+    a write (the command has removed what it staged; see :mod:`buildctl.artifact_store.pools`)."""
     code = run(argv)
+    if code in (exit_code_for(KeyboardInterrupt()), exit_code_for(Terminated())):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
     sys.exit(code)
 
 
@@ -134,10 +154,39 @@ def _debug() -> bool:
         return False
 
 
+def _handle_signals() -> dict[int, object] | None:
+    """While a command runs: SIGINT raises KeyboardInterrupt and SIGTERM :class:`Terminated`, in
+    the main thread (the only one Python lets handle signals); the previous handlers are returned."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    previous = {signal.SIGINT: signal.getsignal(signal.SIGINT), signal.SIGTERM: signal.getsignal(signal.SIGTERM)}
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, _raise_terminated)
+    return previous
+
+
 def run(argv: list[str] | None = None) -> int:
     """Run the CLI without exiting; the return value is the process exit code."""
+    previous = _handle_signals()
     try:
-        app(args=argv, prog_name="buildctl", standalone_mode=False)
+        return _run(argv)
+    finally:
+        if previous is not None:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)  # type: ignore[arg-type]
+
+
+def _interrupted(e: BaseException) -> int:
+    _err.print("terminated" if isinstance(e, Terminated) else "interrupted", style="red")
+    return exit_code_for(e)
+
+
+def _run(argv: list[str] | None) -> int:
+    try:
+        rc = app(args=argv, prog_name="buildctl", standalone_mode=False)
+        # typer, not standalone, turns KeyboardInterrupt into exit code 130 and returns it
+        if rc == exit_code_for(KeyboardInterrupt()):
+            return _interrupted(KeyboardInterrupt())
         return EXIT_OK
     except typer.Exit as e:
         return e.exit_code
@@ -146,9 +195,8 @@ def run(argv: list[str] | None = None) -> int:
         if callable(show):
             show()
         return exit_code_for(e)
-    except (typer.Abort, KeyboardInterrupt) as e:
-        _err.print("interrupted", style="red")
-        return exit_code_for(e)
+    except (typer.Abort, KeyboardInterrupt, Terminated) as e:
+        return _interrupted(e)
     except BuildctlError as e:
         if _debug():
             traceback.print_exc()
