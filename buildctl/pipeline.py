@@ -450,13 +450,15 @@ def check_automatic_promotion(channel: str) -> None:
 
 
 def promote_artifact(ctx: Context, artifact_ref: str, channel: str, *, force: bool = False,
-                     reason: str | None = None, rollout: RolloutPlan | None = None) -> ChannelRecord:
+                     reason: str | None = None, rollout: RolloutPlan | None = None,
+                     trust_verify_within_s: float = 0.0) -> ChannelRecord:
     """Promote through the gates, signed and attributed as the settings say; with ``rollout``,
-    in waves (the rollout-channel flow moves it on)."""
+    in waves (the rollout-channel flow moves it on). The gate re-hashes every blob unless
+    ``trust_verify_within_s`` trusts a deep verify that recent."""
     manifest = get_manifest(ctx.store, resolve_artifact(ctx.store, artifact_ref))
     key = serving_key(manifest)
     return promote(ctx.store, artifact_ref, channel, auth=ctx.auth, force=force, reason=reason, rollout=rollout,
-                   compat_key=key if key != manifest.compat_key else None)
+                   compat_key=key if key != manifest.compat_key else None, trust_verify_within_s=trust_verify_within_s)
 
 
 def channel_target(ctx: Context, profile: str, channel: str,

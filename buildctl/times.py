@@ -45,3 +45,11 @@ def parse_duration(text: str) -> float:
     if not m:
         raise BadInputError(f"duration {text!r}: a number with s, m, h or d, e.g. 30m")
     return float(m.group(1)) * _UNITS[m.group(2) or "s"]
+
+
+def format_duration(seconds: float) -> str:
+    """``3600`` -> ``1h``, ``90`` -> ``90s``, ``86400`` -> ``1d``: the largest unit that divides it."""
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{int(seconds // size)}{unit}"
+    return f"{seconds:g}s"

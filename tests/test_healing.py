@@ -49,14 +49,14 @@ def test_promote_refuses_a_rotted_artifact_and_quarantines_it(store, store_uri, 
     assert code == 5 and "is quarantined (quarantine/" in err
 
 
-def test_promote_trusts_a_recent_deep_verify_and_records_it(store, draft, tmp_path):
+def test_promote_trusts_a_recent_deep_verify_only_when_asked_and_records_it(store, draft, tmp_path):
     aid = published(store, tmp_path / "a", draft)
     first = ops.promote(store, aid, "staging", auth=Authority(verify_window_s=3600))
-    assert first.verified_at is not None and first.verify_window_s == 3600
-    again = ops.promote(store, aid, "prod", auth=Authority(verify_window_s=3600))
-    assert again.verified_at == first.verified_at  # the deep verify of the first promotion was trusted
-    fresh = ops.promote(store, aid, "canary", auth=Authority(verify_window_s=0))
-    assert fresh.verified_at > first.verified_at  # a window of 0 re-hashes every time
+    assert first.verified_at is not None and first.verify_window_s == 0  # the gate re-hashed: the default
+    again = ops.promote(store, aid, "prod", trust_verify_within_s=3600)
+    assert again.verified_at == first.verified_at and again.verify_window_s == 3600  # trusted, as asked
+    fresh = ops.promote(store, aid, "canary", auth=Authority(verify_window_s=3600))
+    assert fresh.verified_at > first.verified_at  # the settings' window is not an opt-in: re-hashed
 
 
 def test_pull_refuses_a_quarantined_artifact_the_channel_points_at(store, store_uri, draft, tmp_path, cli,

@@ -31,3 +31,10 @@ def test_durations():
     for bad in ("", "5w", "-1m", "m", "1 2"):
         with pytest.raises(BadInputError, match="duration"):
             parse_duration(bad)
+
+
+@pytest.mark.parametrize("seconds,text", [(3600, "1h"), (86400, "1d"), (90, "90s"), (120, "2m"), (0.5, "0.5s")])
+def test_format_duration_reads_back_with_parse_duration(seconds, text):
+    from buildctl.times import format_duration, parse_duration
+
+    assert format_duration(seconds) == text and parse_duration(text) == seconds

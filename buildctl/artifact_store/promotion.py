@@ -1,8 +1,8 @@
 """Gated channel moves: promotion and rollback.
 
 ``promote`` moves a channel only when the promotion gate passes (:func:`promotion_refusals`): the
-artifact is not quarantined, its bytes deep-verify (or did within ``auth.verify_window_s``; a
-mismatch quarantines it), and its latest attestation for its compat key passed, says so in its own
+artifact is not quarantined, its bytes deep-verify now (or, when the caller opts in with
+``trust_verify_within_s``, did that recently; a mismatch quarantines it), and its latest attestation for its compat key passed, says so in its own
 figures and, with trusted keys, is signed by a validator key. ``force`` overrides only the
 attestation part, with a reason on record: bytes that do not verify are never promoted.
 ``rollback`` points a channel at an earlier artifact, after the same byte check.
@@ -60,13 +60,16 @@ def promotion_refusals(store: Store, artifact_id: str, manifest: Manifest, auth:
 
 def promote(store: Store, artifact_ref: str, channel: str, *, auth: Authority = Authority(), force: bool = False,
             reason: str | None = None, attempts: int = 30, rollout: RolloutPlan | None = None,
-            compat_key: str | None = None) -> ChannelRecord:
+            compat_key: str | None = None, trust_verify_within_s: float = 0.0) -> ChannelRecord:
     """Promote after the gates (see the module docstring); a byte mismatch quarantines the artifact
     and raises :class:`VerificationError` (exit 4), a refused gate :class:`PromotionRefusedError`.
-    ``compat_key``: the ref's key when not the manifest's (see :func:`promotion_refusals`)."""
+    Every blob is re-hashed unless ``trust_verify_within_s`` (``--trust-verify-within``) allows a
+    deep verify that recent; the record says which. ``compat_key``: the ref's key when not the
+    manifest's (see :func:`promotion_refusals`)."""
     artifact_id = resolve_artifact(store, artifact_ref)
     if force and not reason:
         raise StoreArgumentError("--force needs --reason: a break-glass promotion is recorded with why")
+    auth = auth.but(verify_window_s=trust_verify_within_s)
     verified_at = verify_recent_or_quarantine(store, artifact_id, detector=f"promote to {channel}", auth=auth)
     manifest = get_manifest(store, artifact_id)
     reasons = promotion_refusals(store, artifact_id, manifest, auth, compat_key)
@@ -77,9 +80,11 @@ def promote(store: Store, artifact_ref: str, channel: str, *, auth: Authority = 
 
 
 def rollback(store: Store, profile: str, channel: str, *, auth: Authority = Authority(), to: str | None = None,
-             compat_key: str | None = None, reason: str | None = None) -> ChannelRecord:
+             compat_key: str | None = None, reason: str | None = None, trust_verify_within_s: float = 0.0) -> ChannelRecord:
     """Point the channel at an earlier artifact (``to``, default the one before the current),
-    recorded as a new, higher history record."""
+    recorded as a new, higher history record; its blobs are re-hashed first unless
+    ``trust_verify_within_s`` allows a deep verify that recent."""
+    auth = auth.but(verify_window_s=trust_verify_within_s)
     keys = [compat_key] if compat_key else channel_compat_keys(store, profile, channel)
     if not keys or (compat_key and read_channel(store, profile, channel, compat_key) is None):
         raise ChannelNotFoundError(profile, channel, keys or ["<none>"])

@@ -11,6 +11,9 @@ from rich.table import Table
 from buildctl.cli._common import JSON_OPT, context, emit_json, out, settings, short_id, want_json
 from buildctl.cli.progress import byte_progress
 
+TRUST_OPT = typer.Option(None, "--trust-verify-within", help="Trust a deep verify of the artifact this recent (1h, 30m) "
+                         "instead of re-hashing every blob now; recorded in the channel record and shown by history.")
+
 key_app = typer.Typer(help="Signing keys.", no_args_is_help=True)
 
 
@@ -160,9 +163,11 @@ def promote_cmd(
     rollout: Optional[str] = typer.Option(None, "--rollout", help="Roll out in waves: cumulative percentages of nodes, e.g. 1,10,50,100 (default: every node at once)."),
     bake: Optional[str] = typer.Option(None, "--bake", help="With --rollout: how long each wave runs before the next (30m, 2h, 0; default 30m)."),
     max_failures: Optional[str] = typer.Option(None, "--max-failures", help="With --rollout: failed nodes each wave tolerates, a count or a share, one for all or one per wave (e.g. 0,1%,2%,2%; default 0)."),
+    trust_verify_within: Optional[str] = TRUST_OPT,
     json_out: bool = JSON_OPT,
 ) -> None:
-    """Move a channel to an artifact that verifies and passed validation (with --rollout: in waves)."""
+    """Move a channel to an artifact that verifies and passed validation (with --rollout: in waves).
+    Every blob is re-hashed first unless --trust-verify-within allows a recent deep verify."""
     from buildctl.pipeline import promote_artifact
     from buildctl.artifact_store.errors import StoreArgumentError
     from buildctl.artifact_store.rollout import RolloutPlan, parse_waves
@@ -176,7 +181,8 @@ def promote_cmd(
     from buildctl.artifact_store.channels import pending_promotion
 
     c = context(ctx)
-    rec = promote_artifact(c, artifact, channel, force=force, reason=reason, rollout=plan)
+    rec = promote_artifact(c, artifact, channel, force=force, reason=reason, rollout=plan,
+                           trust_verify_within_s=parse_duration(trust_verify_within) if trust_verify_within else 0.0)
     store, trusted = c.store, c.auth.trusted
     pend = pending_promotion(store, rec.profile, rec.channel, rec.compat_key)
     if pend is not None and (pend.seq, pend.artifact_id) == (rec.seq, rec.artifact_id):  # waiting for more signatures
@@ -199,13 +205,24 @@ def promote_cmd(
                         f"--channel {rec.channel}", highlight=False)
 
 
+def _verified(r) -> str:
+    """What a record's gate relied on: a re-hash, a trusted earlier deep verify, or none (a rollout step)."""
+    if r.verified_at is None:
+        return ""
+    if not r.verify_window_s:
+        return f"re-hashed at the gate ({r.verified_at})"
+    from buildctl.times import format_duration
+
+    return f"trusted a verify within {format_duration(r.verify_window_s)} ({r.verified_at})"
+
+
 def _history_table(records) -> Table:
     t = Table()
-    for c in ("seq", "compat key", "action", "artifact", "previous", "who", "when", "reason"):
+    for c in ("seq", "compat key", "action", "artifact", "previous", "who", "when", "bytes checked", "reason"):
         t.add_column(c)
     for r in records:
         t.add_row(str(r.seq), r.compat_key, r.action + (" (forced)" if r.forced else ""), short_id(r.artifact_id),
-                  short_id(r.previous), r.who, r.when, r.reason or "")
+                  short_id(r.previous), r.who, r.when, _verified(r), r.reason or "")
     return t
 
 
@@ -236,13 +253,17 @@ def rollback_cmd(
     to: Optional[str] = typer.Option(None, "--to", help="Artifact to go back to (default: the one before the current)."),
     compat_key: Optional[str] = typer.Option(None, "--compat-key", help="Which compat key's ref, when there are several."),
     reason: Optional[str] = typer.Option(None, "--reason", help="Why; recorded in the history."),
+    trust_verify_within: Optional[str] = TRUST_OPT,
     json_out: bool = JSON_OPT,
 ) -> None:
-    """Point the channel back at an earlier artifact (recorded as a new promotion)."""
+    """Point the channel back at an earlier artifact (recorded as a new promotion), after
+    re-hashing every blob of it unless --trust-verify-within allows a recent deep verify."""
     from buildctl.artifact_store.promotion import rollback
+    from buildctl.times import parse_duration
 
     c = context(ctx)
-    rec = rollback(c.store, profile, channel, auth=c.auth, to=to, compat_key=compat_key, reason=reason)
+    rec = rollback(c.store, profile, channel, auth=c.auth, to=to, compat_key=compat_key, reason=reason,
+                   trust_verify_within_s=parse_duration(trust_verify_within) if trust_verify_within else 0.0)
     if _quiet(ctx, json_out):
         emit_json(_record_json(rec))
     else:

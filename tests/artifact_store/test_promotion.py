@@ -1,0 +1,66 @@
+"""buildctl.artifact_store.promotion: the gates re-hash every blob unless told to trust an earlier
+deep verify (#29 item 2), on both stores."""
+
+from __future__ import annotations
+
+import pytest
+
+import buildctl.artifact_store as ops
+from buildctl.artifact_store.channels import history, read_channel
+from buildctl.artifact_store.errors import VerificationError
+from buildctl.artifact_store.integrity import verify_deep_or_quarantine
+from buildctl.artifact_store.promotion import rollback
+from buildctl.artifact_store.quarantine import active_quarantine
+
+from ..support.helpers import publish_files, rot
+
+
+def _published(store, tmp_path, draft, name: str, seed: int) -> str:
+    return publish_files(store, tmp_path / name, draft, {"config.json": name.encode(), "rank0.engine": 300_000},
+                         seed=seed)
+
+
+def _engine_blob(store, aid: str) -> str:
+    return next(f.digest for f in ops.get_manifest(store, aid).files if f.path == "rank0.engine")
+
+
+def test_a_byte_flipped_after_a_deep_verify_is_caught_by_promote(store, tmp_path, draft, cli):
+    """A validation's deep verify is on record; one byte of the engine flips; promote to prod
+    re-hashes by default, refuses (exit 4) and quarantines."""
+    aid = _published(store, tmp_path, draft, "v1", 1)
+    verify_deep_or_quarantine(store, aid, detector="validation")  # what validation records
+    rot(store, _engine_blob(store, aid), "flip")
+    code, _, err = cli("--store", store.uri, "promote", aid, "--channel", "prod")
+    assert code == 4, err
+    assert read_channel(store, draft.profile_name, "prod", draft.compat_key) is None
+    assert active_quarantine(store, aid) is not None
+
+
+def test_trusting_an_earlier_verify_is_an_explicit_opt_in_and_is_recorded(store, tmp_path, draft, cli):
+    aid = _published(store, tmp_path, draft, "v1", 1)
+    verify_deep_or_quarantine(store, aid, detector="validation")
+    code, out, err = cli("--store", store.uri, "--json", "promote", aid, "--channel", "prod",
+                         "--trust-verify-within", "1h")
+    assert code == 0, err
+    rec = read_channel(store, draft.profile_name, "prod", draft.compat_key)[0]
+    assert rec.verify_window_s == 3600.0
+    code, out, _ = cli("--store", store.uri, "history", "--profile", draft.profile_name, "--channel", "prod")
+    assert "trusted a verify within 1h" in out
+    v2 = _published(store, tmp_path, draft, "v2", 2)
+    code, _, err = cli("--store", store.uri, "--json", "promote", v2, "--channel", "prod")
+    assert code == 0, err
+    rec = read_channel(store, draft.profile_name, "prod", draft.compat_key)[0]
+    assert rec.verify_window_s == 0.0  # re-hashed at the gate
+    code, out, _ = cli("--store", store.uri, "history", "--profile", draft.profile_name, "--channel", "prod")
+    assert "re-hashed at the gate" in out
+
+
+def test_rollback_re_hashes_its_target(store, tmp_path, draft):
+    v1, v2 = _published(store, tmp_path, draft, "v1", 1), _published(store, tmp_path, draft, "v2", 2)
+    ops.promote(store, v1, "prod")
+    ops.promote(store, v2, "prod")
+    rot(store, _engine_blob(store, v1), "flip")  # v1 verified deep at its promotion, minutes ago
+    with pytest.raises(VerificationError):
+        rollback(store, draft.profile_name, "prod")
+    assert read_channel(store, draft.profile_name, "prod", draft.compat_key)[0].artifact_id == v2
+    assert [r.artifact_id for r in history(store, draft.profile_name, "prod", draft.compat_key)] == [v1, v2]
