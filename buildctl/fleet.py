@@ -61,8 +61,17 @@ class ReportResult:
 
     @property
     def upgraded(self) -> bool:
-        """Whether the report changed anything an engine depends on, hard or soft."""
+        """Whether the report changed anything an engine of any backend depends on, hard or soft."""
         return self.compat_changed or bool(self.soft_changed)
+
+    def upgraded_for(self, backends: Iterable[str]) -> bool:
+        """Whether a field the engines of ``backends`` (the node's profiles') depend on changed:
+        their compat key (hard) or a soft field. A change only another backend cares about is none."""
+        if self.previous is None:
+            return False
+        wanted = set(backends)
+        before, now = node_compat_keys(self.previous), self.record.compat_keys
+        return any(before.get(b) != now.get(b) for b in wanted) or any(b in wanted for b in self.soft_changed)
 
 
 def node_fingerprint(record: NodeRecord) -> Fingerprint | None:

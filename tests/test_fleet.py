@@ -97,3 +97,26 @@ def test_worker_start_serves_exactly_this_hosts_compat_keys(cli, tmp_path, monke
     monkeypatch.delenv("PREFECT_API_URL", raising=False)
     code, _, err = cli("worker", "queues", "--pool", "gpu-pool")
     assert code == 2 and "PREFECT_API_URL" in err
+
+
+def test_node_report_counts_only_changes_to_backends_its_profiles_use(cli, tmp_path, monkeypatch):
+    """A CPU node serving the tiny (aoti) profile: a new TensorRT-LLM there is no upgrade of its
+    engines, so no driver-upgrade event; a new torch is (#29: it emitted for any backend)."""
+    import json
+
+    fp = detect()
+    f = tmp_path / "fp.json"
+    monkeypatch.setenv("BUILDCTL_FINGERPRINT_FILE", str(f))
+    store = "file://" + str(tmp_path / "store")
+    report = ("--store", store, "--json", "node", "report", "--node-id", "cpu-1", "--profiles", "tiny-llama-cpu")
+    f.write_text(fp.model_dump_json())
+    assert cli(*report)[0] == 0
+    f.write_text(fp.model_copy(update={"tensorrt_llm_version": "1.2.1", "driver_version": "580.65.06"}).model_dump_json())
+    code, out, err = cli(*report)
+    assert code == 0, err
+    got = json.loads(out)
+    assert got["upgraded"] is False and got["event_emitted"] is False
+    f.write_text(fp.model_copy(update={"tensorrt_llm_version": "1.2.1", "driver_version": "580.65.06",
+                                       "torch_version": "9.9.0"}).model_dump_json())
+    got = json.loads(cli(*report)[1])
+    assert got["upgraded"] is True and got["compat_changed"] is True and got["backends"] == ["aoti"]

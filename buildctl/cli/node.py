@@ -29,14 +29,17 @@ def report_cmd(
 
     names = sorted({p.strip() for item in profiles for p in item.split(",") if p.strip()})
     res = fleet.report_node(context(ctx).store, node_id, host_fingerprint(settings(ctx)), names)
+    backends = _backends_of(settings(ctx), names)
+    upgraded = res.upgraded_for(backends)
     event_id = None
-    if res.upgraded and not no_event:
+    if upgraded and not no_event:
         # The one place the CLI reaches the flows package, lazily: without Prefect installed
         # (a node agent's slim install) it records and says no event was emitted.
         from buildctl.flows.events import emit_driver_upgraded
 
         event_id = emit_driver_upgraded(node_id, fleet.event_payload(res), sorted(res.record.compat_keys.values()))
     summary = {"node_id": node_id, "profiles": names, "first_report": res.previous is None,
+               "backends": sorted(backends), "upgraded": upgraded,
                "compat_changed": res.compat_changed, "compat_keys": res.record.compat_keys,
                "previous_compat_keys": fleet.node_compat_keys(res.previous) if res.previous else None,
                "soft_changed": {b: {k: list(v) for k, v in d.items()} for b, d in res.soft_changed.items()},
@@ -46,6 +49,9 @@ def report_cmd(
         return
     if res.previous is None:
         out().print(f"{node_id}: first report recorded ({', '.join(names) or 'no profiles'})")
+    elif res.upgraded and not upgraded:
+        out().print(f"{node_id}: only fields that the engines of its profiles ({', '.join(sorted(backends))}) do not "
+                    "depend on changed: recorded, no event")
     elif res.compat_changed:
         from buildctl.engines.fingerprint import parse_fingerprint
 
@@ -69,6 +75,21 @@ def report_cmd(
                 out().print(f"  {b} {name}: {then} -> {now}")
     else:
         out().print(f"{node_id}: unchanged since the last report")
+
+
+def _backends_of(st, names: list[str]) -> set[str]:
+    """The backends of the profiles a node serves, from the profile directory; every backend when
+    none of them is found there (a node without the profiles: nothing is left out)."""
+    from buildctl.engines.registry import backend_names
+    from buildctl.errors import BuildctlError
+    from buildctl.pipeline import load_profiles
+
+    try:
+        known = load_profiles(st)
+    except BuildctlError:
+        known = {}
+    found = {known[n].engine.backend for n in names if n in known}
+    return found or set(backend_names())
 
 
 @node_app.command("activate")
