@@ -16,7 +16,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, ContextManager
 
 import buildctl
 from buildctl.digest import is_digest
@@ -328,6 +328,23 @@ def run_build(settings: Settings, plan: BuildPlan, *, workdir: Path | None = Non
         raise
     say(f"built in {result.wall_s:.1f}s")
     return BuiltEngine(plan, run_dir, result.engine_dir, log_path, result.wall_s, result.tool_versions)
+
+
+def build_in_slot(ctx: Context, plan: BuildPlan, slot: ContextManager, *, workdir: Path | None = None,
+                  say: Say = _quiet) -> BuiltEngine | str:
+    """Run the plan's build holding ``slot`` (the build pool's concurrency limit), after looking its
+    build key up again inside it: a run that waited while another built and published the same key
+    takes that artifact (returned as its id, deep-verified) instead of building it twice."""
+    with slot:
+        cached = lookup_build_key(ctx.store, plan.build_key)
+        if cached is not None and cached != plan.rebuild_of:
+            try:
+                verify_deep_or_quarantine(ctx.store, cached, detector="build cache check", auth=ctx.auth)
+                say(f"{cached} was published for this build key while this run waited for its slot: taking it")
+                return cached
+            except VerificationError:
+                say(f"{cached}, published meanwhile, does not verify: quarantined; building")
+        return run_build(ctx.settings, plan, workdir=workdir, say=say)
 
 
 def publish_build(ctx: Context, built: BuiltEngine, *, say: Say = _quiet) -> PublishResult:

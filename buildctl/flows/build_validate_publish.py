@@ -53,9 +53,10 @@ def build_slot(settings: Settings):
 
 
 @task(cache_policy=NONE)
-def build_task(settings: Settings, plan: pipeline.BuildPlan) -> pipeline.BuiltEngine:
-    with build_slot(settings):
-        return pipeline.run_build(settings, plan, say=get_run_logger().info)
+def build_task(settings: Settings, plan: pipeline.BuildPlan) -> pipeline.BuiltEngine | str:
+    """The build in a slot of the build limit; a str: the artifact another run published for the
+    same build key while this one waited for its slot."""
+    return pipeline.build_in_slot(Context.from_settings(settings), plan, build_slot(settings), say=get_run_logger().info)
 
 
 @task(retries=3, retry_delay_seconds=[5, 15, 45], cache_policy=NONE)
@@ -159,13 +160,18 @@ def _build_validate_publish(report: RunReport, profile: str, model: str | None,
     else:
         report.step = "build"
         built = build_task(settings, plan)
-        build_s = built.wall_s
-        report.add("build", f"built in {build_s:.1f} s ({tool_versions_line(built.tool_versions)})")
-        report.step = "publish"
-        try:
-            artifact_id = publish_task(settings, built)
-        finally:
-            shutil.rmtree(built.run_dir, ignore_errors=True)
+        if isinstance(built, str):  # published by a concurrent run while this one waited for its slot
+            artifact_id, cache_hit = built, True
+            report.add("build", "a concurrent run built this build key while this one waited for its slot: taken, "
+                                "no builder ran")
+        else:
+            build_s = built.wall_s
+            report.add("build", f"built in {build_s:.1f} s ({tool_versions_line(built.tool_versions)})")
+            report.step = "publish"
+            try:
+                artifact_id = publish_task(settings, built)
+            finally:
+                shutil.rmtree(built.run_dir, ignore_errors=True)
     report.add("artifact", f"`{artifact_id}`")
     report.step = "validate"
     ctx = Context.from_settings(settings)
@@ -194,10 +200,10 @@ def _build_validate_publish(report: RunReport, profile: str, model: str | None,
         plan = plan_task.with_options(task_run_name="plan-task-rebuild")(settings, profile, model, target_compat_key,
                                                                          failed_recheck)
         report.add("build key", f"`{plan.build_key}` (a rebuild of `{failed_recheck}` for these soft values)")
-        if plan.cached is not None:
-            artifact_id = plan.cached
+        built = plan.cached if plan.cached is not None else build_task(settings, plan)
+        if isinstance(built, str):
+            artifact_id = built
         else:
-            built = build_task(settings, plan)
             build_s = built.wall_s
             report.add("build", f"rebuilt in {build_s:.1f} s ({tool_versions_line(built.tool_versions)})")
             report.step = "publish"
@@ -205,7 +211,7 @@ def _build_validate_publish(report: RunReport, profile: str, model: str | None,
                 artifact_id = publish_task(settings, built)
             finally:
                 shutil.rmtree(built.run_dir, ignore_errors=True)
-        cache_hit = plan.cached is not None
+        cache_hit = isinstance(built, str)
         report.add("artifact", f"`{artifact_id}`")
         report.step = "validate"
         outcome = validate_with_retry(settings, artifact_id, plan.compat_key, revalidate)

@@ -163,3 +163,27 @@ def test_preflight_keeps_a_foreign_engine_from_becoming_current(tiny_build, tmp_
         install_artifact(store, aid, dest2, preflight=pipeline.preflight_for(settings()))
     assert "torch" in str(exc.value) and "2.99.0" in str(exc.value)
     assert current_artifact(dest2) is None and not list(dest2.glob(".staging-*"))
+
+
+def test_a_build_that_waited_for_its_slot_takes_the_artifact_a_concurrent_run_published(tiny_build, tmp_path,
+                                                                                        monkeypatch):
+    """Two runs of one build key: both planned before either built. The second gets the slot after
+    the first published: it checks the cache again inside the slot and builds nothing (#29)."""
+    from contextlib import nullcontext
+
+    from buildctl.artifact_store.backend import open_store
+
+    store = open_store(f"file://{tmp_path / 'store'}")
+    ctx = Context.from_settings(settings(), store=store)
+    plan = pipeline.plan_build(ctx, tiny_build["profile"])
+    assert plan.cached is None  # nothing built yet when it planned
+    winner = pipeline.import_engine(ctx, tiny_build["engine"], tiny_build["profile"], plan.fingerprint,
+                                    model_digest=plan.model_digest)  # the other run, meanwhile
+    assert ops.get_manifest(store, winner.artifact_id).build_key == plan.build_key
+
+    def no_builder(*a, **k):
+        raise AssertionError("a second build of one build key")
+
+    monkeypatch.setattr(pipeline, "run_build", no_builder)
+    got = pipeline.build_in_slot(ctx, plan, nullcontext())
+    assert got == winner.artifact_id
