@@ -22,6 +22,7 @@ from buildctl.artifact_store.errors import (
     ChannelNotFoundError,
     CorruptObjectError,
     RolloutInProgressError,
+    SignerNotTrustedError,
     StoreArgumentError,
     StoreUnavailableError,
 )
@@ -37,7 +38,8 @@ from buildctl.artifact_store.layout import (
 )
 from buildctl.artifact_store.manifest import Manifest
 from buildctl.artifact_store.rollout import Rollout, RolloutPlan, artifact_for_node
-from buildctl.artifact_store.signing import SigningKey, TrustedKeys, promoter_signers
+from buildctl.artifact_store.revocation import with_revocations
+from buildctl.artifact_store.signing import SigningKey, TrustedKeys, promoter_signers, signer_refusal
 from buildctl.times import after, parse_utc, utc_now
 
 CHANNEL_RE = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
@@ -142,6 +144,10 @@ def move_channel(store: Store, profile: str, channel: str, compat: str, make: Mo
         raise StoreArgumentError(f"bad channel name {channel!r}: lowercase letters, digits and dashes")
     ref = channel_key(profile, channel, compat)
     signer, trusted = auth.signer, auth.trusted
+    if signer is not None and trusted is not None:  # nodes would refuse the record: write nothing
+        why = signer_refusal(with_revocations(store, trusted), signer.key_id, "promoter")
+        if why is not None:
+            raise SignerNotTrustedError(signer.key_id, "promoter", why)
     for attempt in range(attempts):
         current = read_channel(store, profile, channel, compat)
         if current is not None:

@@ -138,6 +138,19 @@ class CasConflictError(ConflictError):
         super().__init__(f"{key}: lost {attempts} compare-and-swap attempts to concurrent updates")
 
 
+class SignerNotTrustedError(GateRefusedError):
+    """This process would sign with a key the nodes' trusted keys refuse for the role (not a key of
+    that role, unknown, or revoked): refused before anything is written, since every trusted node
+    would refuse the record."""
+
+    def __init__(self, key_id: str, role: str, why: str) -> None:
+        self.key_id = key_id
+        self.role = role
+        self.why = why
+        super().__init__(f"signing key {key_id} {why}: nodes trust only {role} keys here; nothing was written "
+                         f"(BUILDCTL_SIGNING_KEY should be a trusted, unrevoked {role} key)")
+
+
 class NotCoveredError(GateRefusedError):
     """``pull --require-covered``: the engine is not validated on this host's soft values."""
 

@@ -74,7 +74,7 @@ def with_revocations(store: Store, trusted: TrustedKeys) -> TrustedKeys:
     revoked at the time of signing)."""
     from buildctl.artifact_store.signing import verify_signature
 
-    revoked: dict[str, tuple[datetime, str]] = {}
+    revoked: dict[str, tuple[datetime, str]] = dict(trusted.revoked)  # those given, and the store's
     for rec in revocations(store):  # oldest first: a revocation by a since-revoked key counts if made before
         probe = replace(trusted, revoked=dict(revoked))
         try:

@@ -61,6 +61,18 @@ class TrustedKeys:
         return self.by_role.get(role, {}).get(kid)
 
 
+def signer_refusal(trusted: TrustedKeys, key_id: str, role: str, now: datetime | None = None) -> str | None:
+    """Why nodes with ``trusted`` would refuse what ``key_id`` signs in ``role`` (None: they accept it)."""
+    if trusted.key(role, key_id) is None:
+        other = trusted.role_of(key_id)
+        return f"is a {other} key" if other else "is not a trusted key"
+    if key_id in trusted.revoked:
+        at, reason = trusted.revoked[key_id]
+        if (now or datetime.now(timezone.utc)) >= at:
+            return f"was revoked from {at.isoformat()} ({reason})"
+    return None
+
+
 def _raw_public(pub: Ed25519PublicKey) -> bytes:
     return pub.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
 

@@ -64,3 +64,51 @@ def test_rollback_re_hashes_its_target(store, tmp_path, draft):
         rollback(store, draft.profile_name, "prod")
     assert read_channel(store, draft.profile_name, "prod", draft.compat_key)[0].artifact_id == v2
     assert [r.artifact_id for r in history(store, draft.profile_name, "prod", draft.compat_key)] == [v1, v2]
+
+
+# --- refuse before writing what nodes will refuse (#29 item 5) ---------------------------------
+
+
+def _trusted(store, tmp_path, draft):
+    from buildctl.artifact_store.authority import Authority
+    from buildctl.artifact_store.signing import TrustedKeys
+
+    from ..support.helpers import make_signer
+
+    builder, promoter, validator, stranger = make_signer(), make_signer(), make_signer(), make_signer()
+    trusted = TrustedKeys({"builder": {builder.key_id: builder.private.public_key()},
+                           "promoter": {promoter.key_id: promoter.private.public_key()},
+                           "validator": {validator.key_id: validator.private.public_key()}})
+    aid = _published(store, tmp_path, draft, "v1", 1)
+    return aid, trusted, {"promoter": promoter, "validator": validator, "stranger": stranger, "builder": builder}, Authority
+
+
+@pytest.mark.parametrize("who", ["validator", "builder", "stranger"])
+def test_a_channel_move_signed_by_a_key_nodes_will_not_trust_is_refused_before_it_is_written(store, tmp_path, draft,
+                                                                                              who):
+    from buildctl.artifact_store.channels import set_channel
+    from buildctl.errors import GateRefusedError
+
+    aid, trusted, keys, Authority = _trusted(store, tmp_path, draft)
+    with pytest.raises(GateRefusedError, match="promoter"):
+        set_channel(store, aid, ops.get_manifest(store, aid), "prod", auth=Authority(signer=keys[who], trusted=trusted))
+    assert read_channel(store, draft.profile_name, "prod", draft.compat_key) is None
+    rec = set_channel(store, aid, ops.get_manifest(store, aid), "prod",
+                      auth=Authority(signer=keys["promoter"], trusted=trusted))
+    assert rec.seq == 1
+
+
+def test_a_revoked_promoter_key_is_refused_before_writing(store, tmp_path, draft):
+    from datetime import datetime, timezone
+
+    from buildctl.artifact_store.channels import set_channel
+    from buildctl.artifact_store.signing import TrustedKeys
+    from buildctl.errors import GateRefusedError
+
+    aid, trusted, keys, Authority = _trusted(store, tmp_path, draft)
+    revoked = TrustedKeys(trusted.by_role, revoked={keys["promoter"].key_id: (datetime(2020, 1, 1, tzinfo=timezone.utc),
+                                                                              "lost laptop")})
+    with pytest.raises(GateRefusedError, match="revoked"):
+        set_channel(store, aid, ops.get_manifest(store, aid), "prod",
+                    auth=Authority(signer=keys["promoter"], trusted=revoked))
+    assert read_channel(store, draft.profile_name, "prod", draft.compat_key) is None

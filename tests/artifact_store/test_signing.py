@@ -258,8 +258,16 @@ def test_unsigned_and_wrongly_signed_are_refused(keys, cli, tmp_path, monkeypatc
     assert code == 4 and "untrusted key" in err
 
     good = publish(env, cli, store_dir, make_tree(tmp_path / "g", {"rank0.engine": b"good"}))
-    env.as_("intruder")  # a channel record signed by a key nodes do not trust
-    assert cli("--store", store_dir, "promote", good, "--channel", "prod")[0] == 0
+    env.as_("intruder")  # a channel record signed by a key nodes do not trust: refused before it is written
+    before = cli("--store", store_dir, "--json", "history", "--profile", "tiny-llama-cpu", "--channel", "prod")[1]
+    code, _, err = cli("--store", store_dir, "promote", good, "--channel", "prod")
+    assert code == 5 and "nodes trust only promoter keys" in err
+    assert cli("--store", store_dir, "--json", "history", "--profile", "tiny-llama-cpu", "--channel", "prod")[1] == before
+    trusted_dir = os.environ.pop("BUILDCTL_TRUSTED_KEYS")  # an intruder who knows no trusted keys writes anyway
+    try:
+        assert cli("--store", store_dir, "promote", good, "--channel", "prod")[0] == 0
+    finally:
+        os.environ["BUILDCTL_TRUSTED_KEYS"] = trusted_dir
     code, _, err = pull(cli, store_dir, tmp_path / "n3")
     assert code == 4 and "channel record prod" in err and "untrusted key" in err
 
