@@ -20,10 +20,11 @@ concurrent publish), checked and removed within the delete window. A removal the
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Iterator
 
 from buildctl.errors import BuildctlError
 from buildctl.artifact_store import grace as grace_mod
@@ -33,7 +34,9 @@ from buildctl.times import parse_utc
 from buildctl.artifact_store.layout import (
     BLOBS,
     HISTORY,
+    MANIFESTS,
     TOUCHES,
+    artifact_of_manifest_key,
     attestation_prefix,
     blob_key,
     digest_of_blob_key,
@@ -48,7 +51,8 @@ from buildctl.artifact_store.inventory import node_protections, read_inventory
 from buildctl.artifact_store.manifest import Manifest
 from buildctl.artifact_store.publish import build_key_owners
 from buildctl.artifact_store.quarantine import quarantine_records
-from buildctl.artifact_store.verify import list_artifacts
+from buildctl.artifact_store.errors import ArtifactNotFoundError, CorruptObjectError, ManifestError
+from buildctl.artifact_store.verify import get_manifest, list_artifacts
 
 DEFAULT_KEEP = 3
 DEFAULT_KEEP_HISTORY = 5
@@ -84,13 +88,15 @@ class GcResult:
     kept_blobs: int = 0  # unreferenced, but touched within the grace period or past the delete window
     not_removed: list[tuple[str, str]] = field(default_factory=list)  # (key, why) the store refused
     stopped_early: str | None = None
+    unreadable: list[tuple[str, str]] = field(default_factory=list)  # (artifact, why): manifests that do not verify
 
     def to_json(self) -> dict:
         return {"dry_run": self.dry_run, "removed_artifacts": self.removed_artifacts, "removed_blobs": self.removed_blobs,
                 "freed_bytes": self.freed_bytes, "kept": self.kept, "kept_blobs": self.kept_blobs,
                 "artifacts": [d.to_json() for d in self.decisions],
                 "not_removed": [{"key": k, "why": why} for k, why in self.not_removed],
-                "stopped_early": self.stopped_early}
+                "stopped_early": self.stopped_early,
+                "unreadable_manifests": [{"artifact_id": a, "why": why} for a, why in self.unreadable]}
 
     @property
     def removed_artifacts(self) -> list[str]:
@@ -214,10 +220,22 @@ def _sweep_blobs(store: Store, result: GcResult, grace: float, window: float, cl
     run the doomed artifacts' manifests still exist: their blobs count as they would after."""
     listed = clock()
     live: set[str] = set()
-    for artifact, m in list_artifacts(store):
+    blind = False  # an unreadable manifest that names no blob we can read: it might reference any
+    for artifact, m, why, named in _manifests(store):
+        if m is None:
+            result.unreadable.append((artifact, why))
+            if named is None:
+                blind = True
+            else:
+                live |= named  # its blobs stay: repair (or heal) can restore the manifest from its id
+            continue
         if dry_run and artifact in doomed:
             continue
         live |= m.blob_digests()
+    if blind:
+        result.stopped_early = (f"{sum(1 for _ in result.unreadable)} manifest(s) do not verify and name no blobs "
+                                "that can be read: no blob was removed (buildctl heal ARTIFACT, or scrub, repairs them)")
+        return
     for key in list(store.list(BLOBS)):
         digest = digest_of_blob_key(key)
         if digest in live:
@@ -247,6 +265,22 @@ def _sweep_blobs(store: Store, result: GcResult, grace: float, window: float, cl
             _delete(store, touch_key(digest), result)
     if not dry_run:
         _sweep_touches(store, result, grace, wall)
+
+
+def _manifests(store: Store) -> Iterator[tuple[str, Manifest | None, str, set[str] | None]]:
+    """Every manifest in the store: (artifact, manifest, "", None) when it verifies, else (artifact,
+    None, why, the blob digests its bytes still name: None when they name none)."""
+    for key in store.list(MANIFESTS):
+        artifact = artifact_of_manifest_key(key)
+        try:
+            yield artifact, get_manifest(store, artifact), "", None
+        except (ArtifactNotFoundError, ManifestError, CorruptObjectError) as err:
+            try:
+                named = set(re.findall(r"xxh3-128:[0-9a-f]{32}", store.get_bytes(key).decode("utf-8", "replace")))
+            except (BuildctlError, OSError):
+                named = set()
+            named.discard(artifact)
+            yield artifact, None, str(err).splitlines()[0], named or None
 
 
 def _sweep_touches(store: Store, result: GcResult, grace: float, wall: Callable[[], datetime]) -> None:

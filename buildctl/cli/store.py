@@ -422,6 +422,9 @@ def gc_cmd(
         out().print(f"kept {res.kept_blobs} unreferenced blobs a publish touched within the grace period", highlight=False)
     for key, why in res.not_removed:
         typer.echo(f"could not remove {key}: {why}", err=True)
+    for artifact, why in res.unreadable:
+        typer.echo(f"warning: the manifest of {artifact} does not verify ({why}): it and every blob it names are "
+                   f"kept; `buildctl heal {artifact}` repairs it", err=True)
     if res.stopped_early:
         typer.echo(res.stopped_early, err=True)
 

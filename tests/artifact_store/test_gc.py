@@ -181,3 +181,24 @@ def test_touch_markers_are_written_and_swept(store, tmp_path):
         assert got is not None and json.loads(got[0])["touched_at"] <= ops.utc_now()
     gc(store, keep=0, keep_history=0, now=LATER)
     assert list(store.list("touches/")) == [] and list(store.list("blobs/")) == []
+
+
+def test_gc_never_deletes_the_blobs_of_an_artifact_whose_manifest_rotted(store, tmp_path, draft):
+    """One digit flipped inside the manifest of an artifact prod points at: the manifest no longer
+    verifies, so the artifact does not list; gc must still not delete its blobs (#29: it removed
+    every one of them with --grace 1s --keep 0)."""
+    from buildctl.artifact_store.gc import gc
+    from buildctl.artifact_store.layout import blob_key
+
+    from ..support.helpers import publish_files, rot_manifest
+
+    aid = publish_files(store, tmp_path / "a", draft, {"config.json": b"{}", "rank0.engine": 50_000}, seed=1)
+    ops.promote(store, aid, "prod")
+    digests = [f.digest for f in ops.get_manifest(store, aid).files]
+    rot_manifest(store, aid)
+    import time
+
+    time.sleep(1.2)  # past a grace of 1 s: nothing protects the blobs but the manifest that names them
+    res = gc(store, keep=0, keep_history=0, grace_s=1.0, delete_window_s=0.2)
+    assert all(store.stat(blob_key(d)) is not None for d in digests), res.to_json()
+    assert res.removed_blobs == 0 and aid in json.dumps(res.to_json())  # reported, not silently skipped

@@ -109,10 +109,7 @@ def rot(store, digest: str, kind: str, rng=None) -> None:
     one random bit with ``rng``; the size kept), ``truncate`` (to half, or a random length with
     ``rng``) or ``missing``. In place on a local store; on S3 the object's bytes are replaced
     behind the store's back (no create-only condition)."""
-    import os
-
     from buildctl.artifact_store.layout import blob_key
-    from buildctl.artifact_store.local import LocalStore
 
     key = blob_key(digest)
     if kind == "missing":
@@ -126,16 +123,41 @@ def rot(store, digest: str, kind: str, rng=None) -> None:
         data[rng.randrange(len(data))] ^= 1 << rng.randrange(8)
     else:
         data = data[: (rng.randrange(len(data)) if rng is not None else len(data) // 2)]
+    overwrite(store, key, bytes(data))
+
+
+def overwrite(store, key: str, data: bytes) -> None:
+    """Replace a stored object's bytes behind the store's back (in place on a local store, with no
+    create-only condition on S3): what a bad disk or a buggy copy does."""
+    import os
+
+    from buildctl.artifact_store.local import LocalStore
+
     if isinstance(store, LocalStore):
         path = store.root / key
+        mode = os.stat(path).st_mode
         os.chmod(path, 0o644)
         with open(path, "r+b") as f:
             f.truncate(len(data))
             f.seek(0)
             f.write(data)
-        os.chmod(path, 0o444)
+        os.chmod(path, mode & 0o777)
     else:
-        store.client.put_object(Bucket=store.bucket, Key=store._k(key), Body=bytes(data))
+        store.client.put_object(Bucket=store.bucket, Key=store._k(key), Body=data)
+
+
+def rot_manifest(store, artifact_id: str) -> None:
+    """Change one digit inside an artifact's manifest (the JSON still parses; its bytes no longer
+    hash to the artifact id)."""
+    from buildctl.artifact_store.layout import manifest_key
+
+    key = manifest_key(artifact_id)
+    data = bytearray(store.get_bytes(key))
+    i = data.index(b'"size":') + len(b'"size":')
+    while not chr(data[i]).isdigit():
+        i += 1
+    data[i] = ord("1") if data[i] != ord("1") else ord("2")
+    overwrite(store, key, bytes(data))
 
 
 def make_signer():
