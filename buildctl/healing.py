@@ -22,8 +22,8 @@ from buildctl.artifact_store.promotion import rollback
 from buildctl.artifact_store.errors import ArtifactNotFoundError, QuarantinedError, StoreArgumentError, VerificationError
 from buildctl.artifact_store.integrity import verify_recent_or_quarantine, verify_deep_or_quarantine
 from buildctl.artifact_store.quarantine import active_quarantine, quarantine
-from buildctl.artifact_store.repair import RepairResult, repair_from
-from buildctl.artifact_store.verify import get_manifest, list_artifacts, resolve_artifact
+from buildctl.artifact_store.repair import RepairResult, repair_from, restore_manifest
+from buildctl.artifact_store.verify import get_manifest, list_artifacts, resolve_artifact, scan_manifests
 
 
 @dataclass
@@ -108,6 +108,9 @@ def heal_artifact(ctx: Context, artifact_ref: str, *, repair_source: str | None 
     store = ctx.store
     artifact_id = resolve_artifact(store, artifact_ref)
     report = HealReport(artifact_id, store_copy_ok=False)
+    restored = restore_manifest(store, artifact_id)  # a manifest that does not hash to its id first
+    if restored is not None:
+        report.problems.append(f"manifest: its bytes did not hash to {artifact_id}; restored from {restored}")
     active = active_quarantine(store, artifact_id)
     if active is None:
         try:
@@ -175,6 +178,16 @@ def scrub(ctx: Context, *, sample: float = 1.0, channels_only: bool = False,
     referenced: dict[str, list[str]] = {}
     for rec in channels_pointing_at_all(store):
         referenced.setdefault(rec[0], []).append(rec[1])
+    rows = []
+    for aid, m, why, _ in scan_manifests(store):  # a manifest that does not hash to its id: restore it first
+        if m is not None:
+            continue
+        row = ScrubRow(aid, "?", sorted(referenced.get(aid, [])), 0, "corrupt", [f"manifest: {why}"])
+        restored = restore_manifest(store, aid)
+        if restored is not None:
+            row.status, row.problems = "repaired", [f"manifest: {why}; restored from {restored}"]
+            row.profile = get_manifest(store, aid).profile_name
+        rows.append(row)
     artifacts = list_artifacts(store)
     first = [(a, m) for a, m in artifacts if a in referenced]
     rest = [(a, m) for a, m in artifacts if a not in referenced]
@@ -182,7 +195,7 @@ def scrub(ctx: Context, *, sample: float = 1.0, channels_only: bool = False,
     rng.shuffle(rest)
     sampled = [] if channels_only or not rest else rest[:max(1, round(len(rest) * sample))]
     chosen = first + sampled
-    rows, spent = [], 0
+    spent = 0
     for aid, m in chosen:
         row = ScrubRow(aid, m.profile_name, sorted(referenced.get(aid, [])), m.total_size, "ok")
         rows.append(row)

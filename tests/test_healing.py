@@ -249,3 +249,24 @@ def test_validation_quarantines_an_artifact_whose_store_copy_is_bad(tmp_path, dr
     assert "model.pt2" in str(exc.value) and exc.value.quarantine_key
     assert "validation" in active_quarantine(store, aid)[1].reason
     assert ops.list_attestations(store, aid) == []
+
+
+def test_scrub_and_heal_restore_a_rotted_manifest_from_its_identity_copy(store, store_uri, draft, tmp_path, cli,
+                                                                          s3_env_if_needed):
+    """One digit flipped inside the manifest prod points at (#29: scrub exited 0 and skipped it,
+    heal and repair exited 4). The identity index holds a byte-identical copy; the id proves it."""
+    from .support.helpers import rot_manifest
+
+    aid = published(store, tmp_path / "a", draft, seed=1)
+    ops.promote(store, aid, "prod")
+    rot_manifest(store, aid)
+    code, out, err = cli("--store", store_uri, "--json", "scrub")
+    assert code == 0, err
+    rows = json.loads(out)["artifacts"]
+    fixed = [r for r in rows if r["artifact_id"] == aid and r["status"] == "repaired"]
+    assert fixed and "restored from index/identity/" in fixed[0]["problems"][0], rows
+    assert ops.verify(store, aid, deep=True) is not None  # whole again, blobs and manifest
+    rot_manifest(store, aid)
+    code, out, err = cli("--store", store_uri, "--json", "heal", aid)
+    assert code == 0, err
+    assert "restored from index/identity/" in json.dumps(json.loads(out)) and ops.verify(store, aid, deep=True)

@@ -20,11 +20,10 @@ concurrent publish), checked and removed within the delete window. A removal the
 
 from __future__ import annotations
 
-import re
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
-from typing import Callable, Iterable, Iterator
+from typing import Callable, Iterable
 
 from buildctl.errors import BuildctlError
 from buildctl.artifact_store import grace as grace_mod
@@ -34,9 +33,7 @@ from buildctl.times import parse_utc
 from buildctl.artifact_store.layout import (
     BLOBS,
     HISTORY,
-    MANIFESTS,
     TOUCHES,
-    artifact_of_manifest_key,
     attestation_prefix,
     blob_key,
     digest_of_blob_key,
@@ -51,8 +48,7 @@ from buildctl.artifact_store.inventory import node_protections, read_inventory
 from buildctl.artifact_store.manifest import Manifest
 from buildctl.artifact_store.publish import build_key_owners
 from buildctl.artifact_store.quarantine import quarantine_records
-from buildctl.artifact_store.errors import ArtifactNotFoundError, CorruptObjectError, ManifestError
-from buildctl.artifact_store.verify import get_manifest, list_artifacts
+from buildctl.artifact_store.verify import list_artifacts, scan_manifests
 
 DEFAULT_KEEP = 3
 DEFAULT_KEEP_HISTORY = 5
@@ -221,7 +217,7 @@ def _sweep_blobs(store: Store, result: GcResult, grace: float, window: float, cl
     listed = clock()
     live: set[str] = set()
     blind = False  # an unreadable manifest that names no blob we can read: it might reference any
-    for artifact, m, why, named in _manifests(store):
+    for artifact, m, why, named in scan_manifests(store):
         if m is None:
             result.unreadable.append((artifact, why))
             if named is None:
@@ -265,22 +261,6 @@ def _sweep_blobs(store: Store, result: GcResult, grace: float, window: float, cl
             _delete(store, touch_key(digest), result)
     if not dry_run:
         _sweep_touches(store, result, grace, wall)
-
-
-def _manifests(store: Store) -> Iterator[tuple[str, Manifest | None, str, set[str] | None]]:
-    """Every manifest in the store: (artifact, manifest, "", None) when it verifies, else (artifact,
-    None, why, the blob digests its bytes still name: None when they name none)."""
-    for key in store.list(MANIFESTS):
-        artifact = artifact_of_manifest_key(key)
-        try:
-            yield artifact, get_manifest(store, artifact), "", None
-        except (ArtifactNotFoundError, ManifestError, CorruptObjectError) as err:
-            try:
-                named = set(re.findall(r"xxh3-128:[0-9a-f]{32}", store.get_bytes(key).decode("utf-8", "replace")))
-            except (BuildctlError, OSError):
-                named = set()
-            named.discard(artifact)
-            yield artifact, None, str(err).splitlines()[0], named or None
 
 
 def _sweep_touches(store: Store, result: GcResult, grace: float, wall: Callable[[], datetime]) -> None:

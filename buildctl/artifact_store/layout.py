@@ -35,8 +35,12 @@ def artifact_of_manifest_key(key: str) -> str:
     return "xxh3-128:" + key[len(MANIFESTS):-len(".json")]
 
 
+IDENTITY_INDEX = "index/identity/"
+
+
 def identity_key(identity: str) -> str:
-    return f"index/identity/{hex_of(identity)}.json"
+    """A byte-identical copy of the manifest of the artifact with this identity."""
+    return f"{IDENTITY_INDEX}{hex_of(identity)}.json"
 
 
 def build_index_key(build_key: str, generation: int = 0) -> str:

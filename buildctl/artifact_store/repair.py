@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from buildctl.digest import BUFFER_SIZE, hash_file, hash_stream, write_all
+from buildctl.digest import BUFFER_SIZE, digest_bytes, hash_file, hash_stream, write_all
 from buildctl.artifact_store.backend import Store
 from buildctl.artifact_store.errors import KeyNotFoundError, VerificationError
-from buildctl.artifact_store.layout import blob_key
+from buildctl.artifact_store.layout import IDENTITY_INDEX, blob_key, manifest_key
 from buildctl.artifact_store.manifest import FileEntry
 from buildctl.artifact_store.quarantine import lift
 from buildctl.artifact_store.authority import Authority
@@ -113,3 +113,26 @@ def repair_from(store: Store, artifact_id: str, source_uri_or_dir: str, *, open_
                           reason=f"repaired from {source_uri_or_dir}")
     return repair(store, artifact_id, tree_source(source_uri_or_dir), auth=auth,
                   reason=f"repaired from {source_uri_or_dir}")
+
+
+def restore_manifest(store: Store, artifact_id: str) -> str | None:
+    """Put back an artifact's manifest whose stored bytes no longer hash to its id, from a copy
+    that does: the identity index keeps a byte-identical copy of every manifest published. The id
+    proves which bytes are right. Returns where the copy came from (None: the manifest verifies,
+    or no copy verifies)."""
+    key = manifest_key(artifact_id)
+    try:
+        if digest_bytes(store.get_bytes(key)) == artifact_id:
+            return None
+    except KeyNotFoundError:
+        pass
+    for copy_key in store.list(IDENTITY_INDEX):
+        body = store.get_bytes(copy_key)
+        if digest_bytes(body) != artifact_id:
+            continue
+        with tempfile.NamedTemporaryFile(prefix="buildctl-manifest-") as f:
+            f.write(body)
+            f.flush()
+            store.replace_object(key, Path(f.name), size=len(body))
+        return copy_key
+    return None

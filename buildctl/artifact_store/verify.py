@@ -3,9 +3,12 @@
 
 from __future__ import annotations
 
+import re
 from concurrent.futures import ThreadPoolExecutor
+from typing import Iterator
 
 from buildctl.digest import digest_bytes, hash_stream
+from buildctl.errors import BuildctlError
 from buildctl.artifact_store.backend import ProgressFn, Store
 from buildctl.artifact_store.errors import (
     ArtifactNotFoundError,
@@ -71,6 +74,22 @@ def list_artifacts(store: Store, profile: str | None = None) -> list[tuple[str, 
             out.append((artifact, m))
     out.sort(key=lambda am: am[1].created_at, reverse=True)
     return out
+
+
+def scan_manifests(store: Store) -> Iterator[tuple[str, Manifest | None, str, set[str] | None]]:
+    """Every manifest in the store: ``(artifact, manifest, "", None)`` when it verifies, else
+    ``(artifact, None, why, digests)`` with the blob digests its bytes still name (None: none)."""
+    for key in store.list(MANIFESTS):
+        artifact = artifact_of_manifest_key(key)
+        try:
+            yield artifact, get_manifest(store, artifact), "", None
+        except (ArtifactNotFoundError, ManifestError, CorruptObjectError) as err:
+            try:
+                named = set(re.findall(r"xxh3-128:[0-9a-f]{32}", store.get_bytes(key).decode("utf-8", "replace")))
+            except (BuildctlError, OSError):
+                named = set()
+            named.discard(artifact)
+            yield artifact, None, str(err).splitlines()[0], named or None
 
 
 def verify(store: Store, artifact_id: str, *, deep: bool = False, workers: int = 4,
