@@ -155,9 +155,11 @@ class ScrubRow:
 @dataclass
 class ScrubReport:
     rows: list[ScrubRow]
+    skipped: list[tuple[str, str]] = field(default_factory=list)  # (key, why): malformed records passed over
 
     def to_json(self) -> dict:
-        return {"checked_bytes": self.checked_bytes, "artifacts": [r.to_json() for r in self.rows]}
+        return {"checked_bytes": self.checked_bytes, "artifacts": [r.to_json() for r in self.rows],
+                "skipped_records": [{"key": k, "why": why} for k, why in self.skipped]}
 
     @property
     def corrupt(self) -> list[ScrubRow]:
@@ -176,7 +178,8 @@ def scrub(ctx: Context, *, sample: float = 1.0, channels_only: bool = False,
     if not 0 < sample <= 1:
         raise StoreArgumentError(f"--sample {sample}: a fraction in (0, 1]")
     referenced: dict[str, list[str]] = {}
-    for rec in channels_pointing_at_all(store):
+    skipped: list[tuple[str, str]] = []
+    for rec in channels_pointing_at_all(store, skipped):
         referenced.setdefault(rec[0], []).append(rec[1])
     rows = []
     for aid, m, why, _ in scan_manifests(store):  # a manifest that does not hash to its id: restore it first
@@ -210,9 +213,10 @@ def scrub(ctx: Context, *, sample: float = 1.0, channels_only: bool = False,
             verify_deep_or_quarantine(store, aid, detector="scrub", auth=ctx.auth)
         except VerificationError as err:
             row.status, row.problems, row.quarantine_key = "corrupt", [p.render() for p in err.problems], err.quarantine_key
-    return ScrubReport(rows)
+    return ScrubReport(rows, skipped)
 
 
-def channels_pointing_at_all(store: Store) -> list[tuple[str, str]]:
-    """(artifact, "profile/channel/compat key") for every channel ref."""
-    return [(r.artifact_id, f"{r.profile}/{r.channel}/{r.compat_key}") for r in all_channel_records(store)]
+def channels_pointing_at_all(store: Store, skipped: list[tuple[str, str]] | None = None) -> list[tuple[str, str]]:
+    """(artifact, "profile/channel/compat key") for every channel ref (``skipped``: see
+    :func:`~buildctl.artifact_store.channels.all_channel_records`)."""
+    return [(r.artifact_id, f"{r.profile}/{r.channel}/{r.compat_key}") for r in all_channel_records(store, skipped)]

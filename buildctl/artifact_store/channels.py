@@ -303,13 +303,20 @@ def resign(store: Store, rec: ChannelRecord, *, auth: Authority) -> ChannelRecor
     return move_channel(store, rec.profile, rec.channel, rec.compat_key, make, auth=auth)
 
 
-def all_channel_records(store: Store) -> list[ChannelRecord]:
-    """Every channel ref's current record."""
+def all_channel_records(store: Store, skipped: list[tuple[str, str]] | None = None) -> list[ChannelRecord]:
+    """Every channel ref's current record. With ``skipped``, a malformed one is appended there as
+    ``(key, why)`` and passed over (store-wide maintenance goes on); without, it raises."""
     out = []
     for key in store.list(CHANNELS):
         got = store.get_ref(key)
-        if got is not None:
+        if got is None:
+            continue
+        try:
             out.append(_parse_record(got[0], key))
+        except CorruptObjectError as err:
+            if skipped is None:
+                raise
+            skipped.append((key, err.detail))
     return out
 
 

@@ -116,6 +116,7 @@ class CorruptObjectError(IntegrityError):
 
     def __init__(self, key: str, detail: str) -> None:
         self.key = key
+        self.detail = detail
         super().__init__(f"{key}: {detail}")
 
 
@@ -149,6 +150,17 @@ class SignerNotTrustedError(GateRefusedError):
         self.why = why
         super().__init__(f"signing key {key_id} {why}: nodes trust only {role} keys here; nothing was written "
                          f"(BUILDCTL_SIGNING_KEY should be a trusted, unrevoked {role} key)")
+
+
+class SkippedRecordsError(BuildctlError):
+    """A store-wide command completed, but passed over malformed records it could not read
+    (``skipped``: ``(key, why)`` each, listed in its report). Exit 10."""
+
+    def __init__(self, command: str, skipped: list[tuple[str, str]]) -> None:
+        self.skipped = list(skipped)
+        first = "; ".join(f"{k} ({why})" for k, why in self.skipped[:3])
+        super().__init__(f"{command} completed, skipping {len(self.skipped)} malformed record(s): {first}"
+                         + (" ..." if len(self.skipped) > 3 else ""))
 
 
 class NotCoveredError(GateRefusedError):

@@ -48,6 +48,7 @@ from buildctl.artifact_store.inventory import node_protections, read_inventory
 from buildctl.artifact_store.manifest import Manifest
 from buildctl.artifact_store.publish import build_key_owners
 from buildctl.artifact_store.quarantine import quarantine_records
+from buildctl.artifact_store.errors import CorruptObjectError
 from buildctl.artifact_store.verify import list_artifacts, scan_manifests
 
 DEFAULT_KEEP = 3
@@ -85,6 +86,7 @@ class GcResult:
     not_removed: list[tuple[str, str]] = field(default_factory=list)  # (key, why) the store refused
     stopped_early: str | None = None
     unreadable: list[tuple[str, str]] = field(default_factory=list)  # (artifact, why): manifests that do not verify
+    skipped: list[tuple[str, str]] = field(default_factory=list)  # (key, why): malformed records passed over
 
     def to_json(self) -> dict:
         return {"dry_run": self.dry_run, "removed_artifacts": self.removed_artifacts, "removed_blobs": self.removed_blobs,
@@ -92,7 +94,8 @@ class GcResult:
                 "artifacts": [d.to_json() for d in self.decisions],
                 "not_removed": [{"key": k, "why": why} for k, why in self.not_removed],
                 "stopped_early": self.stopped_early,
-                "unreadable_manifests": [{"artifact_id": a, "why": why} for a, why in self.unreadable]}
+                "unreadable_manifests": [{"artifact_id": a, "why": why} for a, why in self.unreadable],
+                "skipped_records": [{"key": k, "why": why} for k, why in self.skipped]}
 
     @property
     def removed_artifacts(self) -> list[str]:
@@ -107,16 +110,30 @@ class GcResult:
 
 def protections(store: Store, arts: list[tuple[str, Manifest]], *, keep: int, keep_history: int,
                 grace_s: float, quarantine_retention_s: float, now: datetime,
-                also: Iterable[tuple[str, str]] = ()) -> dict[str, list[str]]:
+                also: Iterable[tuple[str, str]] = (), skipped: list[tuple[str, str]] | None = None) -> dict[str, list[str]]:
     """Every reason each artifact is kept (empty: nothing protects it). ``also``: more (artifact,
-    why) pairs (gc passes the engines the nodes' inventory records say they run and keep)."""
+    why) pairs (gc passes the engines the nodes' inventory records say they run and keep).
+    ``skipped``: malformed channel and history records are appended there, and every artifact of
+    their profile is kept (what they point at cannot be read, so whatever they might guard is)."""
     out: dict[str, list[str]] = {a: [] for a, _ in arts}
+    skipped = [] if skipped is None else skipped
 
     def add(artifact: str | None, why: str) -> None:
         if artifact in out and why not in out[artifact]:
             out[artifact].append(why)
 
-    for rec in all_channel_records(store):
+    def guard_profile_of(key: str, why: str) -> None:
+        skipped.append((key, why))
+        profile = key.split("/")[1] if key.count("/") >= 2 else None
+        for artifact, m in arts:
+            if profile is None or m.profile_name == profile:
+                add(artifact, f"a malformed record ({key}) of {m.profile_name} might point at it")
+
+    channel_skips: list[tuple[str, str]] = []
+    recs = all_channel_records(store, channel_skips)
+    for key, why in channel_skips:
+        guard_profile_of(key, why)
+    for rec in recs:
         add(rec.artifact_id, f"channel {rec.channel} #{rec.seq} points at it ({rec.profile} [{rec.compat_key[:20]}])")
         if rec.rollout is not None and rec.rollout.live:
             add(rec.rollout.base, f"rollout on {rec.channel} #{rec.seq}: base")
@@ -127,7 +144,11 @@ def protections(store: Store, arts: list[tuple[str, Manifest]], *, keep: int, ke
             by_ref.setdefault(key.rsplit("/", 1)[0], []).append(key)
         for ref, keys in by_ref.items():
             for key in sorted(keys)[-keep_history:]:
-                rec = _parse_record(store.get_bytes(key), key)
+                try:
+                    rec = _parse_record(store.get_bytes(key), key)
+                except CorruptObjectError as err:
+                    guard_profile_of(key, err.detail)
+                    continue
                 add(rec.artifact_id, f"history {rec.channel} #{rec.seq} (last {keep_history}) "
                                      f"[{rec.compat_key[:20]}]: a rollback target")
     for artifact, why in also:
@@ -166,10 +187,10 @@ def gc(store: Store, *, keep: int = DEFAULT_KEEP, keep_history: int = DEFAULT_KE
         return now + timedelta(seconds=clock() - started)
 
     arts = list_artifacts(store)
+    result = GcResult(dry_run=dry_run)
     keep_for = protections(store, arts, keep=keep, keep_history=keep_history, grace_s=grace,
                            quarantine_retention_s=quarantine_retention_s, now=now,
-                           also=node_protections(read_inventory(store)))
-    result = GcResult(dry_run=dry_run)
+                           also=node_protections(read_inventory(store)), skipped=result.skipped)
     for artifact, m in arts:
         d = GcDecision(artifact, m.profile_name, m.compat_key, m.created_at, m.total_size, keep_for[artifact])
         if not d.protected_by:

@@ -76,6 +76,10 @@ def scrub_cmd(
         out().print(t)
     if report.corrupt:
         raise ScrubFoundCorruptionError([r.artifact_id for r in report.corrupt])
+    if report.skipped:
+        from buildctl.artifact_store.errors import SkippedRecordsError
+
+        raise SkippedRecordsError("scrub", report.skipped)
 
 
 def heal_cmd(

@@ -33,6 +33,7 @@ from buildctl.errors import (
     PreflightRefusedError,
     UnavailableError,
 )
+from buildctl.artifact_store.errors import SkippedRecordsError
 from buildctl.settings import load_settings
 
 EXIT_OK = 0
@@ -57,6 +58,7 @@ EXIT_CODES: tuple[tuple[type[BaseException], int, str], ...] = (
     (BuildFailedError, 7, "build failed"),
     (PreflightRefusedError, 8, "engine refused on this host: its preflight load failed (not installed), or its smoke check failed (switched back)"),
     (UnavailableError, 9, "store unreachable or credentials refused"),
+    (SkippedRecordsError, 10, "completed, but malformed records were skipped (each listed with its key)"),
     (BuildctlError, 1, "error"),
     (typer.TyperException, 2, "usage error"),
     (KeyboardInterrupt, 130, "interrupted (SIGINT); re-running finishes the job"),

@@ -404,7 +404,15 @@ def gc_cmd(
     res = fleet.gc(context(ctx), **opts)
     if _quiet(ctx, json_out):
         emit_json(res.to_json())
-        return
+    else:
+        _print_gc(ctx, res, dry_run)
+    if res.skipped:
+        from buildctl.artifact_store.errors import SkippedRecordsError
+
+        raise SkippedRecordsError("gc", res.skipped)
+
+
+def _print_gc(ctx: typer.Context, res, dry_run: bool) -> None:
     verb = "would remove" if dry_run else "removed"
     gone = [d for d in res.decisions if not d.protected_by]
     out().print(f"{verb} {len(res.removed_artifacts)} artifacts and {res.removed_blobs} blobs ({res.freed_bytes} bytes); "
