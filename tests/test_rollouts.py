@@ -407,3 +407,52 @@ def test_resign_refuses_a_margin_equal_to_the_record_lifetime(tmp_path):
     with pytest.raises(StoreArgumentError, match="is not below the record lifetime"):
         rollouts.resign_due(ctx, margin_s=3600)
     assert rollouts.resign_due(ctx, margin_s=3599) == []
+
+
+def test_the_next_wave_named_is_the_next_one_and_baking_ends_exactly(tmp_path, draft):
+    from buildctl.artifact_store.backend import open_store
+
+    store = open_store(f"file://{tmp_path / 'store'}")
+    v1, v2 = publish(store, tmp_path, "v1", draft), publish(store, tmp_path, "v2", draft)
+    ops.promote(store, v1, "prod")
+    rec = ops.promote(store, v2, "prod", rollout=RolloutPlan(waves=parse_waves("10,50,100", "0"), bake_s=600))
+    started = datetime.fromisoformat(rec.rollout.wave_started_at.replace("Z", "+00:00"))
+    almost = rollouts.decide(rec, [], started + timedelta(seconds=599.5))
+    assert almost.decision == "wait" and almost.bake_left_s == pytest.approx(0.5)
+    baked = rollouts.decide(rec, [], started + timedelta(seconds=600.5))
+    assert baked.decision == "advance" and baked.why.endswith("on to 50%") and baked.to_json()["bake_left_s"] == 0.0
+    paused = rollouts.rollout_step(store, PROFILE, "prod", draft.compat_key, "pause")
+    view = rollouts.decide(paused, [], started + timedelta(seconds=700))
+    assert view.decision == "wait" and view.bake_left_s == 0.0  # baked: nothing left, not less than nothing
+
+
+def test_a_channel_that_moved_while_tick_decided_is_decided_again_next_time(tmp_path, draft, monkeypatch):
+    from buildctl.artifact_store.backend import open_store
+    from buildctl.artifact_store.errors import CasConflictError
+
+    store = open_store(f"file://{tmp_path / 'store'}")
+    v1, v2 = publish(store, tmp_path, "v1", draft), publish(store, tmp_path, "v2", draft)
+    ops.promote(store, v1, "prod")
+    ops.promote(store, v2, "prod", rollout=RolloutPlan(waves=parse_waves("50,100", "0"), bake_s=0))
+
+    def moved(*a, **k):
+        raise CasConflictError("channels/x", 1)
+
+    monkeypatch.setattr(rollouts, "rollout_step", moved)
+    (v,) = rollouts.tick(Context.from_settings(settings(), store=store), channel="prod")
+    assert v.decision == "advance" and v.applied is None
+    assert v.why.endswith("(the channel moved meanwhile; decided again next time)")
+
+
+def test_status_of_a_channel_with_no_refs_names_it_and_wave_counts_are_values(tmp_path):
+    import dataclasses
+
+    from buildctl.artifact_store.backend import open_store
+    from buildctl.artifact_store.errors import ChannelNotFoundError
+
+    store = open_store(f"file://{tmp_path / 'store'}")
+    with pytest.raises(ChannelNotFoundError, match="<any>"):
+        rollouts.status(store, PROFILE, "prod")
+    w = rollouts.WaveCount(0, 10.0, "0", 0, 1, 1, 0, 0, 0, (), "current")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        w.failed = 3  # type: ignore[misc]
