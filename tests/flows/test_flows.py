@@ -205,7 +205,7 @@ def test_prefect_deploy_never_prompts_for_schedules():
             raise AssertionError(f"prefect deploy would prompt (console.{name})")
 
     deployments = yaml.safe_load((REPO / "prefect.yaml").read_text())["deployments"]
-    assert len(deployments) == 8
+    assert len(deployments) == 9
     for d in deployments:
         assert "schedules" in d, f"{d['name']}: no schedules key, so `prefect deploy` asks"
         got = _construct_schedules(d, {}, console=NoPrompts(), is_interactive=lambda: True)
