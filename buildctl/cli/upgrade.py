@@ -18,6 +18,7 @@ TO_OPT = typer.Option(..., "--to", help="TARGET.yaml: fingerprint fields after t
                       "`fingerprint --json` (driver_version: \"580.65.06\", cpu: {isa_level: x86-64-v3}).")
 CHANNEL_OPT = typer.Option("prod", "--channel", help="The channel the nodes pull from.")
 JSON_OPT = typer.Option(False, "--json", help="JSON output.")
+NODES_OPT = typer.Option(None, "--nodes", help="Only nodes whose id matches this glob (gpu-a-*).")
 
 
 def _plan_table(p) -> Table:
@@ -39,7 +40,7 @@ def plan_cmd(
     ctx: typer.Context,
     to: Path = TO_OPT,
     channel: str = CHANNEL_OPT,
-    nodes: Optional[str] = typer.Option(None, "--nodes", help="Only nodes whose id matches this glob (gpu-a-*)."),
+    nodes: Optional[str] = NODES_OPT,
     served_queue: list[str] = typer.Option([], "--served-queue", help="A work queue that has a worker (repeat); "
                                            "given, a key no listed queue serves is blocked."),
     json_out: bool = JSON_OPT,
@@ -66,7 +67,7 @@ def prepare_cmd(
     ctx: typer.Context,
     to: Path = TO_OPT,
     channel: str = CHANNEL_OPT,
-    nodes: Optional[str] = typer.Option(None, "--nodes", help="Only nodes whose id matches this glob."),
+    nodes: Optional[str] = NODES_OPT,
     json_out: bool = JSON_OPT,
 ) -> None:
     """Run the plan's re-checks and builds here, as a worker of this host's fingerprint; new builds

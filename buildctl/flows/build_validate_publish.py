@@ -130,6 +130,23 @@ def build_validate_publish(profile: str, model: str | None = None, target_compat
                                  description=f"{profile}: run summary")
 
 
+def _build_and_publish(report: RunReport, settings: Settings, plan: pipeline.BuildPlan,
+                       done: str) -> tuple[str, bool, float]:
+    """Build in a slot and publish: (artifact, whether it was a concurrent run's, build seconds)."""
+    report.step = "build"
+    built = build_task(settings, plan)
+    if isinstance(built, str):  # published by a concurrent run while this one waited for its slot
+        report.add("build", "a concurrent run built this build key while this one waited for its slot: taken, "
+                            "no builder ran")
+        return built, True, 0.0
+    report.add("build", f"{done} in {built.wall_s:.1f} s ({tool_versions_line(built.tool_versions)})")
+    report.step = "publish"
+    try:
+        return publish_task(settings, built), False, built.wall_s
+    finally:
+        shutil.rmtree(built.run_dir, ignore_errors=True)
+
+
 def _bvp_key(profile: str, compat_key: str | None) -> str:
     """The prefix of a build run's artifact keys: its profile and compat key."""
     return artifact_key("bvp", profile, (compat_key or "this-host")[:24])
@@ -158,20 +175,7 @@ def _build_validate_publish(report: RunReport, profile: str, model: str | None,
         manifest = get_manifest(open_store_of(settings), artifact_id)
         report.add("build", f"cache hit, no builder ran (built {manifest.created_at}; {tool_versions_line(manifest.tool_versions)})")
     else:
-        report.step = "build"
-        built = build_task(settings, plan)
-        if isinstance(built, str):  # published by a concurrent run while this one waited for its slot
-            artifact_id, cache_hit = built, True
-            report.add("build", "a concurrent run built this build key while this one waited for its slot: taken, "
-                                "no builder ran")
-        else:
-            build_s = built.wall_s
-            report.add("build", f"built in {build_s:.1f} s ({tool_versions_line(built.tool_versions)})")
-            report.step = "publish"
-            try:
-                artifact_id = publish_task(settings, built)
-            finally:
-                shutil.rmtree(built.run_dir, ignore_errors=True)
+        artifact_id, cache_hit, build_s = _build_and_publish(report, settings, plan, "built")
     report.add("artifact", f"`{artifact_id}`")
     report.step = "validate"
     ctx = Context.from_settings(settings)
@@ -200,18 +204,10 @@ def _build_validate_publish(report: RunReport, profile: str, model: str | None,
         plan = plan_task.with_options(task_run_name="plan-task-rebuild")(settings, profile, model, target_compat_key,
                                                                          failed_recheck)
         report.add("build key", f"`{plan.build_key}` (a rebuild of `{failed_recheck}` for these soft values)")
-        built = plan.cached if plan.cached is not None else build_task(settings, plan)
-        if isinstance(built, str):
-            artifact_id = built
+        if plan.cached is not None:
+            artifact_id, cache_hit = plan.cached, True
         else:
-            build_s = built.wall_s
-            report.add("build", f"rebuilt in {build_s:.1f} s ({tool_versions_line(built.tool_versions)})")
-            report.step = "publish"
-            try:
-                artifact_id = publish_task(settings, built)
-            finally:
-                shutil.rmtree(built.run_dir, ignore_errors=True)
-        cache_hit = isinstance(built, str)
+            artifact_id, cache_hit, build_s = _build_and_publish(report, settings, plan, "rebuilt")
         report.add("artifact", f"`{artifact_id}`")
         report.step = "validate"
         outcome = validate_with_retry(settings, artifact_id, plan.compat_key, revalidate)
