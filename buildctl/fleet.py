@@ -11,6 +11,7 @@ however many nodes share it.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from typing import Any, Callable, Iterable
 
 from buildctl.coverage import serving_key
@@ -31,7 +32,9 @@ from buildctl.artifact_store.inventory import (
     read_node,
     update_node,
 )
-from buildctl.times import utc_now
+from buildctl.times import parse_utc, utc_now
+from buildctl.artifact_store.attestations import latest_attestation
+from buildctl.artifact_store.quarantine import active_quarantine
 from buildctl.artifact_store.verify import list_artifacts
 
 
@@ -177,11 +180,30 @@ def plan_builds(nodes: Iterable[tuple[Iterable[str], dict[str, str]]], profile_b
     return [BuildNeed(p, k, n) for (p, k), n in sorted(counts.items()) if (p, k) not in have]
 
 
-def existing_pairs(store: Store, profile_hashes: dict[str, str]) -> set[tuple[str, str]]:
-    """(profile, compat key) pairs that have an artifact built from the profile's current hash,
-    each under the key it serves under now."""
-    return {(m.profile_name, serving_key(m)) for _, m in list_artifacts(store)
-            if profile_hashes.get(m.profile_name) == m.profile_hash}
+# How long a published artifact without a verdict counts as built: its validation is under way
+# (the build flow validates right after it publishes; reconcile waits this long for its children).
+VALIDATION_PENDING_S = 6 * 3600.0
+
+
+def existing_pairs(store: Store, profile_hashes: dict[str, str], *, now: datetime | None = None) -> set[tuple[str, str]]:
+    """(profile, compat key) pairs that have a usable artifact built from the profile's current
+    hash, each under the key it serves under now: not quarantined, and passed its validation under
+    that key (or, without a verdict yet, published within :data:`VALIDATION_PENDING_S`). A failed
+    or inconclusive one is built again by the next reconcile."""
+    now = now or datetime.now(timezone.utc)
+    out = set()
+    for aid, m in list_artifacts(store):
+        if profile_hashes.get(m.profile_name) != m.profile_hash:
+            continue
+        pair = (m.profile_name, serving_key(m))
+        if pair in out or active_quarantine(store, aid) is not None:
+            continue
+        stored = latest_attestation(store, aid, {m.compat_key, pair[1]})
+        if stored is not None and stored.attestation.passed:
+            out.add(pair)
+        elif stored is None and (now - parse_utc(m.created_at)).total_seconds() < VALIDATION_PENDING_S:
+            out.add(pair)
+    return out
 
 
 def work_queue_for(compat_key: str) -> str:

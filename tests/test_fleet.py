@@ -120,3 +120,34 @@ def test_node_report_counts_only_changes_to_backends_its_profiles_use(cli, tmp_p
                                        "torch_version": "9.9.0"}).model_dump_json())
     got = json.loads(cli(*report)[1])
     assert got["upgraded"] is True and got["compat_changed"] is True and got["backends"] == ["aoti"]
+
+
+def test_the_plan_builds_again_where_the_only_artifact_failed_or_is_quarantined(tmp_path):
+    """#29: any artifact of the current build hash counted as built, so a failed or inconclusive
+    one was never retried. Counted now: passed and not quarantined, or still within its validation
+    window (just published, no verdict yet)."""
+    from buildctl.artifact_store.backend import open_store
+    from buildctl.artifact_store.publish import ManifestDraft
+    from buildctl.artifact_store.authority import Authority
+    from buildctl.artifact_store.quarantine import quarantine
+    from buildctl.engines.profile import load_profile
+
+    from .support.helpers import PROFILES, publish_files, write_attestation
+
+    store = open_store(f"file://{tmp_path / 'store'}")
+    fp = detect()
+    profile = load_profile(PROFILES / "tiny-llama-cpu.yaml")
+    fleet.report_node(store, "cpu-1", fp, [profile.name])
+    profiles = {profile.name: profile}
+    draft = ManifestDraft(profile_name=profile.name, profile_hash=profile.build_hash(), backend="aoti",
+                          compat_key=fp.compat_key("aoti"), fingerprint=fp.model_dump(mode="json"),
+                          tool_versions={"backend": fp.tool_version("aoti")}, model_digest=None, build_key=None)
+    aid = publish_files(store, tmp_path / "t", draft, {"model.pt2": 2048, "engine.json": b"{}"}, verdict=None)
+    assert fleet.fleet_plan(store, profiles) == []  # just published: its validation is still to come
+    write_attestation(store, aid, fp.compat_key("aoti"), "fail", validator=fp)
+    (need,) = fleet.fleet_plan(store, profiles)
+    assert (need.profile, need.compat_key) == (profile.name, fp.compat_key("aoti"))
+    write_attestation(store, aid, fp.compat_key("aoti"), "pass", validator=fp)
+    assert fleet.fleet_plan(store, profiles) == []
+    quarantine(store, aid, "rotted", auth=Authority())
+    assert [n.profile for n in fleet.fleet_plan(store, profiles)] == [profile.name]
