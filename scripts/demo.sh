@@ -9,6 +9,9 @@ DEMO_DIR=$(cd "$DEMO_DIR" && pwd)  # absolute: DEMO_DIR may be given relative or
 export BUILDCTL_STORE=${BUILDCTL_STORE:-file://$DEMO_DIR/store}
 export PREFECT_HOME=${PREFECT_HOME:-$DEMO_DIR/prefect}
 export PREFECT_SERVER_ANALYTICS_ENABLED=false
+# Prefect waits 20 s for its temporary server by default; a first start on a loaded 2-core machine
+# took longer once (the demo failed at step 3 with "Timed out ... ephemeral Prefect API server").
+export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS=${PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS:-120}
 unset PREFECT_API_URL  # local mode: a temporary Prefect server for the flow's process
 PROFILE=build_profiles/tiny-llama-cpu.yaml
 NODE="$DEMO_DIR/node"
