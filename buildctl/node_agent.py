@@ -191,16 +191,17 @@ class Staged:
 
 def stage(ctx: Context, profile: str, channel: str, dest: str | Path, target: UpgradeTarget | None = None, *,
           node_id: str | None = None, fingerprint: Fingerprint | None = None, min_seq: int = 0,
-          on_bytes: ProgressFn | None = None) -> Staged:
+          on_bytes: ProgressFn | None = None, target_record: ChannelRecord | None = None) -> Staged:
     """Download and deep-verify the engine this node will need after ``target``'s upgrade into
     ``DIR/versions/`` without touching ``current`` (no preflight: this host cannot load it yet).
     The node's own fingerprint is projected with the target's fields; the channel record is
-    checked as a pull checks it (freshness, and with trusted keys signatures and rollback)."""
+    checked as a pull checks it (freshness, and with trusted keys signatures and rollback).
+    ``target_record``: the record already resolved for the projected host, so it is not read again."""
     store = ctx.store
     fp = fingerprint or host_fingerprint(ctx.settings)
     projected = target.apply(fp) if target is not None else fp
     dest = Path(dest)
-    rec = resolve_channel(store, profile, channel, host_compat_keys(projected))
+    rec = target_record or resolve_channel(store, profile, channel, host_compat_keys(projected))
     check_fresh(rec, min_seq)
     aid = rec.artifact_for(node_id)
     if ctx.auth.trusted is not None:

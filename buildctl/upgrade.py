@@ -28,7 +28,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Literal
 
-from buildctl.artifact_store.channels import ChannelRecord, channel_compat_keys, read_channel, set_channel
+from buildctl.artifact_store.channels import ChannelRecord, all_channel_records, read_channel, set_channel
 from buildctl.artifact_store.errors import ChannelNotFoundError
 from buildctl.artifact_store.inventory import NodeRecord, read_inventory, read_node
 from buildctl.artifact_store.pull import resolve_channel
@@ -288,32 +288,25 @@ def migrate_keys(ctx: Context, *, apply: bool = False, say: Say = lambda _: None
     node agents still find the old one. A ref whose new key already has one is left alone."""
     store = ctx.store
     moves = []
-    profiles = sorted({k.split("/")[1] for k in store.list("channels/") if k.count("/") >= 3})
-    for profile in profiles:
-        channels = sorted({k.split("/")[2] for k in store.list(f"channels/{profile}/") if k.count("/") >= 3})
-        for channel in channels:
-            for old in channel_compat_keys(store, profile, channel):
-                got = read_channel(store, profile, channel, old)
-                if got is None:
-                    continue
-                rec = got[0]
-                manifest = get_manifest(store, rec.artifact_id)
-                new = serving_key(manifest)
-                if new == old:
-                    continue
-                move = KeyMove(profile, channel, old, new, rec.artifact_id, "re-point")
-                there = read_channel(store, profile, channel, new)
-                if there is not None:
-                    move.action, move.detail = "already there", f"{new} has #{there[0].seq} ({there[0].artifact_id})"
-                elif rec.rollout is not None and rec.rollout.live:
-                    move.action, move.detail = "skipped", "a rollout is live on the old key: finish or abort it first"
-                elif apply:
-                    written = set_channel(store, rec.artifact_id, manifest, channel, auth=ctx.auth,
-                                          reason=f"migrate-keys: from schema-1 key {old} (#{rec.seq})",
-                                          action="migrate-keys", compat_key=new, migrated_from=old)
-                    move.seq = written.seq
-                    say(f"{profile}/{channel}: {old} -> {new} (#{written.seq}, {rec.artifact_id})")
-                moves.append(move)
+    for rec in sorted(all_channel_records(store), key=lambda r: (r.profile, r.channel, r.compat_key)):
+        profile, channel, old = rec.profile, rec.channel, rec.compat_key
+        manifest = get_manifest(store, rec.artifact_id)
+        new = serving_key(manifest)
+        if new == old:
+            continue
+        move = KeyMove(profile, channel, old, new, rec.artifact_id, "re-point")
+        there = read_channel(store, profile, channel, new)
+        if there is not None:
+            move.action, move.detail = "already there", f"{new} has #{there[0].seq} ({there[0].artifact_id})"
+        elif rec.rollout is not None and rec.rollout.live:
+            move.action, move.detail = "skipped", "a rollout is live on the old key: finish or abort it first"
+        elif apply:
+            written = set_channel(store, rec.artifact_id, manifest, channel, auth=ctx.auth,
+                                  reason=f"migrate-keys: from schema-1 key {old} (#{rec.seq})",
+                                  action="migrate-keys", compat_key=new, migrated_from=old)
+            move.seq = written.seq
+            say(f"{profile}/{channel}: {old} -> {new} (#{written.seq}, {rec.artifact_id})")
+        moves.append(move)
     return moves
 
 

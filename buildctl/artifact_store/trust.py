@@ -53,15 +53,16 @@ def approved_before(store: Store, record: ChannelRecord, artifact_id: str, trust
     ``artifact_id``: a rollback, a rollout step or a re-sign may then carry one signature (it
     chooses among artifacts the channel's quorum already approved). A ref that ``migrate-keys``
     started continues the history of its schema-1 key, whose approvals count too."""
-    first = history(store, record.profile, record.channel, record.compat_key)[:1] or [record]
-    old = first[0].migrated_from if first[0].action == "migrate-keys" else None
+    here = history(store, record.profile, record.channel, record.compat_key)
+    first = here[0] if here else record
+    old = first.migrated_from if first.action == "migrate-keys" else None
     if old is not None and any(
             (r.artifact_id == artifact_id or (r.rollout and r.rollout.target == artifact_id)) and len(r.signers(trusted)) >= k
             for r in history(store, record.profile, record.channel, old)):
         return True
     return any(r.seq < record.seq and (r.artifact_id == artifact_id or (r.rollout and r.rollout.target == artifact_id))
                and len(r.signers(trusted)) >= k
-               for r in history(store, record.profile, record.channel, record.compat_key))
+               for r in here)
 
 
 def newest_signed_seq(store: Store, record: ChannelRecord, trusted: TrustedKeys) -> int:

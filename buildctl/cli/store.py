@@ -356,14 +356,14 @@ def _stage(c, profile: str, channel: str, dest: Path, for_upgrade: Path | None, 
            min_seq: int, quiet: bool) -> None:
     from buildctl import node_agent
     from buildctl.engines.fingerprint import load_target
-    from buildctl.pipeline import host_compat_keys
+    from buildctl.pipeline import channel_target
 
     target = load_target(for_upgrade) if for_upgrade is not None else None
     projected = target.apply(fp) if target is not None else fp
-    rec, manifest = _resolved(c, profile, channel, host_compat_keys(projected), node_id)
+    rec, manifest = channel_target(c, profile, channel, projected, node_id=node_id)
     with byte_progress("staging: downloading + verifying", manifest.total_size, enabled=not quiet) as on_bytes:
         got = node_agent.stage(c, profile, channel, dest, target, node_id=node_id, fingerprint=fp, min_seq=min_seq,
-                               on_bytes=on_bytes)
+                               on_bytes=on_bytes, target_record=rec)
     if quiet:
         emit_json(got.to_json())
         return
@@ -373,14 +373,6 @@ def _stage(c, profile: str, channel: str, dest: Path, for_upgrade: Path | None, 
     if not got.coverage.covered:
         out().print(f"note: {got.coverage.describe()}", highlight=False)
     out().print(f"after the upgrade: buildctl node activate --profile {profile} --dest {dest}", highlight=False)
-
-
-def _resolved(c, profile: str, channel: str, keys: list[str], node_id: str | None):
-    from buildctl.artifact_store.pull import resolve_channel
-    from buildctl.artifact_store.verify import get_manifest
-
-    rec = resolve_channel(c.store, profile, channel, keys)
-    return rec, get_manifest(c.store, rec.artifact_for(node_id))
 
 
 def gc_cmd(
