@@ -157,6 +157,11 @@ def test_a_signed_staging_activates_offline_and_a_tampered_one_does_not(fleet_st
     with pytest.raises(SignatureError):
         node_agent.activate(ctx, PROFILE, f["dest"], fingerprint=AFTER)
     assert current_artifact(f["dest"]) == f["a"]
+    unsigned = json.loads(good)
+    unsigned["manifest_signatures"] = []  # the manifest's builder signature stripped
+    entry_file.write_text(json.dumps(unsigned))
+    with pytest.raises(SignatureError, match="unsigned"):
+        node_agent.activate(ctx, PROFILE, f["dest"], fingerprint=AFTER)
     entry_file.write_text(good)
     got = node_agent.activate(ctx, PROFILE, f["dest"], fingerprint=AFTER)
     assert got.staged is not None and current_artifact(f["dest"]) == f["b"]

@@ -113,6 +113,13 @@ def test_new_keys_never_equal_schema_1_keys_and_schema_1_keys_are_reproduced():
         assert fp.compat_key(backend) != fixture["keys"][host]
 
 
+def test_a_new_key_differs_from_a_schema_1_key_even_over_the_same_fields():
+    from buildctl.engines.compat import compat_key_of, legacy_compat_key
+
+    fields = {"tensorrt": "10.13.3", "platform": "linux-x86_64"}
+    assert compat_key_of("trtllm", fields) != legacy_compat_key("trtllm", fields)
+
+
 def test_driver_floor_follows_the_cuda_major():
     assert h100_host().floor_problems("trtllm") == []  # 580.95 runs CUDA 13
     low = h100_host(driver_version="575.57.08")
