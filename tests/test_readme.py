@@ -15,6 +15,7 @@ import pytest
 import typer
 
 from buildctl.artifact_store.backend import open_store
+from buildctl.engines.fingerprint import detect
 
 from .support.helpers import REPO, write_attestation
 from .support.s3server import free_ports
@@ -82,7 +83,8 @@ def test_the_prefect_quick_start_completes_as_written(tmp_path, tiny_build):
         (work / name).symlink_to(REPO / name)
     shutil.copytree(tiny_build["root"] / "store", work / ".demo" / "store")
     demo = open_store(str(work / ".demo" / "store"))
-    write_attestation(demo, tiny_build["outcome"].artifact_id, tiny_build["outcome"].compat_key)
+    write_attestation(demo, tiny_build["outcome"].artifact_id, tiny_build["outcome"].compat_key,
+                      validator=detect())  # judged on this host: its soft values are covered
     script = block.replace("4200", str(port)) + "\nstatus=$?\nkill %1 %2 2>/dev/null\nwait\nexit $status\n"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "BUILDCTL_", "VIRTUAL_ENV"))}
     t0 = time.monotonic()

@@ -118,10 +118,10 @@ def edited_copy(src: Path, dest: Path, **changes) -> Path:
 
 
 def test_load_refuses_an_engine_for_another_host(tiny_build, tmp_path):
-    d = edited_copy(tiny_build["engine"], tmp_path / "e", **{"compat_fields.torch": "2.0.0"})
+    d = edited_copy(tiny_build["engine"], tmp_path / "e", **{"compat_fields.torch_version": "2.0.0"})
     with pytest.raises(IncompatibleTargetError) as exc:
         AotiBackend(settings()).load(d)
-    assert exc.value.differences == {"torch": ("2.0.0", detect().torch_version)}
+    assert exc.value.differences == {"torch_version": ("2.0.0", detect().torch_version)}
 
 
 def test_load_refuses_a_tampered_record(tiny_build, tmp_path):
