@@ -8,12 +8,13 @@ file is read twice for one operation.
 
 from __future__ import annotations
 
+import base64
 import json
 import mmap
 import os
 import re
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Callable
 
 import xxhash
 
@@ -58,8 +59,10 @@ def digest_json(obj: Any) -> str:
     return digest_bytes(canonical_json(obj))
 
 
-def hash_stream(stream: BinaryIO, buffer_size: int = BUFFER_SIZE) -> tuple[str, int]:
-    """Hash a binary stream to its end; returns ``(digest, size)``."""
+def hash_stream(stream: BinaryIO, buffer_size: int = BUFFER_SIZE, *,
+                also: Callable[[memoryview], None] | None = None) -> tuple[str, int]:
+    """Hash a binary stream to its end; returns ``(digest, size)``. ``also`` sees every slice
+    (a second checksum computed in the same pass)."""
     h = Hasher()
     buf = bytearray(buffer_size)
     view = memoryview(buf)
@@ -68,14 +71,17 @@ def hash_stream(stream: BinaryIO, buffer_size: int = BUFFER_SIZE) -> tuple[str, 
         if not n:
             break
         h.update(view[:n])
+        if also is not None:
+            also(view[:n])
     return h.digest(), h.size
 
 
 MMAP_MIN = 1024 * 1024
 
 
-def hash_file(path: str | Path, buffer_size: int = BUFFER_SIZE) -> tuple[str, int]:
-    """Hash one file; returns ``(digest, size)``.
+def hash_file(path: str | Path, buffer_size: int = BUFFER_SIZE, *,
+              also: Callable[[memoryview], None] | None = None) -> tuple[str, int]:
+    """Hash one file; returns ``(digest, size)``. ``also`` sees every slice, in order.
 
     Files of 1 MiB and more are hashed straight from a read-only memory map, in ``buffer_size``
     slices: the page cache is hashed in place, without copying it into a buffer first, and the
@@ -84,16 +90,40 @@ def hash_file(path: str | Path, buffer_size: int = BUFFER_SIZE) -> tuple[str, in
     with open(path, "rb", buffering=0) as f:
         size = os.fstat(f.fileno()).st_size
         if size < MMAP_MIN:
-            return hash_stream(f, buffer_size)
+            return hash_stream(f, buffer_size, also=also)
         h = Hasher()
         with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
             view = memoryview(m)
             try:
                 for i in range(0, len(m), buffer_size):
-                    h.update(view[i:i + buffer_size])
+                    piece = view[i:i + buffer_size]
+                    h.update(piece)
+                    if also is not None:
+                        also(piece)
+                    piece.release()
             finally:
                 view.release()
         return h.digest(), h.size
+
+
+class Crc64Nvme:
+    """S3's full-object CRC64NVME (awscrt, imported on first use: only S3 stores need it),
+    fed slice by slice; :attr:`b64` is the value S3 reports as ``ChecksumCRC64NVME``."""
+
+    __slots__ = ("_crc", "_fn")
+
+    def __init__(self) -> None:
+        from awscrt import checksums
+
+        self._fn = checksums.crc64nvme
+        self._crc = 0
+
+    def update(self, data: bytes | memoryview) -> None:
+        self._crc = self._fn(data, self._crc)
+
+    @property
+    def b64(self) -> str:
+        return base64.b64encode(self._crc.to_bytes(8, "big")).decode()
 
 
 def write_all(f: BinaryIO, data: memoryview | bytes) -> None:

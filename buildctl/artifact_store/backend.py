@@ -45,6 +45,10 @@ class Store(Protocol):
     # Whether large objects read faster as parallel ranges than as one stream (S3, where one
     # connection is capped); a local directory reads one stream at disk speed.
     ranged_reads: bool
+    # The full-object checksum the server stores with every object it accepts ("CRC64NVME" on
+    # S3), or None. Publish computes it over each local file in its hashing pass, so a blob that
+    # is already stored is confirmed by comparing checksums instead of reading it back.
+    checksum_algorithm: str | None
 
     def stat(self, key: str) -> int | None:
         """The object's size, or ``None`` if it does not exist."""

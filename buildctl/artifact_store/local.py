@@ -27,6 +27,7 @@ class LocalStore:
     """A store in a local directory."""
 
     ranged_reads = False  # one stream per object reads at disk speed
+    checksum_algorithm = None  # nothing stored besides the bytes: publish re-hashes a reused blob
 
     def __init__(self, root: Path) -> None:
         self.root = Path(root)

@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from buildctl.digest import DIGEST_RE, canonical_json, digest_bytes, digest_json, hash_file
+from buildctl.digest import DIGEST_RE, Crc64Nvme, canonical_json, digest_bytes, digest_json, hash_file
 from buildctl.artifact_store.errors import ManifestError, UnsafeTreeError
 
 MANIFEST_SCHEMA_VERSION = 1
@@ -223,13 +223,18 @@ def scan_tree(root: str | Path) -> list[SourceFile]:
 
 
 def hash_tree(
-    files: list[SourceFile], *, workers: int | None = None, on_bytes: Callable[[int], None] | None = None
+    files: list[SourceFile], *, workers: int | None = None, on_bytes: Callable[[int], None] | None = None,
+    crc64: dict[str, str] | None = None,
 ) -> list[FileEntry]:
-    """Hash files concurrently, one thread per core by default (xxhash releases the GIL per slice)."""
+    """Hash files concurrently, one thread per core by default (xxhash releases the GIL per slice).
+    With ``crc64``, each file's CRC64NVME is computed in the same pass and put there by path."""
     workers = workers or max(2, os.cpu_count() or 2)
 
     def one(f: SourceFile) -> FileEntry:
-        digest, size = hash_file(f.abspath)
+        crc = Crc64Nvme() if crc64 is not None else None
+        digest, size = hash_file(f.abspath, also=crc.update if crc is not None else None)
+        if crc is not None and crc64 is not None:
+            crc64[f.path] = crc.b64
         if size != f.size:
             raise UnsafeTreeError(f.path, f"file changed while hashing ({f.size} -> {size} bytes)")
         if on_bytes:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from buildctl.digest import canonical_json, digest_bytes, hash_file, is_digest
+from buildctl.digest import Crc64Nvme, canonical_json, digest_bytes, hash_file, is_digest
 from buildctl.artifact_store import grace as grace_mod
 from buildctl.artifact_store.backend import ProgressFn, Store
 from buildctl.artifact_store.errors import CorruptObjectError, KeyNotFoundError, StoreArgumentError, StoreUnavailableError
@@ -24,8 +24,8 @@ from buildctl.artifact_store.pools import check, interruptible_pool
 from buildctl.artifact_store.layout import blob_key, build_index_key, build_index_prefix, identity_key, manifest_key
 from buildctl.artifact_store.manifest import Manifest, hash_tree, scan_tree
 from buildctl.times import utc_now
-from buildctl.artifact_store.quarantine import active_quarantine
-from buildctl.artifact_store.repair import repair, tree_source
+from buildctl.artifact_store.quarantine import active_quarantine, try_quarantine
+from buildctl.artifact_store.repair import blob_holds, referencing, repair, tree_source
 from buildctl.artifact_store.authority import Authority
 from buildctl.artifact_store.signing import sign_manifest
 from buildctl.artifact_store.verify import parse_verified_manifest
@@ -43,6 +43,7 @@ class PublishResult:
     existed: bool = False
     build_key_owner: str | None = None  # artifact that holds the build key (may differ on a lost race)
     repaired: list[str] = field(default_factory=list)  # files whose rotted blobs this publish put back
+    reused_repaired: list[str] = field(default_factory=list)  # stored blobs that held wrong bytes, put back
 
     def to_json(self) -> dict:
         """What ``buildctl import --json`` prints."""
@@ -86,18 +87,23 @@ def publish_tree(
     one) yields the same artifact id; its bad blobs are then replaced from ``source``, whose
     digests prove it right, and the quarantine is lifted once the artifact deep-verifies."""
     files = scan_tree(source)  # refuses unsafe trees before anything is written
-    entries = hash_tree(files, on_bytes=on_bytes)
+    # A store that keeps a full-object checksum gets it computed in the hashing pass: a blob it
+    # already holds is then confirmed with a HEAD (else it is read back and re-hashed).
+    crc_by_path: dict[str, str] | None = {} if store.checksum_algorithm else None
+    entries = hash_tree(files, on_bytes=on_bytes, crc64=crc_by_path)
     by_path = {f.path: f for f in files}
     uploads: list[tuple[str, Path, int]] = []
-    seen: set[str] = set()
+    crc_of: dict[str, str | None] = {}
     for e in entries:
-        if e.digest not in seen:
-            seen.add(e.digest)
+        if e.digest not in crc_of:
+            crc_of[e.digest] = crc_by_path[e.path] if crc_by_path is not None else None
             uploads.append((e.digest, by_path[e.path].abspath, e.size))
     log_digest = None
     if build_log is not None:
-        log_digest, log_size = hash_file(build_log)
-        if log_digest not in seen:
+        crc = Crc64Nvme() if crc_by_path is not None else None
+        log_digest, log_size = hash_file(build_log, also=crc.update if crc is not None else None)
+        if log_digest not in crc_of:
+            crc_of[log_digest] = crc.b64 if crc is not None else None
             uploads.append((log_digest, build_log, log_size))
     manifest = Manifest(
         files=tuple(entries), profile_name=draft.profile_name, profile_hash=draft.profile_hash,
@@ -107,11 +113,18 @@ def publish_tree(
     )
     result = PublishResult(artifact_id="", manifest=manifest)
 
+    confirmed: set[str] = set()
+    rotted: list[tuple[str, Path, int]] = []
+
     def upload(item: tuple[str, Path, int]) -> tuple[bool, int]:
         digest, path, size = item
         check(stop)  # an interrupted publish starts no more uploads
         existing = store.stat(blob_key(digest))
         if existing == size:
+            if digest not in confirmed:  # counts only once its content is confirmed
+                if not blob_holds(store, digest, size, crc_of[digest], sized=True):
+                    rotted.append(item)
+                confirmed.add(digest)
             return False, 0
         if existing is not None:
             raise CorruptObjectError(blob_key(digest), f"stored blob has size {existing}, expected {size}")
@@ -139,6 +152,9 @@ def publish_tree(
                     result.uploaded_bytes += nbytes
                 else:
                     reused.append(item)
+            if rotted:
+                result.reused_repaired += _put_back(store, rotted, source, auth)
+                rotted.clear()
             if reused:
                 sleep(max(0.0, window - (clock() - touched)))
                 for item, (created, nbytes) in zip(reused, pool.map(upload, reused)):  # gone meanwhile: upload again
@@ -172,6 +188,25 @@ def publish_tree(
     if manifest.build_key:
         result.build_key_owner = claim_build_key(store, manifest.build_key, artifact_id)
     return result
+
+
+def _put_back(store: Store, rotted: list[tuple[str, Path, int]], source: str | Path, auth: Authority) -> list[str]:
+    """Blobs found stored with the wrong bytes: quarantine every artifact that names one, put the
+    blob back from the local file (whose digest was just computed), and repair and lift those
+    artifacts where they then deep-verify. Returns the digests put back."""
+    fixed = []
+    for digest, path, size in rotted:
+        users = referencing(store, digest)
+        for artifact, paths in users:
+            try_quarantine(store, artifact, f"publish found its blob {digest} stored with the wrong bytes",
+                           problems=[f"{p}: stored blob {digest} does not hold its bytes" for p in paths], auth=auth)
+        if hash_file(path) != (digest, size):
+            raise StoreArgumentError(f"{path} changed during publish: not putting it back as {digest}")
+        store.replace_object(blob_key(digest), path, size=size)
+        fixed.append(digest)
+        for artifact, _ in users:
+            repair(store, artifact, tree_source(source), auth=auth, reason=f"blob {digest} put back by a publish")
+    return fixed
 
 
 def _in_service(store: Store, artifact_id: str) -> bool:

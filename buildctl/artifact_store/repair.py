@@ -21,7 +21,7 @@ from buildctl.artifact_store.layout import IDENTITY_INDEX, blob_key, manifest_ke
 from buildctl.artifact_store.manifest import FileEntry
 from buildctl.artifact_store.quarantine import lift
 from buildctl.artifact_store.authority import Authority
-from buildctl.artifact_store.verify import get_manifest, verify
+from buildctl.artifact_store.verify import get_manifest, scan_manifests, verify
 
 # A source gives, for a manifest entry, a local file that may hold its bytes (None: no copy).
 SourceFn = Callable[[FileEntry], "Path | None"]
@@ -41,14 +41,40 @@ class RepairResult:
 
 
 def stored_blob_ok(store: Store, entry: FileEntry) -> bool:
-    key = blob_key(entry.digest)
-    if store.stat(key) != entry.size:
+    return blob_holds(store, entry.digest, entry.size)
+
+
+def blob_holds(store: Store, digest: str, size: int, crc64: str | None = None, *, sized: bool = False) -> bool:
+    """Whether the stored blob holds exactly the bytes of ``digest``: with ``crc64`` (the local
+    file's CRC64NVME) and a store that keeps one, the object's stored full-object checksum is
+    compared with it, a HEAD request; otherwise the blob is read back and hashed. ``sized``: the
+    caller has just seen the stored size equal ``size``."""
+    key = blob_key(digest)
+    if crc64 is not None and store.checksum_algorithm == "CRC64NVME":
+        try:
+            check = store.stored_checksum(key)
+        except KeyNotFoundError:
+            return False
+        if check is not None:
+            return check.expected == crc64 and (sized or store.stat(key) == size)
+    if not sized and store.stat(key) != size:
         return False
     try:
         with store.open_read(key) as f:
-            return hash_stream(f)[0] == entry.digest
+            return hash_stream(f)[0] == digest
     except KeyNotFoundError:
         return False
+
+
+def referencing(store: Store, digest: str) -> list[tuple[str, list[str]]]:
+    """Every artifact whose manifest names the blob, with the paths it has it under."""
+    out = []
+    for artifact, manifest, _, _ in scan_manifests(store):
+        if manifest is not None:
+            paths = [e.path for e in manifest.files if e.digest == digest]
+            if paths or manifest.build_log == digest:
+                out.append((artifact, paths or ["build log"]))
+    return out
 
 
 def tree_source(root: str | Path) -> SourceFn:

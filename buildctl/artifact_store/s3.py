@@ -88,6 +88,7 @@ class S3Store:
     """A store in an S3 bucket under a prefix."""
 
     ranged_reads = True  # one GET stream is capped; parallel ranges reach line rate
+    checksum_algorithm = "CRC64NVME"  # every put carries one (full-object, multipart included)
 
     def __init__(self, uri: str, *, endpoint_url: str | None = None, client: Any = None) -> None:
         rest = uri[len("s3://"):]

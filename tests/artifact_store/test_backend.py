@@ -335,3 +335,29 @@ def test_create_only_write_loses_to_a_writer_between_check_and_write(store, tmp_
         created = store.put_file(key, tmp_path / "f", size=len(ours))
     assert created is False
     assert store.get_bytes(key) == theirs  # never overwritten
+
+
+def test_publish_confirms_a_reused_blob_and_repairs_it(store, engine_tree, draft, tmp_path):
+    """A blob already in the store counts only once its content is confirmed (local: re-hashed; S3:
+    its stored CRC64NVME against the local file's). A rotted one quarantines the artifacts that
+    name it, is put back from the local bytes, and they deep-verify again."""
+    import shutil
+
+    from buildctl.artifact_store.quarantine import quarantine_records
+
+    from ..support.helpers import rot
+
+    first = ops.publish_tree(store, engine_tree, draft)
+    shared = next(f for f in first.manifest.files if f.path == "rank0.engine")
+    rot(store, shared.digest, "flip")
+    tree = tmp_path / "second"
+    shutil.copytree(engine_tree, tree)
+    (tree / "extra.txt").write_bytes(b"a second artifact sharing rank0.engine")
+    second = ops.publish_tree(store, tree, draft)
+    assert second.artifact_id != first.artifact_id
+    ops.verify(store, second.artifact_id, deep=True)  # not corrupt from its first second
+    ops.verify(store, first.artifact_id, deep=True)
+    assert second.reused_repaired == [shared.digest]
+    records = [r for _, r in quarantine_records(store, first.artifact_id)]
+    assert [r.action for r in records] == ["quarantine", "lift"]
+    assert "rank0.engine" in " ".join(records[0].problems)

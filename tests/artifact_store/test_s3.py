@@ -125,3 +125,41 @@ def test_missing_or_refused_credentials_and_dead_endpoint_exit_9(seaweed, s3_env
     assert code == 9 and "no credentials found" in err, err
     code, err = run("--endpoint-url", "http://127.0.0.1:9")
     assert code == 9 and "cannot reach the endpoint http://127.0.0.1:9" in err, err
+
+
+def test_publish_confirms_reused_blobs_by_their_stored_crc64nvme(s3store, tmp_path, monkeypatch, draft):
+    """Republishing confirms each stored blob with a HEAD (its full-object CRC64NVME against the
+    one computed in the hashing pass), multipart blobs included, without reading a byte back; a
+    blob stored with other bytes and their own valid checksum (a buggy writer) is caught by it."""
+    import base64
+
+    from awscrt import checksums
+
+    import buildctl.artifact_store as ops
+    from buildctl.artifact_store.layout import blob_key
+    from buildctl.artifact_store.repair import blob_holds
+
+    from ..support.helpers import make_tree
+
+    monkeypatch.setattr(s3mod, "MULTIPART_THRESHOLD", 1024 * 1024)
+    monkeypatch.setattr(s3mod, "PART_SIZE", 5 * 1024 * 1024)
+    tree = make_tree(tmp_path / "t", {"big.bin": 6 * 1024 * 1024 + 3, "small.json": b"{}"})
+    first = ops.publish_tree(s3store, tree, draft)
+    gets: list[str] = []
+    s3store.client.meta.events.register("provide-client-params.s3.GetObject", lambda params, **_: gets.append(params["Key"]))
+    again = ops.publish_tree(s3store, tree, draft)
+    assert again.artifact_id == first.artifact_id and again.reused_repaired == []
+    assert not [k for k in gets if k.startswith("p/blobs/")], "a confirmed blob is not read back"
+    small = next(f for f in first.manifest.files if f.path == "small.json")
+    wrong = b"[]"  # same size, other bytes, stored with a checksum that is right for them
+    s3store.client.put_object(Bucket=s3store.bucket, Key=s3store._k(blob_key(small.digest)), Body=wrong,
+                              ChecksumCRC64NVME=base64.b64encode(checksums.crc64nvme(wrong).to_bytes(8, "big")).decode())
+    gets.clear()
+    right = base64.b64encode(checksums.crc64nvme(b"{}").to_bytes(8, "big")).decode()
+    assert blob_holds(s3store, small.digest, small.size, right) is False
+    assert blob_holds(s3store, small.digest, small.size, None) is False  # read back and hashed: the fallback
+    assert gets == [s3store._k(blob_key(small.digest))], "the checksum decided without reading"
+    (tree / "other.txt").write_bytes(b"a new artifact that shares small.json")
+    fixed = ops.publish_tree(s3store, tree, draft)
+    assert fixed.reused_repaired == [small.digest]
+    assert s3store.get_bytes(blob_key(small.digest)) == b"{}"
