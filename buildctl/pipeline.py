@@ -44,7 +44,7 @@ from buildctl.settings import Settings
 from buildctl.artifact_store.attestations import StoredAttestation, latest_attestation, list_attestations
 from buildctl.artifact_store.backend import ProgressFn, Store, open_store
 from buildctl.artifact_store.channels import ChannelRecord
-from buildctl.artifact_store.promotion import promote
+from buildctl.artifact_store.promotion import PROTECTED_CHANNELS, promote
 from buildctl.artifact_store.checkpoints import download_checkpoint
 from buildctl.artifact_store.errors import StoreArgumentError, VerificationError
 from buildctl.artifact_store.manifest import Manifest, tree_digest
@@ -56,9 +56,6 @@ from buildctl.artifact_store.integrity import verify_recent_or_quarantine, verif
 from buildctl.artifact_store.verify import get_manifest, resolve_artifact
 
 Say = Callable[[str], None]
-
-# Channels the flows never promote to: CI promotes to these, through `buildctl promote`.
-PROTECTED_CHANNELS = frozenset({"prod", "production"})
 
 
 def _quiet(_: str) -> None:

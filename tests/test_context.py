@@ -14,7 +14,7 @@ from buildctl.artifact_store.backend import open_store
 from buildctl.context import Context, authority_of
 from buildctl.errors import BadInputError
 
-from .support.helpers import PROFILES, make_tree, settings, write_attestation
+from .support.helpers import PROFILES, make_tree, settings, write_attestation, staged
 
 
 @pytest.fixture
@@ -98,6 +98,7 @@ def test_a_command_reads_each_key_file_once(keys, cli, tmp_path, monkeypatch):
     monkeypatch.setenv("BUILDCTL_SIGNING_KEY", str(d / "promoter.key"))
     monkeypatch.setenv("BUILDCTL_TRUSTED_KEYS", str(trusted))
     calls = counting(monkeypatch)
+    staged(store_dir, aid)
     code, _, err = cli("--store", store_dir, "--json", "promote", aid, "--channel", "prod")
     assert code == 0, err
     assert calls == {"signing": 1, "trusted": 1}

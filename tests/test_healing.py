@@ -12,7 +12,7 @@ import buildctl.artifact_store as ops
 from buildctl.artifact_store.authority import Authority
 from buildctl.context import Context
 
-from .support.helpers import PROFILES, make_tree, publish_files, rot, settings
+from .support.helpers import PROFILES, make_tree, publish_files, rot, settings, staged
 from .support.trtllm_kit import calib, fake_tools, h100x8, hf_model, prod  # noqa: F401  (fixtures)
 
 KINDS = ("flip", "truncate", "missing")
@@ -37,6 +37,7 @@ def test_promote_refuses_a_rotted_artifact_and_quarantines_it(store, store_uri, 
                                                              s3_env_if_needed):
     aid = published(store, tmp_path / "a", draft)
     rot(store, digest_of(store, aid, "rank0.engine"), kind)
+    staged(store_uri, aid)
     code, _, err = cli("--store", store_uri, "promote", aid, "--channel", "prod")
     assert code == 4 and "rank0.engine" in err and "quarantined: quarantine/" in err, err
     assert ops.read_channel(store, draft.profile_name, "prod", draft.compat_key) is None
@@ -53,7 +54,7 @@ def test_promote_trusts_a_recent_deep_verify_only_when_asked_and_records_it(stor
     aid = published(store, tmp_path / "a", draft)
     first = ops.promote(store, aid, "staging", auth=Authority(verify_window_s=3600))
     assert first.verified_at is not None and first.verify_window_s == 0  # the gate re-hashed: the default
-    again = ops.promote(store, aid, "prod", trust_verify_within_s=3600)
+    again = ops.promote(store, staged(store, aid), "prod", trust_verify_within_s=3600)
     assert again.verified_at == first.verified_at and again.verify_window_s == 3600  # trusted, as asked
     fresh = ops.promote(store, aid, "canary", auth=Authority(verify_window_s=3600))
     assert fresh.verified_at > first.verified_at  # the settings' window is not an opt-in: re-hashed
@@ -62,13 +63,13 @@ def test_promote_trusts_a_recent_deep_verify_only_when_asked_and_records_it(stor
 def test_pull_refuses_a_quarantined_artifact_the_channel_points_at(store, store_uri, draft, tmp_path, cli,
                                                                    s3_env_if_needed):
     v1 = published(store, tmp_path / "v1", draft, seed=1)
-    ops.promote(store, v1, "prod")
+    ops.promote(store, staged(store, v1), "prod")
     node = tmp_path / "node"
     args = ("--store", store_uri, "--json", "pull", "--profile", draft.profile_name, "--channel", "prod", "--dest", node,
             "--skip-preflight", "--node-id", "gpu-node-3")
     assert j(cli(*args))["artifact_id"] == v1
     v2 = published(store, tmp_path / "v2", draft, seed=2)
-    ops.promote(store, v2, "prod")
+    ops.promote(store, staged(store, v2), "prod")
     code, _, err = cli("--store", store_uri, "quarantine", v2, "--reason", "segfaults over 4096 tokens (INC-7)")
     assert code == 0, err
     code, _, err = cli(*args)
@@ -82,7 +83,7 @@ def test_pull_refuses_a_quarantined_artifact_the_channel_points_at(store, store_
 def test_a_rotted_blob_makes_the_pull_fail_and_the_node_report_it(store, store_uri, draft, tmp_path, cli,
                                                                   s3_env_if_needed):
     aid = published(store, tmp_path / "a", draft)
-    ops.promote(store, aid, "prod")
+    ops.promote(store, staged(store, aid), "prod")
     rot(store, digest_of(store, aid, "rank0.engine"), "flip")
     code, _, err = cli("--store", store_uri, "pull", "--profile", draft.profile_name, "--channel", "prod",
                        "--dest", tmp_path / "node", "--skip-preflight", "--node-id", "gpu-node-4")
@@ -95,13 +96,13 @@ def test_a_rotted_blob_makes_the_pull_fail_and_the_node_report_it(store, store_u
 def test_recovery_rolls_the_channel_back_and_names_the_rebuild(store, store_uri, draft, tmp_path, cli, kind,
                                                                s3_env_if_needed):
     good = published(store, tmp_path / "good", draft, seed=1)
-    ops.promote(store, good, "prod")
+    ops.promote(store, staged(store, good), "prod")
     bad = published(store, tmp_path / "bad", draft, seed=2)
-    ops.promote(store, bad, "prod")
+    ops.promote(store, staged(store, bad), "prod")
     rot(store, digest_of(store, bad, "rank0.engine"), kind)
     rep = j(cli("--store", store_uri, "--json", "heal", bad))
     assert not rep["store_copy_ok"] and rep["quarantine_record"].startswith("quarantine/")
-    (chan,) = rep["channels"]
+    chan = next(c for c in rep["channels"] if c["channel"] == "prod")  # staging had it too
     assert chan["rolled_back_to"] == good and chan["seq"] == 3
     assert rep["rebuild"] == [{"profile": draft.profile_name, "compat_key": draft.compat_key}]
     last = ops.history(store, draft.profile_name, "prod", draft.compat_key)[-1]
@@ -112,16 +113,16 @@ def test_recovery_skips_earlier_artifacts_that_are_bad_or_unvalidated(store, dra
     from buildctl.healing import recover_channels
 
     oldest = published(store, tmp_path / "o", draft, seed=1)
-    ops.promote(store, oldest, "prod")
+    ops.promote(store, staged(store, oldest), "prod")
     rotten = published(store, tmp_path / "r", draft, seed=2)
-    ops.promote(store, rotten, "prod")
+    ops.promote(store, staged(store, rotten), "prod")
     newest = published(store, tmp_path / "n", draft, seed=3)
-    ops.promote(store, newest, "prod")
+    ops.promote(store, staged(store, newest), "prod")
     rot(store, digest_of(store, rotten, "rank0.engine"), "flip")
     from buildctl.artifact_store.quarantine import quarantine
 
     quarantine(store, newest, "bad engine", auth=Authority(who="test"))
-    (rec,) = recover_channels(Context.from_settings(settings(), store=store), newest)
+    rec = next(r for r in recover_channels(Context.from_settings(settings(), store=store), newest) if r.channel == "prod")
     assert rec.rolled_back_to == oldest  # the rotten one in between deep-failed and was quarantined too
     from buildctl.artifact_store.quarantine import active_quarantine
 
@@ -132,7 +133,7 @@ def test_recovery_skips_earlier_artifacts_that_are_bad_or_unvalidated(store, dra
 def test_repair_from_a_node_versions_dir_restores_the_same_artifact(store, store_uri, draft, tmp_path, cli, kind,
                                                                     s3_env_if_needed):
     aid = published(store, tmp_path / "a", draft)
-    ops.promote(store, aid, "prod")
+    ops.promote(store, staged(store, aid), "prod")
     node = tmp_path / "node"
     assert j(cli("--store", store_uri, "--json", "pull", "--profile", draft.profile_name, "--channel", "prod",
                  "--dest", node, "--skip-preflight"))["installed"]
@@ -167,7 +168,7 @@ def test_repair_from_another_store_and_refuses_a_wrong_copy(store, store_uri, dr
 def test_a_bad_node_copy_does_not_quarantine_a_good_artifact(store, store_uri, draft, tmp_path, cli,
                                                              s3_env_if_needed):
     aid = published(store, tmp_path / "a", draft)
-    ops.promote(store, aid, "prod")
+    ops.promote(store, staged(store, aid), "prod")
     rep = j(cli("--store", store_uri, "--json", "heal", aid))
     assert rep["store_copy_ok"] and rep["channels"] == [] and rep["quarantine_record"] is None
     assert not j(cli("--store", store_uri, "--json", "show", aid))["quarantined"]
@@ -176,7 +177,7 @@ def test_a_bad_node_copy_does_not_quarantine_a_good_artifact(store, store_uri, d
 def test_scrub_checks_channel_artifacts_first_and_quarantines_failures(store, store_uri, draft, tmp_path, cli,
                                                                        s3_env_if_needed):
     referenced = published(store, tmp_path / "r", draft, seed=1)
-    ops.promote(store, referenced, "prod")
+    ops.promote(store, staged(store, referenced), "prod")
     loose = [published(store, tmp_path / f"l{i}", draft, seed=10 + i) for i in range(3)]
     rot(store, digest_of(store, loose[1], "rank0.engine"), "truncate")
     code, out, err = cli("--store", store_uri, "--json", "scrub")
@@ -258,7 +259,7 @@ def test_scrub_and_heal_restore_a_rotted_manifest_from_its_identity_copy(store, 
     from .support.helpers import rot_manifest
 
     aid = published(store, tmp_path / "a", draft, seed=1)
-    ops.promote(store, aid, "prod")
+    ops.promote(store, staged(store, aid), "prod")
     rot_manifest(store, aid)
     code, out, err = cli("--store", store_uri, "--json", "scrub")
     assert code == 0, err

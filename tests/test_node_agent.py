@@ -24,7 +24,7 @@ from buildctl.artifact_store.errors import SignatureError, VerificationError
 from buildctl.context import Context
 from buildctl.engines.fingerprint import UpgradeTarget
 
-from .support.helpers import make_signer, publish_files, settings, write_attestation
+from .support.helpers import make_signer, publish_files, settings, write_attestation, staged
 from .support.s3server import free_ports
 from .support.trtllm_kit import h100x8
 
@@ -51,7 +51,7 @@ def fleet_store(tmp_path, monkeypatch):
     a = publish_for(store, tmp_path, BEFORE, 1)
     b = publish_for(store, tmp_path, AFTER, 2, size=3 * 1024 * 1024)
     for aid in (a, b):
-        promote(store, aid, "prod")
+        promote(store, staged(store, aid), "prod")
     fp_file = tmp_path / "fp.json"
     fp_file.write_text(json.dumps(BEFORE.model_dump(mode="json")))
     monkeypatch.setenv("BUILDCTL_FINGERPRINT_FILE", str(fp_file))

@@ -22,7 +22,7 @@ from buildctl.artifact_store.pull import pull
 from buildctl.artifact_store.rollout import RolloutPlan, in_wave, parse_waves, wave_bucket
 from buildctl.context import Context
 
-from .support.helpers import publish_files, settings
+from .support.helpers import publish_files, settings, staged
 
 PROFILE = "tiny-llama-cpu"
 # Fails on an engine that ships a file named BROKEN: the operator's health command, as a node runs it.
@@ -100,10 +100,10 @@ def test_rollout_arguments():
 def test_canary_wave_gets_the_new_engine_and_the_rest_keep_the_old(store, tmp_path, draft, cli):
     v1, v2 = publish(store, tmp_path, "v1", draft), publish(store, tmp_path, "v2", draft)
     fleet = Fleet(store, tmp_path, 24)
-    ops.promote(store, v1, "prod")
+    ops.promote(store, staged(store, v1), "prod")
     assert fleet.pull_all() == {} and set(fleet.current().values()) == {v1}
     plan = RolloutPlan(waves=parse_waves("20,100", "0"), bake_s=3600)
-    rec = ops.promote(store, v2, "prod", rollout=plan)
+    rec = ops.promote(store, staged(store, v2), "prod", rollout=plan)
     assert rec.rollout.base == v1 and rec.rollout.target == v2 and rec.artifact_id == v2 and rec.previous == v1
     canaries = {n for n in fleet.ids if wave_bucket(PROFILE, "prod", n) < 20}
     assert 0 < len(canaries) < len(fleet.ids)  # the node ids were chosen so that the wave splits them
@@ -125,7 +125,7 @@ def test_canary_wave_gets_the_new_engine_and_the_rest_keep_the_old(store, tmp_pa
 
     # a new promotion would abandon the rollout: refused; a plain promote after it ends is a 100% flip
     with pytest.raises(RolloutInProgressError):
-        ops.promote(store, v1, "prod")
+        ops.promote(store, staged(store, v1), "prod")
     code, _, err = cli("--store", store.uri, "promote", v1, "--channel", "prod")
     assert code == 6 and "rollout abort" in err
     for step, state in (("pause", "paused"), ("resume", "active")):
@@ -138,16 +138,16 @@ def test_canary_wave_gets_the_new_engine_and_the_rest_keep_the_old(store, tmp_pa
                          "--reason", "testing abort")
     assert code == 0 and json.loads(out)[0]["artifact_id"] == v1, err
     assert fleet.pull_all() == {} and set(fleet.current().values()) == {v1}
-    assert ops.promote(store, v2, "prod").rollout is None
+    assert ops.promote(store, staged(store, v2), "prod").rollout is None
     assert fleet.pull_all() == {} and set(fleet.current().values()) == {v2}
 
 
 def test_a_failing_canary_halts_the_rollout_and_rolls_the_channel_back(store, tmp_path, draft):
     v1, bad = publish(store, tmp_path, "v1", draft), publish(store, tmp_path, "bad", draft, broken=True)
     fleet = Fleet(store, tmp_path, 30)
-    ops.promote(store, v1, "prod")
+    ops.promote(store, staged(store, v1), "prod")
     fleet.pull_all()
-    rec = ops.promote(store, bad, "prod", rollout=RolloutPlan(waves=parse_waves("10,50,100", "0"), bake_s=0))
+    rec = ops.promote(store, staged(store, bad), "prod", rollout=RolloutPlan(waves=parse_waves("10,50,100", "0"), bake_s=0))
     canaries = sorted(n for n in fleet.ids if wave_bucket(PROFILE, "prod", n) < 10)
     assert canaries
     failed = fleet.pull_all()
@@ -171,8 +171,8 @@ def test_a_failing_canary_halts_the_rollout_and_rolls_the_channel_back(store, tm
 def test_decisions_wait_bake_advance_complete_and_halt_when_paused(store, tmp_path, draft):
     v1, v2 = publish(store, tmp_path, "v1", draft), publish(store, tmp_path, "v2", draft)
     fleet = Fleet(store, tmp_path, 40)
-    ops.promote(store, v1, "prod")
-    rec = ops.promote(store, v2, "prod", rollout=RolloutPlan(waves=parse_waves("25,100", "0,5%"), bake_s=600))
+    ops.promote(store, staged(store, v1), "prod")
+    rec = ops.promote(store, staged(store, v2), "prod", rollout=RolloutPlan(waves=parse_waves("25,100", "0,5%"), bake_s=600))
     fleet.pull_all()
     now = datetime.now(timezone.utc)
     assert rollouts.view(store, rec, now=now).decision == "wait"  # baking
@@ -217,12 +217,12 @@ def test_a_nodes_failed_smoke_check_switches_it_back_to_previous(store, tmp_path
     (node,) = fleet.ids
     dest = fleet.dest(node)
     for a in (v0, v1):
-        ops.promote(store, a, "prod")
+        ops.promote(store, staged(store, a), "prod")
         fleet.pull(node)
     assert (current_artifact(dest), previous_artifact(dest)) == (v1, v0)
     reported = read_node(store, node)[0].engine(PROFILE, "prod")
     assert (reported.current, reported.previous, reported.status) == (v1, v0, "healthy")  # what gc keeps for it
-    ops.promote(store, v2, "prod")  # a plain promotion: every node at once
+    ops.promote(store, staged(store, v2), "prod")  # a plain promotion: every node at once
     fp = tmp_path / "fleet" / node / "fingerprint.json"
     code, out, err = cli("--store", store.uri, "pull", "--profile", PROFILE, "--channel", "prod", "--dest", dest,
                          "--node-id", node, "--health-cmd", HEALTH, "--skip-preflight", "--keep", "3")
@@ -260,8 +260,8 @@ def test_a_canary_that_refuses_a_rotted_target_counts_as_failed(store, tmp_path,
     from .support.helpers import rot
 
     v1, v2 = publish(store, tmp_path, "v1", draft), publish(store, tmp_path, "v2", draft)
-    ops.promote(store, v1, "prod")
-    ops.promote(store, v2, "prod", rollout=RolloutPlan(waves=parse_waves("50,100", "0"), bake_s=0))
+    ops.promote(store, staged(store, v1), "prod")
+    ops.promote(store, staged(store, v2), "prod", rollout=RolloutPlan(waves=parse_waves("50,100", "0"), bake_s=0))
     canary = next(f"n{i}" for i in range(100) if wave_bucket(PROFILE, "prod", f"n{i}") < 50)
     rot(store, next(f.digest for f in ops.get_manifest(store, v2).files if f.path == "rank0.engine"), "flip")
     code, _, err = cli("--store", store.uri, "pull", "--profile", PROFILE, "--channel", "prod", "--dest",
@@ -330,8 +330,8 @@ def test_a_views_labels_counts_and_json_are_exact(tmp_path, draft):
 
     store = open_store(f"file://{tmp_path / 'store'}")
     v1, v2 = publish(store, tmp_path, "v1", draft), publish(store, tmp_path, "v2", draft)
-    ops.promote(store, v1, "prod")
-    rec = ops.promote(store, v2, "prod", rollout=RolloutPlan(waves=parse_waves("50,100", "1"), bake_s=600))
+    ops.promote(store, staged(store, v1), "prod")
+    rec = ops.promote(store, staged(store, v2), "prod", rollout=RolloutPlan(waves=parse_waves("50,100", "1"), bake_s=600))
     key = draft.compat_key
     ids = [f"n{i:03d}" for i in range(40)]
     first = [n for n in ids if wave_bucket(PROFILE, "prod", n) < 50]
@@ -372,8 +372,8 @@ def test_tick_decides_every_live_rollout_past_channels_without_one(tmp_path, dra
     v1, v2 = publish(store, tmp_path, "v1", draft), publish(store, tmp_path, "v2", draft)
     m = ops.get_manifest(store, v1)
     set_channel(store, v1, m, "prod", compat_key="aaa-first")  # no rollout, sorts first
-    ops.promote(store, v1, "prod")
-    ops.promote(store, v2, "prod", rollout=RolloutPlan(waves=parse_waves("50,100", "0"), bake_s=0))
+    ops.promote(store, staged(store, v1), "prod")
+    ops.promote(store, staged(store, v2), "prod", rollout=RolloutPlan(waves=parse_waves("50,100", "0"), bake_s=0))
     views = rollouts.tick(Context.from_settings(settings(), store=store), channel="prod")
     assert [(v.record.compat_key, v.decision) for v in views] == [(draft.compat_key, "advance")]
 
@@ -385,8 +385,8 @@ def test_control_acts_on_live_rollouts_only_and_names_the_key_it_was_given(tmp_p
     store = open_store(f"file://{tmp_path / 'store'}")
     v1, v2 = publish(store, tmp_path, "v1", draft), publish(store, tmp_path, "v2", draft)
     set_channel(store, v1, ops.get_manifest(store, v1), "prod", compat_key="aaa-plain")  # a ref without a rollout
-    ops.promote(store, v1, "prod")
-    ops.promote(store, v2, "prod", rollout=RolloutPlan(waves=parse_waves("50,100", "0"), bake_s=0))
+    ops.promote(store, staged(store, v1), "prod")
+    ops.promote(store, staged(store, v2), "prod", rollout=RolloutPlan(waves=parse_waves("50,100", "0"), bake_s=0))
     ctx = Context.from_settings(settings(), store=store)
     (paused,) = rollouts.control(ctx, "pause", PROFILE, "prod")
     assert paused.compat_key == draft.compat_key and paused.rollout.state == "paused"
@@ -414,8 +414,8 @@ def test_the_next_wave_named_is_the_next_one_and_baking_ends_exactly(tmp_path, d
 
     store = open_store(f"file://{tmp_path / 'store'}")
     v1, v2 = publish(store, tmp_path, "v1", draft), publish(store, tmp_path, "v2", draft)
-    ops.promote(store, v1, "prod")
-    rec = ops.promote(store, v2, "prod", rollout=RolloutPlan(waves=parse_waves("10,50,100", "0"), bake_s=600))
+    ops.promote(store, staged(store, v1), "prod")
+    rec = ops.promote(store, staged(store, v2), "prod", rollout=RolloutPlan(waves=parse_waves("10,50,100", "0"), bake_s=600))
     started = datetime.fromisoformat(rec.rollout.wave_started_at.replace("Z", "+00:00"))
     almost = rollouts.decide(rec, [], started + timedelta(seconds=599.5))
     assert almost.decision == "wait" and almost.bake_left_s == pytest.approx(0.5)
@@ -432,8 +432,8 @@ def test_a_channel_that_moved_while_tick_decided_is_decided_again_next_time(tmp_
 
     store = open_store(f"file://{tmp_path / 'store'}")
     v1, v2 = publish(store, tmp_path, "v1", draft), publish(store, tmp_path, "v2", draft)
-    ops.promote(store, v1, "prod")
-    ops.promote(store, v2, "prod", rollout=RolloutPlan(waves=parse_waves("50,100", "0"), bake_s=0))
+    ops.promote(store, staged(store, v1), "prod")
+    ops.promote(store, staged(store, v2), "prod", rollout=RolloutPlan(waves=parse_waves("50,100", "0"), bake_s=0))
 
     def moved(*a, **k):
         raise CasConflictError("channels/x", 1)

@@ -18,7 +18,7 @@ from buildctl.artifact_store.pull import pull, resolve_channel
 from buildctl.context import Context
 from buildctl.engines.fingerprint import Fingerprint, GpuInfo, UpgradeTarget
 
-from .support.helpers import PROFILES, REPO, settings
+from .support.helpers import PROFILES, REPO, settings, staged
 
 LEGACY = REPO / "tests/support/fixtures/legacy_store"
 TRT = "llama-3-8b-instruct-fp8-tp1"
@@ -242,7 +242,7 @@ def tiny_fleet(tiny_build, quick_profiles, tmp_path, monkeypatch):
     res = pipeline.import_engine(ctx, tiny_build["engine"], tiny_build["profile"], here,
                                  model_digest=tiny_build["outcome"].model_digest)
     write_attestation(store, res.artifact_id, here.compat_key("aoti"), "pass", validator=here)
-    promote(store, res.artifact_id, "prod")
+    promote(store, staged(store, res.artifact_id), "prod")
     for node in ("cpu-1", "cpu-2"):
         fleet.report_node(store, node, here, [CPU])
     return {"store": store, "ctx": ctx, "here": here, "artifact": res.artifact_id, "tmp": tmp_path,

@@ -4,7 +4,8 @@
 artifact is not quarantined, its bytes deep-verify now (or, when the caller opts in with
 ``trust_verify_within_s``, did that recently; a mismatch quarantines it), and its latest attestation for its compat key passed, says so in its own
 figures and, with trusted keys, is signed by a validator key. ``force`` overrides only the
-attestation part, with a reason on record: bytes that do not verify are never promoted.
+attestation part and the staging-first rule (``prod`` takes only what was on ``staging``), with a
+reason on record: bytes that do not verify are never promoted.
 ``rollback`` points a channel at an earlier artifact, after the same byte check.
 """
 
@@ -58,6 +59,25 @@ def promotion_refusals(store: Store, artifact_id: str, manifest: Manifest, auth:
     return reasons
 
 
+# Production channels: the flows never promote to them (CI does), and each takes only an artifact
+# that was on the channel before it first (under the same compat key); --force --reason overrides.
+PROTECTED_CHANNELS = frozenset({"prod", "production"})
+STAGED_BEFORE = {"prod": "staging", "production": "staging"}
+
+
+def staging_refusal(store: Store, artifact_id: str, manifest: Manifest, channel: str,
+                    compat_key: str | None = None) -> str | None:
+    """Why ``channel`` refuses an artifact that was never on the channel before it (None: it was,
+    or the channel has none)."""
+    before = STAGED_BEFORE.get(channel)
+    if before is None:
+        return None
+    for key in {manifest.compat_key, compat_key or manifest.compat_key}:
+        if any(r.artifact_id == artifact_id for r in history(store, manifest.profile_name, before, key)):
+            return None
+    return f"it was never on {before!r}: promote it there first (or --force --reason)"
+
+
 def promote(store: Store, artifact_ref: str, channel: str, *, auth: Authority = Authority(), force: bool = False,
             reason: str | None = None, attempts: int = 30, rollout: RolloutPlan | None = None,
             compat_key: str | None = None, trust_verify_within_s: float = 0.0) -> ChannelRecord:
@@ -73,6 +93,7 @@ def promote(store: Store, artifact_ref: str, channel: str, *, auth: Authority = 
     verified_at = verify_recent_or_quarantine(store, artifact_id, detector=f"promote to {channel}", auth=auth)
     manifest = get_manifest(store, artifact_id)
     reasons = promotion_refusals(store, artifact_id, manifest, auth, compat_key)
+    reasons += [r for r in [staging_refusal(store, artifact_id, manifest, channel, compat_key)] if r]
     if reasons and not force:
         raise PromotionRefusedError(artifact_id, channel, reasons)
     return set_channel(store, artifact_id, manifest, channel, auth=auth, reason=reason, forced=bool(reasons) and force,

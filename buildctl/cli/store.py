@@ -167,7 +167,9 @@ def promote_cmd(
     json_out: bool = JSON_OPT,
 ) -> None:
     """Move a channel to an artifact that verifies and passed validation (with --rollout: in waves).
-    Every blob is re-hashed first unless --trust-verify-within allows a recent deep verify."""
+    Every blob is re-hashed first unless --trust-verify-within allows a recent deep verify. prod
+    takes only an artifact that was on staging first; --force --reason overrides that and the
+    attestation gate, and is recorded."""
     from buildctl.pipeline import promote_artifact
     from buildctl.artifact_store.errors import StoreArgumentError
     from buildctl.artifact_store.rollout import RolloutPlan, parse_waves

@@ -35,7 +35,7 @@ from buildctl.artifact_store.rollout import RolloutPlan, parse_waves
 from buildctl.artifact_store.signing import SigningKey, TrustedKeys
 from buildctl.artifact_store.authority import Authority
 
-from ..support.helpers import make_signer, make_tree, write_attestation
+from ..support.helpers import make_signer, make_tree, write_attestation, staged
 
 P = "tiny-llama-cpu"
 
@@ -326,11 +326,11 @@ def test_promote_refuses_a_pass_whose_figures_fail_and_records_force_only_when_i
             good.speed.levels[0].ratios[1])}),)})})
     ops.write_attestation(store, slow)
     with pytest.raises(PromotionRefusedError) as exc:
-        ops.promote(store, b, "prod")
+        ops.promote(store, staged(store, b), "prod")
     assert any("says pass but its recorded figures give fail: " in r for r in exc.value.reasons)
-    plain = ops.promote(store, a, "prod", force=True, reason="nothing to override")
+    plain = ops.promote(store, staged(store, a), "prod", force=True, reason="nothing to override")
     assert plain.forced is False  # the gates passed: nothing was forced
-    forced = ops.promote(store, b, "prod", force=True, reason="known slow; hotfix")
+    forced = ops.promote(store, staged(store, b), "prod", force=True, reason="known slow; hotfix")
     assert forced.forced is True and forced.reason == "known slow; hotfix"
 
 
@@ -341,7 +341,7 @@ def test_promote_with_trusted_keys_refuses_an_unsigned_attestation(env):
     k = make_signer()
     trusted = TrustedKeys({"promoter": {k.key_id: k.private.public_key()}})
     with pytest.raises(PromotionRefusedError) as exc:
-        ops.promote(store, a, "prod", auth=Authority(signer=k, trusted=trusted))
+        ops.promote(store, staged(store, a), "prod", auth=Authority(signer=k, trusted=trusted))
     assert any(r.startswith("attestation signature: unsigned") for r in exc.value.reasons)
 
 
@@ -405,7 +405,7 @@ def test_channel_lookups_defaults_and_record_rules(env):
     with pytest.raises(ValidationError):
         ChannelRecord.model_validate(rec.model_dump() | {"seq": 0})  # sequences start at 1
     with pytest.raises(StoreArgumentError, match="--force needs --reason"):
-        ops.promote(store, b, "prod", force=True)
+        ops.promote(store, staged(store, b), "prod", force=True)
 
 
 def test_promote_retries_30_times_by_default(env, monkeypatch):
@@ -414,7 +414,7 @@ def test_promote_retries_30_times_by_default(env, monkeypatch):
     monkeypatch.setattr(channels_mod.random, "uniform", lambda lo, hi: 0.0)  # no waiting between attempts
     store, (a, *_), _, _ = env
     with pytest.raises(CasConflictError) as exc:
-        ops.promote(Contended(store, 1000), a, "prod")
+        ops.promote(Contended(store, 1000), staged(store, a), "prod")
     assert exc.value.attempts == 30
 
 

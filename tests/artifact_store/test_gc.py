@@ -19,7 +19,7 @@ from buildctl.artifact_store.layout import blob_key, touch_key
 from buildctl.artifact_store.authority import Authority
 from buildctl.context import Context
 
-from ..support.helpers import make_tree, publish_files, settings
+from ..support.helpers import make_tree, publish_files, settings, staged
 
 PROFILE = "tiny-llama-cpu"
 LATER = datetime.now(timezone.utc) + timedelta(days=3)  # everything below is past the 24 h grace by then
@@ -44,7 +44,7 @@ def test_ten_compat_keys_four_rounds_every_rollback_target_survives(store, tmp_p
     for rnd in range(4):
         for k in keys:
             aid = publish(store, tmp_path, k, f"round-{rnd}")
-            ops.promote(store, aid, "prod")
+            ops.promote(store, staged(store, aid), "prod")
             prod[k].append(aid)
     # a node that runs one of them reports what it keeps as previous: an artifact nothing else protects
     kept_by_node = never_promoted[keys[0]][0]
@@ -193,7 +193,7 @@ def test_gc_never_deletes_the_blobs_of_an_artifact_whose_manifest_rotted(store, 
     from ..support.helpers import publish_files, rot_manifest
 
     aid = publish_files(store, tmp_path / "a", draft, {"config.json": b"{}", "rank0.engine": 50_000}, seed=1)
-    ops.promote(store, aid, "prod")
+    ops.promote(store, staged(store, aid), "prod")
     digests = [f.digest for f in ops.get_manifest(store, aid).files]
     rot_manifest(store, aid)
     import time

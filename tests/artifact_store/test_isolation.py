@@ -8,13 +8,13 @@ import json
 import buildctl.artifact_store as ops
 from buildctl.artifact_store.layout import channel_key
 
-from ..support.helpers import overwrite, publish_files
+from ..support.helpers import overwrite, publish_files, staged
 
 
 def test_a_malformed_channel_ref_is_reported_and_skipped_by_gc_and_scrub(store, store_uri, tmp_path, draft, cli,
                                                                          s3_env_if_needed):
     good = publish_files(store, tmp_path / "g", draft, {"config.json": b"{}", "rank0.engine": 4096}, seed=1)
-    ops.promote(store, good, "prod")
+    ops.promote(store, staged(store, good), "prod")
     other = publish_files(store, tmp_path / "o", draft, {"config.json": b"[]", "rank0.engine": 4096}, seed=2)
     ops.promote(store, other, "staging")
     overwrite(store, channel_key(draft.profile_name, "staging", draft.compat_key), b'{"seq": "not a record"')

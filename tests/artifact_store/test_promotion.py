@@ -12,7 +12,7 @@ from buildctl.artifact_store.integrity import verify_deep_or_quarantine
 from buildctl.artifact_store.promotion import rollback
 from buildctl.artifact_store.quarantine import active_quarantine
 
-from ..support.helpers import publish_files, rot
+from ..support.helpers import publish_files, rot, staged
 
 
 def _published(store, tmp_path, draft, name: str, seed: int) -> str:
@@ -30,6 +30,7 @@ def test_a_byte_flipped_after_a_deep_verify_is_caught_by_promote(store, tmp_path
     aid = _published(store, tmp_path, draft, "v1", 1)
     verify_deep_or_quarantine(store, aid, detector="validation")  # what validation records
     rot(store, _engine_blob(store, aid), "flip")
+    staged(store, aid)
     code, _, err = cli("--store", store.uri, "promote", aid, "--channel", "prod")
     assert code == 4, err
     assert read_channel(store, draft.profile_name, "prod", draft.compat_key) is None
@@ -39,6 +40,7 @@ def test_a_byte_flipped_after_a_deep_verify_is_caught_by_promote(store, tmp_path
 def test_trusting_an_earlier_verify_is_an_explicit_opt_in_and_is_recorded(store, tmp_path, draft, cli):
     aid = _published(store, tmp_path, draft, "v1", 1)
     verify_deep_or_quarantine(store, aid, detector="validation")
+    staged(store, aid)
     code, out, err = cli("--store", store.uri, "--json", "promote", aid, "--channel", "prod",
                          "--trust-verify-within", "1h")
     assert code == 0, err
@@ -47,6 +49,7 @@ def test_trusting_an_earlier_verify_is_an_explicit_opt_in_and_is_recorded(store,
     code, out, _ = cli("--store", store.uri, "history", "--profile", draft.profile_name, "--channel", "prod")
     assert "trusted a verify within 1h" in out
     v2 = _published(store, tmp_path, draft, "v2", 2)
+    staged(store, v2)
     code, _, err = cli("--store", store.uri, "--json", "promote", v2, "--channel", "prod")
     assert code == 0, err
     rec = read_channel(store, draft.profile_name, "prod", draft.compat_key)[0]
@@ -57,8 +60,8 @@ def test_trusting_an_earlier_verify_is_an_explicit_opt_in_and_is_recorded(store,
 
 def test_rollback_re_hashes_its_target(store, tmp_path, draft):
     v1, v2 = _published(store, tmp_path, draft, "v1", 1), _published(store, tmp_path, draft, "v2", 2)
-    ops.promote(store, v1, "prod")
-    ops.promote(store, v2, "prod")
+    ops.promote(store, staged(store, v1), "prod")
+    ops.promote(store, staged(store, v2), "prod")
     rot(store, _engine_blob(store, v1), "flip")  # v1 verified deep at its promotion, minutes ago
     with pytest.raises(VerificationError):
         rollback(store, draft.profile_name, "prod")
@@ -112,3 +115,21 @@ def test_a_revoked_promoter_key_is_refused_before_writing(store, tmp_path, draft
         set_channel(store, aid, ops.get_manifest(store, aid), "prod",
                     auth=Authority(signer=keys["promoter"], trusted=revoked))
     assert read_channel(store, draft.profile_name, "prod", draft.compat_key) is None
+
+
+def test_prod_requires_staging_first_unless_forced_with_a_reason(store, tmp_path, draft, cli):
+    """#29 8b: an artifact that was never on staging is refused by prod (exit 5, saying so);
+    ``--force --reason`` overrides it and the record says it was forced and why."""
+    aid = _published(store, tmp_path, draft, "v1", 1)
+    code, _, err = cli("--store", store.uri, "promote", aid, "--channel", "prod")
+    assert code == 5 and "never on 'staging'" in err, err
+    assert read_channel(store, draft.profile_name, "prod", draft.compat_key) is None
+    code, _, err = cli("--store", store.uri, "promote", aid, "--channel", "prod", "--force", "--reason", "hotfix INC-7")
+    assert code == 0, err
+    rec = read_channel(store, draft.profile_name, "prod", draft.compat_key)[0]
+    assert rec.forced and rec.reason == "hotfix INC-7"
+    v2 = _published(store, tmp_path, draft, "v2", 2)
+    assert cli("--store", store.uri, "promote", v2, "--channel", "staging")[0] == 0
+    code, _, err = cli("--store", store.uri, "promote", v2, "--channel", "prod")
+    assert code == 0, err
+    assert not read_channel(store, draft.profile_name, "prod", draft.compat_key)[0].forced

@@ -19,7 +19,7 @@ from buildctl.artifact_store.pull import pull
 from buildctl.artifact_store.layout import blob_key, manifest_key
 from buildctl.engines.fingerprint import detect
 
-from ..support.helpers import REPO, make_tree, publish_files
+from ..support.helpers import REPO, make_tree, publish_files, staged
 
 BIG = 4 * 1024 * 1024 + 123
 
@@ -30,7 +30,7 @@ def tree_bytes(root: Path) -> dict[str, bytes]:
 
 def publish_and_promote(store, root: Path, draft) -> str:
     aid = publish_files(store, root, draft)
-    ops.promote(store, aid, "prod")
+    ops.promote(store, staged(store, aid), "prod")
     return aid
 
 

@@ -28,7 +28,7 @@ from buildctl.artifact_store.signing import (
 )
 from buildctl.context import authority_of
 
-from ..support.helpers import PROFILES, make_signer, make_tree, settings, write_attestation
+from ..support.helpers import PROFILES, make_signer, make_tree, settings, write_attestation, staged
 
 def trust(**roles: list[SigningKey]) -> TrustedKeys:
     return TrustedKeys({r: {k.key_id: k.private.public_key() for k in keys} for r, keys in roles.items()})
@@ -216,10 +216,12 @@ def test_signed_chain_end_to_end_and_rollback_protection(keys, cli, tmp_path, mo
     a = publish(env, cli, store_dir, make_tree(tmp_path / "a", {"rank0.engine": b"engine A"}))
     b = publish(env, cli, store_dir, make_tree(tmp_path / "b", {"rank0.engine": b"engine B"}))
     env.as_("promoter")
+    staged(store_dir, a)
     assert cli("--store", store_dir, "promote", a, "--channel", "prod")[0] == 0
     code, out, err = pull(cli, store_dir, dest)
     assert code == 0 and json.loads(out)["artifact_id"] == a, err
     env.as_("promoter")
+    staged(store_dir, b)
     assert cli("--store", store_dir, "promote", b, "--channel", "prod")[0] == 0
     assert json.loads(pull(cli, store_dir, dest)[1])["artifact_id"] == b
 
@@ -246,6 +248,7 @@ def test_unsigned_and_wrongly_signed_are_refused(keys, cli, tmp_path, monkeypatc
     env, store_dir = Env(monkeypatch, keys), tmp_path / "store"
     unsigned = publish(env, cli, store_dir, make_tree(tmp_path / "u", {"rank0.engine": b"unsigned"}), role=None)
     env.as_("promoter")
+    staged(store_dir, unsigned)
     assert cli("--store", store_dir, "promote", unsigned, "--channel", "prod")[0] == 0
     code, _, err = pull(cli, store_dir, tmp_path / "n1")
     assert code == 4 and f"manifest {unsigned}: unsigned" in err
@@ -253,6 +256,7 @@ def test_unsigned_and_wrongly_signed_are_refused(keys, cli, tmp_path, monkeypatc
 
     intruded = publish(env, cli, store_dir, make_tree(tmp_path / "i", {"rank0.engine": b"by intruder"}), role="intruder")
     env.as_("promoter")
+    staged(store_dir, intruded)
     assert cli("--store", store_dir, "promote", intruded, "--channel", "prod")[0] == 0
     code, _, err = pull(cli, store_dir, tmp_path / "n2")
     assert code == 4 and "untrusted key" in err
@@ -260,11 +264,13 @@ def test_unsigned_and_wrongly_signed_are_refused(keys, cli, tmp_path, monkeypatc
     good = publish(env, cli, store_dir, make_tree(tmp_path / "g", {"rank0.engine": b"good"}))
     env.as_("intruder")  # a channel record signed by a key nodes do not trust: refused before it is written
     before = cli("--store", store_dir, "--json", "history", "--profile", "tiny-llama-cpu", "--channel", "prod")[1]
+    staged(store_dir, good)
     code, _, err = cli("--store", store_dir, "promote", good, "--channel", "prod")
     assert code == 5 and "nodes trust only promoter keys" in err
     assert cli("--store", store_dir, "--json", "history", "--profile", "tiny-llama-cpu", "--channel", "prod")[1] == before
     trusted_dir = os.environ.pop("BUILDCTL_TRUSTED_KEYS")  # an intruder who knows no trusted keys writes anyway
     try:
+        staged(store_dir, good)
         assert cli("--store", store_dir, "promote", good, "--channel", "prod")[0] == 0
     finally:
         os.environ["BUILDCTL_TRUSTED_KEYS"] = trusted_dir
@@ -295,6 +301,7 @@ def test_promote_refuses_an_attestation_signed_by_an_untrusted_key(keys, cli, tm
     write_attestation(store, aid, ops.get_manifest(store, aid).compat_key, "pass", ops.utc_now(),
                       signer=authority_of(settings()).signer)
     env.as_("promoter")
+    staged(store_dir, aid)
     code, _, err = cli("--store", store_dir, "promote", aid, "--channel", "prod")
     assert code == 5 and "attestation signature: signed by untrusted key" in err
 
@@ -316,7 +323,9 @@ def test_a_fresh_node_refuses_a_replayed_record_and_one_below_its_min_seq(keys, 
     a = publish(env, cli, store_dir, make_tree(tmp_path / "a", {"rank0.engine": b"engine A"}))
     b = publish(env, cli, store_dir, make_tree(tmp_path / "b", {"rank0.engine": b"engine B"}))
     env.as_("promoter")
+    staged(store_dir, a)
     assert cli("--store", store_dir, "promote", a, "--channel", "prod")[0] == 0
+    staged(store_dir, b)
     assert cli("--store", store_dir, "promote", b, "--channel", "prod")[0] == 0
     store = open_store(str(store_dir))
     m = ops.get_manifest(store, a)
@@ -346,6 +355,7 @@ def test_a_fresh_node_refuses_an_expired_record_until_it_is_re_signed(keys, cli,
     a = publish(env, cli, store_dir, make_tree(tmp_path / "a", {"rank0.engine": b"engine A"}))
     env.as_("promoter")
     monkeypatch.setenv("BUILDCTL_RECORD_TTL_S", "1")
+    staged(store_dir, a)
     code, out, err = cli("--store", store_dir, "--json", "promote", a, "--channel", "prod")
     assert code == 0, err
     rec = json.loads(out)
@@ -358,7 +368,7 @@ def test_a_fresh_node_refuses_an_expired_record_until_it_is_re_signed(keys, cli,
     monkeypatch.setenv("BUILDCTL_RECORD_TTL_S", "3600")
     st = settings(store=str(store_dir))
     store = open_store(str(store_dir))
-    (new,) = resign_due(Context.from_settings(st, store=store), margin_s=600)
+    new = next(r for r in resign_due(Context.from_settings(st, store=store), margin_s=600) if r.channel == "prod")
     assert new.seq == 2 and new.action == "resign" and new.artifact_id == a and new.previous is None  # content kept
     assert resign_due(Context.from_settings(st, store=store), margin_s=600) == []  # fresh for another hour: nothing due
     code, out, err = pull(cli, store_dir, tmp_path / "fresh")
@@ -405,12 +415,14 @@ def test_trust_is_by_role_a_builder_cannot_vouch_for_its_own_engine(keys, cli, t
     env.as_("builder", trust=False)  # the builder also writes a passing attestation, signed with its own key
     write_attestation(store, aid, m.compat_key, "pass", "2099-01-01T00:00:00.000000Z", signer=authority_of(settings()).signer)
     env.as_("promoter")
+    staged(store_dir, aid)
     code, _, err = cli("--store", store_dir, "promote", aid, "--channel", "prod")
     assert code == 5 and "signed by the builder key" in err and "only with a validator signature" in err, err
 
     for role in ("validator", "promoter"):  # a manifest signed by a key of another role
         other = publish(env, cli, store_dir, make_tree(tmp_path / role, {"rank0.engine": role.encode()}), role=role)
         env.as_("promoter")
+        staged(store_dir, other)
         assert cli("--store", store_dir, "promote", other, "--channel", "prod")[0] == 0
         code, _, err = pull(cli, store_dir, tmp_path / f"node-{role}")
         assert code == 4 and f"signed by the {role} key" in err and "only with a builder signature" in err, err
@@ -463,9 +475,11 @@ def test_a_pass_whose_own_figures_fail_is_refused(tmp_path, cli, draft):
                                     (lax, "gated at 0.2 but the record has threshold 0.01"),
                                     (bare, "schema-1 attestation"))):
         ops.write_attestation(store, att.model_copy(update={"created_at": f"2099-01-01T00:00:0{i}.000000Z"}))
+        staged(store, aid)
         code, _, err = cli("--store", store.uri, "promote", aid, "--channel", "prod")
         assert code == 5 and "says pass but its recorded figures give fail" in err and why in err, (why, err)
     ops.write_attestation(store, good.model_copy(update={"created_at": "2099-01-01T00:00:09.000000Z"}))
+    staged(store, aid)
     assert cli("--store", store.uri, "promote", aid, "--channel", "prod")[0] == 0
 
 
@@ -484,6 +498,7 @@ def test_a_revoked_keys_later_signatures_are_refused(keys, cli, tmp_path, monkey
     code, _, err = cli("--store", store_dir, "key", "revoke", builder_id, "--reason", "a validator tries")
     assert code == 0, err
     env.as_("promoter")
+    staged(store_dir, before)
     assert cli("--store", store_dir, "promote", before, "--channel", "prod")[0] == 0
     assert pull(cli, store_dir, tmp_path / "n0")[0] == 0  # the validator's "revocation" revoked nothing
     time.sleep(0.01)
@@ -492,6 +507,7 @@ def test_a_revoked_keys_later_signatures_are_refused(keys, cli, tmp_path, monkey
     time.sleep(0.01)
     after = publish(env, cli, store_dir, make_tree(tmp_path / "b", {"rank0.engine": b"after the leak"}))
     env.as_("promoter")
+    staged(store_dir, after)
     assert cli("--store", store_dir, "promote", after, "--channel", "prod")[0] == 0
     code, _, err = pull(cli, store_dir, tmp_path / "n1")
     assert code == 4 and f"signed by key {builder_id}, revoked from" in err and "leaked in a CI log" in err, err
@@ -514,13 +530,16 @@ def test_a_two_of_n_prod_promotion_is_pending_with_one_signature_and_completes_w
     a = publish(env, cli, store_dir, make_tree(tmp_path / "a", {"rank0.engine": b"engine A"}))
     b = publish(env, cli, store_dir, make_tree(tmp_path / "b", {"rank0.engine": b"engine B"}))
     env.as_("promoter")
+    staged(store_dir, a)
     code, out, err = cli("--store", store_dir, "--json", "promote", a, "--channel", "prod")
     got = json.loads(out)
     assert code == 0 and got["pending"] and (got["signatures"], got["required"]) == (1, 2), err
     assert pull(cli, store_dir, tmp_path / "n0")[0] == 3  # nothing on the channel yet
+    staged(store_dir, a)
     code, out, err = cli("--store", store_dir, "--json", "promote", a, "--channel", "prod")  # the same key again
     assert code == 0 and json.loads(out)["signatures"] == 1, err
     monkeypatch.setenv("BUILDCTL_SIGNING_KEY", str(d / "promoter2.key"))
+    staged(store_dir, a)
     code, out, err = cli("--store", store_dir, "--json", "promote", a, "--channel", "prod")
     assert code == 0 and "pending" not in json.loads(out) and len(json.loads(out)["cosignatures"]) == 1, err
     code, out, err = pull(cli, store_dir, tmp_path / "n1")

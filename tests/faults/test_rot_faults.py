@@ -19,7 +19,7 @@ from buildctl.artifact_store.quarantine import active_quarantine
 from buildctl.artifact_store.authority import Authority
 from buildctl.context import Context
 
-from ..support.helpers import make_tree, rot, settings, write_attestation
+from ..support.helpers import make_tree, rot, settings, write_attestation, staged
 from .conftest import scale
 
 
@@ -38,7 +38,7 @@ def test_rot_in_place_is_detected_quarantined_and_recovered(store, draft, tmp_pa
                                                                      **sizes}, seed=2 * i + 1), draft).artifact_id
         for a in (good, bad):
             write_attestation(store, a, draft.compat_key)
-            ops.promote(store, a, "prod", auth=Authority(verify_window_s=0))
+            ops.promote(store, staged(store, a), "prod", auth=Authority(verify_window_s=0))
         victim = rng.choice([f for f in ops.get_manifest(store, bad).files])
         rot(store, victim.digest, kind, rng)
         t0 = time.monotonic()

@@ -207,3 +207,18 @@ def tiny_profile_with_speed(dest_dir: Path, speed: dict | None = None, levels: d
     path = dest_dir / "tiny-llama-cpu.yaml"
     path.write_text(yaml.safe_dump(doc))
     return path
+
+
+def staged(store, artifact_id: str, compat_key: str | None = None) -> str:
+    """Record the artifact as having been on ``staging`` (a plain channel move, no gate), so a test
+    whose subject is not the staging-first rule can promote it to prod; returns the id. ``store``:
+    a store, or its URI or directory."""
+    from buildctl.artifact_store.backend import open_store
+    from buildctl.artifact_store.channels import set_channel
+    from buildctl.artifact_store.verify import get_manifest
+
+    if isinstance(store, (str, Path)):
+        store = open_store(str(store))
+
+    set_channel(store, artifact_id, get_manifest(store, artifact_id), "staging", compat_key=compat_key)
+    return artifact_id
