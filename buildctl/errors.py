@@ -50,3 +50,8 @@ class UnavailableError(BuildctlError):
 
 class PreflightRefusedError(BuildctlError):
     """An engine failed its preflight load on this host, so it was not installed."""
+
+
+class EventNotDeliveredError(BuildctlError):
+    """The work was done and recorded, but a Prefect event it owes could not be delivered; the
+    record keeps it pending and the next run re-sends it."""

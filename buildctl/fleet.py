@@ -22,11 +22,13 @@ from buildctl.engines.registry import backend_names, get_backend
 from buildctl.context import Context
 from buildctl.settings import Settings
 from buildctl.artifact_store.backend import Store
+from buildctl.artifact_store.errors import StoreArgumentError
 from buildctl.artifact_store.gc import GcResult, gc as store_gc
 from buildctl.artifact_store.inventory import (
     MAX_PULL_FAILURES,
     EngineState,
     NodeRecord,
+    PendingEvent,
     PullFailure,
     read_inventory,
     read_node,
@@ -37,6 +39,9 @@ from buildctl.artifact_store.attestations import latest_attestation
 from buildctl.artifact_store.quarantine import active_quarantine
 from buildctl.artifact_store.verify import list_artifacts
 
+
+# The event a node report emits when a field its engines depend on changed (buildctl.flows.events).
+DRIVER_UPGRADED = "buildctl.node.driver-upgraded"
 
 @dataclass
 class ReportResult:
@@ -107,10 +112,31 @@ def report_node(store: Store, node_id: str, fingerprint: Fingerprint, profiles: 
     def change(current: NodeRecord | None) -> NodeRecord:
         return NodeRecord(**_identity(node_id, fingerprint, served), reports=(current.reports + 1) if current else 1,
                           pull_failures=current.pull_failures if current else (),
-                          engines=current.engines if current else ())
+                          engines=current.engines if current else (),
+                          event_pending=current.event_pending if current else None)
 
     rec, previous = update_node(store, node_id, change, attempts=attempts)
     return ReportResult(rec, previous)
+
+
+def set_event_pending(store: Store, node_id: str, pending: PendingEvent | None, *, attempts: int = 20) -> NodeRecord:
+    """Mark an event the node's report owes (``None``: delivered, clear the mark)."""
+    def change(current: NodeRecord | None) -> NodeRecord:
+        if current is None:
+            raise StoreArgumentError(f"node {node_id!r} has no inventory record to mark")
+        return current.model_copy(update={"event_pending": pending})
+
+    return update_node(store, node_id, change, attempts=attempts)[0]
+
+
+def owed_event(result: ReportResult, backends: Iterable[str]) -> PendingEvent | None:
+    """The driver-upgraded event this report owes: a new one when a field the node's engines
+    depend on changed (it supersedes an undelivered one), else the one an earlier report could
+    not deliver, else none."""
+    if result.upgraded_for(backends):
+        return PendingEvent(event=DRIVER_UPGRADED, payload=event_payload(result),
+                            compat_keys=tuple(sorted(result.record.compat_keys.values())), since=result.record.reported_at)
+    return result.previous.event_pending if result.previous is not None else None
 
 
 def _update_node(store: Store, node_id: str, fingerprint: Fingerprint, profile: str,

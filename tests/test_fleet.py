@@ -122,6 +122,58 @@ def test_node_report_counts_only_changes_to_backends_its_profiles_use(cli, tmp_p
     assert got["upgraded"] is True and got["compat_changed"] is True and got["backends"] == ["aoti"]
 
 
+def test_an_undelivered_driver_upgrade_event_stays_pending_and_is_re_sent(cli, tmp_path, monkeypatch, prefect_api):
+    """#29 8c: with the Prefect API down, the report said "emitted" and exited 0, and the next one
+    said "unchanged": the upgrade was lost. Now the owed event is marked in the inventory, the
+    report exits 11, and the next report (nothing else changed) delivers it and clears the mark."""
+    import json
+
+    from prefect.client.orchestration import get_client
+    from prefect.events.filters import EventFilter, EventNameFilter
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from buildctl.artifact_store.backend import open_store
+    from buildctl.artifact_store.inventory import read_node
+    from buildctl.engines.fingerprint import detect
+
+    from .support.s3server import free_ports
+
+    fp = detect()
+    f = tmp_path / "fp.json"
+    monkeypatch.setenv("BUILDCTL_FINGERPRINT_FILE", str(f))
+    store = "file://" + str(tmp_path / "store")
+    report = ("--store", store, "--json", "node", "report", "--node-id", "cpu-9", "--profiles", "tiny-llama-cpu")
+    f.write_text(fp.model_dump_json())
+    assert cli(*report)[0] == 0
+    f.write_text(fp.model_copy(update={"torch_version": "9.9.0"}).model_dump_json())
+    (dead,) = free_ports(1)
+    with temporary_settings({PREFECT_API_URL: f"http://127.0.0.1:{dead}/api"}):
+        code, out, err = cli(*report)
+    assert code == 11, err
+    assert json.loads(out)["event_pending"] is True and "not delivered" in err and "re-sends it" in err
+    rec = read_node(open_store(store), "cpu-9")[0]
+    assert rec.event_pending is not None and rec.event_pending.payload["new_compat_keys"] == rec.compat_keys
+    code, out, err = cli(*report)  # the API is back; the fingerprint did not change again
+    assert code == 0, err
+    got = json.loads(out)
+    assert got["upgraded"] is False and got["event_resent"] is True and got["event_id"]
+    assert read_node(open_store(store), "cpu-9")[0].event_pending is None
+
+    async def delivered():
+        async with get_client() as c:
+            page = await c.read_events(filter=EventFilter(event=EventNameFilter(name=["buildctl.node.driver-upgraded"])), limit=50)
+            return [str(e.id) for e in page.events]
+
+    import asyncio
+    import time
+
+    deadline = time.monotonic() + 20
+    while got["event_id"] not in asyncio.run(delivered()) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert got["event_id"] in asyncio.run(delivered())
+    assert json.loads(cli(*report)[1])["event_emitted"] is False  # delivered once, not again
+
+
 def test_the_plan_builds_again_where_the_only_artifact_failed_or_is_quarantined(tmp_path):
     """#29: any artifact of the current build hash counted as built, so a failed or inconclusive
     one was never retried. Counted now: passed and not quarantined, or still within its validation

@@ -58,6 +58,18 @@ class EngineState(BaseModel):
     when: str = Field(..., description="UTC ISO-8601 time.")
 
 
+class PendingEvent(BaseModel):
+    """A Prefect event a report owes and has not delivered yet (the API was down): kept in the
+    node's record until it is delivered; the next report re-sends it."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    event: str = Field(..., description="The event's name (buildctl.node.driver-upgraded).")
+    payload: dict[str, Any] = Field(..., description="Its payload, as first computed.")
+    compat_keys: tuple[str, ...] = Field((), description="The compat keys it relates to.")
+    since: str = Field(..., description="UTC time of the report that first owed it.")
+
+
 class NodeRecord(BaseModel):
     """What one node reported."""
 
@@ -71,6 +83,7 @@ class NodeRecord(BaseModel):
     reports: int = Field(1, ge=1, description="How many reports this node has made.")
     pull_failures: tuple[PullFailure, ...] = Field((), description=f"The node's latest refused pulls, newest last (at most {MAX_PULL_FAILURES}).")
     engines: tuple[EngineState, ...] = Field((), description="Per (profile, channel): the engine installed and its health.")
+    event_pending: PendingEvent | None = Field(None, description="An event a report owes and could not deliver yet.")
 
     def engine(self, profile: str, channel: str) -> EngineState | None:
         return next((e for e in self.engines if e.profile == profile and e.channel == channel), None)

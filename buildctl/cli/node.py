@@ -9,6 +9,7 @@ from typing import Optional
 import typer
 
 from buildctl.cli._common import emit_json, context, out, settings, want_json
+from buildctl.errors import EventNotDeliveredError
 
 node_app = typer.Typer(help="Node agent commands.", no_args_is_help=True)
 
@@ -28,25 +29,45 @@ def report_cmd(
     from buildctl.engines.fingerprint import host_fingerprint
 
     names = sorted({p.strip() for item in profiles for p in item.split(",") if p.strip()})
-    res = fleet.report_node(context(ctx).store, node_id, host_fingerprint(settings(ctx)), names)
+    store = context(ctx).store
+    res = fleet.report_node(store, node_id, host_fingerprint(settings(ctx)), names)
     backends = _backends_of(settings(ctx), names)
     upgraded = res.upgraded_for(backends)
-    event_id = None
-    if upgraded and not no_event:
+    owed = None if no_event else fleet.owed_event(res, backends)
+    resent = owed is not None and not upgraded  # an earlier report's event, not delivered then
+    event_id, undelivered = None, None
+    if owed is not None:
         # The one place the CLI reaches the flows package, lazily: without Prefect installed
-        # (a node agent's slim install) it records and says no event was emitted.
+        # (a node agent's slim install) it records and says no event was emitted. The owed event
+        # is marked in the inventory first and the mark is cleared only once the server has it.
         from buildctl.flows.events import emit_driver_upgraded
 
-        event_id = emit_driver_upgraded(node_id, fleet.event_payload(res), sorted(res.record.compat_keys.values()))
+        if res.record.event_pending != owed:
+            fleet.set_event_pending(store, node_id, owed)
+        try:
+            event_id = emit_driver_upgraded(node_id, owed.payload, list(owed.compat_keys))
+        except EventNotDeliveredError as err:
+            undelivered = err
+        else:
+            fleet.set_event_pending(store, node_id, None)
     summary = {"node_id": node_id, "profiles": names, "first_report": res.previous is None,
                "backends": sorted(backends), "upgraded": upgraded,
                "compat_changed": res.compat_changed, "compat_keys": res.record.compat_keys,
                "previous_compat_keys": fleet.node_compat_keys(res.previous) if res.previous else None,
                "soft_changed": {b: {k: list(v) for k, v in d.items()} for b, d in res.soft_changed.items()},
-               "event_emitted": event_id is not None, "event_id": event_id}
+               "event_emitted": event_id is not None, "event_id": event_id, "event_resent": resent and event_id is not None,
+               "event_pending": undelivered is not None}
+    if undelivered is not None:
+        if want_json(ctx, json_out):
+            emit_json(summary)
+        raise EventNotDeliveredError(f"{node_id}: report recorded, but {undelivered}; it stays pending in the "
+                                     "inventory and the next report re-sends it")
     if want_json(ctx, json_out):
         emit_json(summary)
         return
+    if resent:
+        out().print(f"{node_id}: re-sent the {owed.event} event an earlier report ({owed.since}) could not deliver "
+                    f"({event_id or 'no event API configured: cleared'})")
     if res.previous is None:
         out().print(f"{node_id}: first report recorded ({', '.join(names) or 'no profiles'})")
     elif res.upgraded and not upgraded:

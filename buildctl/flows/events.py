@@ -6,7 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
-DRIVER_UPGRADED = "buildctl.node.driver-upgraded"
+from buildctl.errors import EventNotDeliveredError
+from buildctl.fleet import DRIVER_UPGRADED
+
 PULL_FAILED = "buildctl.node.pull-failed"
 ENGINE_HEALTH = "buildctl.node.engine-health"
 ARTIFACT_CORRUPTED = "buildctl.artifact.corrupted"
@@ -71,12 +73,49 @@ def _emit(event: str, resource: dict[str, str], payload: dict[str, Any],
     return str(sent.id) if sent is not None else None
 
 
+def _deliver(event: str, resource: dict[str, str], payload: dict[str, Any],
+             related: list[dict[str, str]] | None = None) -> str | None:
+    """Send one event and wait until the server has it (a websocket ping answered after the send,
+    Prefect's own checkpoint); raise :class:`EventNotDeliveredError` when it could not. ``None``
+    when Prefect is not installed or no API is configured (nothing to deliver to)."""
+    try:
+        from prefect.events import Event
+        from prefect.events.clients import get_events_client
+        from prefect.settings import PREFECT_API_URL
+        from prefect.utilities.asyncutils import run_coro_as_sync
+    except ImportError:
+        return None
+    api = PREFECT_API_URL.value()
+    if not api:
+        return None
+    import logging
+
+    ev = Event(event=event, resource=resource, payload=payload, related=related or [])
+
+    async def send() -> None:
+        async with get_events_client(reconnection_attempts=2, checkpoint_every=1) as client:
+            await client.emit(ev)
+
+    quiet = logging.getLogger("prefect.events.clients")
+    level = quiet.level
+    quiet.setLevel(logging.CRITICAL)  # its connection warning: the error below says it in one line
+    try:
+        run_coro_as_sync(send())
+    except Exception as err:  # noqa: BLE001 - any failure to reach the server means not delivered
+        raise EventNotDeliveredError(f"{event} not delivered to {api}: {type(err).__name__}: "
+                                     f"{str(err).splitlines()[0] if str(err) else 'no answer'}") from None
+    finally:
+        quiet.setLevel(level)
+    return str(ev.id)
+
+
 def emit_driver_upgraded(node_id: str, payload: dict[str, Any], compat_keys: list[str] | None = None) -> str | None:
-    """Emit ``buildctl.node.driver-upgraded`` for the node, related to its profiles and its new
-    ``compat_keys``; returns the event id, or None when no Prefect API (``PREFECT_API_URL``) is
-    configured to receive it, or Prefect is not installed."""
-    return _emit(DRIVER_UPGRADED, {"prefect.resource.id": resource_id(node_id), "prefect.resource.name": node_id},
-                 payload, related_resources(profiles=payload.get("profiles"), compat_keys=compat_keys))
+    """Deliver ``buildctl.node.driver-upgraded`` for the node, related to its profiles and its new
+    ``compat_keys``; returns the event id once the server has it, None when no Prefect API
+    (``PREFECT_API_URL``) is configured to receive it or Prefect is not installed, and raises
+    :class:`EventNotDeliveredError` when the configured API did not take it."""
+    return _deliver(DRIVER_UPGRADED, {"prefect.resource.id": resource_id(node_id), "prefect.resource.name": node_id},
+                    payload, related_resources(profiles=payload.get("profiles"), compat_keys=compat_keys))
 
 
 def emit_pull_failed(node_id: str, payload: dict[str, Any]) -> str | None:
