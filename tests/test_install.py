@@ -12,7 +12,7 @@ import pytest
 
 import buildctl.artifact_store as ops
 
-from .support.helpers import PROFILES, REPO, make_tree, write_attestation
+from .support.helpers import PROFILES, REPO, make_tree, staged, write_attestation
 
 pytestmark = pytest.mark.slow
 
@@ -67,7 +67,7 @@ def test_slim_install_pulls_from_seaweedfs_without_prefect(slim_venv, seaweed, s
     store = ops.open_store(uri)
     res = ops.publish_tree(store, make_tree(tmp_path / "engine", {"rank0.engine": 300_000, "config.json": b"{}"}), draft)
     write_attestation(store, res.artifact_id, draft.compat_key)
-    ops.promote(store, res.artifact_id, "prod")
+    ops.promote(store, staged(store, res.artifact_id), "prod")
 
     # the node is the host the engine was built for: the same fingerprint, saved to a file (a slim
     # install has no torch, so its own aoti compat key differs, as it should)

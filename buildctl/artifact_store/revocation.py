@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from buildctl.digest import canonical_json, digest_bytes
 from buildctl.artifact_store.backend import Store
-from buildctl.artifact_store.errors import SignatureError, StoreArgumentError
+from buildctl.artifact_store.errors import SignatureError, SignerNotTrustedError, StoreArgumentError
 from buildctl.artifact_store.layout import REVOCATIONS, revocation_key
 from buildctl.times import parse_utc, utc_now
 from buildctl.artifact_store.authority import Authority
@@ -44,13 +44,32 @@ class Revocation(BaseModel):
 
 def revoke(store: Store, key_id: str, reason: str, *, auth: Authority,
            revoked_at: str | None = None) -> Revocation:
-    """Write a revocation of ``key_id`` (from ``revoked_at``, default now), signed by ``auth``'s key."""
+    """Write a revocation of ``key_id`` (from ``revoked_at``, default now), signed by ``auth``'s key.
+    Only a revocation that will count is written: the signer must be a trusted promoter key, not
+    revoked (:class:`SignerNotTrustedError`, exit 5), and the key must be trusted and not already
+    revoked from that time or earlier (a no-op is an argument error)."""
+    from buildctl.artifact_store.signing import signer_refusal
+
     if not reason:
         raise StoreArgumentError("a revocation needs --reason")
     signer = auth.signer
     if signer is None:
-        raise StoreArgumentError("a revocation is signed: set BUILDCTL_SIGNING_KEY to a root key")
+        raise StoreArgumentError("a revocation is signed: set BUILDCTL_SIGNING_KEY to a promoter key")
+    if auth.trusted is None:
+        raise StoreArgumentError("key revoke needs BUILDCTL_TRUSTED_KEYS: without trusted keys no node checks "
+                                 "signatures, so a revocation would count for nothing")
     now = utc_now()
+    trusted = with_revocations(store, auth.trusted)
+    why = signer_refusal(trusted, signer.key_id, "promoter")
+    if why is not None:
+        raise SignerNotTrustedError(signer.key_id, "promoter", why)
+    if trusted.role_of(key_id) is None:
+        raise StoreArgumentError(f"key {key_id} is not a trusted key: revoking it changes nothing")
+    at = parse_utc(revoked_at or now)
+    if key_id in trusted.revoked and trusted.revoked[key_id][0] <= at:
+        was, why_then = trusted.revoked[key_id]
+        raise StoreArgumentError(f"key {key_id} is already revoked from {was.isoformat()} ({why_then}): "
+                                 "this revocation would change nothing")
     rec = Revocation(key_id=key_id, revoked_at=revoked_at or now, reason=reason, who=auth.who, when=now)
     rec = rec.model_copy(update={"signature": signer.sign(rec.signed_bytes())})
     body = canonical_json(rec.model_dump(mode="json"))

@@ -190,10 +190,12 @@ def promote_cmd(
     if pend is not None and (pend.seq, pend.artifact_id) == (rec.seq, rec.artifact_id):  # waiting for more signatures
         have, need = len(rec.signers(trusted)) if trusted else 1, trusted.threshold(channel) if trusted else 1
         if _quiet(ctx, json_out):
-            emit_json({**_record_json(rec), "pending": True, "signatures": have, "required": need})
+            emit_json({**_record_json(rec), "pending": True, "signatures": have, "required": need,
+                       "missing": need - have})
         else:
             out().print(f"{rec.channel} #{rec.seq}: {rec.artifact_id} is pending: {have} of {need} promoter "
-                        f"signatures; another promoter runs the same command to complete it", highlight=False)
+                        f"signatures, {need - have} still missing; each other promoter runs the same command "
+                        "to add theirs", highlight=False)
         return
     if _quiet(ctx, json_out):
         emit_json(_record_json(rec))

@@ -494,9 +494,10 @@ def test_a_revoked_keys_later_signatures_are_refused(keys, cli, tmp_path, monkey
     from buildctl.artifact_store.signing import load_signing_key
 
     builder_id = load_signing_key(keys[0] / "builder.key").key_id
-    env.as_("validator")  # not a promoter: its revocation must not count
+    env.as_("validator")  # not a promoter: its revocation would count for nothing, so it is refused
     code, _, err = cli("--store", store_dir, "key", "revoke", builder_id, "--reason", "a validator tries")
-    assert code == 0, err
+    assert code == 5 and "is a validator key" in err and "promoter" in err, err
+    assert list(ops.open_store(str(store_dir)).list("revocations/")) == []  # nothing written
     env.as_("promoter")
     staged(store_dir, before)
     assert cli("--store", store_dir, "promote", before, "--channel", "prod")[0] == 0
@@ -504,6 +505,8 @@ def test_a_revoked_keys_later_signatures_are_refused(keys, cli, tmp_path, monkey
     time.sleep(0.01)
     code, out, err = cli("--store", store_dir, "--json", "key", "revoke", builder_id, "--reason", "leaked in a CI log")
     assert code == 0 and json.loads(out)["key_id"] == builder_id, err
+    code, _, err = cli("--store", store_dir, "key", "revoke", builder_id, "--reason", "again")
+    assert code == 2 and "already revoked" in err, err  # a no-op revocation is an error
     time.sleep(0.01)
     after = publish(env, cli, store_dir, make_tree(tmp_path / "b", {"rank0.engine": b"after the leak"}))
     env.as_("promoter")
@@ -533,13 +536,11 @@ def test_a_two_of_n_prod_promotion_is_pending_with_one_signature_and_completes_w
     staged(store_dir, a)
     code, out, err = cli("--store", store_dir, "--json", "promote", a, "--channel", "prod")
     got = json.loads(out)
-    assert code == 0 and got["pending"] and (got["signatures"], got["required"]) == (1, 2), err
+    assert code == 0 and got["pending"] and (got["signatures"], got["required"], got["missing"]) == (1, 2, 1), err
     assert pull(cli, store_dir, tmp_path / "n0")[0] == 3  # nothing on the channel yet
-    staged(store_dir, a)
-    code, out, err = cli("--store", store_dir, "--json", "promote", a, "--channel", "prod")  # the same key again
-    assert code == 0 and json.loads(out)["signatures"] == 1, err
+    code, out, err = cli("--store", store_dir, "promote", a, "--channel", "prod")  # the same key again
+    assert code == 0 and "1 of 2 promoter signatures, 1 still missing" in out, err
     monkeypatch.setenv("BUILDCTL_SIGNING_KEY", str(d / "promoter2.key"))
-    staged(store_dir, a)
     code, out, err = cli("--store", store_dir, "--json", "promote", a, "--channel", "prod")
     assert code == 0 and "pending" not in json.loads(out) and len(json.loads(out)["cosignatures"]) == 1, err
     code, out, err = pull(cli, store_dir, tmp_path / "n1")

@@ -9,7 +9,7 @@ import time
 import pytest
 import yaml
 
-from ..support.helpers import REPO, settings
+from ..support.helpers import REPO, settings, staged
 
 pytestmark = pytest.mark.slow
 
@@ -254,9 +254,9 @@ def test_rollout_channel_flow_takes_a_healthy_rollout_to_100_percent(prefect_api
     store = open_store("file://" + str(tmp_path / "store"))
     v1, v2 = publish(store, tmp_path, "v1", draft), publish(store, tmp_path, "v2", draft)
     fleet = Fleet(store, tmp_path, 20)
-    ops.promote(store, v1, "prod")
+    ops.promote(store, staged(store, v1), "prod")
     fleet.pull_all()
-    ops.promote(store, v2, "prod", rollout=RolloutPlan(waves=parse_waves("5,30,100", "0"), bake_s=0))
+    ops.promote(store, staged(store, v2), "prod", rollout=RolloutPlan(waves=parse_waves("5,30,100", "0"), bake_s=0))
     decisions, shares = [], []
     for _ in range(5):
         assert fleet.pull_all() == {}
@@ -275,7 +275,7 @@ def test_rollout_channel_flow_takes_a_healthy_rollout_to_100_percent(prefect_api
     assert table is not None and "complete" in str(table.data)
 
     bad = publish(store, tmp_path, "bad", draft, broken=True)
-    ops.promote(store, bad, "prod", rollout=RolloutPlan(waves=parse_waves("30,100", "0"), bake_s=0))
+    ops.promote(store, staged(store, bad), "prod", rollout=RolloutPlan(waves=parse_waves("30,100", "0"), bake_s=0))
     canaries = sorted(n for n in fleet.ids if wave_bucket(PROFILE, "prod", n) < 30)
     assert sorted(fleet.pull_all()) == canaries
     (view,) = rollout_channel(channel="prod", store=store.uri)
@@ -295,7 +295,7 @@ def test_resign_channels_flow_re_signs_what_is_due(prefect_api, tmp_path, draft,
 
     store = open_store("file://" + str(tmp_path / "store"))
     a = publish(store, tmp_path, "a", draft)
-    ops.promote(store, a, "prod")  # unsigned: no expiry, so due
+    ops.promote(store, staged(store, a), "prod")  # unsigned: no expiry, so due
     monkeypatch.delenv("BUILDCTL_SIGNING_KEY", raising=False)
     with pytest.raises(StoreArgumentError, match="needs a signing key"):
         resign_channels(store=store.uri)
@@ -317,7 +317,7 @@ def test_gc_store_flow_publishes_the_dry_run_then_removes(prefect_api, tmp_path,
 
     store = open_store("file://" + str(tmp_path / "store"))
     old, new = publish(store, tmp_path, "old", draft), publish(store, tmp_path, "new", draft)
-    ops.promote(store, new, "prod")
+    ops.promote(store, staged(store, new), "prod")
     planned = gc_store(store=store.uri, keep=0, keep_history=0, grace_s=0, dry_run_only=True)
     assert planned["planned"] == [old] and ops.get_manifest(store, old)  # a dry run removes nothing
     plan = read_artifact("gc-store-plan")

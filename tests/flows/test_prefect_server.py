@@ -228,7 +228,7 @@ def rollout_halted_through_the_automation(url: str, env: dict, tmp_path, compat_
     rollout at once (no scheduled run needed) and rolls prod back, naming the node."""
     import buildctl.artifact_store as ops
 
-    from ..support.helpers import write_attestation
+    from ..support.helpers import staged, write_attestation
 
     store = ops.open_store(env["BUILDCTL_STORE"])
     cli = [sys.executable, "-m", "buildctl"]
@@ -249,6 +249,7 @@ def rollout_halted_through_the_automation(url: str, env: dict, tmp_path, compat_
     assert imp.returncode == 0, imp.stderr
     bad = json.loads(imp.stdout)["artifact_id"]
     write_attestation(store, bad, compat_key, "pass")
+    staged(store, bad)
     r = subprocess.run([*cli, "promote", bad, "--channel", "prod", "--rollout", "100", "--bake", "1h"], env=env,
                        cwd=REPO, capture_output=True, text=True)
     assert r.returncode == 0 and "rollout started" in r.stdout, r.stderr
