@@ -32,11 +32,17 @@ class LocalStore:
     def __init__(self, root: Path) -> None:
         self.root = Path(root)
         self.uri = "file://" + str(self.root)
+        self._created = False  # the directory is made by the first write: reading never creates a store
+
+    def _ensure(self) -> None:
+        if self._created:
+            return
         try:
             for d in _RESERVED:
                 (self.root / d).mkdir(parents=True, exist_ok=True)
         except OSError as err:
             raise StoreUnavailableError(self.uri, f"cannot create store directory: {err.strerror or err}") from None
+        self._created = True
 
     # -- helpers --------------------------------------------------------------------------
 
@@ -46,6 +52,7 @@ class LocalStore:
         return self.root / key
 
     def _tmp(self) -> Path:
+        self._ensure()
         return self.root / ".tmp" / f"{uuid.uuid4().hex}.part"
 
     def _publish_create_only(self, tmp: Path, final: Path) -> bool:
@@ -65,7 +72,7 @@ class LocalStore:
     def stat(self, key: str) -> int | None:
         try:
             return self._path(key).stat().st_size
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):
             return None
 
     def get_bytes(self, key: str) -> bytes:
@@ -180,12 +187,13 @@ class LocalStore:
     def get_ref(self, key: str) -> tuple[bytes, str] | None:
         try:
             data = self._path(key).read_bytes()
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):
             return None
         return data, digest_bytes(data)
 
     @contextmanager
     def _lock(self, key: str) -> Iterator[None]:
+        self._ensure()
         lock = self.root / ".locks" / (digest_bytes(key.encode())[9:] + ".lock")
         fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
         try:

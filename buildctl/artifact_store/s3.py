@@ -15,6 +15,7 @@ credentials from boto3's standard chain.
 from __future__ import annotations
 
 import base64
+import re
 import threading
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from contextlib import contextmanager
@@ -57,6 +58,25 @@ class _Crc64Check:
         return _crc_b64(self._crc)
 
 
+_BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+_IP_RE = re.compile(r"^\d{1,3}(\.\d{1,3}){3}$")
+
+
+def bucket_name_problem(bucket: str) -> str | None:
+    """Why S3 would refuse ``bucket`` as a general-purpose bucket name (None: it is valid), so a bad
+    name is an input error before any request (AWS's bucket naming rules)."""
+    if not (3 <= len(bucket) <= 63):
+        return f"bucket name {bucket!r} must be 3-63 characters"
+    if not _BUCKET_RE.match(bucket):
+        return (f"bucket name {bucket!r}: lowercase letters, digits, '.' and '-' only, beginning and ending "
+                "with a letter or digit")
+    if ".." in bucket or _IP_RE.match(bucket):
+        return f"bucket name {bucket!r}: no two adjacent dots, and not an IP address"
+    if bucket.startswith(("xn--", "sthree-")) or bucket.endswith(("-s3alias", "--ol-s3", ".mrap", "--x-s3")):
+        return f"bucket name {bucket!r} uses a prefix or suffix S3 reserves"
+    return None
+
+
 def _code(err: ClientError) -> str:
     return str(err.response.get("Error", {}).get("Code", ""))
 
@@ -93,8 +113,9 @@ class S3Store:
     def __init__(self, uri: str, *, endpoint_url: str | None = None, client: Any = None) -> None:
         rest = uri[len("s3://"):]
         bucket, _, prefix = rest.partition("/")
-        if not (3 <= len(bucket) <= 63):
-            raise StoreUriError(uri, "bucket name must be 3-63 characters")
+        why = bucket_name_problem(bucket)
+        if why is not None:
+            raise StoreUriError(uri, why)
         self.uri = uri.rstrip("/")
         self.bucket = bucket
         self.prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""

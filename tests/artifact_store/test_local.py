@@ -43,8 +43,10 @@ def test_reserved_names_only_count_at_the_top(store):
 
 def test_an_unusable_root_is_a_clear_error(tmp_path):
     (tmp_path / "file").write_text("")
+    store = LocalStore(tmp_path / "file" / "store")  # opening writes nothing; the first write says why not
+    assert store.stat("blobs/x") is None
     with pytest.raises(StoreUnavailableError) as exc:
-        LocalStore(tmp_path / "file" / "store")
+        store.put_bytes("blobs/x", b"x")
     assert str(exc.value).endswith("cannot create store directory: Not a directory")
 
 
@@ -142,3 +144,18 @@ def test_a_ref_write_that_cannot_even_open_its_temp_file(store, monkeypatch):
     monkeypatch.setattr(local_mod, "open", fail, raising=False)
     with pytest.raises(StoreUnavailableError, match="no space left"):
         store.cas("channels/p/prod/k.json", b"new", None)
+
+
+def test_read_only_commands_never_create_a_store(cli, tmp_path):
+    """#29 item 7: `ls` (or any read) on a mistyped file-store path created that store."""
+    missing = tmp_path / "no-such-store"
+    for args in (("ls",), ("history", "--profile", "p", "--channel", "prod"), ("gc", "--dry-run"),
+                 ("pull", "--profile", "p", "--channel", "prod", "--dest", str(tmp_path / "dest"))):
+        code, _, err = cli("--store", missing, *args)
+        assert code in (0, 3), (args, err)
+        assert not missing.exists(), args
+    from buildctl.artifact_store.local import LocalStore
+
+    store = LocalStore(missing)
+    assert not missing.exists() and store.stat("blobs/x") is None and list(store.list("")) == []
+    assert store.put_bytes("blobs/x", b"x") and store.get_bytes("blobs/x") == b"x"  # the first write creates it

@@ -96,8 +96,12 @@ def test_unreachable_endpoint_is_a_clean_error(monkeypatch):
 def test_bucket_name_rules():
     from buildctl.artifact_store.errors import StoreUriError
 
-    with pytest.raises(StoreUriError):
-        S3Store("s3://ab/p")
+    for bad in ("s3://ab/p", "s3://Bad_Bucket/x", "s3://-lead/p", "s3://trail-/p", "s3://a..b/p", "s3://192.168.1.1/p",
+                "s3://" + "a" * 64 + "/p", "s3://xn--idn/p", "s3://name-s3alias/p", "s3://", "s3:///p"):
+        with pytest.raises(StoreUriError):
+            S3Store(bad)  # before any request: exit 2, not 9
+    for good in ("s3://engines/buildctl", "s3://my.bucket-2/p", "s3://abc"):
+        assert S3Store(good).bucket == good[5:].split("/")[0]
 
 
 def test_missing_or_refused_credentials_and_dead_endpoint_exit_9(seaweed, s3_env, tmp_path):
