@@ -52,6 +52,11 @@ class PreflightRefusedError(BuildctlError):
     """An engine failed its preflight load on this host, so it was not installed."""
 
 
+class DestinationError(BuildctlError):
+    """A directory on this host cannot be written (full disk, read-only, permissions, a file where a
+    directory belongs); what was installed there stays as it was."""
+
+
 class EventNotDeliveredError(BuildctlError):
     """The work was done and recorded, but a Prefect event it owes could not be delivered; the
     record keeps it pending and the next run re-sends it."""

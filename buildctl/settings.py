@@ -17,6 +17,7 @@ from pydantic import AliasChoices, Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from buildctl.errors import BadInputError
+from buildctl.times import MAX_DURATION_S
 
 DEFAULT_BUILD_LIMIT = "buildctl-builds"
 
@@ -72,12 +73,12 @@ class Settings(BaseSettings):
     fingerprint_file: Path | None = Field(None, description="Use this fingerprint JSON instead of detecting the host.")
     fingerprint_python: str | None = Field(None, description="Detect the runtime's versions in this interpreter (a command: /opt/serve/bin/python, or docker exec -i serving python3) when the node agent runs outside the serving environment.")
     debug: bool = Field(False, description="Print tracebacks for errors.")
-    verify_window_s: float = Field(24 * 3600.0, ge=0, description="How old a deep verify promote and rollback may trust; older ones are re-run (0: always re-hash).")
-    record_ttl_s: float = Field(7 * 86400.0, ge=0, description="How long a signed channel record stays valid; the resign-channels flow re-signs it before (0: no expiry).")
-    gc_grace_s: float = Field(24 * 3600.0, gt=0, description="Garbage collection never removes a blob a publish touched, or a manifest created, within this; publishes finish within half of it.")
-    gc_delete_window_s: float = Field(5.0, ge=0, description="gc removes a blob within this of checking its touch; a publish re-checks a blob it reuses this long after touching it.")
+    verify_window_s: float = Field(24 * 3600.0, ge=0, le=MAX_DURATION_S, allow_inf_nan=False, description="How old a deep verify promote and rollback may trust; older ones are re-run (0: always re-hash).")
+    record_ttl_s: float = Field(7 * 86400.0, ge=0, le=MAX_DURATION_S, allow_inf_nan=False, description="How long a signed channel record stays valid; the resign-channels flow re-signs it before (0: no expiry).")
+    gc_grace_s: float = Field(24 * 3600.0, gt=0, le=MAX_DURATION_S, allow_inf_nan=False, description="Garbage collection never removes a blob a publish touched, or a manifest created, within this; publishes finish within half of it.")
+    gc_delete_window_s: float = Field(5.0, ge=0, le=86400, allow_inf_nan=False, description="gc removes a blob within this of checking its touch; a publish re-checks a blob it reuses this long after touching it.")
     build_limit: str = Field(DEFAULT_BUILD_LIMIT, description="Prefect global concurrency limit that builds take a slot of.")
-    build_slots: int = Field(1, ge=1, description="Slots of the build limit when buildctl creates it.")
+    build_slots: int = Field(1, ge=1, le=4096, description="Slots of the build limit when buildctl creates it.")
     trtllm_version: str = Field("1.2.1", description="The TensorRT-LLM release builds must run on (pinned: the last with trtllm-build).")
     trtllm_examples: str = Field("/app/tensorrt_llm/examples",
                                  description="TensorRT-LLM's examples directory; the converter paths under it depend on the release.")

@@ -39,12 +39,20 @@ def after(text: str, seconds: float) -> str:
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
+# The longest duration any setting or option takes: ten years. Longer ones are typos (99999999999d)
+# and would overflow the date arithmetic they feed.
+MAX_DURATION_S = 10 * 365 * 86400.0
+
+
 def parse_duration(text: str) -> float:
-    """``30m``, ``2h``, ``90s``, ``1d`` or plain seconds, as seconds."""
+    """``30m``, ``2h``, ``90s``, ``1d`` or plain seconds, as seconds (at most :data:`MAX_DURATION_S`)."""
     m = re.match(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$", text or "")
     if not m:
         raise BadInputError(f"duration {text!r}: a number with s, m, h or d, e.g. 30m")
-    return float(m.group(1)) * _UNITS[m.group(2) or "s"]
+    seconds = float(m.group(1)) * _UNITS[m.group(2) or "s"]
+    if seconds > MAX_DURATION_S:
+        raise BadInputError(f"duration {text!r}: at most {format_duration(MAX_DURATION_S)}")
+    return seconds
 
 
 def format_duration(seconds: float) -> str:

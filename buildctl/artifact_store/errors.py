@@ -8,6 +8,7 @@ from buildctl.errors import (
     BadInputError,
     BuildctlError,
     ConflictError,
+    DestinationError,
     GateRefusedError,
     IntegrityError,
     NotFoundError,
@@ -173,8 +174,9 @@ class NotCoveredError(GateRefusedError):
                          "not installing it (re-check it: buildctl upgrade prepare, or the on-driver-upgrade flow)")
 
 
-class InstallError(BuildctlError):
-    """A pull could not write its staging copy (disk full, file size limit, permissions)."""
+class InstallError(DestinationError):
+    """A pull could not write its destination or its staging copy (disk full, file size limit,
+    permissions, read-only, not a directory)."""
 
     def __init__(self, dest: str, detail: str) -> None:
         self.dest = dest

@@ -64,9 +64,32 @@ class PullResult:
     previous_link: str | None = None  # what DIR/previous pointed at before this install (for switch_back)
 
 
+# Errors of the filesystem under DIR that are this host's, not the artifact's: InstallError.
+_DEST_ERRNOS = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS, errno.EIO,
+                errno.ENOTDIR, errno.EEXIST)
+
+
+def _prepare(dest: Path) -> None:
+    """Create ``DIR`` and ``DIR/versions``; a destination that cannot hold them is an InstallError."""
+    if dest.exists() and not dest.is_dir():
+        raise InstallError(str(dest), "it is a file, not a directory")
+    try:
+        dest.mkdir(parents=True, exist_ok=True)
+        (dest / "versions").mkdir(exist_ok=True)
+    except OSError as err:
+        if err.errno not in _DEST_ERRNOS:
+            raise
+        raise InstallError(str(dest), f"{os.strerror(err.errno)}: {err.filename or dest}") from None
+
+
 @contextmanager
 def _locked(dest: Path) -> Iterator[None]:
-    fd = os.open(dest / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fd = os.open(dest / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as err:
+        if err.errno not in _DEST_ERRNOS:
+            raise
+        raise InstallError(str(dest), f"{os.strerror(err.errno)}: {dest / '.lock'}") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield
@@ -117,8 +140,7 @@ def install_artifact(
     """Download, verify and atomically install one artifact as ``DIR/current``. ``workers`` files
     at once; large files as parallel ranged reads, ``range_slots`` in flight over all of them."""
     dest = Path(dest)
-    dest.mkdir(parents=True, exist_ok=True)
-    (dest / "versions").mkdir(exist_ok=True)
+    _prepare(dest)
     with _locked(dest):
         previous = current_artifact(dest)
         final = dest / "versions" / hex_of(artifact_id)
@@ -135,7 +157,7 @@ def install_artifact(
                 problems = download_verified(store, manifest, staging, workers=workers, range_slots=range_slots,
                                              on_bytes=on_bytes)
             except OSError as err:
-                if err.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT, errno.EACCES, errno.EROFS, errno.EIO):
+                if err.errno in _DEST_ERRNOS:
                     raise InstallError(str(dest), f"{os.strerror(err.errno)} while writing {err.filename or 'staging'}") from None
                 raise
             if problems:
@@ -315,8 +337,7 @@ def stage_artifact(store: Store, record: ChannelRecord, artifact_id: str, dest: 
     and record what activation needs offline. Returns the entry and whether bytes were downloaded
     (an engine already in ``versions/`` is re-hashed instead)."""
     dest = Path(dest)
-    dest.mkdir(parents=True, exist_ok=True)
-    (dest / "versions").mkdir(exist_ok=True)
+    _prepare(dest)
     with _locked(dest):
         check_not_quarantined(store, artifact_id, "not staging it")
         body = store.get_bytes(manifest_key(artifact_id))

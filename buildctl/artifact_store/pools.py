@@ -2,9 +2,10 @@
 
 ``with ThreadPoolExecutor() as pool`` waits for every running task when the block exits, on an
 exception too: a Ctrl-C 9 s into a pull exited only when its in-flight downloads had finished.
-:func:`interruptible_pool` waits only when the block ends normally; on any exception (a
-``KeyboardInterrupt``, SIGTERM's ``Terminated``, an error) it cancels the queued tasks, tells the
-running ones to stop at their next chunk (:data:`Stop`), and returns at once. The CLI then exits
+:func:`interruptible_pool` cancels the queued tasks on any exception and tells the running ones
+to stop at their next chunk (:data:`Stop`). On an error it then waits for them (a chunk's time),
+so the caller's cleanup does not race a task still writing; on an interrupt (``KeyboardInterrupt``,
+SIGTERM's ``Terminated``) it returns at once. The CLI then exits
 without joining the threads (``os._exit``), after the caller has removed what it staged: what is
 half-written is what a crash leaves, which the store and the install directory already survive.
 """
@@ -30,7 +31,13 @@ def interruptible_pool(workers: int, name: str = "buildctl") -> Iterator[tuple[T
     pool = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix=name)
     try:
         yield pool, stop
-    except BaseException:
+    except Exception:
+        # An error: the running tasks stop at their next chunk and are waited for, so that the
+        # caller's cleanup (removing its staging) does not race a task still writing there.
+        stop.set()
+        pool.shutdown(wait=True, cancel_futures=True)
+        raise
+    except BaseException:  # an interrupt: return at once (what is half-written, a crash also leaves)
         stop.set()
         pool.shutdown(wait=False, cancel_futures=True)
         raise

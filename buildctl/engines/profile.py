@@ -18,6 +18,9 @@ from buildctl.digest import digest_json
 from buildctl.stats import min_samples
 from buildctl.engines.errors import FieldProblem, ProfileError, ProfileNotFoundError
 
+# The largest token count or batch any field takes (2**24: 16M tokens); larger ones are typos.
+MAX_TOKENS = 2**24
+
 Quantization = Literal["none", "fp8", "int8_sq", "int4_awq", "w4a8_awq", "int8_wo", "int4_wo"]
 QUANTIZATION_VALUES: tuple[str, ...] = get_args(Quantization)
 KvCacheDtype = Literal["auto", "fp16", "bf16", "fp8", "int8"]
@@ -41,7 +44,7 @@ def rule_error(field: str, rule: str, message: str, **ctx: Any) -> PydanticCusto
 class TinyModel(_Frozen):
     """The locally generated tiny Llama used on CPU (nothing is downloaded)."""
 
-    seed: int = Field(0, ge=0, description="Seed for weight initialisation and training batch order.")
+    seed: int = Field(0, ge=0, le=2**32 - 1, description="Seed for weight initialisation and training batch order.")
     train_steps: int = Field(100, ge=0, le=100_000, description="AdamW steps on the shipped corpus; makes greedy decoding confident.")
 
 
@@ -84,7 +87,7 @@ class Calibration(_Frozen):
     model hub; build nodes are offline, so the data is a local directory, always passed."""
 
     dataset: str = Field(..., description="Local directory of the calibration dataset (an absolute path; never a hub name).")
-    size: int = Field(512, ge=1, description="Number of calibration samples (--calib_size).")
+    size: int = Field(512, ge=1, le=1_000_000, description="Number of calibration samples (--calib_size).")
 
     @field_validator("dataset")
     @classmethod
@@ -110,13 +113,13 @@ class EngineSpec(_Frozen):
     kv_cache_dtype: KvCacheDtype = Field("auto", description="KV cache dtype; auto follows the model dtype.")
     tp_size: int = Field(1, ge=1, le=64, description="Tensor-parallel ranks.")
     pp_size: int = Field(1, ge=1, le=64, description="Pipeline-parallel stages.")
-    max_batch_size: int = Field(8, ge=1, description="Largest batch the engine accepts.")
-    max_input_len: int = Field(1024, ge=1, description="Longest prompt in tokens.")
-    max_seq_len: int = Field(2048, ge=2, description="Longest prompt plus output in tokens.")
-    max_num_tokens: int | None = Field(None, ge=1, description="Token budget per scheduler step; None lets the builder choose.")
-    min_sm: int | None = Field(None, ge=10, description="Lowest GPU SM (e.g. 89, 90) this profile may target; None = any.")
-    build_timeout_s: float = Field(3600.0, gt=0, description="Wall-clock limit for one build subprocess.")
-    build_memory_limit_mb: int | None = Field(None, ge=64, description="Resident-memory limit (RSS of the build step's process group, polled) for build subprocesses; None = unlimited.")
+    max_batch_size: int = Field(8, ge=1, le=MAX_TOKENS, description="Largest batch the engine accepts.")
+    max_input_len: int = Field(1024, ge=1, le=MAX_TOKENS, description="Longest prompt in tokens.")
+    max_seq_len: int = Field(2048, ge=2, le=MAX_TOKENS, description="Longest prompt plus output in tokens.")
+    max_num_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS, description="Token budget per scheduler step; None lets the builder choose.")
+    min_sm: int | None = Field(None, ge=10, le=1000, description="Lowest GPU SM (e.g. 89, 90) this profile may target; None = any.")
+    build_timeout_s: float = Field(3600.0, gt=0, le=7 * 86400, allow_inf_nan=False, description="Wall-clock limit for one build subprocess.")
+    build_memory_limit_mb: int | None = Field(None, ge=64, le=2**30, description="Resident-memory limit (RSS of the build step's process group, polled) for build subprocesses; None = unlimited.")
     plugins: TrtllmPlugins | None = Field(None, description="trtllm-only build switches; defaults apply when omitted.")
     calibration: Calibration | None = Field(None, description="trtllm: calibration data, required when quantizing or with an int8 KV cache.")
     aoti: AotiOptions | None = Field(None, description="aoti-only options; defaults apply when omitted.")
@@ -170,16 +173,16 @@ class EngineSpec(_Frozen):
 class ReferenceSpec(_Frozen):
     """vLLM engine arguments for the reference side of validation (the production tuning)."""
 
-    tensor_parallel_size: int = Field(1, ge=1, description="vLLM tensor_parallel_size.")
+    tensor_parallel_size: int = Field(1, ge=1, le=64, description="vLLM tensor_parallel_size.")
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1, description="vLLM gpu_memory_utilization.")
-    max_model_len: int = Field(2048, ge=2, description="vLLM max_model_len.")
-    block_size: int | None = Field(None, ge=1, description="vLLM KV cache block size in tokens; None lets vLLM choose (its CPU backend needs a multiple of 32).")
+    max_model_len: int = Field(2048, ge=2, le=MAX_TOKENS, description="vLLM max_model_len.")
+    block_size: int | None = Field(None, ge=1, le=65536, description="vLLM KV cache block size in tokens; None lets vLLM choose (its CPU backend needs a multiple of 32).")
     enable_prefix_caching: bool = Field(False, description="vLLM enable_prefix_caching.")
     enforce_eager: bool = Field(False, description="vLLM enforce_eager (no CUDA graphs / compilation).")
-    max_num_seqs: int = Field(256, ge=1, description="vLLM max_num_seqs.")
+    max_num_seqs: int = Field(256, ge=1, le=MAX_TOKENS, description="vLLM max_num_seqs.")
     kv_cache_dtype: KvCacheDtype = Field("auto", description="vLLM kv_cache_dtype.")
     dtype: Literal["auto", "float32", "float16", "bfloat16"] = Field("auto", description="vLLM dtype; auto follows the model.")
-    cpu_kvcache_space_gib: int = Field(1, ge=1, description="VLLM_CPU_KVCACHE_SPACE for the CPU build of vLLM.")
+    cpu_kvcache_space_gib: int = Field(1, ge=1, le=65536, description="VLLM_CPU_KVCACHE_SPACE for the CPU build of vLLM.")
 
 
 class ParityRule(_Frozen):
@@ -192,10 +195,10 @@ class ParityRule(_Frozen):
 class LevelThresholds(_Frozen):
     """Thresholds for one concurrency level; a field left out takes the gate's default."""
 
-    min_throughput_ratio: float | None = Field(None, gt=0, description="Lowest allowed candidate/reference output tok/s at this level.")
-    max_p99_ttft_ratio: float | None = Field(None, gt=0, description="Highest allowed candidate/reference p99 TTFT at this level.")
-    max_p50_ttft_ratio: float | None = Field(None, gt=0, description="Highest allowed candidate/reference p50 TTFT at this level.")
-    max_tpot_ratio: float | None = Field(None, gt=0, description="Highest allowed candidate/reference median TPOT at this level.")
+    min_throughput_ratio: float | None = Field(None, gt=0, le=1e6, allow_inf_nan=False, description="Lowest allowed candidate/reference output tok/s at this level.")
+    max_p99_ttft_ratio: float | None = Field(None, gt=0, le=1e6, allow_inf_nan=False, description="Highest allowed candidate/reference p99 TTFT at this level.")
+    max_p50_ttft_ratio: float | None = Field(None, gt=0, le=1e6, allow_inf_nan=False, description="Highest allowed candidate/reference p50 TTFT at this level.")
+    max_tpot_ratio: float | None = Field(None, gt=0, le=1e6, allow_inf_nan=False, description="Highest allowed candidate/reference median TPOT at this level.")
 
 
 # Ratio metrics of the speed gate: (metric, threshold field, bound). Each repetition yields one
@@ -214,21 +217,21 @@ class SpeedGate(_Frozen):
     """Speed workload and gate: paired candidate/reference repetitions, a confidence interval per
     ratio, and a pass/fail/inconclusive verdict per level."""
 
-    min_throughput_ratio: float = Field(1.0, gt=0, description="Candidate/reference output tok/s must be at least this (whole interval).")
-    max_p99_ttft_ratio: float | None = Field(1.5, gt=0, description="Candidate/reference p99 TTFT must be at most this (whole interval); null: not gated.")
-    max_p50_ttft_ratio: float | None = Field(None, gt=0, description="Candidate/reference p50 TTFT must be at most this; null: reported, not gated.")
-    max_tpot_ratio: float | None = Field(None, gt=0, description="Candidate/reference median TPOT must be at most this; null: reported, not gated.")
+    min_throughput_ratio: float = Field(1.0, gt=0, le=1e6, allow_inf_nan=False, description="Candidate/reference output tok/s must be at least this (whole interval).")
+    max_p99_ttft_ratio: float | None = Field(1.5, gt=0, le=1e6, allow_inf_nan=False, description="Candidate/reference p99 TTFT must be at most this (whole interval); null: not gated.")
+    max_p50_ttft_ratio: float | None = Field(None, gt=0, le=1e6, allow_inf_nan=False, description="Candidate/reference p50 TTFT must be at most this; null: reported, not gated.")
+    max_tpot_ratio: float | None = Field(None, gt=0, le=1e6, allow_inf_nan=False, description="Candidate/reference median TPOT must be at most this; null: reported, not gated.")
     levels: dict[int, LevelThresholds] = Field(default_factory=dict, description="Per-concurrency overrides of the thresholds above.")
     concurrency: tuple[int, ...] = Field((1, 4), min_length=1, description="Concurrency levels to measure.")
-    input_len: int = Field(128, ge=1, description="Prompt length in tokens for the speed workload.")
-    output_len: int = Field(64, ge=2, description="Output length in tokens for the speed workload.")
-    num_prompts: int = Field(128, ge=1, description="Requests per concurrency level and repetition (>= 100 when p99 is gated).")
-    repetitions: int = Field(6, ge=1, description="Paired repetitions per level before the first verdict.")
-    max_repetitions: int = Field(20, ge=1, description="Most paired repetitions per level while a verdict is inconclusive.")
-    max_seconds: float = Field(600.0, gt=0, description="Wall-clock budget for adding repetitions, over all levels.")
+    input_len: int = Field(128, ge=1, le=MAX_TOKENS, description="Prompt length in tokens for the speed workload.")
+    output_len: int = Field(64, ge=2, le=MAX_TOKENS, description="Output length in tokens for the speed workload.")
+    num_prompts: int = Field(128, ge=1, le=1_000_000, description="Requests per concurrency level and repetition (>= 100 when p99 is gated).")
+    repetitions: int = Field(6, ge=1, le=10_000, description="Paired repetitions per level before the first verdict.")
+    max_repetitions: int = Field(20, ge=1, le=10_000, description="Most paired repetitions per level while a verdict is inconclusive.")
+    max_seconds: float = Field(600.0, gt=0, le=7 * 86400, allow_inf_nan=False, description="Wall-clock budget for adding repetitions, over all levels.")
     confidence: float = Field(0.95, gt=0.5, lt=1.0, description="Confidence level of each ratio's interval.")
-    warmup: int = Field(1, ge=0, description="Warm-up requests per side before measuring.")
-    cpu_threads: int | None = Field(None, ge=1, description="Intra-op CPU threads for both sides while validating on a CPU host; null: the libraries' default.")
+    warmup: int = Field(1, ge=0, le=1_000_000, description="Warm-up requests per side before measuring.")
+    cpu_threads: int | None = Field(None, ge=1, le=4096, description="Intra-op CPU threads for both sides while validating on a CPU host; null: the libraries' default.")
 
     @model_validator(mode="after")
     def _statistics(self) -> "SpeedGate":
@@ -265,7 +268,7 @@ class ValidationSpec(_Frozen):
 
     prompt_sets: tuple[PromptSet, ...] = Field(("short", "mixed", "long"), min_length=1, description="Built-in prompt sets; long (>4096 tokens) runs where max_seq_len allows.")
     prompts_file: str | None = Field(None, description="Extra JSONL prompt file, one {\"prompt_token_ids\": [...]} per line.")
-    max_tokens: int = Field(64, ge=1, description="Tokens generated per parity prompt.")
+    max_tokens: int = Field(64, ge=1, le=MAX_TOKENS, description="Tokens generated per parity prompt.")
     top_logprobs: int = Field(5, ge=1, le=20, description="Top-k logprobs compared per step.")
     parity: ParityRule = Field(default_factory=ParityRule, description="The parity rule and gate.")
     speed: SpeedGate = Field(default_factory=SpeedGate, description="The speed workload and gate.")

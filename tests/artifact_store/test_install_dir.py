@@ -26,7 +26,7 @@ from buildctl.artifact_store.install_dir import (
     switch_back,
 )
 
-from ..support.helpers import RangedStore as Ranged, make_tree
+from ..support.helpers import RangedStore as Ranged, make_tree, staged
 
 MiB = 1024 * 1024
 P = "tiny-llama-cpu"
@@ -127,7 +127,7 @@ def test_a_blob_longer_than_its_entry_is_cut_short(node_env):
 
 
 @pytest.mark.parametrize("code,raised", [(errno.ENOSPC, InstallError), (errno.EROFS, InstallError),
-                                         (errno.EPERM, PermissionError)])
+                                         (errno.EPERM, InstallError), (errno.EACCES, InstallError)])
 def test_write_errors_while_installing(node_env, monkeypatch, code, raised):
     store, (a, b, *_), dest, _ = node_env
     install_artifact(store, a, dest)
@@ -142,8 +142,38 @@ def test_write_errors_while_installing(node_env, monkeypatch, code, raised):
     with pytest.raises(raised) as exc:
         install_artifact(store, b, dest)
     if raised is InstallError:
-        assert f"{os.strerror(code)} while writing {dest}/.staging-" in str(exc.value)
+        where = f" {dest}/.staging-" if code != errno.EPERM else ""  # the EPERM here carries no file name
+        assert f"{os.strerror(code)} while writing{where}" in str(exc.value)
     assert current_artifact(dest) == a and not list(dest.glob(".staging-*"))
+
+
+def test_a_destination_that_cannot_be_written_is_a_clear_error(node_env, tmp_path, monkeypatch, cli):
+    """#29 item 7: `pull --dest` an existing file, a path under a file, or a read-only mount gave
+    exit 1 and a Python exception name. Each is an InstallError (exit 12) with one line."""
+    from pathlib import Path
+
+    store, (a, *_), dest, draft = node_env
+    (tmp_path / "a-file").write_text("x")
+    for bad, why in ((tmp_path / "a-file", "is a file, not a directory"),
+                     (tmp_path / "a-file" / "sub", "Not a directory")):
+        with pytest.raises(InstallError, match=why):
+            install_artifact(store, a, bad)
+        assert (tmp_path / "a-file").read_text() == "x"
+    real_mkdir = Path.mkdir
+
+    def read_only(self, *args, **kw):
+        if str(self).startswith(str(tmp_path / "ro")):
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(self))
+        return real_mkdir(self, *args, **kw)
+
+    monkeypatch.setattr(Path, "mkdir", read_only)
+    with pytest.raises(InstallError, match="Read-only file system"):
+        install_artifact(store, a, tmp_path / "ro" / "node")
+    monkeypatch.undo()
+    staged(store, a)
+    code, _, err = cli("--store", store.uri, "pull", "--profile", draft.profile_name, "--channel", "staging",
+                       "--dest", tmp_path / "a-file", "--skip-preflight")
+    assert code == 12 and "is a file, not a directory" in err and len(err.strip().splitlines()) == 1, err
 
 
 def test_a_preflight_that_fails_installs_nothing(node_env):

@@ -95,10 +95,11 @@ def test_exit_code_table_covers_every_category():
     assert exit_code_for(errors.PreflightRefusedError("x")) == 8
     assert exit_code_for(errors.UnavailableError("x")) == 9
     assert exit_code_for(errors.EventNotDeliveredError("x")) == 11
+    assert exit_code_for(errors.DestinationError("x")) == 12
     assert exit_code_for(RuntimeError("x")) == 1
     assert exit_code_for(KeyboardInterrupt()) == 130
     assert exit_code_for(Terminated()) == 143
-    assert {code for _, code, _ in EXIT_CODES} == {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 130, 143}
+    assert {code for _, code, _ in EXIT_CODES} == {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 130, 143}
 
 
 def test_console_script_end_to_end(tmp_path):
