@@ -211,7 +211,8 @@ def plan_builds(nodes: Iterable[tuple[Iterable[str], dict[str, str]]], profile_b
 VALIDATION_PENDING_S = 6 * 3600.0
 
 
-def existing_pairs(store: Store, profile_hashes: dict[str, str], *, now: datetime | None = None) -> set[tuple[str, str]]:
+def existing_pairs(store: Store, profile_hashes: dict[str, str], *, now: datetime | None = None,
+                   skipped: list[tuple[str, str]] | None = None) -> set[tuple[str, str]]:
     """(profile, compat key) pairs that have a usable artifact built from the profile's current
     hash, each under the key it serves under now: not quarantined, and passed its validation under
     that key (or, without a verdict yet, published within :data:`VALIDATION_PENDING_S`). A failed
@@ -222,7 +223,7 @@ def existing_pairs(store: Store, profile_hashes: dict[str, str], *, now: datetim
         if profile_hashes.get(m.profile_name) != m.profile_hash:
             continue
         pair = (m.profile_name, serving_key(m))
-        if pair in out or active_quarantine(store, aid) is not None:
+        if pair in out or active_quarantine(store, aid, skipped) is not None:
             continue
         stored = latest_attestation(store, aid, {m.compat_key, pair[1]})
         if stored is not None and stored.attestation.passed:
@@ -247,10 +248,14 @@ def serving_queues(settings: Settings, fingerprint: Fingerprint) -> dict[str, st
     return out
 
 
-def fleet_plan(store: Store, profiles: dict[str, BuildProfile], only_profiles: Iterable[str] | None = None) -> list[BuildNeed]:
-    """Read the inventory and the artifacts, and plan. ``profiles``: name -> profile (``pipeline.load_profiles``)."""
-    inventory = read_inventory(store)
-    have = existing_pairs(store, {n: p.build_hash() for n, p in profiles.items()})
+def fleet_plan(store: Store, profiles: dict[str, BuildProfile], only_profiles: Iterable[str] | None = None,
+               skipped: list[tuple[str, str]] | None = None) -> list[BuildNeed]:
+    """Read the inventory and the artifacts, and plan. ``profiles``: name -> profile (``pipeline.load_profiles``).
+    ``skipped``: malformed node and quarantine records are listed there and passed over (an
+    artifact whose quarantine record is malformed counts as quarantined: it is built again)."""
+    skipped = [] if skipped is None else skipped
+    inventory = read_inventory(store, skipped)
+    have = existing_pairs(store, {n: p.build_hash() for n, p in profiles.items()}, skipped=skipped)
     return plan_builds(((n.profiles, node_compat_keys(n)) for n in inventory),
                        {n: p.engine.backend for n, p in profiles.items()}, have, only_profiles)
 

@@ -202,7 +202,7 @@ def scrub(ctx: Context, *, sample: float = 1.0, channels_only: bool = False,
     for aid, m in chosen:
         row = ScrubRow(aid, m.profile_name, sorted(referenced.get(aid, [])), m.total_size, "ok")
         rows.append(row)
-        if active_quarantine(store, aid) is not None:
+        if active_quarantine(store, aid, skipped) is not None:
             row.status = "quarantined"
             continue
         if budget_bytes is not None and spent + m.total_size > budget_bytes:

@@ -154,7 +154,7 @@ def protections(store: Store, arts: list[tuple[str, Manifest]], *, keep: int, ke
     for artifact, why in also:
         add(artifact, why)
     for artifact, _ in arts:
-        recs = quarantine_records(store, artifact)
+        recs = quarantine_records(store, artifact, skipped)
         if recs:
             last = parse_utc(recs[-1][1].when)
             until = last + timedelta(seconds=quarantine_retention_s)
@@ -188,9 +188,12 @@ def gc(store: Store, *, keep: int = DEFAULT_KEEP, keep_history: int = DEFAULT_KE
 
     arts = list_artifacts(store)
     result = GcResult(dry_run=dry_run)
+    named: set[str] = set()  # ids a malformed node record still names: it may run or keep them
+    nodes = node_protections(read_inventory(store, result.skipped, named))
+    nodes += [(a, "named by a malformed node record") for a in sorted(named)]
     keep_for = protections(store, arts, keep=keep, keep_history=keep_history, grace_s=grace,
                            quarantine_retention_s=quarantine_retention_s, now=now,
-                           also=node_protections(read_inventory(store)), skipped=result.skipped)
+                           also=nodes, skipped=result.skipped)
     for artifact, m in arts:
         d = GcDecision(artifact, m.profile_name, m.compat_key, m.created_at, m.total_size, keep_for[artifact])
         if not d.protected_by:

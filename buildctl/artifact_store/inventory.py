@@ -118,12 +118,24 @@ def update_node(store: Store, node_id: str, change: Callable[[NodeRecord | None]
     raise CasConflictError(node_key(node_id), attempts)
 
 
-def read_inventory(store: Store) -> list[NodeRecord]:
+def read_inventory(store: Store, skipped: list[tuple[str, str]] | None = None,
+                   named: set[str] | None = None) -> list[NodeRecord]:
+    """Every node's record. A malformed one raises :class:`CorruptObjectError`; with ``skipped``
+    (store-wide commands) it is appended there as ``(key, why)`` and passed over, and with
+    ``named`` the artifact ids its bytes still name are added there (gc keeps them)."""
     out = []
     for key in store.list(NODES):
         got = store.get_ref(key)
-        if got is not None:
+        if got is None:
+            continue
+        try:
             out.append(NodeRecord.model_validate_json(got[0]))
+        except (ValueError, ValidationError):
+            if skipped is None:
+                raise CorruptObjectError(key, "malformed node record") from None
+            skipped.append((key, "malformed node record"))
+            if named is not None:
+                named.update(re.findall(r"xxh3-128:[0-9a-f]{32}", got[0].decode("utf-8", "replace")))
     return out
 
 

@@ -48,15 +48,34 @@ def _write(store: Store, rec: QuarantineRecord, signer: SigningKey | None) -> tu
     return rec, key
 
 
-def quarantine_records(store: Store, artifact_id: str) -> list[tuple[str, QuarantineRecord]]:
-    """Every record of the artifact with its key, oldest first."""
+MALFORMED = "malformed quarantine record"
+
+
+def quarantine_records(store: Store, artifact_id: str,
+                       skipped: list[tuple[str, str]] | None = None) -> list[tuple[str, QuarantineRecord]]:
+    """Every record of the artifact with its key, oldest first. A malformed one raises
+    :class:`CorruptObjectError`; with ``skipped`` (store-wide commands) it is appended there as
+    ``(key, why)`` and stands in the list as a quarantine (:func:`unreadable_record`): an artifact
+    whose quarantine history cannot be read is treated as quarantined, never as clean."""
     out = []
     for key in store.list(quarantine_prefix(artifact_id)):
         try:
             out.append((key, QuarantineRecord.model_validate(json.loads(store.get_bytes(key)))))
         except (ValueError, ValidationError):
-            raise CorruptObjectError(key, "malformed quarantine record") from None
+            if skipped is None:
+                raise CorruptObjectError(key, MALFORMED) from None
+            skipped.append((key, MALFORMED))
+            out.append((key, unreadable_record(artifact_id)))
+    if any(r.reason.startswith(MALFORMED) for _, r in out):  # it decides, wherever it sorted
+        out.sort(key=lambda kr: kr[1].reason.startswith(MALFORMED))
     return out
+
+
+def unreadable_record(artifact_id: str) -> QuarantineRecord:
+    """What stands for a malformed quarantine record: a quarantine, dated now (so gc's forensic
+    retention keeps the artifact until the record is fixed)."""
+    return QuarantineRecord(artifact_id=artifact_id, action="quarantine", who="buildctl", when=utc_now(),
+                            reason=f"{MALFORMED}: treated as quarantined until it is fixed")
 
 
 def active_of(records: list[tuple[str, QuarantineRecord]]) -> tuple[str, QuarantineRecord] | None:
@@ -67,9 +86,10 @@ def active_of(records: list[tuple[str, QuarantineRecord]]) -> tuple[str, Quarant
     return None
 
 
-def active_quarantine(store: Store, artifact_id: str) -> tuple[str, QuarantineRecord] | None:
-    """The record that quarantines the artifact now, if any."""
-    return active_of(quarantine_records(store, artifact_id))
+def active_quarantine(store: Store, artifact_id: str,
+                      skipped: list[tuple[str, str]] | None = None) -> tuple[str, QuarantineRecord] | None:
+    """The record that quarantines the artifact now, if any (``skipped``: see :func:`quarantine_records`)."""
+    return active_of(quarantine_records(store, artifact_id, skipped))
 
 
 def check_not_quarantined(store: Store, artifact_id: str, what: str = "refusing it") -> None:

@@ -63,11 +63,13 @@ def ls_cmd(
     from buildctl.artifact_store.verify import list_artifacts
 
     store = context(ctx).store
-    arts = [(a, m, active_quarantine(store, a)) for a, m in list_artifacts(store, profile)]
+    skipped: list[tuple[str, str]] = []
+    arts = [(a, m, active_quarantine(store, a, skipped)) for a, m in list_artifacts(store, profile)]
     if _quiet(ctx, json_out):
         emit_json([{"artifact_id": a, "profile": m.profile_name, "backend": m.backend, "compat_key": m.compat_key,
                     "created_at": m.created_at, "files": len(m.files), "bytes": m.total_size,
                     "quarantined": q is not None, "quarantine_record": q[0] if q else None} for a, m, q in arts])
+        _fail_on_skipped("ls", skipped)
         return
     t = Table()
     for c in ("artifact", "profile", "backend", "compat key", "created", "files", "bytes", "state"):
@@ -76,6 +78,15 @@ def ls_cmd(
         t.add_row(short_id(a), m.profile_name, m.backend, m.compat_key, m.created_at, str(len(m.files)), str(m.total_size),
                   "QUARANTINED" if q else "ok")
     out().print(t)
+    _fail_on_skipped("ls", skipped)
+
+
+def _fail_on_skipped(command: str, skipped: list[tuple[str, str]]) -> None:
+    """After a store-wide listing: exit 10 naming each malformed record it passed over."""
+    from buildctl.artifact_store.errors import SkippedRecordsError
+
+    if skipped:
+        raise SkippedRecordsError(command, skipped)
 
 
 def show_cmd(ctx: typer.Context, artifact: str = typer.Argument(..., help="Artifact id or unique hex prefix."),

@@ -27,8 +27,11 @@ def reconcile_fleet(profiles: list[str] | None = None, store: str | None = None,
     the work queue of its compat key; with ``wait`` (the default), wait up to ``wait_s`` for them
     and fail if any did not complete, so this run's state is its children's."""
     settings = run_settings(store)
-    needs = fleet.fleet_plan(open_store_of(settings), pipeline.load_profiles(settings), profiles)
+    skipped: list[tuple[str, str]] = []
+    needs = fleet.fleet_plan(open_store_of(settings), pipeline.load_profiles(settings), profiles, skipped)
     logger = get_run_logger()
+    for key, why in skipped:  # reported, and planned around (a malformed node record's node is not counted)
+        logger.warning(f"skipped {key}: {why}")
     started = start_builds(settings, [(n.profile, n.compat_key, n.nodes) for n in needs],
                             trigger or {"kind": "reconcile"}, None) if needs else []
     if not needs:
