@@ -44,6 +44,7 @@ from buildctl.artifact_store.inventory import NodeRecord, read_inventory
 from buildctl.artifact_store.errors import (
     CasConflictError,
     ChannelNotFoundError,
+    CorruptObjectError,
     RolloutStateError,
     StoreArgumentError,
 )
@@ -216,13 +217,23 @@ def rollout_step(store: Store, profile: str, channel: str, compat_key: str, step
 
 
 
-def _records(store: Store, profile: str | None, channel: str, compat_key: str | None) -> list[ChannelRecord]:
+def _records(store: Store, profile: str | None, channel: str, compat_key: str | None,
+             skipped: list[tuple[str, str]] | None = None) -> list[ChannelRecord]:
     if profile is None:  # every profile's refs of the channel (tick: no caller narrows them by key)
-        recs = [r for r in all_channel_records(store) if r.channel == channel]
+        recs = [r for r in all_channel_records(store, skipped) if r.channel == channel]
     else:  # only this profile's refs: no need to read the whole store's channels
-        keys = [compat_key] if compat_key else channel_compat_keys(store, profile, channel)
-        recs = [got[0] for got in (read_channel(store, profile, channel, k) for k in keys) if got is not None]
-    if not recs and profile is not None:
+        recs = []
+        for k in [compat_key] if compat_key else channel_compat_keys(store, profile, channel):
+            try:
+                got = read_channel(store, profile, channel, k)
+            except CorruptObjectError as err:
+                if skipped is None:
+                    raise
+                skipped.append((channel_key(profile, channel, k), err.detail))
+                continue
+            if got is not None:
+                recs.append(got[0])
+    if not recs and profile is not None and not skipped:
         raise ChannelNotFoundError(profile, channel, [compat_key or "<any>"])
     return sorted(recs, key=lambda r: (r.profile, r.compat_key))
 
@@ -238,10 +249,13 @@ def view(store: Store, rec: ChannelRecord, nodes: list[NodeRecord] | None = None
     return decide(rec, scope, now or datetime.now(timezone.utc))
 
 
-def status(store: Store, profile: str, channel: str, compat_key: str | None = None) -> list[RolloutView]:
-    """Every compat key's rollout view of the channel (``buildctl rollout status``)."""
-    nodes = read_inventory(store)
-    return [view(store, r, nodes) for r in _records(store, profile, channel, compat_key)]
+def status(store: Store, profile: str, channel: str, compat_key: str | None = None,
+           skipped: list[tuple[str, str]] | None = None) -> list[RolloutView]:
+    """Every compat key's rollout view of the channel (``buildctl rollout status``). With
+    ``skipped``, malformed channel refs and node records are listed there and left out of the view
+    (``tick``, which moves waves, never passes over a node it cannot read)."""
+    nodes = read_inventory(store, skipped)
+    return [view(store, r, nodes) for r in _records(store, profile, channel, compat_key, skipped)]
 
 
 def tick(ctx: Context, *, channel: str, profile: str | None = None, now: datetime | None = None) -> list[RolloutView]:

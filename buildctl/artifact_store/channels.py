@@ -267,16 +267,34 @@ def channel_compat_keys(store: Store, profile: str, channel: str) -> list[str]:
     return [compat_key_of_channel_key(k) for k in store.list(channel_prefix(profile, channel))]
 
 
-def history(store: Store, profile: str, channel: str, compat_key: str | None = None) -> list[ChannelRecord]:
-    """The channel's records, oldest first, for one compat key or all of them.
+def history(store: Store, profile: str, channel: str, compat_key: str | None = None,
+            skipped: list[tuple[str, str]] | None = None) -> list[ChannelRecord]:
+    """The channel's records, oldest first, for one compat key or all of them. A malformed record
+    (in the history or the ref) raises; with ``skipped`` it is appended there and passed over.
 
     A promoter that died between its swap and its history write leaves the ref one record ahead:
     that record is included (and written, where this caller may write) so the chain has no gap.
     """
+    def skip(key: str, err: CorruptObjectError) -> None:
+        if skipped is None:
+            raise err
+        skipped.append((key, err.detail))
+
     prefix = history_prefix(profile, channel, compat_key) if compat_key else history_channel_prefix(profile, channel)
-    out = {(r.compat_key, r.seq): r for r in (_parse_record(store.get_bytes(k), k) for k in store.list(prefix))}
+    out = {}
+    for k in store.list(prefix):
+        try:
+            r = _parse_record(store.get_bytes(k), k)
+        except CorruptObjectError as err:
+            skip(k, err)
+            continue
+        out[(r.compat_key, r.seq)] = r
     for key in (compat_key,) if compat_key else channel_compat_keys(store, profile, channel):
-        got = read_channel(store, profile, channel, key)
+        try:
+            got = read_channel(store, profile, channel, key)
+        except CorruptObjectError as err:
+            skip(channel_key(profile, channel, key), err)
+            continue
         if got and (got[0].compat_key, got[0].seq) not in out:
             out[(got[0].compat_key, got[0].seq)] = got[0]
             try:

@@ -31,11 +31,15 @@ def _wave_table(v) -> Table:
 def status_cmd(ctx: typer.Context, profile: str = PROFILE_OPT, channel: str = CHANNEL_OPT,
                compat_key: Optional[str] = COMPAT_OPT, json_out: bool = JSON_OPT) -> None:
     """The rollout on the channel: its waves, with nodes done, healthy and failed, and what comes next."""
+    from buildctl.artifact_store.errors import SkippedRecordsError
     from buildctl.rollouts import status
 
-    views = status(context(ctx).store, profile, channel, compat_key)
+    skipped: list[tuple[str, str]] = []
+    views = status(context(ctx).store, profile, channel, compat_key, skipped)
     if want_json(ctx, json_out):
         emit_json([v.to_json() for v in views])
+        if skipped:
+            raise SkippedRecordsError("rollout status", skipped)
         return
     for v in views:
         r = v.record.rollout
@@ -49,6 +53,8 @@ def status_cmd(ctx: typer.Context, profile: str = PROFILE_OPT, channel: str = CH
         out().print(f"next: {v.decision}: {v.why}", highlight=False)
         if r.failed_nodes:
             out().print(f"failed nodes: {', '.join(r.failed_nodes)}", highlight=False)
+    if skipped:
+        raise SkippedRecordsError("rollout status", skipped)
 
 
 def _control(ctx: typer.Context, step: str, profile: str, channel: str, compat_key: str | None,

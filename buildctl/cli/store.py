@@ -252,13 +252,15 @@ def history_cmd(
     from buildctl.artifact_store.errors import ChannelNotFoundError
     from buildctl.artifact_store.channels import history
 
-    recs = history(context(ctx).store, profile, channel, compat_key)
-    if not recs:
+    skipped: list[tuple[str, str]] = []
+    recs = history(context(ctx).store, profile, channel, compat_key, skipped)
+    if not recs and not skipped:
         raise ChannelNotFoundError(profile, channel, [compat_key or "<any>"])
     if _quiet(ctx, json_out):
         emit_json([_record_json(r) for r in recs])
     else:
         out().print(_history_table(recs))
+    _fail_on_skipped("history", skipped)
 
 
 def rollback_cmd(

@@ -1,0 +1,102 @@
+"""#29: one malformed record of any kind, and the store-wide commands (gc, scrub, ls, history,
+rollout status) go on: they name it (exit 10) or do not read it (exit 0), never exit 1, never a
+traceback, and gc removes nothing that record might guard."""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+
+import pytest
+
+import buildctl.artifact_store as ops
+from buildctl.artifact_store.backend import open_store
+from buildctl.artifact_store.integrity import verify_deep_or_quarantine
+from buildctl.artifact_store.layout import (
+    NODES,
+    REVOCATIONS,
+    TOUCHES,
+    attestation_prefix,
+    channel_key,
+    history_prefix,
+    pending_key,
+    quarantine_prefix,
+    verification_prefix,
+)
+
+from ..support.helpers import overwrite, publish_files, staged
+from .conftest import scale
+
+KINDS = ["channel ref", "history", "quarantine", "verification", "touch", "inventory", "pending", "revocation",
+         "attestation"]
+COMMANDS = [["--json", "gc", "--dry-run", "--keep", "0", "--grace", "0s"], ["--json", "scrub"], ["--json", "ls"],
+            ["history", "--profile", "tiny-llama-cpu", "--channel", "prod"],
+            ["rollout", "status", "--profile", "tiny-llama-cpu", "--channel", "prod"]]
+GARBAGE = [b'{"seq": "not a record"', b"", b"\xff\xfe\x00garbage", b"[]", b'{"action": "lift"}', b"null"]
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory, draft_module):
+    from buildctl.artifact_store.authority import Authority
+    from buildctl.artifact_store.quarantine import quarantine
+
+    root = tmp_path_factory.mktemp("records")
+    store = open_store(f"file://{root}/store")
+    draft = draft_module
+    a = publish_files(store, root / "a", draft, {"config.json": b"{}", "rank0.engine": 4096}, seed=1)
+    b = publish_files(store, root / "b", draft, {"config.json": b"[]", "rank0.engine": 4096}, seed=2)
+    ops.promote(store, staged(store, a), "prod")
+    verify_deep_or_quarantine(store, b, detector="test")
+    quarantine(store, b, "suspect", auth=Authority(who="test"))
+    store.cas(pending_key(draft.profile_name, "prod", draft.compat_key), b"{}", None)
+    store.put_bytes(REVOCATIONS + "2026-01-01T00:00:00Z-00.json", b"{}")
+    from buildctl import fleet
+    from buildctl.engines.fingerprint import detect
+
+    fleet.report_node(store, "gpu-1", detect(), [draft.profile_name])
+    return root, draft, a, b
+
+
+@pytest.fixture(scope="module")
+def draft_module():
+    from buildctl.engines.fingerprint import detect
+    from buildctl.engines.profile import load_profile
+    from buildctl.pipeline import manifest_draft
+
+    from ..support.helpers import PROFILES
+
+    return manifest_draft(load_profile(PROFILES / "tiny-llama-cpu.yaml"), detect())
+
+
+def record_of(store, kind: str, draft, a: str, b: str) -> str:
+    prefix = {"channel ref": channel_key(draft.profile_name, "prod", draft.compat_key),
+              "history": history_prefix(draft.profile_name, "prod", draft.compat_key),
+              "quarantine": quarantine_prefix(b), "verification": verification_prefix(b), "touch": TOUCHES,
+              "inventory": NODES, "pending": pending_key(draft.profile_name, "prod", draft.compat_key),
+              "revocation": REVOCATIONS, "attestation": attestation_prefix(a)}[kind]
+    keys = [k for k in store.list(prefix)]
+    assert keys, kind
+    return keys[0]
+
+
+def test_a_malformed_record_of_each_kind_never_stalls_store_wide_commands(base, tmp_path, cli, record_fault):
+    root, draft, a, b = base
+    rng = random.Random(29)
+    runs = 0
+    for kind in KINDS:
+        for i in range(scale(2)):
+            d = tmp_path / f"{kind.replace(' ', '-')}-{i}"
+            shutil.copytree(root / "store", d)
+            store = open_store(f"file://{d}")
+            key = record_of(store, kind, draft, a, b)
+            overwrite(store, key, rng.choice(GARBAGE))
+            for args in COMMANDS:
+                code, out, err = cli("--store", d, *args)
+                runs += 1
+                assert code != 1 and "Traceback" not in err, (kind, key, args, code, err[-500:])
+                assert code in (0, 3, 10), (kind, key, args, code, err[-500:])  # done, nothing there, or skipped
+                if args[1] == "gc":
+                    assert a not in json.loads(out)["removed_artifacts"], (kind, key)  # prod's artifact stays
+    record_fault("malformed record of each kind", f"{len(KINDS)} kinds ({', '.join(KINDS)}), one record garbled, "
+                 "then gc, scrub, ls, history, rollout status: never exit 1, prod's artifact never removed", runs)
