@@ -8,6 +8,8 @@ of them. Details are carried as attributes, never parsed out of messages.
 
 from __future__ import annotations
 
+import errno
+
 
 class BuildctlError(Exception):
     """Base class of every deliberate buildctl error."""
@@ -22,6 +24,23 @@ class BuildctlError(Exception):
 
 class BadInputError(BuildctlError):
     """Invalid input: a profile, manifest, fingerprint file or argument that does not parse or validate."""
+
+
+class PathArgumentError(BadInputError):
+    """A path that cannot name a file: too long, through a file, or a loop of links (the
+    filesystem's ENAMETOOLONG, ENOTDIR, ELOOP on a path the user gave)."""
+
+
+# The errno values that only a path's shape causes (never the disk's state): exit 2, bad input.
+PATH_ERRNOS = frozenset({errno.ENAMETOOLONG, errno.ENOTDIR, errno.ELOOP})
+
+
+def as_path_error(err: BaseException) -> PathArgumentError | None:
+    """``err`` as a :class:`PathArgumentError` when it is an OSError that only a path's shape causes."""
+    if isinstance(err, OSError) and err.errno in PATH_ERRNOS:
+        where = err.filename if err.filename is not None else "a path"
+        return PathArgumentError(f"{where}: {err.strerror}")
+    return None
 
 
 class NotFoundError(BuildctlError):

@@ -45,8 +45,8 @@ def build_cmd(
 def make_tiny_cmd(
     ctx: typer.Context,
     dest: Path = typer.Argument(..., help="Directory to write the HF checkpoint to (must be empty or absent)."),
-    seed: int = typer.Option(0, "--seed", min=0, help="Seed for weights and training order."),
-    train_steps: int = typer.Option(100, "--train-steps", min=0, help="AdamW steps on the shipped corpus."),
+    seed: int = typer.Option(0, "--seed", min=0, max=2**32 - 1, help="Seed for weights and training order."),
+    train_steps: int = typer.Option(100, "--train-steps", min=0, max=100_000, help="AdamW steps on the shipped corpus."),
     json_out: bool = typer.Option(False, "--json", help="JSON output."),
 ) -> None:
     """Create the tiny Llama locally and deterministically (no download); cached by its parameters."""
@@ -68,7 +68,7 @@ def generate_cmd(
     prompt_ids: Optional[str] = typer.Option(None, "--prompt-ids", help="Comma-separated token ids."),
     prompt: Optional[str] = typer.Option(None, "--prompt", help="Text; needs --tokenizer."),
     tokenizer: Optional[Path] = typer.Option(None, "--tokenizer", help="HF tokenizer directory to encode/decode text."),
-    max_tokens: int = typer.Option(16, "--max-tokens", min=1, help="Tokens to generate."),
+    max_tokens: int = typer.Option(16, "--max-tokens", min=1, max=2**24, help="Tokens to generate."),
     json_out: bool = typer.Option(False, "--json", help="JSON output."),
 ) -> None:
     """Generate greedily from an installed engine (a smoke test on a node)."""

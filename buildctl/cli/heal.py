@@ -54,8 +54,8 @@ def scrub_cmd(
     ctx: typer.Context,
     sample: float = typer.Option(1.0, "--sample", help="Fraction of the artifacts no channel references to check (0-1]."),
     channels_only: bool = typer.Option(False, "--channels-only", help="Only artifacts a channel points at."),
-    budget_gib: Optional[float] = typer.Option(None, "--budget-gib", min=0, help="Stop after re-hashing this many GiB."),
-    seed: Optional[int] = typer.Option(None, "--seed", help="Seed of the sample (default: a new sample each run)."),
+    budget_gib: Optional[float] = typer.Option(None, "--budget-gib", min=0, max=1e9, help="Stop after re-hashing this many GiB."),
+    seed: Optional[int] = typer.Option(None, "--seed", min=0, max=2**63 - 1, help="Seed of the sample (default: a new sample each run)."),
     json_out: bool = JSON_OPT,
 ) -> None:
     """Deep-verify artifacts, channel-referenced first; quarantine every failure; exit 4 if any."""

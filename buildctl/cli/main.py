@@ -34,6 +34,7 @@ from buildctl.errors import (
     NotFoundError,
     PreflightRefusedError,
     UnavailableError,
+    as_path_error,
 )
 from buildctl.artifact_store.errors import SkippedRecordsError
 from buildctl.settings import load_settings
@@ -211,7 +212,11 @@ def _run(argv: list[str] | None) -> int:
     except Exception as e:  # noqa: BLE001 - the CLI's last resort
         if _debug():
             traceback.print_exc()
-        else:
+        path_err = as_path_error(e)
+        if path_err is not None:  # a path the user gave that cannot name a file: bad input, not a bug
+            _err.print(f"error: {path_err}", style="red", highlight=False, markup=False)
+            return exit_code_for(path_err)
+        if not _debug():
             _err.print(f"unexpected error: {type(e).__name__}: {e} (set BUILDCTL_DEBUG=1 for a traceback)",
                        style="red", highlight=False, markup=False)
         return exit_code_for(e)

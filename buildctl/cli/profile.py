@@ -79,7 +79,7 @@ def profile_suggest(
     model_config: Optional[Path] = typer.Option(None, "--model-config", help="The model's HF config.json (default: the tiny model's, or the local checkpoint's)."),
     coverage: float = typer.Option(1.0, "--coverage", help="Share of observed requests the lengths must fit (1.0: all; 0.999 drops the longest 0.1%)."),
     headroom: float = typer.Option(0.25, "--headroom", help="Batch size above the peak observed concurrency, as a share."),
-    round_to: int = typer.Option(256, "--round", help="Round lengths up to a multiple of this."),
+    round_to: int = typer.Option(256, "--round", min=1, max=2**24, help="Round lengths up to a multiple of this."),
     max_bad: float = typer.Option(0.01, "--max-bad-fraction", help="Fail (exit 2) when more than this share of lines is malformed."),
     write: Optional[Path] = typer.Option(None, "--write", help="Write the profile with the recommended limits to this new file (comments are not kept)."),
     json_out: bool = typer.Option(False, "--json", help="JSON output."),

@@ -29,6 +29,12 @@ LONG = {("build",), ("validate",), ("model", "make-tiny"), ("worker", "start"), 
 COUNTS: dict[str, int] = {"examples": 0, "exit_1": 0, "tracebacks": 0}
 
 
+def traceback_of_buildctl(err: str) -> bool:
+    """A traceback through buildctl's code (a test server's thread elsewhere in this process, e.g.
+    a proxy from an earlier test printing a broken pipe, is not the command's)."""
+    return "Traceback" in err and "/buildctl/" in err
+
+
 def commands() -> list[tuple[tuple[str, ...], list]]:
     from buildctl.cli.main import app
 
@@ -110,8 +116,8 @@ def test_every_command_given_bad_arguments_exits_with_a_documented_code(fuzz_env
         captured = capsys.readouterr()
         COUNTS["examples"] += 1
         COUNTS["exit_1"] += code == 1
-        COUNTS["tracebacks"] += "Traceback" in captured.err
-        assert code != 1 and "Traceback" not in captured.err, (args, code, captured.err[-600:])
+        COUNTS["tracebacks"] += traceback_of_buildctl(captured.err)
+        assert code != 1 and not traceback_of_buildctl(captured.err), (args, code, captured.err[-600:])
         if code not in (0, 130, 143):
             assert captured.err.strip(), (args, code)
 
@@ -149,8 +155,8 @@ def test_bad_settings_exit_2_for_every_command_that_reads_them(fuzz_env, capsys,
         monkeypatch.delenv(name)
         COUNTS["examples"] += 1
         COUNTS["exit_1"] += code == 1
-        COUNTS["tracebacks"] += "Traceback" in captured.err
-        assert code != 1 and "Traceback" not in captured.err, (name, value, args, code, captured.err[-600:])
+        COUNTS["tracebacks"] += traceback_of_buildctl(captured.err)
+        assert code != 1 and not traceback_of_buildctl(captured.err), (name, value, args, code, captured.err[-600:])
 
     one()
 
