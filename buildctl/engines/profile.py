@@ -228,7 +228,7 @@ class SpeedGate(_Frozen):
     num_prompts: int = Field(128, ge=1, le=1_000_000, description="Requests per concurrency level and repetition (>= 100 when p99 is gated).")
     repetitions: int = Field(6, ge=1, le=10_000, description="Paired repetitions per level before the first verdict.")
     max_repetitions: int = Field(20, ge=1, le=10_000, description="Most paired repetitions per level while a verdict is inconclusive.")
-    max_seconds: float = Field(600.0, gt=0, le=7 * 86400, allow_inf_nan=False, description="Wall-clock budget for adding repetitions, over all levels.")
+    max_seconds: float = Field(600.0, gt=0, le=365 * 86400, allow_inf_nan=False, description="Wall-clock budget for adding repetitions, over all levels.")
     confidence: float = Field(0.95, gt=0.5, lt=1.0, description="Confidence level of each ratio's interval.")
     warmup: int = Field(1, ge=0, le=1_000_000, description="Warm-up requests per side before measuring.")
     cpu_threads: int | None = Field(None, ge=1, le=4096, description="Intra-op CPU threads for both sides while validating on a CPU host; null: the libraries' default.")

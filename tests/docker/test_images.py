@@ -17,7 +17,7 @@ import buildctl.artifact_store as ops
 from buildctl.artifact_store.errors import StoreUnavailableError
 from buildctl.artifact_store.s3 import S3Store
 
-from ..support.helpers import REPO, make_tree, write_attestation
+from ..support.helpers import REPO, make_tree, staged, write_attestation
 
 DOCKER = REPO / "docker"
 DOCKERFILES = sorted(DOCKER.glob("*.Dockerfile"))
@@ -198,11 +198,11 @@ def test_roles_on_seaweedfs(role_server, tmp_path, draft):
         validator.put_bytes("manifests/" + "0" * 32 + ".json", b"{}")  # and that is all the validator may write
     # the builder cannot move a channel
     with pytest.raises(StoreUnavailableError) as exc:
-        ops.promote(builder, res.artifact_id, "prod")
+        ops.promote(builder, res.artifact_id, "staging")
     assert "AccessDenied" in str(exc.value)
     assert ops.read_channel(node, draft.profile_name, "prod", draft.compat_key) is None
     # the promoter (CI) can, and its history record lands
-    rec = ops.promote(promoter, res.artifact_id, "prod")
+    rec = ops.promote(promoter, staged(promoter, res.artifact_id), "prod")
     assert rec.seq == 1 and [r.seq for r in ops.history(node, draft.profile_name, "prod")] == [1]
     # the node reads and verifies, but cannot write artifacts, channels or history
     assert ops.verify(node, res.artifact_id, deep=True)
