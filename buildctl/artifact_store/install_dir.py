@@ -42,10 +42,10 @@ from buildctl.artifact_store.errors import (
     SignatureError,
     VerificationError,
 )
-from buildctl.artifact_store.layout import manifest_key, manifest_signature_prefix
+from buildctl.artifact_store.layout import manifest_key
 from buildctl.artifact_store.manifest import Manifest
 from buildctl.artifact_store.quarantine import check_not_quarantined
-from buildctl.artifact_store.signing import TrustedKeys, verify_signature
+from buildctl.artifact_store.signing import TrustedKeys, manifest_signatures, verify_signature
 from buildctl.artifact_store.trust import check_fresh
 from buildctl.artifact_store.verify import get_manifest, parse_verified_manifest
 from buildctl.times import parse_utc
@@ -342,7 +342,7 @@ def stage_artifact(store: Store, record: ChannelRecord, artifact_id: str, dest: 
         check_not_quarantined(store, artifact_id, "not staging it")
         body = store.get_bytes(manifest_key(artifact_id))
         manifest = parse_verified_manifest(body, artifact_id, manifest_key(artifact_id))
-        sigs = [json.loads(store.get_bytes(k)) for k in store.list(manifest_signature_prefix(artifact_id))]
+        sigs = manifest_signatures(store, artifact_id)[0]
         final = dest / "versions" / hex_of(artifact_id)
         downloaded = False
         if final.is_dir() and not local_problems(manifest, final):

@@ -207,6 +207,8 @@ def verify_signature(what: str, data: bytes, signature: dict | None, trusted: Tr
     raises. A revoked key's signature counts only on a record made (``signed_at``) before its revocation."""
     if not signature:
         raise SignatureError(what, "unsigned")
+    if not isinstance(signature, dict) or not isinstance(signature.get("sig", ""), str):
+        raise SignatureError(what, "malformed signature (not an object with key_id and sig)")
     kid = str(signature.get("key_id"))
     pub = trusted.key(role, kid)
     if pub is None:
@@ -234,12 +236,30 @@ def sign_manifest(store: Store, artifact_id: str, signer: SigningKey, body: byte
     return signer.key_id
 
 
+def manifest_signatures(store: Store, artifact_id: str) -> tuple[list[dict[str, str]], list[str]]:
+    """The manifest's well-formed signatures, and the keys of signature files that are not (not
+    JSON, or not an object with a string ``key_id`` and ``sig``): those count as no signature."""
+    sigs, bad = [], []
+    for key in store.list(manifest_signature_prefix(artifact_id)):
+        try:
+            sig = json.loads(store.get_bytes(key))
+        except ValueError:
+            bad.append(key)
+            continue
+        if isinstance(sig, dict) and isinstance(sig.get("key_id"), str) and isinstance(sig.get("sig"), str):
+            sigs.append(sig)
+        else:
+            bad.append(key)
+    return sigs, bad
+
+
 def verify_manifest_signature(store: Store, artifact_id: str, trusted: TrustedKeys) -> str:
     """The id of a trusted builder key whose signature of the manifest verifies, or raise SignatureError."""
     body = store.get_bytes(manifest_key(artifact_id))
-    sigs = [json.loads(store.get_bytes(k)) for k in store.list(manifest_signature_prefix(artifact_id))]
+    sigs, bad = manifest_signatures(store, artifact_id)
     if not sigs:
-        raise SignatureError(f"manifest {artifact_id}", "unsigned")
+        raise SignatureError(f"manifest {artifact_id}", "unsigned" + (
+            f" ({len(bad)} malformed signature file(s), counted as none: {', '.join(bad[:3])})" if bad else ""))
     last: SignatureError | None = None
     for sig in sigs:
         try:

@@ -28,7 +28,7 @@ from buildctl.artifact_store.signing import (
 )
 from buildctl.context import authority_of
 
-from ..support.helpers import PROFILES, make_signer, make_tree, settings, write_attestation, staged
+from ..support.helpers import PROFILES, make_signer, make_tree, overwrite, settings, staged, write_attestation
 
 def trust(**roles: list[SigningKey]) -> TrustedKeys:
     return TrustedKeys({r: {k.key_id: k.private.public_key() for k in keys} for r, keys in roles.items()})
@@ -562,3 +562,25 @@ def test_a_two_of_n_prod_promotion_is_pending_with_one_signature_and_completes_w
     (trusted / "thresholds.json").write_text(json.dumps({"channels": {"prod": 3}}))
     code, _, err = pull(cli, store_dir, tmp_path / "n4")
     assert code == 2 and "prod needs 3 promoter signatures but only 2 promoter key(s)" in err
+
+
+@pytest.mark.parametrize("body", [b"\x00not json", b"[1, 2]", b'{"key_id": 7}', b'"a string"', b"{}"])
+def test_a_malformed_signature_file_is_refused_with_exit_4_not_1(keys, cli, tmp_path, monkeypatch, body):
+    """#29 item 7: a manifest signature file that is not JSON, or JSON of the wrong shape, gave exit 1
+    and a Python exception name. It counts as no signature: pull refuses the manifest (exit 4),
+    naming the file, and a good signature beside it still counts."""
+    from buildctl.artifact_store.layout import manifest_signature_key
+
+    env, store_dir = Env(monkeypatch, keys), tmp_path / "store"
+    aid = publish(env, cli, store_dir, make_tree(tmp_path / "a", {"rank0.engine": b"signed"}))
+    env.as_("promoter")
+    staged(store_dir, aid)
+    assert cli("--store", store_dir, "promote", aid, "--channel", "prod")[0] == 0
+    store = open_store(str(store_dir))
+    (good_key,) = list(store.list(ops.manifest_signature_prefix(aid)))
+    store.put_bytes(manifest_signature_key(aid, "0" * 16), body)  # beside the good one: it still counts
+    code, out, err = pull(cli, store_dir, tmp_path / "n0")
+    assert code == 0, err
+    overwrite(store, good_key, body)  # now the only one, and malformed
+    code, _, err = pull(cli, store_dir, tmp_path / "n1")
+    assert code == 4 and "malformed signature" in err and "Traceback" not in err, err
