@@ -22,7 +22,7 @@ from buildctl.artifact_store.promotion import rollback
 from buildctl.artifact_store.errors import ArtifactNotFoundError, QuarantinedError, StoreArgumentError, VerificationError
 from buildctl.artifact_store.integrity import verify_recent_or_quarantine, verify_deep_or_quarantine
 from buildctl.artifact_store.quarantine import active_quarantine, quarantine
-from buildctl.artifact_store.repair import RepairResult, repair_from, restore_manifest
+from buildctl.artifact_store.repair import RepairResult, manifest_copies, repair_from, restore_manifest
 from buildctl.artifact_store.verify import get_manifest, list_artifacts, resolve_artifact, scan_manifests
 
 
@@ -108,7 +108,8 @@ def heal_artifact(ctx: Context, artifact_ref: str, *, repair_source: str | None 
     store = ctx.store
     artifact_id = resolve_artifact(store, artifact_ref)
     report = HealReport(artifact_id, store_copy_ok=False)
-    restored = restore_manifest(store, artifact_id)  # a manifest that does not hash to its id first
+    restored = restore_manifest(store, artifact_id, manifest_copies(artifact_id, repair_source, ctx.open_other)
+                                if repair_source else ())  # a manifest that does not hash to its id first
     if restored is not None:
         report.problems.append(f"manifest: its bytes did not hash to {artifact_id}; restored from {restored}")
     active = active_quarantine(store, artifact_id)
@@ -134,6 +135,7 @@ def heal_artifact(ctx: Context, artifact_ref: str, *, repair_source: str | None 
 def repair_artifact(ctx: Context, artifact_ref: str, source: str) -> RepairResult:
     """``buildctl repair ARTIFACT --from DIR|STORE-URI``."""
     artifact_id = resolve_artifact(ctx.store, artifact_ref)
+    restore_manifest(ctx.store, artifact_id, manifest_copies(artifact_id, source, ctx.open_other))
     return repair_from(ctx.store, artifact_id, source, open_store=ctx.open_other, auth=ctx.auth)
 
 

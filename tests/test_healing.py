@@ -271,3 +271,27 @@ def test_scrub_and_heal_restore_a_rotted_manifest_from_its_identity_copy(store, 
     code, out, err = cli("--store", store_uri, "--json", "heal", aid)
     assert code == 0, err
     assert "restored from index/identity/" in json.dumps(json.loads(out)) and ops.verify(store, aid, deep=True)
+
+
+def test_heal_and_repair_restore_a_rotted_manifest_from_another_store_or_a_node(store, store_uri, draft, tmp_path, cli,
+                                                                               s3_env_if_needed):
+    """#29 item 3: with its identity copy gone too, a rotted manifest comes back from any store or
+    node directory that holds the same bytes (`--from`); the id proves which bytes are right."""
+    from buildctl.artifact_store.layout import IDENTITY_INDEX, manifest_key
+
+    from .support.helpers import overwrite, rot_manifest
+
+    aid = published(store, tmp_path / "a", draft, seed=1)
+    mirror = ops.open_store(f"file://{tmp_path / 'mirror'}")
+    mirror.put_bytes(manifest_key(aid), store.get_bytes(manifest_key(aid)))
+    for key in store.list(IDENTITY_INDEX):
+        overwrite(store, key, b"{}")  # the store's own copy is no good either
+    rot_manifest(store, aid)
+    code, out, err = cli("--store", store_uri, "--json", "heal", aid)
+    assert code == 4, err  # nothing here to restore it from
+    code, out, err = cli("--store", store_uri, "--json", "heal", aid, "--from", mirror.uri)
+    assert code == 0, err
+    assert f"restored from {mirror.uri}" in json.dumps(json.loads(out)) and ops.verify(store, aid, deep=True)
+    rot_manifest(store, aid)
+    code, _, err = cli("--store", store_uri, "--json", "repair", aid, "--from", mirror.uri)
+    assert code == 0 and ops.verify(store, aid, deep=True), err

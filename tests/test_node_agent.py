@@ -185,3 +185,24 @@ def test_pull_reports_coverage_and_require_covered_refuses_before_downloading(fl
     code, out, err = cli("--json", "pull", "--profile", PROFILE, "--channel", "prod", "--dest", tmp_path / "n3",
                          "--skip-preflight", "--require-covered")
     assert code == 0 and json.loads(out)["coverage"]["covered"], err
+
+
+def test_a_node_that_staged_an_engine_restores_its_rotted_manifest(fleet_store, cli):
+    """#29 item 3: a node's staged engine keeps the manifest's bytes; `repair --from DIR` puts a
+    rotted manifest back from there when the store's own copies are gone (the id proves them)."""
+    from buildctl.artifact_store.layout import IDENTITY_INDEX
+    from buildctl.artifact_store.verify import verify
+
+    from .support.helpers import overwrite, rot_manifest
+
+    f = fleet_store
+    code, _, err = cli("--json", "pull", "--profile", PROFILE, "--channel", "prod", "--dest", f["dest"],
+                       "--for-upgrade", f["target"], "--stage-only")
+    assert code == 0, err
+    store = f["store"]
+    for key in store.list(IDENTITY_INDEX):
+        overwrite(store, key, b"{}")
+    rot_manifest(store, f["b"])
+    code, out, err = cli("--json", "repair", f["b"], "--from", f["dest"])
+    assert code == 0, err
+    assert verify(store, f["b"], deep=True)

@@ -9,10 +9,11 @@ from the store, and only a clean pass lifts the quarantine.
 
 from __future__ import annotations
 
+import itertools
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterable, Iterator
 
 from buildctl.digest import BUFFER_SIZE, digest_bytes, hash_file, hash_stream, write_all
 from buildctl.artifact_store.backend import Store
@@ -141,19 +142,35 @@ def repair_from(store: Store, artifact_id: str, source_uri_or_dir: str, *, open_
                   reason=f"repaired from {source_uri_or_dir}")
 
 
-def restore_manifest(store: Store, artifact_id: str) -> str | None:
+def manifest_copies(artifact_id: str, source: str, open_store: Callable[[str], Store]) -> Iterator[tuple[str, bytes]]:
+    """Copies of the manifest's bytes outside the store, as (where, bytes): another store's
+    manifest (``file://``, ``s3://``), or a node directory's staged engines, which keep it."""
+    if "://" in source:
+        try:
+            yield source, open_store(source).get_bytes(manifest_key(artifact_id))
+        except KeyNotFoundError:
+            return
+        return
+    from buildctl.artifact_store.install_dir import staged_engines
+
+    for entry in staged_engines(source):
+        if entry.artifact_id == artifact_id:
+            yield f"{source} (staged)", entry.manifest_body
+
+
+def restore_manifest(store: Store, artifact_id: str, more: Iterable[tuple[str, bytes]] = ()) -> str | None:
     """Put back an artifact's manifest whose stored bytes no longer hash to its id, from a copy
-    that does: the identity index keeps a byte-identical copy of every manifest published. The id
-    proves which bytes are right. Returns where the copy came from (None: the manifest verifies,
-    or no copy verifies)."""
+    that does: the identity index keeps a byte-identical copy of every manifest published, and
+    ``more`` offers others (:func:`manifest_copies`). The id proves which bytes are right. Returns
+    where the copy came from (None: the manifest verifies, or no copy verifies)."""
     key = manifest_key(artifact_id)
     try:
         if digest_bytes(store.get_bytes(key)) == artifact_id:
             return None
     except KeyNotFoundError:
         pass
-    for copy_key in store.list(IDENTITY_INDEX):
-        body = store.get_bytes(copy_key)
+    own = ((k, store.get_bytes(k)) for k in store.list(IDENTITY_INDEX))
+    for copy_key, body in itertools.chain(own, more):
         if digest_bytes(body) != artifact_id:
             continue
         with tempfile.NamedTemporaryFile(prefix="buildctl-manifest-") as f:
