@@ -126,8 +126,11 @@ def publish_tree(
                     rotted.append(item)
                 confirmed.add(digest)
             return False, 0
-        if existing is not None:
-            raise CorruptObjectError(blob_key(digest), f"stored blob has size {existing}, expected {size}")
+        if existing is not None:  # stored short or long: rotted, put back like any other mismatch
+            if digest not in confirmed:
+                rotted.append(item)
+                confirmed.add(digest)
+            return False, 0
         created = store.put_file(blob_key(digest), path, size=size)
         return created, size if created else 0
 
