@@ -151,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     from buildctl.artifact_store import ranged
     from buildctl.artifact_store import s3 as s3mod
     from tests.faults.proxy import FaultProxy
-    from tests.s3server import SeaweedServer
+    from tests.support.s3server import SeaweedServer
 
     work = Path(tempfile.mkdtemp(prefix="buildctl-bench-"))
     server = SeaweedServer(work / "weed").start()
@@ -190,7 +190,9 @@ def main(argv: list[str] | None = None) -> int:
                 summary[f"{net}_publish_reused_ratio"] = round(spread(round_ratios(times, PUBLISH_REUSED, plain))[0], 3)
             if step == "pull":
                 summary[f"{net}_pull_single_stream_ratio"] = round(spread(round_ratios(times, PULL_SINGLE, plain))[0], 3)
-        summary[f"{net}_seconds"] = {k: [round(x, 3) for x in v] for k, v in {**up, **down}.items()}
+        # keyed by step: aws s3 cp is a method of both, and one must not hide the other
+        summary[f"{net}_seconds"] = {f"{step}: {k}": [round(x, 3) for x in v]
+                                     for step, times in (("publish", up), ("pull", down)) for k, v in times.items()}
         summary[f"{net}_bytes"] = total
         where = ("SeaweedFS on 127.0.0.1" if net == "loopback"
                  else f"through a proxy capping each connection at {args.cap_mib_s:.0f} MiB/s each way")
