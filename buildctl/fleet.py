@@ -43,6 +43,7 @@ from buildctl.artifact_store.verify import list_artifacts
 # The event a node report emits when a field its engines depend on changed (buildctl.flows.events).
 DRIVER_UPGRADED = "buildctl.node.driver-upgraded"
 
+
 @dataclass
 class ReportResult:
     record: NodeRecord
