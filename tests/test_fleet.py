@@ -99,18 +99,25 @@ def test_worker_start_serves_exactly_this_hosts_compat_keys(cli, tmp_path, monke
     assert code == 2 and "PREFECT_API_URL" in err
 
 
+def reporting_node(cli, tmp_path, monkeypatch, node_id: str):
+    """A node serving the tiny profile whose fingerprint file (this host's) it has reported once:
+    (fingerprint, its file, the report command's arguments)."""
+    fp = detect()
+    f = tmp_path / "fp.json"
+    monkeypatch.setenv("BUILDCTL_FINGERPRINT_FILE", str(f))
+    store = "file://" + str(tmp_path / "store")
+    report = ("--store", store, "--json", "node", "report", "--node-id", node_id, "--profiles", "tiny-llama-cpu")
+    f.write_text(fp.model_dump_json())
+    assert cli(*report)[0] == 0
+    return fp, f, report
+
+
 def test_node_report_counts_only_changes_to_backends_its_profiles_use(cli, tmp_path, monkeypatch):
     """A CPU node serving the tiny (aoti) profile: a new TensorRT-LLM there is no upgrade of its
     engines, so no driver-upgrade event; a new torch is (#29: it emitted for any backend)."""
     import json
 
-    fp = detect()
-    f = tmp_path / "fp.json"
-    monkeypatch.setenv("BUILDCTL_FINGERPRINT_FILE", str(f))
-    store = "file://" + str(tmp_path / "store")
-    report = ("--store", store, "--json", "node", "report", "--node-id", "cpu-1", "--profiles", "tiny-llama-cpu")
-    f.write_text(fp.model_dump_json())
-    assert cli(*report)[0] == 0
+    fp, f, report = reporting_node(cli, tmp_path, monkeypatch, "cpu-1")
     f.write_text(fp.model_copy(update={"tensorrt_llm_version": "1.2.1", "driver_version": "580.65.06"}).model_dump_json())
     code, out, err = cli(*report)
     assert code == 0, err
@@ -134,17 +141,11 @@ def test_an_undelivered_driver_upgrade_event_stays_pending_and_is_re_sent(cli, t
 
     from buildctl.artifact_store.backend import open_store
     from buildctl.artifact_store.inventory import read_node
-    from buildctl.engines.fingerprint import detect
 
     from .support.s3server import free_ports
 
-    fp = detect()
-    f = tmp_path / "fp.json"
-    monkeypatch.setenv("BUILDCTL_FINGERPRINT_FILE", str(f))
-    store = "file://" + str(tmp_path / "store")
-    report = ("--store", store, "--json", "node", "report", "--node-id", "cpu-9", "--profiles", "tiny-llama-cpu")
-    f.write_text(fp.model_dump_json())
-    assert cli(*report)[0] == 0
+    fp, f, report = reporting_node(cli, tmp_path, monkeypatch, "cpu-9")
+    store = report[1]
     f.write_text(fp.model_copy(update={"torch_version": "9.9.0"}).model_dump_json())
     (dead,) = free_ports(1)
     with temporary_settings({PREFECT_API_URL: f"http://127.0.0.1:{dead}/api"}):

@@ -57,7 +57,7 @@ def quarantine_records(store: Store, artifact_id: str,
     :class:`CorruptObjectError`; with ``skipped`` (store-wide commands) it is appended there as
     ``(key, why)`` and stands in the list as a quarantine (:func:`unreadable_record`): an artifact
     whose quarantine history cannot be read is treated as quarantined, never as clean."""
-    out = []
+    out, unreadable = [], []
     for key in store.list(quarantine_prefix(artifact_id)):
         try:
             out.append((key, QuarantineRecord.model_validate(json.loads(store.get_bytes(key)))))
@@ -65,10 +65,8 @@ def quarantine_records(store: Store, artifact_id: str,
             if skipped is None:
                 raise CorruptObjectError(key, MALFORMED) from None
             skipped.append((key, MALFORMED))
-            out.append((key, unreadable_record(artifact_id)))
-    if any(r.reason.startswith(MALFORMED) for _, r in out):  # it decides, wherever it sorted
-        out.sort(key=lambda kr: kr[1].reason.startswith(MALFORMED))
-    return out
+            unreadable.append((key, unreadable_record(artifact_id)))
+    return out + unreadable  # last: an unreadable record decides, wherever it sorted
 
 
 def unreadable_record(artifact_id: str) -> QuarantineRecord:

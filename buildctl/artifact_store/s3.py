@@ -27,6 +27,7 @@ from awscrt import checksums
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError, EndpointConnectionError, NoCredentialsError
 
+from buildctl.digest import Crc64Nvme
 from buildctl.artifact_store.errors import KeyNotFoundError, StoreUnavailableError, StoreUriError
 from buildctl.artifact_store.backend import ProgressFn
 
@@ -49,13 +50,13 @@ class _Crc64Check:
 
     def __init__(self, expected: str) -> None:
         self.expected = expected
-        self._crc = 0
+        self._crc = Crc64Nvme()
 
     def update(self, data: bytes | memoryview) -> None:
-        self._crc = checksums.crc64nvme(data, self._crc)
+        self._crc.update(data)
 
     def actual(self) -> str:
-        return _crc_b64(self._crc)
+        return self._crc.b64
 
 
 _BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")

@@ -62,3 +62,12 @@ def out() -> Console:
 
 def short_id(artifact_id: str | None) -> str:
     return artifact_id[len("xxh3-128:"):][:16] if artifact_id else "-"
+
+
+def fail_on_skipped(command: str, skipped: list[tuple[str, str]]) -> None:
+    """After a store-wide command has printed its result: exit 10 naming each malformed record it
+    passed over (``SkippedRecordsError``)."""
+    from buildctl.artifact_store.errors import SkippedRecordsError
+
+    if skipped:
+        raise SkippedRecordsError(command, skipped)

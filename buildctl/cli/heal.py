@@ -7,7 +7,7 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from buildctl.cli._common import JSON_OPT, emit_json, context, out, short_id, want_json
+from buildctl.cli._common import JSON_OPT, emit_json, context, fail_on_skipped, out, short_id, want_json
 
 GIB = 1 << 30
 
@@ -76,10 +76,7 @@ def scrub_cmd(
         out().print(t)
     if report.corrupt:
         raise ScrubFoundCorruptionError([r.artifact_id for r in report.corrupt])
-    if report.skipped:
-        from buildctl.artifact_store.errors import SkippedRecordsError
-
-        raise SkippedRecordsError("scrub", report.skipped)
+    fail_on_skipped("scrub", report.skipped)
 
 
 def heal_cmd(

@@ -7,7 +7,7 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from buildctl.cli._common import emit_json, context, out, short_id, want_json
+from buildctl.cli._common import emit_json, context, fail_on_skipped, out, short_id, want_json
 
 rollout_app = typer.Typer(help="Follow and steer rollouts started by `promote --rollout`.", no_args_is_help=True)
 
@@ -31,30 +31,30 @@ def _wave_table(v) -> Table:
 def status_cmd(ctx: typer.Context, profile: str = PROFILE_OPT, channel: str = CHANNEL_OPT,
                compat_key: Optional[str] = COMPAT_OPT, json_out: bool = JSON_OPT) -> None:
     """The rollout on the channel: its waves, with nodes done, healthy and failed, and what comes next."""
-    from buildctl.artifact_store.errors import SkippedRecordsError
     from buildctl.rollouts import status
 
     skipped: list[tuple[str, str]] = []
     views = status(context(ctx).store, profile, channel, compat_key, skipped)
     if want_json(ctx, json_out):
         emit_json([v.to_json() for v in views])
-        if skipped:
-            raise SkippedRecordsError("rollout status", skipped)
+    else:
+        for v in views:
+            _print_view(profile, channel, v)
+    fail_on_skipped("rollout status", skipped)
+
+
+def _print_view(profile: str, channel: str, v) -> None:
+    r = v.record.rollout
+    if r is None:
+        out().print(f"{profile}/{channel} [{short_id(v.record.compat_key)}]: no rollout; every node gets "
+                    f"{v.record.artifact_id}", highlight=False)
         return
-    for v in views:
-        r = v.record.rollout
-        if r is None:
-            out().print(f"{profile}/{channel} [{short_id(v.record.compat_key)}]: no rollout; every node gets "
-                        f"{v.record.artifact_id}", highlight=False)
-            continue
-        out().print(f"rollout of {r.target} over {r.base}: {r.state}, wave {r.wave + 1} of {len(r.waves)}, "
-                    f"bake {r.bake_s:g}s, started {r.started_at}", highlight=False)
-        out().print(_wave_table(v))
-        out().print(f"next: {v.decision}: {v.why}", highlight=False)
-        if r.failed_nodes:
-            out().print(f"failed nodes: {', '.join(r.failed_nodes)}", highlight=False)
-    if skipped:
-        raise SkippedRecordsError("rollout status", skipped)
+    out().print(f"rollout of {r.target} over {r.base}: {r.state}, wave {r.wave + 1} of {len(r.waves)}, "
+                f"bake {r.bake_s:g}s, started {r.started_at}", highlight=False)
+    out().print(_wave_table(v))
+    out().print(f"next: {v.decision}: {v.why}", highlight=False)
+    if r.failed_nodes:
+        out().print(f"failed nodes: {', '.join(r.failed_nodes)}", highlight=False)
 
 
 def _control(ctx: typer.Context, step: str, profile: str, channel: str, compat_key: str | None,

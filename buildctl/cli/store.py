@@ -8,7 +8,7 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from buildctl.cli._common import JSON_OPT, context, emit_json, out, settings, short_id, want_json
+from buildctl.cli._common import JSON_OPT, context, emit_json, fail_on_skipped, out, settings, short_id, want_json
 from buildctl.cli.progress import byte_progress
 
 TRUST_OPT = typer.Option(None, "--trust-verify-within", help="Trust a deep verify of the artifact this recent (1h, 30m) "
@@ -69,24 +69,15 @@ def ls_cmd(
         emit_json([{"artifact_id": a, "profile": m.profile_name, "backend": m.backend, "compat_key": m.compat_key,
                     "created_at": m.created_at, "files": len(m.files), "bytes": m.total_size,
                     "quarantined": q is not None, "quarantine_record": q[0] if q else None} for a, m, q in arts])
-        _fail_on_skipped("ls", skipped)
-        return
-    t = Table()
-    for c in ("artifact", "profile", "backend", "compat key", "created", "files", "bytes", "state"):
-        t.add_column(c)
-    for a, m, q in arts:
-        t.add_row(short_id(a), m.profile_name, m.backend, m.compat_key, m.created_at, str(len(m.files)), str(m.total_size),
-                  "QUARANTINED" if q else "ok")
-    out().print(t)
-    _fail_on_skipped("ls", skipped)
-
-
-def _fail_on_skipped(command: str, skipped: list[tuple[str, str]]) -> None:
-    """After a store-wide listing: exit 10 naming each malformed record it passed over."""
-    from buildctl.artifact_store.errors import SkippedRecordsError
-
-    if skipped:
-        raise SkippedRecordsError(command, skipped)
+    else:
+        t = Table()
+        for c in ("artifact", "profile", "backend", "compat key", "created", "files", "bytes", "state"):
+            t.add_column(c)
+        for a, m, q in arts:
+            t.add_row(short_id(a), m.profile_name, m.backend, m.compat_key, m.created_at, str(len(m.files)),
+                      str(m.total_size), "QUARANTINED" if q else "ok")
+        out().print(t)
+    fail_on_skipped("ls", skipped)
 
 
 def show_cmd(ctx: typer.Context, artifact: str = typer.Argument(..., help="Artifact id or unique hex prefix."),
@@ -260,7 +251,7 @@ def history_cmd(
         emit_json([_record_json(r) for r in recs])
     else:
         out().print(_history_table(recs))
-    _fail_on_skipped("history", skipped)
+    fail_on_skipped("history", skipped)
 
 
 def rollback_cmd(
@@ -415,10 +406,7 @@ def gc_cmd(
         emit_json(res.to_json())
     else:
         _print_gc(ctx, res, dry_run)
-    if res.skipped:
-        from buildctl.artifact_store.errors import SkippedRecordsError
-
-        raise SkippedRecordsError("gc", res.skipped)
+    fail_on_skipped("gc", res.skipped)
 
 
 def _print_gc(ctx: typer.Context, res, dry_run: bool) -> None:
