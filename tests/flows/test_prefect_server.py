@@ -384,11 +384,13 @@ def heal_rebuilds_on_the_matching_worker(url: str, store, env: dict, tmp_path, a
 def prepare_upgrade_readies_a_two_fingerprint_fleet(url: str, env: dict, tmp_path, tiny_build, fps: dict,
                                                    keys: dict) -> None:
     """A second store: nodes of fingerprints a and b on gcc 11 (the upgrade brings the workers'
-    compiler), each key with an engine on staging validated on gcc 11 only. prepare-upgrade plans
-    a re-check for both, starts one run on each key's queue, each worker re-checks (the imported
-    engine does not load for its claimed torch: the re-check fails) and rebuilds, and the run ends
-    with every node ready and the plan table; a target whose key no worker serves is blocked and
-    fails naming the queue."""
+    compiler), each key with an engine on staging; a's was validated on gcc 11 only, b's on the
+    workers' compiler too. prepare-upgrade finds b ready and plans a re-check for a only, starts
+    one run on a's queue, worker a re-checks (the imported engine does not load for its claimed
+    torch: the re-check fails) and rebuilds, and the run ends with every node ready and the plan
+    table; a target whose key no worker serves is blocked and fails naming the queue. (One
+    rebuild, not two: the first part already routes a run to each key's queue, and a second
+    rebuild with its validation doubled this test's time past CI's budget.)"""
     from buildctl import fleet, pipeline
     from buildctl.artifact_store.backend import open_store
     from buildctl.artifact_store.promotion import promote
@@ -402,6 +404,8 @@ def prepare_upgrade_readies_a_two_fingerprint_fleet(url: str, env: dict, tmp_pat
         res = pipeline.import_engine(Context.from_settings(settings(), store=store2), tiny_build["engine"],
                                      tiny_build["profile"], before, model_digest=tiny_build["outcome"].model_digest)
         write_attestation(store2, res.artifact_id, keys[name], "pass", validator=before)
+        if name == "b":
+            write_attestation(store2, res.artifact_id, keys[name], "pass", validator=fps[name])
         promote(store2, res.artifact_id, "staging")
         fleet.report_node(store2, f"node-{name}", before, ["tiny-llama-cpu"])
     run = create_run(url, "prepare-upgrade/prepare-upgrade", {"target": {"compiler_version": gcc}, "channel": "staging",
@@ -411,7 +415,7 @@ def prepare_upgrade_readies_a_two_fingerprint_fleet(url: str, env: dict, tmp_pat
     assert state["state_type"] == "COMPLETED", (state["state"], logs)
     children = [x for x in api(url, "/flow_runs/filter", {}) if x.get("parent_task_run_id")
                 and x["parameters"].get("store") == store2.uri]
-    assert sorted(c["work_queue_name"] for c in children) == sorted([keys["a"], keys["b"]])
+    assert [c["work_queue_name"] for c in children] == [keys["a"]]
     assert all(c["state_type"] == "COMPLETED" for c in children)
     (table,) = api(url, "/artifacts/latest/filter", {"artifacts": {"key": {"any_": ["prepare-upgrade-staging"]}}})
     rows = json.loads(table["data"]) if isinstance(table["data"], str) else table["data"]
