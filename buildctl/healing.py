@@ -22,6 +22,7 @@ from buildctl.artifact_store.promotion import rollback
 from buildctl.artifact_store.errors import ArtifactNotFoundError, QuarantinedError, StoreArgumentError, VerificationError
 from buildctl.artifact_store.integrity import verify_recent_or_quarantine, verify_deep_or_quarantine
 from buildctl.artifact_store.quarantine import active_quarantine, quarantine
+from buildctl.artifact_store.records import check_records
 from buildctl.artifact_store.repair import RepairResult, manifest_copies, repair_from, restore_manifest
 from buildctl.artifact_store.verify import get_manifest, list_artifacts, resolve_artifact, scan_manifests
 
@@ -158,9 +159,11 @@ class ScrubRow:
 class ScrubReport:
     rows: list[ScrubRow]
     skipped: list[tuple[str, str]] = field(default_factory=list)  # (key, why): malformed records passed over
+    checked_records: int = 0
 
     def to_json(self) -> dict:
-        return {"checked_bytes": self.checked_bytes, "artifacts": [r.to_json() for r in self.rows],
+        return {"checked_bytes": self.checked_bytes, "checked_records": self.checked_records,
+                "artifacts": [r.to_json() for r in self.rows],
                 "skipped_records": [{"key": k, "why": why} for k, why in self.skipped]}
 
     @property
@@ -175,7 +178,9 @@ class ScrubReport:
 def scrub(ctx: Context, *, sample: float = 1.0, channels_only: bool = False,
           budget_bytes: int | None = None, seed: int | None = None) -> ScrubReport:
     """Deep-verify artifacts, those a channel points at first, then a ``sample`` fraction of the
-    rest; stop at ``budget_bytes``. Every failure is quarantined."""
+    rest; stop at ``budget_bytes``. Every failure is quarantined. Then read every small record of
+    every kind (:func:`~buildctl.artifact_store.records.check_records`): each malformed one is in
+    the report's ``skipped``."""
     store = ctx.store
     if not 0 < sample <= 1:
         raise StoreArgumentError(f"--sample {sample}: a fraction in (0, 1]")
@@ -215,7 +220,7 @@ def scrub(ctx: Context, *, sample: float = 1.0, channels_only: bool = False,
             verify_deep_or_quarantine(store, aid, detector="scrub", auth=ctx.auth)
         except VerificationError as err:
             row.status, row.problems, row.quarantine_key = "corrupt", [p.render() for p in err.problems], err.quarantine_key
-    return ScrubReport(rows, skipped)
+    return ScrubReport(rows, skipped, check_records(store, skipped))  # then every small record, of every kind
 
 
 def channels_pointing_at_all(store: Store, skipped: list[tuple[str, str]] | None = None) -> list[tuple[str, str]]:

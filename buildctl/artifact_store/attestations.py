@@ -13,10 +13,10 @@ from typing import Any, Iterable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from buildctl.digest import canonical_json, digest_bytes, hex_of
+from buildctl.digest import canonical_json, digest_bytes
 from buildctl.artifact_store.backend import Store
 from buildctl.artifact_store.errors import CorruptObjectError
-from buildctl.artifact_store.layout import attestation_key, attestation_prefix
+from buildctl.artifact_store.layout import attestation_key, attestation_prefix, timed_record_names_its_bytes
 from buildctl.artifact_store.signing import SigningKey
 
 # Schema 2 (paired ratios with intervals, an inconclusive verdict, the noise record) adds fields
@@ -233,20 +233,22 @@ def write_attestation(store: Store, attestation: Attestation, *, signer: Signing
 
 def list_attestations(store: Store, artifact_id: str) -> list[StoredAttestation]:
     """Every attestation of an artifact, oldest first (keys sort by creation time)."""
-    out = []
-    for key in store.list(attestation_prefix(artifact_id)):
-        body = store.get_bytes(key)
-        att_id = digest_bytes(body)
-        if not key.endswith(f"-{hex_of(att_id)}.json"):
-            raise CorruptObjectError(key, "attestation bytes do not match their name")
-        try:
-            raw = json.loads(body)
-            att = Attestation.model_validate(raw)
-        except (ValueError, ValidationError) as err:
-            raise CorruptObjectError(key, f"not a valid attestation: {str(err).splitlines()[0]}") from None
-        signed = canonical_json({k: v for k, v in raw.items() if k != "signature"})
-        out.append(StoredAttestation(att_id, key, att, signed))
-    return out
+    return [parse_attestation(store.get_bytes(key), key) for key in store.list(attestation_prefix(artifact_id))]
+
+
+def parse_attestation(body: bytes, key: str) -> StoredAttestation:
+    """One stored attestation; :class:`CorruptObjectError` if its bytes do not match their name or
+    are no attestation."""
+    att_id = digest_bytes(body)
+    if not timed_record_names_its_bytes(key, att_id):
+        raise CorruptObjectError(key, "attestation bytes do not match their name")
+    try:
+        raw = json.loads(body)
+        att = Attestation.model_validate(raw)
+    except (ValueError, ValidationError) as err:
+        raise CorruptObjectError(key, f"not a valid attestation: {str(err).splitlines()[0]}") from None
+    signed = canonical_json({k: v for k, v in raw.items() if k != "signature"})
+    return StoredAttestation(att_id, key, att, signed)
 
 
 def latest_attestation(store: Store, artifact_id: str, compat_key: str | Iterable[str]) -> StoredAttestation | None:

@@ -25,10 +25,11 @@ durations are compared across machines, and wall-clock times only against a marg
 
 from __future__ import annotations
 
-import json
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 from typing import Iterable
+
+from pydantic import BaseModel, ConfigDict
 
 from buildctl.digest import canonical_json
 from buildctl.artifact_store.backend import Store
@@ -37,6 +38,13 @@ from buildctl.times import parse_utc, utc_now
 
 DEFAULT_GRACE_S = 24 * 3600.0
 DEFAULT_DELETE_WINDOW_S = 5.0
+
+
+class Touch(BaseModel):
+    """A touch record's body."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    touched_at: str
 
 
 def touch(store: Store, digests: Iterable[str], workers: int = 8) -> None:
@@ -58,7 +66,6 @@ def touched_at(store: Store, digest: str) -> datetime | None:
     if got is None:
         return None
     try:
-        when = json.loads(got[0])["touched_at"]
-        return parse_utc(when)
-    except (ValueError, KeyError, TypeError):
-        return datetime.now(timezone.utc)  # unreadable: assume it is fresh (gc keeps the blob)
+        return parse_utc(Touch.model_validate_json(got[0]).touched_at)
+    except ValueError:  # pydantic's ValidationError is one
+        return datetime.now(timezone.utc)  # unreadable: assume it is fresh (gc keeps the blob; scrub names it)

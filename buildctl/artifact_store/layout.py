@@ -14,6 +14,10 @@ HISTORY = "history/"
 NODES = "inventory/nodes/"
 TOUCHES = "touches/blobs/"
 REVOCATIONS = "keys/revocations/"
+ATTESTATIONS = "attestations/"
+QUARANTINE = "quarantine/"
+VERIFICATIONS = "verifications/"
+PENDING = "pending/"
 
 
 def blob_key(digest: str) -> str:
@@ -54,6 +58,11 @@ def build_index_prefix(build_key: str) -> str:
     return f"index/build-keys/{hex_of(build_key)}"
 
 
+def timed_record_names_its_bytes(key: str, record_id: str) -> bool:
+    """Whether a create-only record's key (:func:`_timed_record_key`) carries this digest of its bytes."""
+    return key.endswith(f"-{hex_of(record_id)}.json")
+
+
 def _timed_record_key(prefix: str, when: str, record_id: str) -> str:
     """``<prefix><UTC time>-<record hex>.json``: records of one artifact list oldest first, and each
     name carries the digest of its bytes."""
@@ -61,7 +70,7 @@ def _timed_record_key(prefix: str, when: str, record_id: str) -> str:
 
 
 def attestation_prefix(artifact_id: str) -> str:
-    return f"attestations/{hex_of(artifact_id)}/"
+    return f"{ATTESTATIONS}{hex_of(artifact_id)}/"
 
 
 def attestation_key(artifact_id: str, created_at: str, attestation_id: str) -> str:
@@ -69,7 +78,7 @@ def attestation_key(artifact_id: str, created_at: str, attestation_id: str) -> s
 
 
 def quarantine_prefix(artifact_id: str) -> str:
-    return f"quarantine/{hex_of(artifact_id)}/"
+    return f"{QUARANTINE}{hex_of(artifact_id)}/"
 
 
 def quarantine_key(artifact_id: str, when: str, record_id: str) -> str:
@@ -77,7 +86,7 @@ def quarantine_key(artifact_id: str, when: str, record_id: str) -> str:
 
 
 def verification_prefix(artifact_id: str) -> str:
-    return f"verifications/{hex_of(artifact_id)}/"
+    return f"{VERIFICATIONS}{hex_of(artifact_id)}/"
 
 
 def verification_key(artifact_id: str, when: str, record_id: str) -> str:
@@ -137,4 +146,4 @@ def revocation_key(when: str, record_id: str) -> str:
 
 def pending_key(profile: str, channel: str, compat_key: str) -> str:
     """A promotion waiting for more promoter signatures (k-of-n channels; compare-and-swap)."""
-    return f"pending/{profile}/{channel}/{compat_key}.json"
+    return f"{PENDING}{profile}/{channel}/{compat_key}.json"

@@ -58,7 +58,8 @@ def scrub_cmd(
     seed: Optional[int] = typer.Option(None, "--seed", min=0, max=2**63 - 1, help="Seed of the sample (default: a new sample each run)."),
     json_out: bool = JSON_OPT,
 ) -> None:
-    """Deep-verify artifacts, channel-referenced first; quarantine every failure; exit 4 if any."""
+    """Deep-verify artifacts, channel-referenced first; quarantine every failure; exit 4 if any.
+    Then read every small record of every kind: exit 10 names each malformed one."""
     from buildctl.healing import scrub
     from buildctl.artifact_store.errors import ScrubFoundCorruptionError
 
