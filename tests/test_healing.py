@@ -273,6 +273,33 @@ def test_scrub_and_heal_restore_a_rotted_manifest_from_its_identity_copy(store, 
     assert "restored from index/identity/" in json.dumps(json.loads(out)) and ops.verify(store, aid, deep=True)
 
 
+def test_a_node_directory_with_the_engine_installed_restores_its_rotted_manifest(store, store_uri, draft, tmp_path,
+                                                                                 cli, s3_env_if_needed):
+    """#29 item 3: a pull keeps the installed engine's manifest bytes beside `versions/`, so
+    `repair`/`heal --from DIR` put a rotted manifest back from a node that merely installed it
+    (not only from one that staged it) when the store's own copies are gone."""
+    from buildctl.artifact_store.layout import IDENTITY_INDEX
+
+    from .support.helpers import overwrite, rot_manifest
+
+    aid = published(store, tmp_path / "a", draft, seed=1)
+    ops.promote(store, staged(store, aid), "prod")
+    node = tmp_path / "node"
+    code, _, err = cli("--store", store_uri, "--json", "pull", "--profile", draft.profile_name, "--channel", "prod", "--dest",
+                       node, "--skip-preflight")
+    assert code == 0, err
+    for key in store.list(IDENTITY_INDEX):
+        overwrite(store, key, b"{}")
+    rot_manifest(store, aid)
+    code, out, err = cli("--store", store_uri, "--json", "repair", aid, "--from", node)
+    assert code == 0, err
+    assert ops.verify(store, aid, deep=True) is not None
+    rot_manifest(store, aid)
+    code, out, err = cli("--store", store_uri, "--json", "heal", aid, "--from", node)
+    assert code == 0, err
+    assert f"restored from {node}" in json.dumps(json.loads(out)) and ops.verify(store, aid, deep=True)
+
+
 def test_heal_and_repair_restore_a_rotted_manifest_from_another_store_or_a_node(store, store_uri, draft, tmp_path, cli,
                                                                                s3_env_if_needed):
     """#29 item 3: with its identity copy gone too, a rotted manifest comes back from any store or

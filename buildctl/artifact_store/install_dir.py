@@ -47,7 +47,7 @@ from buildctl.artifact_store.manifest import Manifest
 from buildctl.artifact_store.quarantine import check_not_quarantined
 from buildctl.artifact_store.signing import TrustedKeys, manifest_signatures, verify_signature
 from buildctl.artifact_store.trust import check_fresh
-from buildctl.artifact_store.verify import get_manifest, parse_verified_manifest
+from buildctl.artifact_store.verify import get_manifest_and_bytes, parse_verified_manifest
 from buildctl.times import parse_utc
 
 Preflight = Callable[[Manifest, Path], None]
@@ -149,7 +149,7 @@ def install_artifact(
         for stale in dest.glob(".staging-*"):  # left by a crashed pull
             shutil.rmtree(stale, ignore_errors=True)
         check_not_quarantined(store, artifact_id, "not installing it; the current engine stays")
-        manifest = get_manifest(store, artifact_id)
+        manifest, body = get_manifest_and_bytes(store, artifact_id)
         staging = dest / f".staging-{uuid.uuid4().hex}"
         staging.mkdir()
         try:
@@ -172,6 +172,7 @@ def install_artifact(
                 shutil.rmtree(final)
             os.rename(staging, final)
             fsync_dir(final.parent)
+            _keep_manifest(dest, artifact_id, body)
         except BaseException:
             _make_writable(staging)
             shutil.rmtree(staging, ignore_errors=True)
@@ -222,6 +223,30 @@ def _make_writable(path: Path) -> None:
                 pass
 
 
+MANIFESTS_DIR = ".buildctl-manifests"
+
+
+def _keep_manifest(dest: Path, artifact_id: str, body: bytes) -> None:
+    """Keep the manifest's bytes beside ``versions/`` (not in the engine's own directory, which
+    holds exactly the manifest's files): ``repair``/``heal --from DIR`` restore a rotted store
+    manifest from them, and the id proves them."""
+    d = dest / MANIFESTS_DIR
+    d.mkdir(exist_ok=True)
+    tmp = d / f".{hex_of(artifact_id)}.{uuid.uuid4().hex}.tmp"
+    tmp.write_bytes(body)
+    os.replace(tmp, d / f"{hex_of(artifact_id)}.json")
+
+
+def installed_manifests(dest: str | Path) -> Iterator[bytes]:
+    """The manifest bytes kept for the engines in ``dest/versions/`` (unverified: the caller
+    checks each against the id it wants)."""
+    for f in sorted((Path(dest) / MANIFESTS_DIR).glob("*.json")):
+        try:
+            yield f.read_bytes()
+        except OSError:
+            continue
+
+
 def _prune(dest: Path, keep: int) -> None:
     keep_names = {Path(t).name for t in (_link_target(dest / "current"), _link_target(dest / "previous")) if t}
     keep_names |= {e.path_name for e in staged_engines(dest)}  # staged for an upgrade: kept until activated
@@ -233,6 +258,9 @@ def _prune(dest: Path, keep: int) -> None:
             continue
         _make_writable(v)
         shutil.rmtree(v, ignore_errors=True)
+    for f in (dest / MANIFESTS_DIR).glob("*.json"):  # the copies of pruned engines go with them
+        if not (dest / "versions" / f.name[:-len(".json")]).is_dir():
+            f.unlink(missing_ok=True)
 
 
 STATE_FILE = ".buildctl-state.json"
@@ -426,6 +454,7 @@ def activate_staged(dest: str | Path, entry: StagedEngine, *, trusted: TrustedKe
                 _swap_link(dest, "previous", old_target)
             fsync_dir(dest)
         record_installed(dest, entry.record)
+        _keep_manifest(dest, aid, entry.manifest_body)  # the staged entry that kept it goes next
         _staged_file(dest, entry.record).unlink(missing_ok=True)
         return PullResult(aid, installed=previous != aid, path=final, previous=previous, record=entry.record,
                           bytes=manifest.total_size, previous_link=old_previous)

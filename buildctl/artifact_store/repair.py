@@ -144,18 +144,21 @@ def repair_from(store: Store, artifact_id: str, source_uri_or_dir: str, *, open_
 
 def manifest_copies(artifact_id: str, source: str, open_store: Callable[[str], Store]) -> Iterator[tuple[str, bytes]]:
     """Copies of the manifest's bytes outside the store, as (where, bytes): another store's
-    manifest (``file://``, ``s3://``), or a node directory's staged engines, which keep it."""
+    manifest (``file://``, ``s3://``), or a node directory, whose staged and installed engines
+    keep it."""
     if "://" in source:
         try:
             yield source, open_store(source).get_bytes(manifest_key(artifact_id))
         except KeyNotFoundError:
             return
         return
-    from buildctl.artifact_store.install_dir import staged_engines
+    from buildctl.artifact_store.install_dir import installed_manifests, staged_engines
 
     for entry in staged_engines(source):
         if entry.artifact_id == artifact_id:
             yield f"{source} (staged)", entry.manifest_body
+    for body in installed_manifests(source):
+        yield f"{source} (installed)", body  # restore_manifest keeps only the one that hashes to the id
 
 
 def restore_manifest(store: Store, artifact_id: str, more: Iterable[tuple[str, bytes]] = ()) -> str | None:

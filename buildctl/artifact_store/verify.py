@@ -53,12 +53,17 @@ def resolve_artifact(store: Store, ref: str) -> str:
 
 def get_manifest(store: Store, artifact_id: str) -> Manifest:
     """Read a manifest and verify it hashes to its id (dvc-style verify on read)."""
+    return get_manifest_and_bytes(store, artifact_id)[0]
+
+
+def get_manifest_and_bytes(store: Store, artifact_id: str) -> tuple[Manifest, bytes]:
+    """:func:`get_manifest`, with the bytes that hash to the id (a node keeps them)."""
     key = manifest_key(artifact_id)
     try:
         body = store.get_bytes(key)
     except KeyNotFoundError:
         raise ArtifactNotFoundError(artifact_id) from None
-    return parse_verified_manifest(body, artifact_id, key)
+    return parse_verified_manifest(body, artifact_id, key), body
 
 
 def list_artifacts(store: Store, profile: str | None = None) -> list[tuple[str, Manifest]]:
