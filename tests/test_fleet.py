@@ -89,7 +89,9 @@ def test_worker_start_serves_exactly_this_hosts_compat_keys(cli, tmp_path, monke
     assert got["by_backend"] == {"aoti": fp.compat_key("aoti")}  # no tensorrt_llm here: no trtllm queue
     assert got["queues"] == sorted([fp.compat_key("aoti"), "default"])
     assert got["command"][1:] == ["-m", "prefect", "worker", "start", "--pool", "gpu-pool",
-                                  *[x for q in got["queues"] for x in ("--work-queue", q)]]
+                                  *[x for q in got["queues"] for x in ("--work-queue", q)], "--name", got["name"]]
+    assert got["name"].endswith(fp.compat_key("aoti")[:24])  # named after the host and its key
+    assert fp.compat_key("aoti") in got["descriptions"][fp.compat_key("aoti")]
     other = fp.model_copy(update={"torch_version": "9.8.0"})  # a hard aoti field
     f.write_text(json.dumps(other.model_dump(mode="json")))
     code, out, _ = cli("--json", "worker", "start", "--pool", "gpu-pool", "--dry-run", "--builds-only")

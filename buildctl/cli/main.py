@@ -60,7 +60,7 @@ EXIT_CODES: tuple[tuple[type[BaseException], int, str], ...] = (
     (ConflictError, 6, "conflict"),
     (BuildFailedError, 7, "build failed"),
     (PreflightRefusedError, 8, "engine refused on this host: its preflight load failed (not installed), or its smoke check failed (switched back)"),
-    (UnavailableError, 9, "store unreachable or credentials refused"),
+    (UnavailableError, 9, "store or Prefect API unreachable, or credentials refused"),
     (SkippedRecordsError, 10, "completed, but malformed records were skipped (each listed with its key)"),
     (DestinationError, 12, "this host's destination cannot be written (full disk, read-only, permissions, not a directory); what was installed stays"),
     (EventNotDeliveredError, 11, "recorded, but its Prefect event could not be delivered: it stays pending and the next report re-sends it"),
