@@ -63,6 +63,15 @@ def promotion_refusals(store: Store, artifact_id: str, manifest: Manifest, auth:
 # that was on the channel before it first (under the same compat key); --force --reason overrides.
 PROTECTED_CHANNELS = frozenset({"prod", "production"})
 STAGED_BEFORE = {"prod": "staging", "production": "staging"}
+FIRST_CHANNEL = "staging"
+
+
+def next_channel(current: str | None) -> str | None:
+    """Where a passing artifact may go next: staging when it is on no channel, the production
+    channel that requires ``current`` first (prod after staging), None past that."""
+    if current is None:
+        return FIRST_CHANNEL
+    return "prod" if STAGED_BEFORE["prod"] == current else None
 
 
 def staging_refusal(store: Store, artifact_id: str, manifest: Manifest, channel: str,

@@ -15,11 +15,12 @@ from prefect.cache_policies import NONE
 from prefect.concurrency.sync import concurrency
 
 from buildctl import healing, pipeline
+from buildctl.artifact_store.promotion import next_channel
 from buildctl.artifact_store.verify import get_manifest
 from buildctl.coverage import coverage, describe_soft
 from buildctl.engines.fingerprint import host_fingerprint
 from buildctl.flows.common import artifact_key, run_settings, short, tool_versions_line
-from buildctl.flows.events import emit_artifact_validated
+from buildctl.flows.events import emit_validation_outcome
 from buildctl.flows.summary import RunReport, describe_trigger
 from buildctl.settings import Settings
 from buildctl.validate_process import ValidationOutcome, validate_in_subprocess
@@ -227,9 +228,10 @@ def _build_validate_publish(report: RunReport, profile: str, model: str | None,
         report.add("promoted", f"`{promoted['channel']}` #{promoted['seq']}")
     else:
         report.add("promoted", "no" + (" (validation did not pass)" if promote_to else " (no channel asked)"))
-    emit_artifact_validated(artifact_id, {"profile": profile, "compat_key": plan.compat_key,
-                                          "verdict": attestation.verdict, "attestation_id": outcome.attestation_id,
-                                          "node_id": (trigger or {}).get("node_id")})
+    emit_validation_outcome(artifact_id, attestation.verdict,
+                            {"profile": profile, "compat_key": plan.compat_key, "attestation_id": outcome.attestation_id,
+                             "node_id": (trigger or {}).get("node_id")},
+                            next_channel=next_channel(promoted["channel"] if promoted else None))
     if not outcome.passed:
         raise verdict_error(artifact_id, outcome.attestation_id, attestation)
     report.step = "done"

@@ -13,6 +13,12 @@ PULL_FAILED = "buildctl.node.pull-failed"
 ENGINE_HEALTH = "buildctl.node.engine-health"
 ARTIFACT_CORRUPTED = "buildctl.artifact.corrupted"
 ARTIFACT_VALIDATED = "buildctl.artifact.validated"
+ARTIFACT_VALIDATION_FAILED = "buildctl.artifact.validation-failed"
+ARTIFACT_INCONCLUSIVE = "buildctl.artifact.inconclusive"
+ARTIFACT_PROMOTABLE = "buildctl.artifact.promotable"
+#: The event a validation verdict emits (``promotable`` follows ``validated`` when the next
+#: channel's gates can be met).
+VERDICT_EVENTS = {"pass": ARTIFACT_VALIDATED, "fail": ARTIFACT_VALIDATION_FAILED, "inconclusive": ARTIFACT_INCONCLUSIVE}
 
 
 def resource_id(node_id: str) -> str:
@@ -144,11 +150,21 @@ def emit_artifact_corrupted(artifact_id: str, payload: dict[str, Any]) -> str | 
                  related_resources(None, payload.get("profile"), payload.get("compat_key")))
 
 
-def emit_artifact_validated(artifact_id: str, payload: dict[str, Any]) -> str | None:
-    """Emit ``buildctl.artifact.validated`` from a build run: the artifact, related to its profile,
-    compat key and the node whose report started the run; Prefect adds the flow run itself, so the
-    event feed links an upgrade to its runs and its artifact."""
-    return _emit(ARTIFACT_VALIDATED, {"prefect.resource.id": artifact_resource_id(artifact_id),
-                                      "prefect.resource.name": artifact_id},
-                 {"artifact_id": artifact_id, **payload},
-                 related_resources(None, payload.get("profile"), payload.get("compat_key"), payload.get("node_id")))
+def emit_validation_outcome(artifact_id: str, verdict: str, payload: dict[str, Any],
+                            next_channel: str | None = None) -> list[str]:
+    """Emit the verdict's event (:data:`VERDICT_EVENTS`: ``buildctl.artifact.validated`` only for a
+    pass, ``validation-failed``, ``inconclusive``) from a build run, with the verdict as the
+    resource label ``buildctl.verdict`` so an automation can match on it; after a pass,
+    ``buildctl.artifact.promotable`` names ``next_channel``, the channel the artifact may go to
+    next. Each is related to the profile, compat key and the node whose report started the run;
+    Prefect adds the flow run itself, so the event feed links an upgrade to its runs and its
+    artifact. Returns the ids of the events sent."""
+    resource = {"prefect.resource.id": artifact_resource_id(artifact_id), "prefect.resource.name": artifact_id,
+                "buildctl.verdict": verdict}
+    related = related_resources(None, payload.get("profile"), payload.get("compat_key"), payload.get("node_id"))
+    body = {"artifact_id": artifact_id, "verdict": verdict, **payload}
+    sent = [_emit(VERDICT_EVENTS.get(verdict, ARTIFACT_VALIDATION_FAILED), resource, body, related)]
+    if verdict == "pass" and next_channel:
+        sent.append(_emit(ARTIFACT_PROMOTABLE, {**resource, "buildctl.next-channel": next_channel},
+                          {**body, "next_channel": next_channel}, related))
+    return [e for e in sent if e]

@@ -1,5 +1,7 @@
 """``scrub-store``: deep-verify the store, channel-referenced artifacts first; quarantine and
-report every failure as a ``buildctl.artifact.corrupted`` event."""
+report every failure as a ``buildctl.artifact.corrupted`` event. A scrub that found corruption
+fails its run once it has finished (every artifact checked, every event sent, the table
+published), so the run's state says what the scrub found."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ from prefect import flow
 from prefect.artifacts import create_table_artifact
 
 from buildctl import healing
+from buildctl.artifact_store.errors import ScrubFoundCorruptionError
 from buildctl.artifact_store.verify import get_manifest
 from buildctl.flows.common import run_settings
 from buildctl.flows.events import emit_artifact_corrupted
@@ -26,7 +29,8 @@ def _scrub_run_name() -> str:
 def scrub_store(sample: float = 1.0, channels_only: bool = False, budget_gib: float | None = None,
                 store: str | None = None) -> dict[str, Any]:
     """Deep-verify the store, channel-referenced artifacts first; quarantine and report every failure
-    as a ``buildctl.artifact.corrupted`` event (an automation heals it)."""
+    as a ``buildctl.artifact.corrupted`` event (an automation heals it); then fail the run
+    (:class:`ScrubFoundCorruptionError`) when any artifact was corrupt."""
     settings = run_settings(store)
     c = Context.from_settings(settings)
     s = c.store
@@ -42,5 +46,7 @@ def scrub_store(sample: float = 1.0, channels_only: bool = False, budget_gib: fl
              "status": r.status, "problems": "; ".join(r.problems)} for r in report.rows]
     if rows:
         create_table_artifact(key="scrub-store", table=rows, description="scrub: every artifact checked")
-    return {"checked_bytes": report.checked_bytes, "corrupt": [r.artifact_id for r in report.corrupt],
-            "rows": rows, "events": events}
+    if report.corrupt:  # after the whole scrub: every artifact checked, every event sent
+        raise ScrubFoundCorruptionError([r.artifact_id for r in report.corrupt])
+    return {"checked_bytes": report.checked_bytes, "corrupt": [], "rows": rows, "events": events,
+            "skipped_records": [{"key": k, "why": why} for k, why in report.skipped]}

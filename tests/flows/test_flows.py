@@ -38,6 +38,28 @@ def ensure_limit(name: str, limit: int) -> None:
     run_async(go())
 
 
+def wait_events(prefix: str, want: int = 1, timeout: float = 60) -> list[dict]:
+    """The events whose name starts with ``prefix`` on the test API, once ``want`` have arrived
+    (the server persists them in batches)."""
+    import json
+    import urllib.request
+
+    from prefect.settings import PREFECT_API_URL
+
+    deadline = time.monotonic() + timeout
+    got: list[dict] = []
+    while time.monotonic() < deadline:
+        req = urllib.request.Request(PREFECT_API_URL.value() + "/events/filter", method="POST",
+                                     data=json.dumps({"filter": {"event": {"prefix": [prefix]}}, "limit": 50}).encode(),
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=10) as r:
+            got = json.loads(r.read())["events"]
+        if len(got) >= want:
+            return got
+        time.sleep(0.5)
+    return got
+
+
 def read_artifact(key: str):
     from prefect.artifacts import Artifact
 
@@ -161,19 +183,30 @@ def test_scrub_store_flow_quarantines_and_emits_an_event_per_corrupt_artifact(pr
            for i in range(3)]
     digest = ops.get_manifest(store, ids[1]).files[0].digest
     rot(store, digest, "flip")
-    result = scrub_store(store=uri)
-    assert result["corrupt"] == [ids[1]] and len(result["events"]) == 1 and result["events"][0]
+    state = scrub_store(store=uri, return_state=True)
+    assert state.is_failed() and ids[1] in state.message, state.message  # #30: it used to end Completed
     assert active_quarantine(store, ids[1]) is not None and active_quarantine(store, ids[0]) is None
-    assert {r["status"] for r in result["rows"]} == {"ok", "corrupt"}
+    rows = read_artifact("scrub-store").data  # the whole scrub ran before the run failed
+    assert all(i in str(rows) for i in ids) and "corrupt" in str(rows)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not (mine := [e for e in wait_events("buildctl.artifact.corrupted")
+                                                        if e["resource"]["prefect.resource.name"] in ids]):
+        time.sleep(0.5)
+    assert [e["resource"]["prefect.resource.name"] for e in mine] == [ids[1]]
+    result = scrub_store(store=uri)  # quarantined now: nothing new is corrupt, the run completes
+    assert result["corrupt"] == [] and {r["status"] for r in result["rows"]} == {"ok", "quarantined"}
 
 
-@pytest.mark.parametrize("second", ["pass", "inconclusive"])
+@pytest.mark.parametrize("second", ["pass", "inconclusive", "fail"])
 def test_an_inconclusive_validation_is_retried_once_with_double_the_budget(prefect_api, in_repo, tiny_build,
                                                                           monkeypatch, second):
     """The flow's retry rule, with the validation child replaced by recorded verdicts (the real
-    child's inconclusive path is tested in test_validate)."""
+    child's inconclusive path is tested in test_validate). Each verdict emits its own event, with
+    the verdict as a resource label (#30: an inconclusive one emitted `validated`), and a pass
+    also `promotable`, naming the next channel."""
     import buildctl.flows.build_validate_publish as fp
     from buildctl.validate_process import ValidationOutcome
+    from buildctl.errors import BuildctlError
     from buildctl.validators.errors import ValidationInconclusiveError
 
     from ..support.helpers import attestation
@@ -186,13 +219,31 @@ def test_an_inconclusive_validation_is_retried_once_with_double_the_budget(prefe
         return ValidationOutcome(f"att-{len(calls)}", attestation(artifact_id, "ck", verdict))
 
     monkeypatch.setattr(fp, "validate_in_subprocess", fake_child)
+    state = fp.build_validate_publish(profile="tiny-llama-cpu", store=tiny_build["uri"], revalidate=True,
+                                      return_state=True)
     if second == "pass":
-        out = fp.build_validate_publish(profile="tiny-llama-cpu", store=tiny_build["uri"], revalidate=True)
+        out = state.result()
         assert out["verdict"] == "pass" and out["attestation_id"] == "att-2"
     else:
-        with pytest.raises(ValidationInconclusiveError):
-            fp.build_validate_publish(profile="tiny-llama-cpu", store=tiny_build["uri"], revalidate=True)
+        assert state.is_failed()
+        with pytest.raises(ValidationInconclusiveError if second == "inconclusive" else BuildctlError):
+            state.result()
     assert calls == [1.0, 2.0]  # once, then once more with twice the budget; never a third time
+    run = f"prefect.flow-run.{state.state_details.flow_run_id}"
+    want = {"pass": ["buildctl.artifact.promotable", "buildctl.artifact.validated"],
+            "inconclusive": ["buildctl.artifact.inconclusive"],
+            "fail": ["buildctl.artifact.validation-failed"]}[second]
+    deadline = time.monotonic() + 60
+    mine: list = []
+    while time.monotonic() < deadline and len(mine) < len(want):
+        mine = [e for e in wait_events("buildctl.artifact.", 0)
+                if any(r["prefect.resource.id"] == run for r in e["related"])]
+        time.sleep(0.5)
+    assert sorted(e["event"] for e in mine) == want, [e["event"] for e in mine]
+    assert {e["resource"]["buildctl.verdict"] for e in mine} == {second}
+    if second == "pass":
+        (promotable,) = [e for e in mine if e["event"].endswith("promotable")]
+        assert promotable["resource"]["buildctl.next-channel"] == "staging"  # on no channel yet
 
 
 def test_prefect_deploy_never_prompts_for_schedules():
