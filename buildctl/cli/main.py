@@ -20,7 +20,7 @@ import typer
 from rich.console import Console
 from typer.core import TyperOption
 
-from buildctl.cli import build, fingerprint, heal, node, profile, rollout, store, upgrade, validate, worker
+from buildctl.cli import alerts, build, fingerprint, heal, node, profile, rollout, store, upgrade, validate, worker
 from buildctl.cli._common import CliState
 from buildctl.errors import (
     BadInputError,
@@ -136,6 +136,7 @@ app.command("heal")(heal.heal_cmd)
 app.command("validate")(validate.validate_cmd)
 app.add_typer(node.node_app, name="node")
 app.add_typer(worker.worker_app, name="worker")
+app.add_typer(alerts.alerts_app, name="alerts")
 app.add_typer(upgrade.upgrade_app, name="upgrade")
 app.command("migrate-keys")(upgrade.migrate_keys_cmd)
 

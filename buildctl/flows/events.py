@@ -16,6 +16,7 @@ ARTIFACT_VALIDATED = "buildctl.artifact.validated"
 ARTIFACT_VALIDATION_FAILED = "buildctl.artifact.validation-failed"
 ARTIFACT_INCONCLUSIVE = "buildctl.artifact.inconclusive"
 ARTIFACT_PROMOTABLE = "buildctl.artifact.promotable"
+ROLLOUT_HALTED = "buildctl.rollout.halted"
 #: The event a validation verdict emits (``promotable`` follows ``validated`` when the next
 #: channel's gates can be met).
 VERDICT_EVENTS = {"pass": ARTIFACT_VALIDATED, "fail": ARTIFACT_VALIDATION_FAILED, "inconclusive": ARTIFACT_INCONCLUSIVE}
@@ -168,3 +169,17 @@ def emit_validation_outcome(artifact_id: str, verdict: str, payload: dict[str, A
         sent.append(_emit(ARTIFACT_PROMOTABLE, {**resource, "buildctl.next-channel": next_channel},
                           {**body, "next_channel": next_channel}, related))
     return [e for e in sent if e]
+
+
+def channel_resource_id(profile: str, channel: str, compat_key: str) -> str:
+    return f"buildctl.channel.{profile}.{channel}.{compat_key}"
+
+
+def emit_rollout_halted(payload: dict[str, Any]) -> str | None:
+    """Emit ``buildctl.rollout.halted`` from the rollout run that halted a rollout and rolled the
+    channel back (payload: the rollout view), on the channel's resource, related to the artifact,
+    profile and compat key (an alert automation matches it)."""
+    return _emit(ROLLOUT_HALTED, {"prefect.resource.id": channel_resource_id(payload["profile"], payload["channel"],
+                                                                           payload["compat_key"]),
+                                  "prefect.resource.name": f"{payload['profile']}/{payload['channel']}"},
+                 payload, related_resources(payload.get("artifact_id"), payload.get("profile"), payload.get("compat_key")))

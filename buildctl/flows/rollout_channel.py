@@ -10,6 +10,7 @@ from prefect.artifacts import create_table_artifact
 
 from buildctl import rollouts
 from buildctl.flows.common import artifact_key, run_settings, short
+from buildctl.flows.events import emit_rollout_halted
 from buildctl.context import Context
 
 
@@ -36,6 +37,9 @@ def rollout_channel(channel: str = "prod", profile: str | None = None, store: st
         done = f" -> #{v.applied.seq} ({v.applied.action})" if v.applied else ""
         (logger.warning if v.decision == "halt" else logger.info)(
             f"{v.record.profile}/{channel} [{short(v.record.compat_key)}] #{v.record.seq}: {v.decision}{done}: {v.why}")
+        if v.decision == "halt" and v.applied is not None:  # halted by this run: someone must look
+            emit_rollout_halted({**v.to_json(), "artifact_id": v.record.artifact_id,
+                                 "rolled_back_to": v.applied.artifact_id})
         cur = v.waves[v.record.rollout.wave] if v.record.rollout else None
         rows.append({"profile": v.record.profile, "compat key": short(v.record.compat_key), "decision": v.decision,
                      "wave": f"{cur.index + 1}/{len(v.waves)} ({cur.percent:g}%)" if cur else "",

@@ -38,6 +38,7 @@ def deployment_triggers(deployment: str, prefect_yaml: Path | None = None) -> li
     spec = yaml.safe_load((prefect_yaml or REPO / "prefect.yaml").read_text())
     for d in spec.get("deployments", []):
         if d["name"] == deployment:
-            return [DeploymentEventTrigger(expect=set(t["expect"]), match=t["match"], parameters=t.get("parameters", {}),
+            return [DeploymentEventTrigger(name=t.get("name"), description=t.get("description") or "",
+                                           expect=set(t["expect"]), match=t["match"], parameters=t.get("parameters", {}),
                                            enabled=t.get("enabled", True)) for t in d.get("triggers", [])]
     return []
