@@ -19,7 +19,7 @@ from buildctl.artifact_store.promotion import next_channel
 from buildctl.artifact_store.verify import get_manifest
 from buildctl.coverage import coverage, describe_soft
 from buildctl.engines.fingerprint import host_fingerprint
-from buildctl.flows.common import artifact_key, run_settings, short, tool_versions_line
+from buildctl.flows.common import AutoChannel, ProfileName, artifact_key, bvp_run_name, run_settings, tool_versions_line
 from buildctl.flows.events import emit_validation_outcome
 from buildctl.flows.summary import RunReport, describe_trigger
 from buildctl.settings import Settings
@@ -36,7 +36,7 @@ def _bvp_run_name() -> str:
     from prefect.runtime import flow_run
 
     p = flow_run.parameters
-    return f"{p['profile']}@{short(p.get('target_compat_key')) or 'this-host'}"
+    return bvp_run_name(p["profile"], p.get("target_compat_key"))
 
 
 @task(cache_policy=NONE)
@@ -112,12 +112,21 @@ def recover_task(settings: Settings, artifact_id: str) -> list[dict[str, Any]]:
 
 
 @flow(name="build-validate-publish", flow_run_name=_bvp_run_name, log_prints=True)
-def build_validate_publish(profile: str, model: str | None = None, target_compat_key: str | None = None,
-                           promote_to: str | None = None, store: str | None = None,
+def build_validate_publish(profile: ProfileName, model: str | None = None, target_compat_key: str | None = None,
+                           promote_to: AutoChannel | None = None, store: str | None = None,
                            revalidate: bool = False, trigger: dict[str, Any] | None = None) -> dict[str, Any]:
     """Build (or take a cache hit), publish, validate, and optionally promote to a non-production
-    channel. Every run, failed or not, publishes a summary artifact (``trigger``: what started it,
-    passed by the parent flow)."""
+    channel. Every run, failed or not, publishes a summary artifact.
+
+    Args:
+        profile: The build profile (a file in build_profiles/).
+        model: A model directory to build from instead of the profile's own.
+        target_compat_key: The compat key to build for; the worker's host must have it (default: the worker's own).
+        promote_to: Promote a passing artifact to this channel (staging only; CI promotes to prod).
+        store: The artifact store URI (default: the worker's BUILDCTL_STORE).
+        revalidate: Validate again even when a passing attestation covers this host.
+        trigger: What started the run, passed by the parent flow (shown in the summary).
+    """
     report = RunReport(title=f"{profile} on `{target_compat_key or 'this host'}`", compat_key=target_compat_key)
     report.add("trigger", describe_trigger(trigger))
     try:

@@ -3,7 +3,8 @@ build runs on the work queue of their compat key and waiting for them."""
 
 from __future__ import annotations
 
-from typing import Any
+from pathlib import Path
+from typing import Any, Literal
 
 from prefect import get_run_logger
 from prefect.deployments import run_deployment
@@ -13,6 +14,28 @@ from buildctl.errors import BuildctlError
 from buildctl.settings import Settings, load_settings
 
 BVP_DEPLOYMENT = "build-validate-publish/build-validate-publish"
+
+
+def _profile_names() -> tuple[str, ...]:
+    """The profiles in the profile directory (``BUILDCTL_PROFILE_DIR``, default ``build_profiles/``
+    of the checkout the flows are deployed from)."""
+    try:
+        return tuple(sorted(f.stem for f in Path(load_settings().profile_dir).glob("*.yaml")))
+    except (OSError, BuildctlError):
+        return ()
+
+
+#: A deployment parameter naming a profile: its allowed values are the profiles shipped, so the
+#: Prefect API refuses a mistyped name when the run is created (``enforce_parameter_schema``).
+ProfileName = Literal[_profile_names()] if _profile_names() else str  # type: ignore[valid-type]
+#: The channels a flow may promote to by itself (prod is CI's: ``buildctl promote``).
+AutoChannel = Literal["staging"]
+
+
+def bvp_run_name(profile: str, compat_key: str | None) -> str:
+    """A build run's name, ``PROFILE@COMPAT-KEY…``: given when the run is created, so a child run
+    waiting on its queue is readable before it starts."""
+    return f"{profile}@{short(compat_key) or 'this-host'}"
 
 
 def short(key: str | None, n: int = 13) -> str:
@@ -91,7 +114,8 @@ def start_builds(settings: Settings, pairs: list[tuple[str, str, int]], trigger:
                   "trigger": {**trigger, "nodes": nodes}}
         if promote_to:
             params["promote_to"] = promote_to
-        run = run_deployment(BVP_DEPLOYMENT, parameters=params, work_queue_name=queue, timeout=0, as_subflow=True)
+        run = run_deployment(BVP_DEPLOYMENT, parameters=params, work_queue_name=queue, timeout=0, as_subflow=True,
+                             flow_run_name=bvp_run_name(profile, compat_key))
         logger.info(f"{profile} for {compat_key} ({nodes} nodes): flow run {run.id}"
                     + (f" on work queue {queue}" if queue else ""))
         started.append({"profile": profile, "compat_key": compat_key, "nodes": nodes, "flow_run_id": str(run.id),

@@ -20,12 +20,28 @@ def _gc_rows(res) -> list[dict[str, Any]]:
             for d in res.decisions]
 
 
-@flow(name="gc-store", log_prints=True)
+def _gc_run_name() -> str:
+    from prefect.runtime import flow_run
+
+    p = flow_run.parameters
+    return f"gc {'dry run' if p.get('dry_run_only') else 'store'} keep {p.get('keep', 3)}"
+
+
+@flow(name="gc-store", flow_run_name=_gc_run_name, log_prints=True)
 def gc_store(store: str | None = None, keep: int = 3, keep_history: int = 5, grace_s: float | None = None,
              quarantine_retention_s: float = 30 * 86400, dry_run_only: bool = False) -> dict[str, Any]:
     """Garbage-collect the store: first a dry run, published as a table of every artifact with
     what keeps it or why nothing does, then (unless ``dry_run_only``) the real run, which decides
-    again from what is there then, and its result."""
+    again from what is there then, and its result.
+
+    Args:
+        store: The artifact store URI (default: the worker's BUILDCTL_STORE).
+        keep: Unreferenced artifacts to keep per (profile, compat key), newest first.
+        keep_history: Artifacts of each channel's history to keep, newest first.
+        grace_s: Keep blobs a publish touched within this many seconds (default: the store's grace).
+        quarantine_retention_s: Keep quarantined artifacts this long, for forensics.
+        dry_run_only: Publish the dry run's table and remove nothing.
+    """
     settings = run_settings(store)
     c = Context.from_settings(settings)
     opts: dict[str, Any] = {"keep": keep, "keep_history": keep_history, "quarantine_retention_s": quarantine_retention_s}

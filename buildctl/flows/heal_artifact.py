@@ -49,7 +49,16 @@ def heal_artifact(artifact_id: str, node_id: str | None = None, repair_from: str
     store copy is quarantined: a node whose own disk is bad does not take a good artifact out of
     service. The rebuild takes the normal path (build, publish, validate, promote to staging), on a
     worker of the artifact's compat key when the build deployment has a work pool (waiting up to
-    ``wait_s``); prod stays on the rolled-back artifact until CI promotes again."""
+    ``wait_s``); prod stays on the rolled-back artifact until CI promotes again.
+
+    Args:
+        artifact_id: The artifact to check and heal (from the event).
+        node_id: The node whose failed pull started the run, if any.
+        repair_from: A verified copy to repair from (a directory or a store URI).
+        rebuild: Rebuild when it cannot be repaired.
+        store: The artifact store URI (default: the worker's BUILDCTL_STORE).
+        wait_s: How long to wait for the rebuilds, in seconds.
+    """
     settings = run_settings(store)
     logger = get_run_logger()
     rep = healing.heal_artifact(Context.from_settings(settings), artifact_id, repair_source=repair_from)

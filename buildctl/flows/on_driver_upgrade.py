@@ -13,7 +13,7 @@ from buildctl import fleet, pipeline
 from buildctl.context import open_store_of
 from buildctl.coverage import recheck_needs, recheck_outcome
 from buildctl.engines.fingerprint import parse_fingerprint
-from buildctl.flows.common import ChildRunsFailedError, artifact_key, run_settings, start_builds, wait_for_children
+from buildctl.flows.common import ChildRunsFailedError, ProfileName, artifact_key, run_settings, start_builds, wait_for_children
 from buildctl.flows.reconcile_fleet import reconcile_fleet
 
 
@@ -33,13 +33,23 @@ def _upgrade_run_name() -> str:
 
 
 @flow(name="on-driver-upgrade", flow_run_name=_upgrade_run_name, log_prints=True)
-def on_driver_upgrade(node_id: str, fingerprint: dict[str, Any], profiles: list[str] | None = None,
+def on_driver_upgrade(node_id: str, fingerprint: dict[str, Any], profiles: list[ProfileName] | None = None,
                       store: str | None = None, old_fingerprint: dict[str, Any] | None = None,
                       event_id: str | None = None, wait_s: float = 6 * 3600) -> list[dict[str, Any]]:
     """Record the node's new fingerprint; for each profile it serves whose artifact for its compat
     key is not validated on its soft values, start a re-check (a build run that takes the cache hit
     and validates on the worker; only a failed re-check rebuilds); then reconcile the keys that have
-    no artifact. The runs it starts name this node, its old and new compat keys and the event."""
+    no artifact. The runs it starts name this node, its old and new compat keys and the event.
+
+    Args:
+        node_id: The node that reported the upgrade.
+        fingerprint: The node's new fingerprint (from the event).
+        profiles: The profiles the node serves (default: those on record for it).
+        store: The artifact store URI (default: the worker's BUILDCTL_STORE).
+        old_fingerprint: The node's fingerprint before the upgrade (from the event).
+        event_id: The buildctl.node.driver-upgraded event that started the run.
+        wait_s: How long to wait for the runs it starts, in seconds.
+    """
     settings = run_settings(store)
     fp = parse_fingerprint(fingerprint, f"event for {node_id}")
     old = parse_fingerprint(old_fingerprint, f"event for {node_id}") if old_fingerprint else None

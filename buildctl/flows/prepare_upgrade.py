@@ -55,7 +55,15 @@ def prepare_upgrade(target: dict[str, Any], channel: str = "prod", nodes: str | 
                     store: str | None = None, wait_s: float = 6 * 3600) -> dict[str, Any]:
     """Plan the upgrade to ``target`` (fingerprint fields after it, as in a TARGET file), start a
     re-check or a build for each (profile, projected key) that needs one on its key's work queue,
-    wait for them, and publish the plan table: one row per GPU model x profile, with its state."""
+    wait for them, and publish the plan table: one row per GPU model x profile, with its state.
+
+    Args:
+        target: Fingerprint fields after the upgrade, as in a TARGET file (e.g. {"driver_version": "570.86"}).
+        channel: The channel whose artifacts the fleet runs.
+        nodes: Only nodes whose id matches this glob.
+        store: The artifact store URI (default: the worker's BUILDCTL_STORE).
+        wait_s: How long to wait for the runs it starts, in seconds.
+    """
     settings = run_settings(store)
     logger = get_run_logger()
     tgt = UpgradeTarget.model_validate(target)

@@ -9,7 +9,7 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import create_table_artifact
 
 from buildctl import fleet, pipeline
-from buildctl.flows.common import ChildRunsFailedError, run_settings, start_builds, wait_for_children
+from buildctl.flows.common import ChildRunsFailedError, ProfileName, run_settings, start_builds, wait_for_children
 from buildctl.context import open_store_of
 
 
@@ -21,11 +21,19 @@ def _reconcile_run_name() -> str:
 
 
 @flow(name="reconcile-fleet", flow_run_name=_reconcile_run_name, log_prints=True)
-def reconcile_fleet(profiles: list[str] | None = None, store: str | None = None, wait: bool = True,
+def reconcile_fleet(profiles: list[ProfileName] | None = None, store: str | None = None, wait: bool = True,
                     wait_s: float = 6 * 3600, trigger: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """Start a build for every (profile, compat key) the fleet needs and the store lacks, each on
     the work queue of its compat key; with ``wait`` (the default), wait up to ``wait_s`` for them
-    and fail if any did not complete, so this run's state is its children's."""
+    and fail if any did not complete, so this run's state is its children's.
+
+    Args:
+        profiles: Only these profiles (default: every profile a node serves).
+        store: The artifact store URI (default: the worker's BUILDCTL_STORE).
+        wait: Wait for the builds it starts, and fail if any did not complete.
+        wait_s: How long to wait for them, in seconds.
+        trigger: What started the run, passed by the parent flow.
+    """
     settings = run_settings(store)
     skipped: list[tuple[str, str]] = []
     needs = fleet.fleet_plan(open_store_of(settings), pipeline.load_profiles(settings), profiles, skipped)

@@ -11,10 +11,21 @@ from buildctl.flows.common import run_settings, short
 from buildctl.context import Context
 
 
-@flow(name="resign-channels", log_prints=True)
+def _resign_run_name() -> str:
+    from prefect.runtime import flow_run
+
+    return f"resign records expiring within {float(flow_run.parameters.get('margin_s', 3 * 86400)) / 86400:g} d"
+
+
+@flow(name="resign-channels", flow_run_name=_resign_run_name, log_prints=True)
 def resign_channels(store: str | None = None, margin_s: float = 3 * 86400) -> list[dict[str, Any]]:
     """Re-sign every current channel record that expires within ``margin_s`` (TUF's timestamp
-    role): nodes refuse expired records, so a frozen or replayed channel cannot linger."""
+    role): nodes refuse expired records, so a frozen or replayed channel cannot linger.
+
+    Args:
+        store: The artifact store URI (default: the worker's BUILDCTL_STORE).
+        margin_s: Re-sign the records that expire within this many seconds.
+    """
     settings = run_settings(store)
     new = rollouts.resign_due(Context.from_settings(settings), margin_s=margin_s)
     for rec in new:

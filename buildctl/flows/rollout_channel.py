@@ -9,7 +9,7 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import create_table_artifact
 
 from buildctl import rollouts
-from buildctl.flows.common import artifact_key, run_settings, short
+from buildctl.flows.common import ProfileName, artifact_key, run_settings, short
 from buildctl.flows.events import emit_rollout_halted
 from buildctl.context import Context
 
@@ -22,12 +22,19 @@ def _rollout_run_name() -> str:
 
 
 @flow(name="rollout-channel", flow_run_name=_rollout_run_name, log_prints=True)
-def rollout_channel(channel: str = "prod", profile: str | None = None, store: str | None = None,
+def rollout_channel(channel: str = "prod", profile: ProfileName | None = None, store: str | None = None,
                     node_id: str | None = None) -> list[dict[str, Any]]:
     """Move every live rollout on ``channel`` on: advance a wave whose bake time passed within its
     failure budget, complete the last, or halt and roll the channel back when a wave's failures
     exceed its budget (the history record names the failing nodes). Runs on a schedule and on
-    ``buildctl.node.engine-health`` events (``node_id``: the reporting node, for the run's log)."""
+    ``buildctl.node.engine-health`` events.
+
+    Args:
+        channel: The channel whose rollouts move on.
+        profile: Only this profile's rollouts (default: all).
+        store: The artifact store URI (default: the worker's BUILDCTL_STORE).
+        node_id: The node whose engine-health report started the run (for the log).
+    """
     settings = run_settings(store)
     logger = get_run_logger()
     views = rollouts.tick(Context.from_settings(settings), channel=channel,

@@ -30,7 +30,14 @@ def scrub_store(sample: float = 1.0, channels_only: bool = False, budget_gib: fl
                 store: str | None = None) -> dict[str, Any]:
     """Deep-verify the store, channel-referenced artifacts first; quarantine and report every failure
     as a ``buildctl.artifact.corrupted`` event (an automation heals it); then fail the run
-    (:class:`ScrubFoundCorruptionError`) when any artifact was corrupt."""
+    (:class:`ScrubFoundCorruptionError`) when any artifact was corrupt.
+
+    Args:
+        sample: Fraction (0-1] of the artifacts no channel references to check.
+        channels_only: Only the artifacts a channel points at.
+        budget_gib: Stop after re-hashing this many GiB.
+        store: The artifact store URI (default: the worker's BUILDCTL_STORE).
+    """
     settings = run_settings(store)
     c = Context.from_settings(settings)
     s = c.store

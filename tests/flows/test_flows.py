@@ -96,10 +96,15 @@ def test_build_validate_publish_end_to_end_then_cache_hit(prefect_api, in_repo, 
 def test_production_channels_are_refused_by_the_flow(prefect_api, in_repo):
     from buildctl.flows.build_validate_publish import build_validate_publish
 
-    from buildctl.errors import BadInputError
+    from prefect.exceptions import ParameterTypeError
 
-    with pytest.raises(BadInputError):
+    from buildctl.errors import BadInputError
+    from buildctl.pipeline import check_automatic_promotion
+
+    with pytest.raises(ParameterTypeError, match="promote_to"):  # refused by its type, before the run starts
         build_validate_publish(profile="tiny-llama-cpu", promote_to="prod")
+    with pytest.raises(BadInputError):  # and by the step itself, whoever calls it
+        check_automatic_promotion("prod")
 
 
 def test_build_slots_honour_the_limit_and_are_strict(prefect_api, monkeypatch):

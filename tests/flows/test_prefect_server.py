@@ -51,10 +51,23 @@ def stop(proc: subprocess.Popen) -> None:
             proc.wait(timeout=10)
 
 
+def _answer(req: urllib.request.Request | str):
+    """The server's JSON answer; a 503 (a busy SQLite server) is asked again, as Prefect's client does."""
+    import urllib.error
+
+    for attempt in range(6):
+        try:
+            with urllib.request.urlopen(req, timeout=10) as r:
+                return json.loads(r.read())
+        except urllib.error.HTTPError as err:
+            if err.code != 503 or attempt == 5:
+                raise
+            time.sleep(1 + attempt)
+
+
 def api(url: str, path: str, body: dict) -> list:
-    req = urllib.request.Request(url + path, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=10) as r:
-        return json.loads(r.read())
+    return _answer(urllib.request.Request(url + path, data=json.dumps(body).encode(),
+                                          headers={"Content-Type": "application/json"}))
 
 
 def test_driver_upgrade_to_completed_rebuild(tmp_path, quick_profiles):
@@ -442,8 +455,7 @@ def wait_final(url: str, run_id: str, timeout: float) -> dict:
 
 
 def api_get(url: str, path: str):
-    with urllib.request.urlopen(url + path, timeout=10) as r:
-        return json.loads(r.read())
+    return _answer(url + path)
 
 
 def prefect_client(url: str):

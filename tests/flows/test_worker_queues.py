@@ -93,7 +93,45 @@ def test_a_worker_on_a_new_pool_creates_its_queues_and_serves_at_once(tmp_path):
         r = subprocess.run([sys.executable, "-m", "buildctl", "worker", "queues", "--pool", "gpu"], env=env, cwd=REPO,
                            capture_output=True, text=True, timeout=60)
         assert r.returncode == 0 and "UNSERVED: 1 Late run(s)" in r.stdout, r.stdout + r.stderr
+        bad_parameters_are_refused_when_the_run_is_created(url, env)
     finally:
         if worker is not None:
             stop(worker)
         stop(server)
+
+
+def bad_parameters_are_refused_when_the_run_is_created(url: str, env: dict) -> None:
+    """#30 item 4: `prefect deploy` of build-validate-publish from prefect.yaml carries each
+    parameter's description and allowed values (the shipped profiles; staging as the only channel
+    a run may promote to), and the API refuses a mistyped profile or prod when the run is created,
+    not once a worker has started it."""
+    import urllib.error
+    import urllib.request
+
+    subprocess.run([sys.executable, "-m", "prefect", "work-pool", "create", "buildctl-local", "--type", "process"],
+                   env=env, cwd=REPO, check=True, capture_output=True)
+    r = subprocess.run([sys.executable, "-m", "prefect", "--no-prompt", "deploy", "--name", "build-validate-publish"],
+                       env={**env, "BUILDCTL_REPO": str(REPO)}, cwd=REPO, capture_output=True, text=True,
+                       stdin=subprocess.DEVNULL, timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    dep = api_get(url, "/deployments/name/build-validate-publish/build-validate-publish")
+    props = dep["parameter_openapi_schema"]["properties"]
+    assert all(p.get("description") for p in props.values()), props
+    assert "tiny-llama-cpu" in props["profile"]["enum"] and dep["enforce_parameter_schema"]
+
+    def create(params: dict) -> tuple[int, str]:
+        req = urllib.request.Request(f"{url}/deployments/{dep['id']}/create_flow_run", method="POST",
+                                     data=json.dumps({"parameters": params}).encode(),
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=10) as resp:
+                return resp.status, resp.read().decode()
+        except urllib.error.HTTPError as err:
+            return err.code, err.read().decode()
+
+    code, body = create({"profile": "llama3-typo"})
+    assert code == 409 and "llama3-typo" in body, (code, body)
+    code, body = create({"profile": "tiny-llama-cpu", "promote_to": "prod"})
+    assert code == 409 and "promote_to" in body, (code, body)
+    code, body = create({"profile": "tiny-llama-cpu", "promote_to": "staging"})
+    assert code == 201, (code, body)
