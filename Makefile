@@ -12,7 +12,7 @@ PIP    := $(PY) -m pip
 LOCK   := requirements.lock
 # The install stamp is keyed on pyproject.toml and the lock: a second `make install` takes seconds.
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml $(LOCK) 2>/dev/null | sha256sum | cut -c1-16)
-EXTRAS := orchestration,cpu,test,bench,docs
+EXTRAS := orchestration,kubernetes,cpu,test,bench,docs
 UV_VERSION := 0.13.9
 DEMO_DIR ?= .demo
 PYTEST_ARGS ?=

@@ -239,6 +239,40 @@ def work_queue_for(compat_key: str) -> str:
     return compat_key
 
 
+#: Kubernetes node labels (``buildctl node labels``): the pod of a build for compat key K of
+#: backend B is pinned to nodes labelled ``buildctl.io/compat-B=K`` (docker/k8s/base-job-template.json).
+LABEL_PREFIX = "buildctl.io/"
+
+
+def _label_value(value: Any) -> str:
+    """A Kubernetes label value: at most 63 characters of ``[A-Za-z0-9_.-]``, alphanumeric at both ends."""
+    text = "".join(c if c.isascii() and (c.isalnum() or c in "-_.") else "-" for c in str(value))[:63]
+    return text.strip("-_.")
+
+
+def node_labels(settings: Settings, fingerprint: Fingerprint) -> dict[str, str]:
+    """This node's labels, for each backend whose build tool this runtime has (run it in the
+    builder image on the node: the key covers the node's GPU and driver and the image's
+    toolchain): ``buildctl.io/compat-<backend>`` = its compat key (what build jobs select on; the
+    key hashes every hard field), and each hard field, readable (``buildctl.io/trtllm.gpu_name``),
+    for people and ``kubectl get nodes -L``."""
+    out = {}
+    for backend in sorted(serving_queues(settings, fingerprint)):
+        out[f"{LABEL_PREFIX}compat-{backend}"] = fingerprint.compat_key(backend)
+        for field, value in fingerprint.compat_fields(backend).items():
+            if field != "backend" and value is not None and _label_value(value):
+                out[f"{LABEL_PREFIX}{backend}.{_label_value(field)}"] = _label_value(value)
+    return out
+
+
+def job_variables(settings: Settings, profile: BuildProfile, compat_key: str) -> dict[str, Any]:
+    """The Kubernetes job variables of a build run for ``profile`` on ``compat_key``: the GPUs its
+    build takes (the backend says), and the node affinity's backend and key
+    (docker/k8s/base-job-template.json)."""
+    backend = profile.engine.backend
+    return {"gpus": get_backend(backend, settings).gpus_needed(profile), "backend": backend, "compat_key": compat_key}
+
+
 def serving_queues(settings: Settings, fingerprint: Fingerprint) -> dict[str, str]:
     """The work queues a worker on this host can serve, by backend: one per backend whose build tool
     this host has (its ``tool_version`` is known), named after the host's compat key for it."""

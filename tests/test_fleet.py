@@ -206,3 +206,29 @@ def test_the_plan_builds_again_where_the_only_artifact_failed_or_is_quarantined(
     assert fleet.fleet_plan(store, profiles) == []
     quarantine(store, aid, "rotted", auth=Authority())
     assert [n.profile for n in fleet.fleet_plan(store, profiles)] == [profile.name]
+
+
+def test_node_labels_are_valid_kubernetes_labels_naming_the_compat_key(cli, tmp_path, monkeypatch):
+    """`buildctl node labels`: the compat key of each backend this runtime can build for (what a
+    build Job's affinity selects), and each hard field, all valid Kubernetes label keys and values."""
+    import json
+    import re
+
+    from buildctl.engines.fingerprint import detect
+
+    fp = detect().model_copy(update={"torch_version": "2.13.0+cpu (a local build)"})
+    f = tmp_path / "fp.json"
+    f.write_text(fp.model_dump_json())
+    monkeypatch.setenv("BUILDCTL_FINGERPRINT_FILE", str(f))
+    code, out, err = cli("--json", "node", "labels")
+    assert code == 0, err
+    labels = json.loads(out)
+    assert labels["buildctl.io/compat-aoti"] == fp.compat_key("aoti") and "buildctl.io/compat-trtllm" not in labels
+    value = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+    name = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+    for k, v in labels.items():
+        prefix, _, n = k.partition("/")
+        assert prefix == "buildctl.io" and name.match(n) and value.match(v) and len(v) <= 63, (k, v)
+    assert labels["buildctl.io/aoti.torch_version"] == "2.13.0-cpu--a-local-build"
+    code, out, _ = cli("node", "labels", "--node", "gpu-7")
+    assert code == 0 and out.startswith("kubectl label node gpu-7 --overwrite buildctl.io/")

@@ -138,3 +138,22 @@ def activate_cmd(
                     f"previous: {res.previous or 'none'}")
     else:
         out().print(f"already current: {res.artifact_id} in {dest} ({how})")
+
+
+@node_app.command("labels")
+def labels_cmd(
+    ctx: typer.Context,
+    node: str = typer.Option("NODE", "--node", help="The Kubernetes node name for the printed kubectl command."),
+    json_out: bool = typer.Option(False, "--json", help="JSON output."),
+) -> None:
+    """Print this node's Kubernetes labels: its compat key per backend (what build jobs select on) and
+    each hard field. Run it in the builder image on the node, so the key covers its toolchain."""
+    from buildctl import fleet
+    from buildctl.engines.fingerprint import host_fingerprint
+
+    labels = fleet.node_labels(settings(ctx), host_fingerprint(settings(ctx)))
+    if want_json(ctx, json_out):
+        emit_json(labels)
+        return
+    out().print(f"kubectl label node {node} --overwrite " + " ".join(f"{k}={v}" for k, v in sorted(labels.items())),
+                soft_wrap=True)

@@ -143,6 +143,10 @@ class AotiBackend:
     def tool_version(fingerprint: Fingerprint) -> str | None:
         return fingerprint.torch_version
 
+    @staticmethod
+    def gpus_needed(profile: BuildProfile) -> int:
+        return 1 if profile.engine.resolved_aoti.device == "cuda" else 0  # AOTInductor compiles for one device
+
     compat: ClassVar[tuple[CompatField, ...]] = COMPAT_FIELDS
     floors: ClassVar[tuple[Floor, ...]] = FLOORS
 

@@ -92,6 +92,11 @@ class EngineBackend(Protocol):
         """The version of the tool that builds this backend's engines on a host (in the build key)."""
         ...
 
+    @staticmethod
+    def gpus_needed(profile: BuildProfile) -> int:
+        """How many GPUs a build of ``profile`` takes (a Kubernetes job requests them)."""
+        ...
+
     compat: ClassVar[tuple[CompatField, ...]]
     """The fingerprint fields its engines depend on, each hard (rebuild) or soft (re-check), with
     its upstream source (:mod:`buildctl.engines.compat`); the compat key hashes the hard ones."""

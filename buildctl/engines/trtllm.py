@@ -283,6 +283,10 @@ class TrtllmBackend:
     def tool_version(fingerprint: Fingerprint) -> str | None:
         return fingerprint.tensorrt_llm_version
 
+    @staticmethod
+    def gpus_needed(profile: BuildProfile) -> int:
+        return profile.engine.world_size  # trtllm-build builds every rank on its own GPU
+
     compat: ClassVar[tuple[CompatField, ...]] = COMPAT_FIELDS
     floors: ClassVar[tuple[Floor, ...]] = FLOORS
 

@@ -9,7 +9,7 @@ from typing import Any, Literal
 from prefect import get_run_logger
 from prefect.deployments import run_deployment
 
-from buildctl import fleet
+from buildctl import fleet, pipeline
 from buildctl.errors import BuildctlError
 from buildctl.settings import Settings, load_settings
 
@@ -92,18 +92,27 @@ def wait_for_children(started: list[dict[str, Any]], wait_s: float) -> list[str]
     return bad
 
 
-def has_work_pool(deployment: str) -> bool:
+def work_pool_type(deployment: str) -> str | None:
+    """The type of the deployment's work pool (``process``, ``kubernetes``, ...); None when it has
+    none (a served deployment)."""
     from prefect.client.orchestration import get_client
 
     with get_client(sync_client=True) as client:
-        return bool(client.read_deployment_by_name(deployment).work_pool_name)
+        pool = client.read_deployment_by_name(deployment).work_pool_name
+        return client.read_work_pool(pool).type if pool else None
+
+
+def has_work_pool(deployment: str) -> bool:
+    return work_pool_type(deployment) is not None
 
 
 def start_builds(settings: Settings, pairs: list[tuple[str, str, int]], trigger: dict[str, Any],
                   promote_to: str | None) -> list[dict[str, Any]]:
     """Start build-validate-publish for each (profile, compat key, nodes) as a subflow run, on the
     work queue of its compat key when the deployment has a work pool."""
-    pooled = has_work_pool(BVP_DEPLOYMENT)
+    pool_type = work_pool_type(BVP_DEPLOYMENT)
+    pooled = pool_type is not None
+    profiles = pipeline.load_profiles(settings) if pool_type == "kubernetes" else {}
     logger = get_run_logger()
     started = []
     for profile, compat_key, nodes in pairs:
@@ -114,8 +123,10 @@ def start_builds(settings: Settings, pairs: list[tuple[str, str, int]], trigger:
                   "trigger": {**trigger, "nodes": nodes}}
         if promote_to:
             params["promote_to"] = promote_to
+        # A Kubernetes pool's job takes the profile's GPUs and is pinned to nodes labelled with the key.
+        jobs = fleet.job_variables(settings, profiles[profile], compat_key) if profile in profiles else None
         run = run_deployment(BVP_DEPLOYMENT, parameters=params, work_queue_name=queue, timeout=0, as_subflow=True,
-                             flow_run_name=bvp_run_name(profile, compat_key))
+                             flow_run_name=bvp_run_name(profile, compat_key), job_variables=jobs)
         logger.info(f"{profile} for {compat_key} ({nodes} nodes): flow run {run.id}"
                     + (f" on work queue {queue}" if queue else ""))
         started.append({"profile": profile, "compat_key": compat_key, "nodes": nodes, "flow_run_id": str(run.id),
