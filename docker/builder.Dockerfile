@@ -27,6 +27,7 @@ USER 10001
 # The worker's health endpoint (--with-healthcheck) on PREFECT_WORKER_WEBSERVER_PORT (8080).
 HEALTHCHECK --interval=30s --timeout=5s --start-period=60s --retries=3 \
   CMD ["python3", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8080/health', timeout=4)"]
-ENTRYPOINT ["prefect", "worker", "start", "--with-healthcheck", "--type", "process"]
-# One pool per GPU model; set the pool (and BUILDCTL_BUILD_LIMIT) per deployment.
-CMD ["--pool", "gpu-builders"]
+# buildctl worker start creates this host's compat-key queues, then execs Prefect's worker on them
+# only (--builds-only: a GPU host does not run the control flows). The pool is prefect.yaml's.
+ENTRYPOINT ["buildctl", "worker", "start", "--healthcheck"]
+CMD ["--pool", "buildctl-local", "--builds-only"]

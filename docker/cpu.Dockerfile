@@ -37,5 +37,7 @@ ENV PATH=/opt/venv/bin:$PATH \
 USER 10001
 HEALTHCHECK --interval=30s --timeout=5s --start-period=60s --retries=3 \
   CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8080/health', timeout=4)"]
-ENTRYPOINT ["prefect", "worker", "start", "--with-healthcheck", "--type", "process"]
-CMD ["--pool", "buildctl-cpu"]
+# buildctl worker start creates this host's compat-key queues, then execs Prefect's worker on them
+# and on 'default', with its health endpoint (--healthcheck: Prefect's --with-healthcheck, port 8080).
+ENTRYPOINT ["buildctl", "worker", "start", "--healthcheck"]
+CMD ["--pool", "buildctl-local"]

@@ -21,7 +21,9 @@ RUN python3 -m pip install --no-deps . \
  && useradd --create-home --uid 10001 --shell /usr/sbin/nologin buildctl
 
 USER 10001
-HEALTHCHECK --interval=30s --timeout=5s --start-period=60s --retries=3 \
-  CMD ["python3", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8080/health', timeout=4)"]
-ENTRYPOINT ["prefect", "worker", "start", "--with-healthcheck", "--type", "process"]
-CMD ["--pool", "gpu-validators"]
+# A one-shot step, not a worker: `docker run IMAGE validate ARTIFACT --profile P` with the
+# validator role's credentials and key, e.g. from CI before `buildctl promote` (docs/deployment.md).
+# No deployment targets a validator pool: a build-validate-publish run validates on its own worker.
+HEALTHCHECK NONE
+ENTRYPOINT ["buildctl"]
+CMD ["validate", "--help"]

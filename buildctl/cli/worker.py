@@ -27,9 +27,9 @@ worker_app = typer.Typer(help="Prefect workers matched to this host's compat key
 CONTROL_QUEUE = "default"
 
 
-def worker_command(pool: str, queues: list[str], name: str | None) -> list[str]:
+def worker_command(pool: str, queues: list[str], name: str | None, healthcheck: bool = False) -> list[str]:
     """The ``prefect worker start`` command line for these queues."""
-    cmd = [sys.executable, "-m", "prefect", "worker", "start", "--pool", pool]
+    cmd = [sys.executable, "-m", "prefect", "worker", "start", "--pool", pool] + (["--with-healthcheck"] if healthcheck else [])
     for q in queues:
         cmd += ["--work-queue", q]
     if name:
@@ -43,6 +43,7 @@ def start_cmd(
     pool: str = typer.Option(..., "--pool", help="The Prefect work pool (e.g. buildctl-local); it must exist."),
     builds_only: bool = typer.Option(False, "--builds-only", help="Serve only this host's compat-key queues, not the control flows' 'default' queue."),
     name: str = typer.Option(None, "--name", help="Worker name (default: this host and its compat keys)."),
+    healthcheck: bool = typer.Option(False, "--healthcheck", help="Serve Prefect's worker health endpoint (--with-healthcheck, port 8080)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the queues and the command; create and start nothing."),
     json_out: bool = typer.Option(False, "--json", help="JSON output (with --dry-run)."),
 ) -> None:
@@ -60,7 +61,7 @@ def start_cmd(
     build_queues = sorted(set(served.values()))
     queues = build_queues + ([] if builds_only else [CONTROL_QUEUE])
     name = name or worker_name(build_queues)
-    cmd = worker_command(pool, queues, name)
+    cmd = worker_command(pool, queues, name, healthcheck)
     specs = [QueueSpec(q, describe_queue(b, fp.compat_key(b), fp.compat_fields(b))) for b, q in sorted(served.items())]
     if dry_run:
         if want_json(ctx, json_out):

@@ -50,7 +50,7 @@ def test_dockerfile_pins_runs_as_non_root_and_has_a_healthcheck(path):
         assert PINNED.match(ref), f"{path.name}: base {ref} is not pinned by tag and digest"
     users = re.findall(r"^USER (\S+)", text, re.M)
     assert users and users[-1] not in ("root", "0"), f"{path.name}: the final stage must not run as root"
-    assert re.search(r"^HEALTHCHECK ", text, re.M)
+    assert re.search(r"^HEALTHCHECK ", text, re.M)  # the workers' health endpoint; NONE for the one-shot validator
     assert not re.search(r"(?i)(aws_secret|secret_?key|password)\s*=", text), "no credentials in images"
     assert "UNTESTED BUILD" in text
 
@@ -79,13 +79,14 @@ def test_compose_config_is_valid():
 def test_compose_orders_the_start_with_healthchecks():
     spec = yaml.safe_load((DOCKER / "compose.yaml").read_text())
     services = spec["services"]
-    assert set(services) == {"postgres", "prefect-server", "seaweedfs", "create-bucket", "cpu-worker"}
+    assert set(services) == {"postgres", "prefect-server", "seaweedfs", "create-bucket", "setup", "cpu-worker"}
     for name in ("postgres", "prefect-server", "seaweedfs"):
         assert "healthcheck" in services[name], name
     assert services["prefect-server"]["depends_on"]["postgres"]["condition"] == "service_healthy"
     assert services["create-bucket"]["depends_on"]["seaweedfs"]["condition"] == "service_healthy"
     worker = services["cpu-worker"]["depends_on"]
-    assert worker["prefect-server"]["condition"] == "service_healthy"
+    assert worker["setup"]["condition"] == "service_completed_successfully"  # pool, limit, deployments first
+    assert services["setup"]["depends_on"]["prefect-server"]["condition"] == "service_healthy"
     assert worker["create-bucket"]["condition"] == "service_completed_successfully"
     assert "--object-lock-enabled-for-bucket" in services["create-bucket"]["command"][0]
     assert "put-bucket-versioning" in services["create-bucket"]["command"][0]
@@ -93,6 +94,61 @@ def test_compose_orders_the_start_with_healthchecks():
         if "image" in svc:
             assert PINNED.match(svc["image"]), f"{name}: {svc['image']}"
     assert services["cpu-worker"]["build"]["dockerfile"] == "docker/cpu.Dockerfile"
+
+
+def prefect_pools() -> set[str]:
+    spec = yaml.safe_load((REPO / "prefect.yaml").read_text())
+    return {d["work_pool"]["name"] for d in spec["deployments"]}
+
+
+def test_images_and_the_stack_start_workers_through_buildctl_on_prefect_yamls_pool():
+    """#30 item 6: every worker goes through `buildctl worker start` (which creates its compat-key
+    queues; a plain `prefect worker start` on a build pool polls every queue), on the pool that
+    prefect.yaml deploys to; the stack creates that pool, the builds' limit and the deployments."""
+    pools = prefect_pools()
+    assert pools == {"buildctl-local"}
+    for name in ("cpu.Dockerfile", "builder.Dockerfile"):
+        text = (DOCKER / name).read_text()
+        entry = json.loads(re.search(r"^ENTRYPOINT (\[.*\])$", text, re.M).group(1))
+        cmd = json.loads(re.search(r"^CMD (\[.*\])$", text, re.M).group(1))
+        assert entry[:3] == ["buildctl", "worker", "start"] and "--healthcheck" in entry, name
+        assert cmd[cmd.index("--pool") + 1] in pools, name
+        assert "prefect worker start" not in text.replace("Prefect's worker", ""), name
+    validator = (DOCKER / "validator.Dockerfile").read_text()
+    assert re.search(r'^ENTRYPOINT \["buildctl"\]$', validator, re.M) and "HEALTHCHECK NONE" in validator
+    services = yaml.safe_load((DOCKER / "compose.yaml").read_text())["services"]
+    worker = services["cpu-worker"]["command"]
+    assert worker[worker.index("--pool") + 1] in pools
+    setup = services["setup"]["command"][0]
+    assert "work-pool create buildctl-local" in setup and "gcl create buildctl-builds" in setup
+    assert "deploy --all" in setup and services["setup"]["environment"]["BUILDCTL_REPO"] == "/opt/buildctl"
+    from buildctl.settings import Settings
+
+    assert Settings().build_limit == "buildctl-builds"
+
+
+def test_the_stacks_worker_has_the_pipeline_role_which_can_do_what_its_flows_write():
+    """The stack's one worker runs every flow: build (builder's writes), validate (attestations:
+    the validator's), promote to staging, heal (the repair role's blob replacement). Its identity
+    is the pipeline role: all of that, and no prod channel in the IAM policy."""
+    services = yaml.safe_load((DOCKER / "compose.yaml").read_text())["services"]
+    env = services["cpu-worker"]["environment"]
+    identities = {i["name"]: i for i in json.loads((POLICIES / "seaweedfs-identities.json").read_text())["identities"]}
+    (who,) = [n for n, i in identities.items() if i["credentials"][0]["accessKey"] == env["AWS_ACCESS_KEY_ID"]]
+    assert who == "pipeline" and identities[who]["credentials"][0]["secretKey"] == env["AWS_SECRET_ACCESS_KEY"]
+    needed = set()
+    for role in ("builder", "validator"):
+        needed |= {a for a in identities[role]["actions"] if a.startswith("Write:")}
+    needed |= {"Write:engines/buildctl/channels/*", "Write:engines/buildctl/history/*"}
+    assert needed <= set(identities["pipeline"]["actions"]), needed - set(identities["pipeline"]["actions"])
+    pipeline = load_policy("pipeline.json")
+    writes = {r for s in statements(pipeline, "Allow", "s3:PutObject") for r in resources(s)}
+    for role in ("builder.json", "validator.json"):
+        assert {r for s in statements(load_policy(role), "Allow", "s3:PutObject") for r in resources(s)} <= writes, role
+    assert "arn:aws:s3:::BUCKET/PREFIX/channels/*/staging/*" in writes
+    assert not any(r.endswith("/channels/*") or "/prod/" in r for r in writes)  # prod is CI's
+    deletes = {r for s in statements(pipeline, "Allow", "s3:DeleteObject") for r in resources(s)}
+    assert deletes == {"arn:aws:s3:::BUCKET/PREFIX/blobs/*"}  # a heal puts a rotted blob back
 
 
 def load_policy(name: str) -> dict:
