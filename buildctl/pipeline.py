@@ -13,10 +13,12 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, ContextManager
+from typing import Callable, ContextManager, Iterator
 
 import buildctl
 from buildctl.digest import is_digest
@@ -304,6 +306,56 @@ def same_inputs_artifact(store: Store, profile: BuildProfile, model_digest: str,
     return None
 
 
+#: How often a build's new log lines are passed on, and at most how many each time.
+LOG_TAIL_EVERY_S = 5.0
+LOG_TAIL_LINES = 20
+
+
+@contextmanager
+def tailing(log_path: Path, say: Say, every_s: float = LOG_TAIL_EVERY_S) -> Iterator[None]:
+    """While the block runs, pass the log's new lines to ``say`` every ``every_s`` seconds (at most
+    :data:`LOG_TAIL_LINES` each time; the rest counted), so a long build is never silent."""
+    stop = threading.Event()
+
+    def follow() -> None:
+        offset = 0
+        while True:
+            ended = stop.wait(every_s)
+            try:
+                with open(log_path, "rb") as f:
+                    f.seek(offset)
+                    chunk = f.read()
+            except OSError:
+                chunk = b""
+            cut = chunk.rfind(b"\n") + 1 if not ended else len(chunk)  # whole lines, until the end
+            offset += cut
+            lines = [ln for ln in chunk[:cut].decode("utf-8", "replace").splitlines() if ln.strip()]
+            if len(lines) > LOG_TAIL_LINES:
+                say(f"build log: ({len(lines) - LOG_TAIL_LINES} lines more in {log_path})")
+            for line in lines[-LOG_TAIL_LINES:]:
+                say(f"build log: {line[:500]}")
+            if ended:
+                return
+
+    t = threading.Thread(target=follow, name="build-log-tail", daemon=True)
+    t.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        t.join(timeout=10)
+
+
+def log_tail(log_path: Path, lines: int = 60) -> str:
+    """The last ``lines`` lines of a log ("" when it cannot be read)."""
+    try:
+        with open(log_path, "rb") as f:
+            f.seek(max(0, os.path.getsize(log_path) - 256 * 1024))
+            return "\n".join(f.read().decode("utf-8", "replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
 def run_build(settings: Settings, plan: BuildPlan, *, workdir: Path | None = None, say: Say = _quiet) -> BuiltEngine:
     """Run the backend's isolated build; a failure keeps the log and raises ``BuildFailedError``."""
     profile = plan.profile
@@ -314,8 +366,9 @@ def run_build(settings: Settings, plan: BuildPlan, *, workdir: Path | None = Non
     log_path = run_dir / "build.log"
     say(f"building with {profile.engine.backend} (timeout {profile.engine.build_timeout_s:.0f}s, log {log_path})")
     try:
-        result = backend.build(profile, plan.model_dir, run_dir / "engine", plan.fingerprint, log_path,
-                               model_digest=plan.model_digest)
+        with tailing(log_path, say):
+            result = backend.build(profile, plan.model_dir, run_dir / "engine", plan.fingerprint, log_path,
+                                   model_digest=plan.model_digest)
     except BuildFailedError as err:
         keep = _keep_log(log_path, base)
         shutil.rmtree(run_dir, ignore_errors=True)
@@ -349,8 +402,13 @@ def publish_build(ctx: Context, built: BuiltEngine, *, say: Say = _quiet) -> Pub
     plan = built.plan
     draft = manifest_draft(plan.profile, plan.fingerprint, model_digest=plan.model_digest,
                            extra_versions=built.tool_versions, build_key=plan.build_key)
+    t0 = time.monotonic()
     pub = publish_tree(ctx.store, built.engine_dir, draft, build_log=built.log_path, auth=ctx.auth,
                        grace_s=ctx.settings.gc_grace_s, delete_window_s=ctx.settings.gc_delete_window_s)
+    secs = max(time.monotonic() - t0, 1e-6)
+    say(f"published {pub.artifact_id}: {len(pub.manifest.files)} files, {pub.manifest.total_size / 1e6:.1f} MB, "
+        f"{pub.uploaded_bytes / 1e6:.1f} MB uploaded in {secs:.1f} s ({pub.uploaded_bytes / 1e6 / secs:.1f} MB/s; "
+        f"{pub.skipped_blobs} blob(s) already stored)")
     if pub.repaired:
         say(f"the rebuild has the quarantined artifact's content: put back {', '.join(pub.repaired)}")
     if pub.build_key_owner and pub.build_key_owner != pub.artifact_id:

@@ -6,7 +6,9 @@ is a :mod:`buildctl.pipeline` step."""
 from __future__ import annotations
 
 import shutil
+import socket
 import time
+from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger, task
@@ -15,6 +17,7 @@ from prefect.cache_policies import NONE
 from prefect.concurrency.sync import concurrency
 
 from buildctl import healing, pipeline
+from buildctl.artifact_store.layout import blob_key
 from buildctl.artifact_store.promotion import next_channel
 from buildctl.artifact_store.verify import get_manifest
 from buildctl.coverage import coverage, describe_soft
@@ -26,6 +29,7 @@ from buildctl.settings import Settings
 from buildctl.validate_process import ValidationOutcome, validate_in_subprocess
 from buildctl.validators.errors import ValidatorProcessError, verdict_error
 from buildctl.engines.errors import EngineLoadError, IncompatibleTargetError
+from buildctl.errors import BuildFailedError
 from buildctl.validators.render import metric_rows
 from buildctl.context import Context, open_store_of
 
@@ -39,7 +43,7 @@ def _bvp_run_name() -> str:
     return bvp_run_name(p["profile"], p.get("target_compat_key"))
 
 
-@task(cache_policy=NONE)
+@task(name="plan", task_run_name="plan {profile_name}", cache_policy=NONE)
 def plan_task(settings: Settings, profile_name: str, model: str | None, target_compat_key: str | None,
               rebuild_of: str | None = None):
     profile = pipeline.profile_by_name(settings, profile_name)
@@ -53,14 +57,14 @@ def build_slot(settings: Settings):
     return concurrency(settings.build_limit, occupy=1, strict=True)
 
 
-@task(cache_policy=NONE)
+@task(name="build", task_run_name="build {plan.profile.name}", cache_policy=NONE)
 def build_task(settings: Settings, plan: pipeline.BuildPlan) -> pipeline.BuiltEngine | str:
     """The build in a slot of the build limit; a str: the artifact another run published for the
     same build key while this one waited for its slot."""
     return pipeline.build_in_slot(Context.from_settings(settings), plan, build_slot(settings), say=get_run_logger().info)
 
 
-@task(retries=3, retry_delay_seconds=[5, 15, 45], cache_policy=NONE)
+@task(name="publish", task_run_name="publish", retries=3, retry_delay_seconds=[5, 15, 45], cache_policy=NONE)
 def publish_task(settings: Settings, built: pipeline.BuiltEngine) -> str:
     res = pipeline.publish_build(Context.from_settings(settings), built, say=get_run_logger().info)
     return res.build_key_owner or res.artifact_id
@@ -71,7 +75,7 @@ def publish_task(settings: Settings, built: pipeline.BuiltEngine) -> str:
 INCONCLUSIVE_RETRY_BUDGET = 2.0
 
 
-@task(cache_policy=NONE)
+@task(name="validate", task_run_name="validate {artifact_id}", cache_policy=NONE)
 def validate_task(settings: Settings, artifact_id: str, compat_key: str, revalidate: bool,
                   speed_budget: float = 1.0) -> ValidationOutcome:
     previous = None if revalidate else pipeline.reusable_attestation(Context.from_settings(settings), artifact_id,
@@ -90,17 +94,18 @@ def validate_with_retry(settings: Settings, artifact_id: str, compat_key: str, r
     if outcome.attestation.verdict == "inconclusive":
         get_run_logger().warning(f"validation of {artifact_id} inconclusive ({'; '.join(outcome.attestation.reasons)}); "
                                  f"retrying once with {INCONCLUSIVE_RETRY_BUDGET:g}x the speed budget")
-        outcome = validate_task.with_options(task_run_name="validate-task-retry")(
+        outcome = validate_task.with_options(task_run_name="validate {artifact_id} again, 2x budget")(
             settings, artifact_id, compat_key, True, INCONCLUSIVE_RETRY_BUDGET)
     return outcome
 
 
-@task(retries=3, retry_delay_seconds=[2, 5, 10], cache_policy=NONE)
+@task(name="promote", task_run_name="promote to {channel}", retries=3, retry_delay_seconds=[2, 5, 10], cache_policy=NONE)
 def promote_task(settings: Settings, artifact_id: str, channel: str) -> dict[str, Any]:
     return pipeline.promote_artifact(Context.from_settings(settings), artifact_id, channel).model_dump(mode="json")
 
 
-@task(retries=3, retry_delay_seconds=[2, 5, 10], cache_policy=NONE)
+@task(name="roll channels back", task_run_name="roll channels off {artifact_id}", retries=3,
+      retry_delay_seconds=[2, 5, 10], cache_policy=NONE)
 def recover_task(settings: Settings, artifact_id: str) -> list[dict[str, Any]]:
     """Roll channels off a quarantined artifact (each a history record naming the quarantine)."""
     recs = healing.recover_channels(Context.from_settings(settings), artifact_id)
@@ -144,7 +149,12 @@ def _build_and_publish(report: RunReport, settings: Settings, plan: pipeline.Bui
                        done: str) -> tuple[str, bool, float]:
     """Build in a slot and publish: (artifact, whether it was a concurrent run's, build seconds)."""
     report.step = "build"
-    built = build_task(settings, plan)
+    try:
+        built = build_task(settings, plan)
+    except BuildFailedError as err:  # the log stays on the worker's disk: its tail goes on the run's page
+        if getattr(err, "log_path", None):
+            _log_artifact(plan, f"kept on worker `{socket.gethostname()}` at `{err.log_path}`", Path(err.log_path))
+        raise
     if isinstance(built, str):  # published by a concurrent run while this one waited for its slot
         report.add("build", "a concurrent run built this build key while this one waited for its slot: taken, "
                             "no builder ran")
@@ -152,9 +162,22 @@ def _build_and_publish(report: RunReport, settings: Settings, plan: pipeline.Bui
     report.add("build", f"{done} in {built.wall_s:.1f} s ({tool_versions_line(built.tool_versions)})")
     report.step = "publish"
     try:
-        return publish_task(settings, built), False, built.wall_s
+        artifact_id = publish_task(settings, built)
+        log = get_manifest(open_store_of(settings), artifact_id).build_log
+        where = (f"in the store with the artifact: `{open_store_of(settings).uri.rstrip('/')}/{blob_key(log)}` "
+                 f"(`buildctl show {artifact_id}`)") if log else "not kept"
+        _log_artifact(plan, where, built.log_path)
+        return artifact_id, False, built.wall_s
     finally:
         shutil.rmtree(built.run_dir, ignore_errors=True)
+
+
+def _log_artifact(plan: pipeline.BuildPlan, where: str, log_path: Path) -> None:
+    """The build log on the run's page: where it lives, and its last lines."""
+    tail = pipeline.log_tail(log_path).replace("```", "` ` `")
+    create_markdown_artifact(key=_bvp_key(plan.profile.name, plan.compat_key) + "-build-log",
+                             markdown=f"# build log\n\n{where}\n\nLast lines:\n\n```\n{tail}\n```\n",
+                             description=f"{plan.profile.name}: the build's log")
 
 
 def _bvp_key(profile: str, compat_key: str | None) -> str:
@@ -211,7 +234,7 @@ def _build_validate_publish(report: RunReport, profile: str, model: str | None,
         get_run_logger().warning(f"re-check of {artifact_id} on {describe_soft(recheck.soft)} failed ({failed}): rebuilding")
         report.step = "build"
         failed_recheck = artifact_id
-        plan = plan_task.with_options(task_run_name="plan-task-rebuild")(settings, profile, model, target_compat_key,
+        plan = plan_task.with_options(task_run_name="plan {profile_name} rebuild")(settings, profile, model, target_compat_key,
                                                                          failed_recheck)
         report.add("build key", f"`{plan.build_key}` (a rebuild of `{failed_recheck}` for these soft values)")
         if plan.cached is not None:

@@ -15,6 +15,7 @@ from buildctl.coverage import recheck_needs, recheck_outcome
 from buildctl.engines.fingerprint import parse_fingerprint
 from buildctl.flows.common import ChildRunsFailedError, ProfileName, artifact_key, run_settings, start_builds, wait_for_children
 from buildctl.flows.reconcile_fleet import reconcile_fleet
+from buildctl.flows.summary import RunReport
 
 
 def run_seconds(flow_run_id: str) -> float | None:
@@ -50,35 +51,60 @@ def on_driver_upgrade(node_id: str, fingerprint: dict[str, Any], profiles: list[
         event_id: The buildctl.node.driver-upgraded event that started the run.
         wait_s: How long to wait for the runs it starts, in seconds.
     """
+    report = RunReport(title=f"driver upgrade on {node_id}")
+    report.add("trigger", "buildctl.node.driver-upgraded" + (f" (event {event_id})" if event_id else ""))
+    try:
+        return _on_driver_upgrade(report, node_id, fingerprint, profiles, store, old_fingerprint, event_id, wait_s)
+    except BaseException as err:
+        report.fail(err)
+        raise
+    finally:
+        create_markdown_artifact(key=artifact_key("driver-upgrade", node_id), markdown=report.markdown(),
+                                 description=f"{node_id}: what its report found and started")
+
+
+def _on_driver_upgrade(report: RunReport, node_id: str, fingerprint: dict[str, Any], profiles: list[str] | None,
+                       store: str | None, old_fingerprint: dict[str, Any] | None, event_id: str | None,
+                       wait_s: float) -> list[dict[str, Any]]:
+    report.step = "record"
     settings = run_settings(store)
     fp = parse_fingerprint(fingerprint, f"event for {node_id}")
     old = parse_fingerprint(old_fingerprint, f"event for {node_id}") if old_fingerprint else None
     s = open_store_of(settings)
     served = fleet.record_reported_fingerprint(s, node_id, fp, profiles)
+    report.add("profiles", ", ".join(f"`{p}`" for p in served) or "none on record")
     known = {n: p for n, p in pipeline.load_profiles(settings).items() if n in served}
     backends = sorted({p.engine.backend for p in known.values()})
     keys = {b: (old.compat_key(b) if old else None, fp.compat_key(b)) for b in backends}
     logger = get_run_logger()
     for b, (was, now) in keys.items():
         soft = old.soft_differences(fp, b) if old else {}
-        logger.info(f"{node_id}: {b} compat key {was or 'none'} -> {now}"
-                    + (f"; soft fields changed: {', '.join(f'{k} {a} -> {z}' for k, (a, z) in soft.items())}" if soft else ""))
+        changes = ', '.join(f'{k} {a} -> {z}' for k, (a, z) in soft.items())
+        logger.info(f"{node_id}: {b} compat key {was or 'none'} -> {now}" + (f"; soft fields changed: {changes}" if soft else ""))
+        report.add(f"{b} compat key", f"`{was or 'none'}` → `{now}`" + (f"; soft: {changes}" if soft else ""))
     trigger = {"kind": "driver-upgrade", "node_id": node_id, "event_id": event_id,
                "compat_keys": {b: list(v) for b, v in keys.items()}}
+    report.step = "re-check"
     rechecks = recheck_needs(s, fp, known)
     started = start_builds(settings, [(p, k, 1) for p, k, _ in rechecks], {**trigger, "recheck": True}, None) if rechecks else []
     for (p, k, aid), run in zip(rechecks, started):
         logger.info(f"{p}: {aid} is not validated on {node_id}'s soft values: re-checking on {k} (run {run['flow_run_id']})")
     bad = wait_for_children(started, wait_s) if started else []
-    lines = []
     for (p, _, aid), c in zip(rechecks, started):
         c["outcome"] = recheck_outcome(s, known[p], aid, fp, run_seconds(c["flow_run_id"]))
-        lines.append(f"- `{p}` on `{c['compat_key']}`: {c['outcome']} (run `{c['flow_run_id']}`, {c['state']})")
+        report.add(f"re-check {p}", f"on `{c['compat_key']}`: {c['outcome']} (run `{c['flow_run_id']}`, {c['state']})")
         logger.info(f"{node_id} {p}: {c['outcome']}")
-    create_markdown_artifact(key=artifact_key("driver-upgrade", node_id), description=f"{node_id}: what its report started",
-                             markdown=f"# driver upgrade on {node_id}\n\n" + ("\n".join(lines) if lines else
-                                      "no engine of its profiles needed a re-check") + "\n")
+    if not rechecks:
+        report.add("re-checks", "none needed: every engine of its profiles is validated on its soft values or has none")
     if bad:
         raise ChildRunsFailedError(bad)
+    report.step = "reconcile"
     rebuilt = reconcile_fleet(profiles=served, store=settings.store, trigger=trigger)
+    for c in rebuilt:
+        report.add(f"build {c['profile']}", f"on `{c['compat_key']}`: {c['state']} (run `{c['flow_run_id']}`)")
+    if not rebuilt:
+        report.add("builds", "none needed: every compat key the node has an artifact")
+    report.step = "done"
+    report.next_steps = [f"buildctl history --profile {p} --channel staging   # then from CI: buildctl promote ARTIFACT "
+                         "--channel prod" for p in served]
     return [{**c, "recheck": True} for c in started] + rebuilt

@@ -86,6 +86,9 @@ def test_build_validate_publish_end_to_end_then_cache_hit(prefect_api, in_repo, 
     assert "| build | built in " in md and "torch" in md and first["attestation_id"] in md
     assert "| trigger | started by hand" in md and "| promoted | `staging` #" in md
     assert f"buildctl promote {first['artifact_id']} --channel prod" in md
+    log = read_artifact(key + "-build-log").data  # #30: the build log, on the run's page
+    assert "in the store with the artifact: `file://" in log and "/blobs/" in log and "Last lines:" in log
+    assert len(log.split("Last lines:")[1].strip("`\n ")) > 0  # the build's own output
     second = build_validate_publish(profile="tiny-llama-cpu", store=store)
     assert second["cache_hit"] and second["artifact_id"] == first["artifact_id"] and second["attestation_reused"]
     md = read_artifact(key + "-summary").data

@@ -129,6 +129,10 @@ def test_driver_upgrade_to_completed_rebuild(tmp_path, quick_profiles):
         assert trigger_runs and trigger_runs[0]["state_type"] == "COMPLETED"
         assert bvp[0]["name"] == f"tiny-llama-cpu@{upgraded.compat_key('aoti')[:13]}…"
         assert trigger_runs[0]["name"] == "driver-upgrade gpu-node-1"
+        (summary,) = api(url, "/artifacts/latest/filter", {"artifacts": {"key": {"any_": ["driver-upgrade-gpu-node-1"]}}})
+        md = summary["data"]  # #30: the driver-upgrade run's own summary: what it found, did, and what is next
+        assert "| aoti compat key |" in md and upgraded.compat_key("aoti") in md and "| build tiny-llama-cpu |" in md, md
+        assert "buildctl history --profile tiny-llama-cpu --channel staging" in md
         the_event_feed_links_the_upgrade_to_its_run_and_artifact(url, bvp[0]["id"])
         a_failing_child_fails_its_parents(url, env, tmp_path)
         heal_through_the_automation(url, env, tmp_path, upgraded.compat_key("aoti"))
@@ -392,6 +396,13 @@ def heal_rebuilds_on_the_matching_worker(url: str, store, env: dict, tmp_path, a
     assert active_quarantine(store, artifact_id) is not None
     rec = ops.read_channel(store, "tiny-llama-cpu", "staging", key)[0]
     assert rec.artifact_id != artifact_id and active_quarantine(store, rec.artifact_id) is None
+    from buildctl.flows.common import artifact_key
+
+    (summary,) = api(url, "/artifacts/latest/filter", {"artifacts": {"key": {"any_": [
+        artifact_key("heal", artifact_id.removeprefix("xxh3-128:")[:16])]}}})  # #30: the heal's own summary
+    md = summary["data"]
+    assert "| found |" in md and "model.pt2" in md and "| quarantined |" in md and rec.artifact_id in md, md
+    assert f"buildctl promote {rec.artifact_id} --channel prod" in md
 
 
 def prepare_upgrade_readies_a_two_fingerprint_fleet(url: str, env: dict, tmp_path, tiny_build, fps: dict,

@@ -1,0 +1,44 @@
+"""#30 item 3: a long build is never silent. While a backend builds, its log's new lines go to
+the run's logger every few seconds (whole lines; the last partial one at the end); publish says
+files, bytes and MB/s."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from buildctl.pipeline import LOG_TAIL_LINES, log_tail, tailing
+
+
+def test_a_builds_log_reaches_the_logger_while_it_runs(tmp_path):
+    log = tmp_path / "build.log"
+    log.write_text("")
+    said: list[tuple[float, str]] = []
+    t0 = time.monotonic()
+    seen_during = threading.Event()
+
+    def say(line: str) -> None:
+        said.append((time.monotonic() - t0, line))
+        seen_during.set()
+
+    with tailing(log, say, every_s=0.1):
+        with open(log, "a") as f:
+            f.write("[1/3] converting the checkpoint\n")
+            f.flush()
+            assert seen_during.wait(5), "nothing was passed on while the build ran"
+            f.write("[2/3] building rank 0\n[3/3] half a line")
+    lines = [line for _, line in said]
+    assert lines == ["build log: [1/3] converting the checkpoint", "build log: [2/3] building rank 0",
+                     "build log: [3/3] half a line"]
+
+
+def test_a_flood_of_lines_is_capped_and_counted(tmp_path):
+    log = tmp_path / "build.log"
+    log.write_text("")
+    said: list[str] = []
+    with tailing(log, said.append, every_s=0.05):
+        log.write_text("".join(f"step {i}\n" for i in range(500)))
+        time.sleep(0.3)
+    assert len(said) <= LOG_TAIL_LINES + 1 and said[0].endswith(f"({500 - LOG_TAIL_LINES} lines more in {log})")
+    assert said[-1] == "build log: step 499"
+    assert log_tail(log, 3) == "step 497\nstep 498\nstep 499" and log_tail(tmp_path / "none") == ""
