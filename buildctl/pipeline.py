@@ -13,15 +13,14 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, ContextManager, Iterator
+from typing import Callable, ContextManager
 
 import buildctl
 from buildctl.digest import is_digest
+from buildctl.logtail import tailing
 from buildctl.engines.backend import Runner
 from buildctl.engines.buildkey import build_key_for
 from buildctl.engines.errors import (
@@ -304,56 +303,6 @@ def same_inputs_artifact(store: Store, profile: BuildProfile, model_digest: str,
                 and m.compat_key != compat):
             return artifact_id
     return None
-
-
-#: How often a build's new log lines are passed on, and at most how many each time.
-LOG_TAIL_EVERY_S = 5.0
-LOG_TAIL_LINES = 20
-
-
-@contextmanager
-def tailing(log_path: Path, say: Say, every_s: float = LOG_TAIL_EVERY_S) -> Iterator[None]:
-    """While the block runs, pass the log's new lines to ``say`` every ``every_s`` seconds (at most
-    :data:`LOG_TAIL_LINES` each time; the rest counted), so a long build is never silent."""
-    stop = threading.Event()
-
-    def follow() -> None:
-        offset = 0
-        while True:
-            ended = stop.wait(every_s)
-            try:
-                with open(log_path, "rb") as f:
-                    f.seek(offset)
-                    chunk = f.read()
-            except OSError:
-                chunk = b""
-            cut = chunk.rfind(b"\n") + 1 if not ended else len(chunk)  # whole lines, until the end
-            offset += cut
-            lines = [ln for ln in chunk[:cut].decode("utf-8", "replace").splitlines() if ln.strip()]
-            if len(lines) > LOG_TAIL_LINES:
-                say(f"build log: ({len(lines) - LOG_TAIL_LINES} lines more in {log_path})")
-            for line in lines[-LOG_TAIL_LINES:]:
-                say(f"build log: {line[:500]}")
-            if ended:
-                return
-
-    t = threading.Thread(target=follow, name="build-log-tail", daemon=True)
-    t.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        t.join(timeout=10)
-
-
-def log_tail(log_path: Path, lines: int = 60) -> str:
-    """The last ``lines`` lines of a log ("" when it cannot be read)."""
-    try:
-        with open(log_path, "rb") as f:
-            f.seek(max(0, os.path.getsize(log_path) - 256 * 1024))
-            return "\n".join(f.read().decode("utf-8", "replace").splitlines()[-lines:])
-    except OSError:
-        return ""
 
 
 def run_build(settings: Settings, plan: BuildPlan, *, workdir: Path | None = None, say: Say = _quiet) -> BuiltEngine:

@@ -16,9 +16,11 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from buildctl.logtail import log_tail, tailing
 from buildctl.settings import Settings
 from buildctl.artifact_store.attestations import Attestation
 from buildctl.validators.errors import ValidationFailedError, ValidatorProcessError
@@ -58,21 +60,31 @@ class ValidationOutcome:
         return self.attestation.passed
 
 
+#: The child's progress lines start with this; the parent passes them on.
+PHASE = "[validate] "
+
+
 def validate_in_subprocess(settings: Settings, artifact_id: str, *, profile_path: str | Path | None = None,
-                           speed_budget: float = 1.0, timeout_s: float = 3600) -> ValidationOutcome:
+                           speed_budget: float = 1.0, timeout_s: float = 3600,
+                           say: Callable[[str], None] | None = None) -> ValidationOutcome:
     """Validate ``artifact_id`` in a child process; returns its attestation, passing, failing or
-    inconclusive. Raises :class:`ValidatorProcessError` when the child produced none."""
+    inconclusive. Raises :class:`ValidatorProcessError` when the child produced none. ``say``
+    gets the child's phases as they happen (the reference up, parity, each speed repetition)."""
     with tempfile.TemporaryDirectory(prefix="buildctl-validate-") as tmp:
         request, result = Path(tmp) / "request.json", Path(tmp) / "result.json"
         request.write_text(ChildRequest(settings=settings.model_dump(mode="json"), artifact_id=artifact_id,
                                         profile_path=str(profile_path) if profile_path else None,
                                         speed_budget=speed_budget).model_dump_json())
         cmd = [sys.executable, "-m", "buildctl.validate_process", str(request), str(result)]
+        err_log = Path(tmp) / "stderr.log"
         try:
-            r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL)
+            with open(err_log, "wb") as err_file, tailing(err_log, say or (lambda _: None), prefix="",
+                                                         keep=lambda line: line.startswith(PHASE)):
+                r = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=err_file, timeout=timeout_s,
+                                   stdin=subprocess.DEVNULL)
         except subprocess.TimeoutExpired:
             raise ValidatorProcessError(-1, "", f"timed out after {timeout_s:.0f}s") from None
-        tail = "\n".join(r.stderr.strip().splitlines()[-15:])
+        tail = log_tail(err_log, 15)
         try:
             got = ChildResult.model_validate_json(result.read_text())
         except (OSError, ValidationError):
@@ -95,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         res = pipeline.validate(Context.from_settings(settings), req.artifact_id,
                                          profile_path=req.profile_path, speed_budget=req.speed_budget,
-                                         say=lambda m: sys.stderr.write(f"[validate] {m}\n"))
+                                         say=lambda m: (sys.stderr.write(f"{PHASE}{m}\n"), sys.stderr.flush()))
         out = ChildResult(attestation_id=res.attestation_id, attestation=res.attestation)
     except ValidationFailedError as err:
         out = ChildResult(attestation_id=err.attestation_id, attestation=err.attestation)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import threading
 import time
 
-from buildctl.pipeline import LOG_TAIL_LINES, log_tail, tailing
+from buildctl.logtail import LOG_TAIL_LINES, log_tail, tailing
 
 
 def test_a_builds_log_reaches_the_logger_while_it_runs(tmp_path):
@@ -42,3 +42,18 @@ def test_a_flood_of_lines_is_capped_and_counted(tmp_path):
     assert len(said) <= LOG_TAIL_LINES + 1 and said[0].endswith(f"({500 - LOG_TAIL_LINES} lines more in {log})")
     assert said[-1] == "build log: step 499"
     assert log_tail(log, 3) == "step 497\nstep 498\nstep 499" and log_tail(tmp_path / "none") == ""
+
+
+def test_only_the_validators_phase_lines_are_passed_on(tmp_path):
+    """The validator child writes its phases (`[validate] ...`) among library noise on stderr;
+    the parent passes on the phases only, as they happen."""
+    from buildctl.validate_process import PHASE
+
+    log = tmp_path / "stderr.log"
+    log.write_text("")
+    said: list[str] = []
+    with tailing(log, said.append, every_s=0.05, prefix="", keep=lambda line: line.startswith(PHASE)):
+        log.write_text(f"{PHASE}starting the vLLM reference\nINFO vllm: loading weights\n"
+                       f"{PHASE}concurrency 4, repetition 3 (C/R): ratio 0.91\n")
+        time.sleep(0.3)
+    assert said == [f"{PHASE}starting the vLLM reference", f"{PHASE}concurrency 4, repetition 3 (C/R): ratio 0.91"]

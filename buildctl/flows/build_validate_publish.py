@@ -30,6 +30,7 @@ from buildctl.validate_process import ValidationOutcome, validate_in_subprocess
 from buildctl.validators.errors import ValidatorProcessError, verdict_error
 from buildctl.engines.errors import EngineLoadError, IncompatibleTargetError
 from buildctl.errors import BuildFailedError
+from buildctl.logtail import log_tail
 from buildctl.validators.render import metric_rows
 from buildctl.context import Context, open_store_of
 
@@ -84,7 +85,7 @@ def validate_task(settings: Settings, artifact_id: str, compat_key: str, revalid
         get_run_logger().info(f"already validated on {compat_key} with this host's soft values "
                               f"({previous.attestation.created_at}): not re-running")
         return ValidationOutcome(previous.attestation_id, previous.attestation, reused=True)
-    return validate_in_subprocess(settings, artifact_id, speed_budget=speed_budget)
+    return validate_in_subprocess(settings, artifact_id, speed_budget=speed_budget, say=get_run_logger().info)
 
 
 def validate_with_retry(settings: Settings, artifact_id: str, compat_key: str, revalidate: bool) -> ValidationOutcome:
@@ -174,7 +175,7 @@ def _build_and_publish(report: RunReport, settings: Settings, plan: pipeline.Bui
 
 def _log_artifact(plan: pipeline.BuildPlan, where: str, log_path: Path) -> None:
     """The build log on the run's page: where it lives, and its last lines."""
-    tail = pipeline.log_tail(log_path).replace("```", "` ` `")
+    tail = log_tail(log_path).replace("```", "` ` `")
     create_markdown_artifact(key=_bvp_key(plan.profile.name, plan.compat_key) + "-build-log",
                              markdown=f"# build log\n\n{where}\n\nLast lines:\n\n```\n{tail}\n```\n",
                              description=f"{plan.profile.name}: the build's log")
