@@ -57,3 +57,20 @@ def test_only_the_validators_phase_lines_are_passed_on(tmp_path):
                        f"{PHASE}concurrency 4, repetition 3 (C/R): ratio 0.91\n")
         time.sleep(0.3)
     assert said == [f"{PHASE}starting the vLLM reference", f"{PHASE}concurrency 4, repetition 3 (C/R): ratio 0.91"]
+
+
+def test_pull_says_files_bytes_and_throughput(cli, tmp_path, draft):
+    """`buildctl pull` ends with what it moved: files, MB and MB/s, verified."""
+    import re
+
+    import buildctl.artifact_store as ops
+
+    from .support.helpers import publish_files, staged
+
+    store = ops.open_store(f"file://{tmp_path / 'store'}")
+    aid = publish_files(store, tmp_path / "a", draft, {"config.json": b"{}", "rank0.engine": 3_000_000})
+    ops.promote(store, staged(store, aid), "prod")
+    code, out, err = cli("--store", store.uri, "pull", "--profile", draft.profile_name, "--channel", "prod", "--dest",
+                         tmp_path / "node", "--skip-preflight")
+    assert code == 0, err
+    assert re.search(r"; 2 files, 3\.0 MB in [\d.]+ s \([\d.]+ MB/s, verified\)", out), out

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from pathlib import Path
 from typing import Optional
 
@@ -326,6 +328,7 @@ def pull_cmd(
         if state.status != "installed" and not quiet:
             out().print(f"smoke check: {state.status}" + (f" ({state.detail})" if state.detail else ""), highlight=False)
 
+    t0 = time.monotonic()
     try:
         with byte_progress("downloading + verifying", manifest.total_size, enabled=not quiet) as on_bytes:
             got = node_agent.pull(c, profile, channel, dest, node_id=node_id, fingerprint=fp, health_cmd=health_cmd,
@@ -352,8 +355,10 @@ def pull_cmd(
                    "rollout": rec.rollout.state if rec.rollout else None,
                    "coverage": coverage(c.store, res.artifact_id, manifest, fp).to_json()})
     elif res.installed:
+        secs = max(time.monotonic() - t0, 1e-6)
         out().print(f"installed {res.artifact_id} ({channel} #{rec.seq}) at {Path(dest) / 'current'}; "
-                    f"previous: {res.previous or 'none'}", highlight=False)
+                    f"previous: {res.previous or 'none'}; {len(manifest.files)} files, {res.bytes / 1e6:.1f} MB "
+                    f"in {secs:.1f} s ({res.bytes / 1e6 / secs:.1f} MB/s, verified)", highlight=False)
     else:
         out().print(f"already installed: {res.artifact_id} ({channel} #{rec.seq}) is current in {dest}", highlight=False)
     if got.state is not None and node_id and not got.reported:
