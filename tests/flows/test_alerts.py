@@ -95,8 +95,8 @@ def test_a_failed_build_a_corruption_and_a_halted_rollout_each_page_once_with_th
 
         monkeypatch.chdir(REPO)
         with temporary_settings({PREFECT_API_URL: url}):
-            failed = build_validate_publish(profile="no-such-profile", store="file://" + str(tmp_path / "s0"),
-                                            return_state=True)
+            failed = build_validate_publish(profile="tiny-llama-cpu", target_compat_key="aoti-" + "0" * 32,
+                                            store="file://" + str(tmp_path / "s0"), return_state=True)  # not this host
             assert failed.is_failed()
             uri = "file://" + str(tmp_path / "s1")
             store = ops.open_store(uri)
@@ -130,7 +130,7 @@ def test_a_failed_build_a_corruption_and_a_halted_rollout_each_page_once_with_th
             assert len(got) == 1, (what, subject, receiver.bodies)
             run_id = run_id.removeprefix("run ")
             assert f"/runs/flow-run/{run_id}" in got[0]["body"], (what, got[0])
-        assert "no-such-profile" in receiver.matching("build-validate-publish run")[0]["body"]
+        assert "IncompatibleTargetError" in receiver.matching("build-validate-publish run")[0]["body"]
         assert not receiver.matching("rollout-channel run")  # the halting run itself completed
     finally:
         stop(server)

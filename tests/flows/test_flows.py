@@ -274,27 +274,40 @@ def test_prefect_deploy_never_prompts_for_schedules():
         _construct_schedules({"name": "x"}, {}, console=NoPrompts(), is_interactive=lambda: True)
 
 
-def test_a_failed_run_has_a_summary_with_the_cause_and_a_readable_name(prefect_api, in_repo):
+def test_a_failed_run_has_a_summary_with_the_cause_and_a_readable_name(prefect_api, in_repo, tmp_path, monkeypatch):
+    """A mistyped profile is refused by the parameter's type before the run starts (#30); a
+    profile the worker's profile directory lacks fails in the run, with a summary naming it."""
+    import shutil
+
     from prefect.client.orchestration import get_client
+    from prefect.exceptions import ParameterTypeError
 
     from buildctl.engines.errors import ProfileNotFoundError
     from buildctl.flows.common import artifact_key
     from buildctl.flows.build_validate_publish import build_validate_publish
 
-    state = build_validate_publish(profile="no-such-profile", return_state=True)
+    from ..support.helpers import PROFILES
+
+    with pytest.raises(ParameterTypeError, match="profile"):
+        build_validate_publish(profile="no-such-profile")
+    only = tmp_path / "profiles"
+    only.mkdir()
+    shutil.copy(PROFILES / "llama-3-8b-instruct-fp8-tp1.yaml", only)
+    monkeypatch.setenv("BUILDCTL_PROFILE_DIR", str(only))  # this worker has one profile, not the one asked for
+    state = build_validate_publish(profile="tiny-llama-cpu", return_state=True)
     assert state.is_failed()
     with pytest.raises(ProfileNotFoundError) as exc:
         state.result()
-    assert "profiles that exist: llama-3-70b-instruct-fp8-tp8, llama-3-8b-instruct-fp8-tp1, tiny-llama-cpu" in str(exc.value)
-    md = read_artifact(artifact_key("bvp", "no-such-profile", "this-host") + "-summary").data
+    assert "profiles that exist: llama-3-8b-instruct-fp8-tp1" in str(exc.value)
+    md = read_artifact(artifact_key("bvp", "tiny-llama-cpu", "this-host") + "-summary").data
     assert "**FAILED at step `plan`:**" in md and "build profile not found" in md and "Traceback" not in md
-    assert "`ProfileNotFoundError`" in md and "run again with profile one of: llama-3-70b" in md
+    assert "`ProfileNotFoundError`" in md and "run again with profile one of: llama-3-8b" in md
 
     async def name():
         async with get_client() as c:
             return (await c.read_flow_run(state.state_details.flow_run_id)).name
 
-    assert run_async(name()) == "no-such-profile@this-host"
+    assert run_async(name()) == "tiny-llama-cpu@this-host"
 
 
 def test_rollout_channel_flow_takes_a_healthy_rollout_to_100_percent(prefect_api, tmp_path, draft):
