@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import json
 import socket
-import urllib.error
 import urllib.parse
-import urllib.request
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,27 +42,33 @@ class WorkPoolNotFoundError(NotFoundError):
 
 
 class PrefectApi:
-    """JSON over HTTP to one Prefect API (``PREFECT_API_URL``); ``None`` for a 404."""
+    """JSON over HTTP to one Prefect API (``PREFECT_API_URL``); ``None`` for a 404. A busy server's
+    503 or 429 and a dropped connection are asked again by urllib3's own ``Retry`` (backoff 0.5 s,
+    doubling, five times), as Prefect's client does."""
 
     def __init__(self, url: str, timeout: float = 10.0) -> None:
+        import urllib3
+        from urllib3.util.retry import Retry
+
         self.url = url.rstrip("/")
-        self.timeout = timeout
+        retry = Retry(total=5, backoff_factor=0.5, status_forcelist=(429, 502, 503, 504),
+                      allowed_methods=None, raise_on_status=False, respect_retry_after_header=True)
+        self._http = urllib3.PoolManager(retries=retry, timeout=urllib3.Timeout(total=timeout))
 
     def call(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
-        data = json.dumps(body).encode() if body is not None else None
-        req = urllib.request.Request(self.url + path, data=data, method=method,
-                                     headers={"Content-Type": "application/json"})
+        import urllib3
+
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout) as r:
-                raw = r.read()
-        except urllib.error.HTTPError as err:
-            if err.code == 404:
-                return None
-            raise PrefectApiError(self.url, f"{method} {path}: HTTP {err.code} {err.reason}") from None
-        except (urllib.error.URLError, OSError) as err:
-            raise PrefectApiError(self.url, f"{method} {path}: {getattr(err, 'reason', err)}") from None
+            r = self._http.request(method, self.url + path, body=json.dumps(body).encode() if body is not None else None,
+                                   headers={"Content-Type": "application/json"})
+        except urllib3.exceptions.HTTPError as err:
+            raise PrefectApiError(self.url, f"{method} {path}: {err}") from None
+        if r.status == 404:
+            return None
+        if r.status >= 400:
+            raise PrefectApiError(self.url, f"{method} {path}: HTTP {r.status} {r.reason}")
         try:
-            return json.loads(raw) if raw else None
+            return json.loads(r.data) if r.data else None
         except ValueError:
             raise PrefectApiError(self.url, f"{method} {path}: the answer is not JSON") from None
 
