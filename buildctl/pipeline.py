@@ -71,12 +71,16 @@ def profile_file(settings: Settings, name: str) -> Path:
     return profile_path(name, settings.profile_dir)
 
 
+def profile_names(settings: Settings) -> tuple[str, ...]:
+    """The names of the profiles in the profile directory, sorted."""
+    return tuple(sorted(f.stem for f in Path(settings.profile_dir).glob("*.yaml")))
+
+
 def profile_by_name(settings: Settings, name: str) -> BuildProfile:
     """The profile called ``name`` in the profile directory; a missing one lists those that exist."""
     path = profile_file(settings, name)
     if not path.is_file():
-        known = tuple(sorted(f.stem for f in Path(settings.profile_dir).glob("*.yaml")))
-        raise ProfileNotFoundError(str(path), known)
+        raise ProfileNotFoundError(str(path), profile_names(settings))
     return load_profile(path)
 
 

@@ -16,6 +16,9 @@ import urllib.parse
 from dataclasses import dataclass, field
 from typing import Any
 
+import urllib3
+from urllib3.util.retry import Retry
+
 from buildctl.errors import NotFoundError, UnavailableError
 
 #: A queue counts as polled by a live worker when Prefect marks it READY (a poll within the
@@ -47,17 +50,12 @@ class PrefectApi:
     doubling, five times), as Prefect's client does."""
 
     def __init__(self, url: str, timeout: float = 10.0) -> None:
-        import urllib3
-        from urllib3.util.retry import Retry
-
         self.url = url.rstrip("/")
         retry = Retry(total=5, backoff_factor=0.5, status_forcelist=(429, 502, 503, 504),
                       allowed_methods=None, raise_on_status=False, respect_retry_after_header=True)
         self._http = urllib3.PoolManager(retries=retry, timeout=urllib3.Timeout(total=timeout))
 
     def call(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
-        import urllib3
-
         try:
             r = self._http.request(method, self.url + path, body=json.dumps(body).encode() if body is not None else None,
                                    headers={"Content-Type": "application/json"})

@@ -22,7 +22,8 @@ from buildctl.artifact_store.promotion import next_channel
 from buildctl.artifact_store.verify import get_manifest
 from buildctl.coverage import coverage, describe_soft
 from buildctl.engines.fingerprint import host_fingerprint
-from buildctl.flows.common import AutoChannel, ProfileName, artifact_key, bvp_run_name, run_settings, tool_versions_line
+from buildctl.flows.common import (AutoChannel, ProfileName, artifact_key, bvp_run_name, published_summary, run_settings,
+                                   tool_versions_line)
 from buildctl.flows.events import emit_validation_outcome
 from buildctl.flows.summary import RunReport, describe_trigger
 from buildctl.settings import Settings
@@ -135,15 +136,9 @@ def build_validate_publish(profile: ProfileName, model: str | None = None, targe
     """
     report = RunReport(title=f"{profile} on `{target_compat_key or 'this host'}`", compat_key=target_compat_key)
     report.add("trigger", describe_trigger(trigger))
-    try:
+    with published_summary(report, lambda: _bvp_key(profile, report.compat_key) + "-summary", f"{profile}: run summary"):
         return _build_validate_publish(report, profile, model, target_compat_key, promote_to, store, revalidate,
                                        trigger)
-    except BaseException as err:
-        report.fail(err)
-        raise
-    finally:
-        create_markdown_artifact(key=_bvp_key(profile, report.compat_key) + "-summary", markdown=report.markdown(),
-                                 description=f"{profile}: run summary")
 
 
 def _build_and_publish(report: RunReport, settings: Settings, plan: pipeline.BuildPlan,
@@ -164,8 +159,9 @@ def _build_and_publish(report: RunReport, settings: Settings, plan: pipeline.Bui
     report.step = "publish"
     try:
         artifact_id = publish_task(settings, built)
-        log = get_manifest(open_store_of(settings), artifact_id).build_log
-        where = (f"in the store with the artifact: `{open_store_of(settings).uri.rstrip('/')}/{blob_key(log)}` "
+        store = open_store_of(settings)
+        log = get_manifest(store, artifact_id).build_log
+        where = (f"in the store with the artifact: `{store.uri.rstrip('/')}/{blob_key(log)}` "
                  f"(`buildctl show {artifact_id}`)") if log else "not kept"
         _log_artifact(plan, where, built.log_path)
         return artifact_id, False, built.wall_s

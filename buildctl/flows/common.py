@@ -3,14 +3,16 @@ build runs on the work queue of their compat key and waiting for them."""
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any, Literal
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, Literal
 
 from prefect import get_run_logger
+from prefect.artifacts import create_markdown_artifact
 from prefect.deployments import run_deployment
 
 from buildctl import fleet, pipeline
 from buildctl.errors import BuildctlError
+from buildctl.flows.summary import RunReport
 from buildctl.settings import Settings, load_settings
 
 BVP_DEPLOYMENT = "build-validate-publish/build-validate-publish"
@@ -20,16 +22,33 @@ def _profile_names() -> tuple[str, ...]:
     """The profiles in the profile directory (``BUILDCTL_PROFILE_DIR``, default ``build_profiles/``
     of the checkout the flows are deployed from)."""
     try:
-        return tuple(sorted(f.stem for f in Path(load_settings().profile_dir).glob("*.yaml")))
+        return pipeline.profile_names(load_settings())
     except (OSError, BuildctlError):
         return ()
 
 
+_SHIPPED = _profile_names()
+
+
 #: A deployment parameter naming a profile: its allowed values are the profiles shipped, so the
 #: Prefect API refuses a mistyped name when the run is created (``enforce_parameter_schema``).
-ProfileName = Literal[_profile_names()] if _profile_names() else str  # type: ignore[valid-type]
+ProfileName = Literal[_SHIPPED] if _SHIPPED else str  # type: ignore[valid-type]
 #: The channels a flow may promote to by itself (prod is CI's: ``buildctl promote``).
 AutoChannel = Literal["staging"]
+
+
+@contextmanager
+def published_summary(report: RunReport, key: Callable[[], str], description: str) -> Iterator[RunReport]:
+    """Run the block and publish ``report`` as the run's markdown summary however it ends: a
+    failure is recorded in it (step, one-line cause, what to do next) and raised again. ``key`` is
+    called at the end (a build run's key names the compat key it planned)."""
+    try:
+        yield report
+    except BaseException as err:
+        report.fail(err)
+        raise
+    finally:
+        create_markdown_artifact(key=key(), markdown=report.markdown(), description=description)
 
 
 def bvp_run_name(profile: str, compat_key: str | None) -> str:

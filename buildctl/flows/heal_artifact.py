@@ -6,12 +6,11 @@ from __future__ import annotations
 from typing import Any
 
 from prefect import flow, get_run_logger
-from prefect.artifacts import create_markdown_artifact
 
 from buildctl import healing
 from buildctl.flows.build_validate_publish import build_validate_publish
-from buildctl.flows.common import (BVP_DEPLOYMENT, ChildRunsFailedError, artifact_key, has_work_pool, run_settings,
-                                   short, start_builds, wait_for_children)
+from buildctl.flows.common import (BVP_DEPLOYMENT, ChildRunsFailedError, artifact_key, has_work_pool,
+                                   published_summary, run_settings, short, start_builds, wait_for_children)
 from buildctl.flows.summary import RunReport
 from buildctl.settings import Settings
 from buildctl.context import Context, open_store_of
@@ -63,14 +62,9 @@ def heal_artifact(artifact_id: str, node_id: str | None = None, repair_from: str
     """
     report = RunReport(title=f"heal {short(artifact_id, 22)}")
     report.add("trigger", f"a failed pull on node {node_id}" if node_id else "buildctl.artifact.corrupted or by hand")
-    try:
+    with published_summary(report, lambda: artifact_key("heal", artifact_id.removeprefix("xxh3-128:")[:16]),
+                           f"heal {artifact_id}: what was found and done"):
         return _heal(report, artifact_id, node_id, repair_from, rebuild, store, wait_s)
-    except BaseException as err:
-        report.fail(err)
-        raise
-    finally:
-        create_markdown_artifact(key=artifact_key("heal", artifact_id.removeprefix("xxh3-128:")[:16]),
-                                 markdown=report.markdown(), description=f"heal {artifact_id}: what was found and done")
 
 
 def _heal(report: RunReport, artifact_id: str, node_id: str | None, repair_from: str | None, rebuild: bool,

@@ -7,13 +7,13 @@ from __future__ import annotations
 from typing import Any
 
 from prefect import flow, get_run_logger
-from prefect.artifacts import create_markdown_artifact
 
 from buildctl import fleet, pipeline
 from buildctl.context import open_store_of
 from buildctl.coverage import recheck_needs, recheck_outcome
 from buildctl.engines.fingerprint import parse_fingerprint
-from buildctl.flows.common import ChildRunsFailedError, ProfileName, artifact_key, run_settings, start_builds, wait_for_children
+from buildctl.flows.common import (ChildRunsFailedError, ProfileName, artifact_key, published_summary, run_settings,
+                                   start_builds, wait_for_children)
 from buildctl.flows.reconcile_fleet import reconcile_fleet
 from buildctl.flows.summary import RunReport
 
@@ -53,14 +53,9 @@ def on_driver_upgrade(node_id: str, fingerprint: dict[str, Any], profiles: list[
     """
     report = RunReport(title=f"driver upgrade on {node_id}")
     report.add("trigger", "buildctl.node.driver-upgraded" + (f" (event {event_id})" if event_id else ""))
-    try:
+    with published_summary(report, lambda: artifact_key("driver-upgrade", node_id),
+                           f"{node_id}: what its report found and started"):
         return _on_driver_upgrade(report, node_id, fingerprint, profiles, store, old_fingerprint, event_id, wait_s)
-    except BaseException as err:
-        report.fail(err)
-        raise
-    finally:
-        create_markdown_artifact(key=artifact_key("driver-upgrade", node_id), markdown=report.markdown(),
-                                 description=f"{node_id}: what its report found and started")
 
 
 def _on_driver_upgrade(report: RunReport, node_id: str, fingerprint: dict[str, Any], profiles: list[str] | None,

@@ -76,8 +76,8 @@ def test_each_shipped_profile_renders_a_valid_job_pinned_to_its_compat_key(name,
     (container,) = pod["containers"]
     assert container["resources"]["limits"]["nvidia.com/gpu"] == gpus
     assert {"name": "BUILDCTL_STORE", "value": "s3://engines/buildctl"} in container["env"]
-    # the node the job selects is one whose labels `buildctl node labels` prints
-    labels = {f"buildctl.io/compat-{profile.engine.backend}": key}
+    # the node the job selects is one whose labels `buildctl node labels` prints for that fingerprint
+    labels = fleet.node_labels(settings(), fp)
     assert all(labels.get(e["key"]) in e["values"] for e in term["matchExpressions"])
 
 
