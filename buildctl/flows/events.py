@@ -59,6 +59,8 @@ def related_resources(artifact_id: str | None = None, profile: str | None = None
 
 def _emit(event: str, resource: dict[str, str], payload: dict[str, Any],
           related: list[dict[str, str]] | None = None) -> str | None:
+    """Queue one event on Prefect's events worker (its websocket), for a node's CLI: outside a
+    run it is drained before returning."""
     try:
         from prefect.events import emit_event
         from prefect.settings import PREFECT_API_URL
@@ -82,12 +84,18 @@ def _emit(event: str, resource: dict[str, str], payload: dict[str, Any],
 
 def _deliver(event: str, resource: dict[str, str], payload: dict[str, Any],
              related: list[dict[str, str]] | None = None) -> str | None:
-    """Send one event and wait until the server has it (a websocket ping answered after the send,
-    Prefect's own checkpoint); raise :class:`EventNotDeliveredError` when it could not. ``None``
-    when Prefect is not installed or no API is configured (nothing to deliver to)."""
+    """Send one event and return once the server has taken it: one ``POST /api/events`` through
+    Prefect's own client, which asks again on a busy server (429/503) and on timeouts; inside a
+    run, the run's own resources are related, as Prefect's events worker would. Raise
+    :class:`EventNotDeliveredError` when it could not be delivered. ``None`` when Prefect is not
+    installed or no API is configured (nothing to deliver to).
+
+    Not the events worker: its websocket drops an event after a failed reconnect, with only a log
+    line in the sender, and a busy server made it drop the alerts' events (#30)."""
     try:
+        from prefect.client.orchestration import get_client
         from prefect.events import Event
-        from prefect.events.clients import get_events_client
+        from prefect.events.related import related_resources_from_run_context
         from prefect.settings import PREFECT_API_URL
         from prefect.utilities.asyncutils import run_coro_as_sync
     except ImportError:
@@ -95,25 +103,36 @@ def _deliver(event: str, resource: dict[str, str], payload: dict[str, Any],
     api = PREFECT_API_URL.value()
     if not api:
         return None
-    import logging
-
     ev = Event(event=event, resource=resource, payload=payload, related=related or [])
 
     async def send() -> None:
-        async with get_events_client(reconnection_attempts=2, checkpoint_every=1) as client:
-            await client.emit(ev)
+        async with get_client() as client:
+            ev.related += await related_resources_from_run_context(
+                client, exclude={r.id for r in ev.involved_resources})
+            response = await client.request("POST", "/events", json=[ev.model_dump(mode="json")])
+            response.raise_for_status()
 
-    quiet = logging.getLogger("prefect.events.clients")
-    level = quiet.level
-    quiet.setLevel(logging.CRITICAL)  # its connection warning: the error below says it in one line
     try:
         run_coro_as_sync(send())
     except Exception as err:  # noqa: BLE001 - any failure to reach the server means not delivered
         raise EventNotDeliveredError(f"{event} not delivered to {api}: {type(err).__name__}: "
                                      f"{str(err).splitlines()[0] if str(err) else 'no answer'}") from None
-    finally:
-        quiet.setLevel(level)
     return str(ev.id)
+
+
+def _alert(event: str, resource: dict[str, str], payload: dict[str, Any],
+           related: list[dict[str, str]] | None = None) -> str | None:
+    """Deliver an event a flow run sends for an automation (an alert, a promotion); when the
+    server did not take it, say so at ERROR in the run's log (the record it reports is in the
+    store either way) and leave it to Prefect's events worker to try once more. The run goes on:
+    what it built, checked or rolled back stands."""
+    try:
+        return _deliver(event, resource, payload, related)
+    except EventNotDeliveredError as err:
+        from prefect.logging import get_run_logger
+
+        get_run_logger().error(f"{err}; its automation will not fire unless Prefect's events worker delivers it")
+        return _emit(event, resource, payload, related)
 
 
 def emit_driver_upgraded(node_id: str, payload: dict[str, Any], compat_keys: list[str] | None = None) -> str | None:
@@ -145,7 +164,7 @@ def emit_engine_health(node_id: str, payload: dict[str, Any]) -> str | None:
 
 def emit_artifact_corrupted(artifact_id: str, payload: dict[str, Any]) -> str | None:
     """Emit ``buildctl.artifact.corrupted`` for an artifact the scrub found bad."""
-    return _emit(ARTIFACT_CORRUPTED, {"prefect.resource.id": artifact_resource_id(artifact_id),
+    return _alert(ARTIFACT_CORRUPTED, {"prefect.resource.id": artifact_resource_id(artifact_id),
                                       "prefect.resource.name": artifact_id},
                  {"artifact_id": artifact_id, **payload},
                  related_resources(None, payload.get("profile"), payload.get("compat_key")))
@@ -164,9 +183,9 @@ def emit_validation_outcome(artifact_id: str, verdict: str, payload: dict[str, A
                 "buildctl.verdict": verdict}
     related = related_resources(None, payload.get("profile"), payload.get("compat_key"), payload.get("node_id"))
     body = {"artifact_id": artifact_id, "verdict": verdict, **payload}
-    sent = [_emit(VERDICT_EVENTS.get(verdict, ARTIFACT_VALIDATION_FAILED), resource, body, related)]
+    sent = [_alert(VERDICT_EVENTS.get(verdict, ARTIFACT_VALIDATION_FAILED), resource, body, related)]
     if verdict == "pass" and next_channel:
-        sent.append(_emit(ARTIFACT_PROMOTABLE, {**resource, "buildctl.next-channel": next_channel},
+        sent.append(_alert(ARTIFACT_PROMOTABLE, {**resource, "buildctl.next-channel": next_channel},
                           {**body, "next_channel": next_channel}, related))
     return [e for e in sent if e]
 
@@ -179,7 +198,7 @@ def emit_rollout_halted(payload: dict[str, Any]) -> str | None:
     """Emit ``buildctl.rollout.halted`` from the rollout run that halted a rollout and rolled the
     channel back (payload: the rollout view), on the channel's resource, related to the artifact,
     profile and compat key (an alert automation matches it)."""
-    return _emit(ROLLOUT_HALTED, {"prefect.resource.id": channel_resource_id(payload["profile"], payload["channel"],
+    return _alert(ROLLOUT_HALTED, {"prefect.resource.id": channel_resource_id(payload["profile"], payload["channel"],
                                                                            payload["compat_key"]),
                                   "prefect.resource.name": f"{payload['profile']}/{payload['channel']}"},
                  payload, related_resources(payload.get("artifact_id"), payload.get("profile"), payload.get("compat_key")))

@@ -38,7 +38,7 @@ def ensure_limit(name: str, limit: int) -> None:
     run_async(go())
 
 
-def wait_events(prefix: str, want: int = 1, timeout: float = 60) -> list[dict]:
+def wait_events(prefix: str, want: int = 1, timeout: float = 120) -> list[dict]:
     """The events whose name starts with ``prefix`` on the test API, once ``want`` have arrived
     (the server persists them in batches)."""
     import json
