@@ -113,11 +113,16 @@ def wait_for_children(started: list[dict[str, Any]], wait_s: float) -> list[str]
 
 def work_pool_type(deployment: str) -> str | None:
     """The type of the deployment's work pool (``process``, ``kubernetes``, ...); None when it has
-    none (a served deployment)."""
+    none (a served deployment) or the server has no such deployment (its flows called directly):
+    then the caller's own process does the work."""
     from prefect.client.orchestration import get_client
+    from prefect.exceptions import ObjectNotFound
 
     with get_client(sync_client=True) as client:
-        pool = client.read_deployment_by_name(deployment).work_pool_name
+        try:
+            pool = client.read_deployment_by_name(deployment).work_pool_name
+        except ObjectNotFound:
+            return None
         return client.read_work_pool(pool).type if pool else None
 
 
