@@ -7,8 +7,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from prefect import flow
+from prefect import flow, get_run_logger
 from prefect.artifacts import create_table_artifact
+from prefect.states import Failed, State
 
 from buildctl import healing
 from buildctl.artifact_store.errors import ScrubFoundCorruptionError
@@ -27,7 +28,7 @@ def _scrub_run_name() -> str:
 
 @flow(name="scrub-store", flow_run_name=_scrub_run_name, log_prints=True)
 def scrub_store(sample: float = 1.0, channels_only: bool = False, budget_gib: float | None = None,
-                store: str | None = None) -> dict[str, Any]:
+                store: str | None = None) -> dict[str, Any] | State:
     """Deep-verify the store, channel-referenced artifacts first; quarantine and report every failure
     as a ``buildctl.artifact.corrupted`` event (an automation heals it); then fail the run
     (:class:`ScrubFoundCorruptionError`) when any artifact was corrupt.
@@ -54,6 +55,11 @@ def scrub_store(sample: float = 1.0, channels_only: bool = False, budget_gib: fl
     if rows:
         create_table_artifact(key="scrub-store", table=rows, description="scrub: every artifact checked")
     if report.corrupt:  # after the whole scrub: every artifact checked, every event sent
-        raise ScrubFoundCorruptionError([r.artifact_id for r in report.corrupt])
+        # A Failed state, not a raise: the run fails with the one-line cause and no traceback in
+        # its log (a found corruption is the scrub's finding, not a crash); a caller of the flow
+        # still gets the error raised.
+        err = ScrubFoundCorruptionError([r.artifact_id for r in report.corrupt])
+        get_run_logger().error(str(err))
+        return Failed(message=str(err), data=err)
     return {"checked_bytes": report.checked_bytes, "corrupt": [], "rows": rows, "events": events,
             "skipped_records": [{"key": k, "why": why} for k, why in report.skipped]}

@@ -60,6 +60,23 @@ def wait_events(prefix: str, want: int = 1, timeout: float = 120) -> list[dict]:
     return got
 
 
+def run_logs(flow_run_id) -> list[str]:
+    """The messages a flow run logged to the test API."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+
+    async def go():
+        async with get_client() as c:
+            return await c.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])))
+
+    deadline = time.monotonic() + 30  # logs reach the API in batches
+    while not (got := [log.message for log in run_async(go())]) or not any("Finished in state" in m for m in got):
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    return got
+
+
 def read_artifact(key: str):
     from prefect.artifacts import Artifact
 
@@ -193,6 +210,8 @@ def test_scrub_store_flow_quarantines_and_emits_an_event_per_corrupt_artifact(pr
     rot(store, digest, "flip")
     state = scrub_store(store=uri, return_state=True)
     assert state.is_failed() and ids[1] in state.message, state.message  # #30: it used to end Completed
+    logs = run_logs(state.state_details.flow_run_id)
+    assert any(ids[1] in m for m in logs) and not any("Traceback" in m for m in logs), logs  # the cause, in one line
     assert active_quarantine(store, ids[1]) is not None and active_quarantine(store, ids[0]) is None
     rows = read_artifact("scrub-store").data  # the whole scrub ran before the run failed
     assert all(i in str(rows) for i in ids) and "corrupt" in str(rows)
