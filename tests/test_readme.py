@@ -3,12 +3,9 @@ exists with the options it uses, and the Prefect quick start completes on one ho
 
 from __future__ import annotations
 
-import os
 import re
 import shlex
 import shutil
-import signal
-import subprocess
 import time
 
 import pytest
@@ -17,8 +14,7 @@ import typer
 from buildctl.artifact_store.backend import open_store
 from buildctl.engines.fingerprint import detect
 
-from .support.helpers import REPO, write_attestation
-from .support.s3server import free_ports
+from .support.helpers import REPO, checkout_like, run_docs_block, write_attestation
 
 README = (REPO / "README.md").read_text()
 
@@ -76,31 +72,13 @@ def test_the_prefect_quick_start_completes_as_written(tmp_path, tiny_build):
     checkout after ``make demo`` (the demo store holds the tiny build and a passing attestation,
     so the run is a cache hit). Only the port differs: 4200 may be taken here."""
     block = block_after("Quick start with Prefect")
-    (port,) = free_ports(1)
-    work = tmp_path / "checkout"
-    work.mkdir()
-    for name in (".venv", "build_profiles", "prefect.yaml"):
-        (work / name).symlink_to(REPO / name)
+    work = checkout_like(tmp_path / "checkout")
     shutil.copytree(tiny_build["root"] / "store", work / ".demo" / "store")
     demo = open_store(str(work / ".demo" / "store"))
     write_attestation(demo, tiny_build["outcome"].artifact_id, tiny_build["outcome"].compat_key,
                       validator=detect())  # judged on this host: its soft values are covered
-    script = block.replace("4200", str(port)) + "\nstatus=$?\nkill %1 %2 2>/dev/null\nwait\nexit $status\n"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "BUILDCTL_", "VIRTUAL_ENV"))}
     t0 = time.monotonic()
-    proc = subprocess.Popen(["bash", "-c", script], cwd=work, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=420)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        pytest.fail("the quick start did not finish in 420 s:\n" + out[-3000:]
-                    + (work / ".prefect-serve.log").read_text(errors="replace")[-3000:])
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+    out = run_docs_block(block, work, 420, ".prefect-serve.log")
     serve_log = (work / ".prefect-serve.log").read_text(errors="replace")
-    assert proc.returncode == 0, out[-3000:] + serve_log[-3000:]
     assert "Completed" in out and "already validated" in serve_log, out[-2000:] + serve_log[-3000:]
     assert time.monotonic() - t0 < 420

@@ -165,9 +165,9 @@ def emit_engine_health(node_id: str, payload: dict[str, Any]) -> str | None:
 def emit_artifact_corrupted(artifact_id: str, payload: dict[str, Any]) -> str | None:
     """Emit ``buildctl.artifact.corrupted`` for an artifact the scrub found bad."""
     return _alert(ARTIFACT_CORRUPTED, {"prefect.resource.id": artifact_resource_id(artifact_id),
-                                      "prefect.resource.name": artifact_id},
-                 {"artifact_id": artifact_id, **payload},
-                 related_resources(None, payload.get("profile"), payload.get("compat_key")))
+                                       "prefect.resource.name": artifact_id},
+                  {"artifact_id": artifact_id, **payload},
+                  related_resources(None, payload.get("profile"), payload.get("compat_key")))
 
 
 def emit_validation_outcome(artifact_id: str, verdict: str, payload: dict[str, Any],
@@ -186,7 +186,7 @@ def emit_validation_outcome(artifact_id: str, verdict: str, payload: dict[str, A
     sent = [_alert(VERDICT_EVENTS.get(verdict, ARTIFACT_VALIDATION_FAILED), resource, body, related)]
     if verdict == "pass" and next_channel:
         sent.append(_alert(ARTIFACT_PROMOTABLE, {**resource, "buildctl.next-channel": next_channel},
-                          {**body, "next_channel": next_channel}, related))
+                           {**body, "next_channel": next_channel}, related))
     return [e for e in sent if e]
 
 
@@ -199,6 +199,6 @@ def emit_rollout_halted(payload: dict[str, Any]) -> str | None:
     channel back (payload: the rollout view), on the channel's resource, related to the artifact,
     profile and compat key (an alert automation matches it)."""
     return _alert(ROLLOUT_HALTED, {"prefect.resource.id": channel_resource_id(payload["profile"], payload["channel"],
-                                                                           payload["compat_key"]),
-                                  "prefect.resource.name": f"{payload['profile']}/{payload['channel']}"},
-                 payload, related_resources(payload.get("artifact_id"), payload.get("profile"), payload.get("compat_key")))
+                                                                            payload["compat_key"]),
+                                   "prefect.resource.name": f"{payload['profile']}/{payload['channel']}"},
+                  payload, related_resources(payload.get("artifact_id"), payload.get("profile"), payload.get("compat_key")))

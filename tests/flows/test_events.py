@@ -19,8 +19,8 @@ def server_events(name: str) -> list:
 
 
 def test_an_alert_event_from_a_run_is_on_the_server_when_the_emitter_returns(prefect_api):
-    """CI (#30): a busy server made the test process's events worker fail a websocket reconnect and
-    drop its queue, so the scrub's ``buildctl.artifact.corrupted`` and the build's verdict events
+    """CI (#30): a busy server made the test process's events worker fail its websocket reconnects and
+    drop the events it held, so the scrub's ``buildctl.artifact.corrupted`` and the build's verdict events
     never arrived and no automation could fire. Here the events worker's websocket points at a port
     nobody listens on; the alert must still be on the server, related to its run, when the emitter
     returns."""

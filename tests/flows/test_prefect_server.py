@@ -21,7 +21,7 @@ from buildctl.engines.fingerprint import detect
 from buildctl.artifact_store.authority import Authority
 from buildctl.context import Context
 
-from ..support.helpers import REPO, rot
+from ..support.helpers import REPO, checkout_like, rot, run_docs_block
 from ..support.s3server import free_ports
 
 pytestmark = pytest.mark.slow
@@ -534,27 +534,9 @@ def test_the_work_pool_quick_start_completes_as_written(tmp_path):
     text = (REPO / "docs" / "prefect.md").read_text()
     section = text.split("### Work pools on a fresh server\n", 1)[1].split("\n### ", 1)[0]
     (block,) = re.findall(r"^```bash\n(.*?)^```$", section, re.S | re.M)
-    (port,) = free_ports(1)
-    work = tmp_path / "checkout"
-    work.mkdir()
-    for name in (".venv", "build_profiles", "prefect.yaml"):
-        (work / name).symlink_to(REPO / name)
-    script = block.replace("4200", str(port)) + "\nstatus=$?\nkill %1 %2 2>/dev/null\nwait\nexit $status\n"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "BUILDCTL_", "VIRTUAL_ENV"))}
-    proc = subprocess.Popen(["bash", "-c", script], cwd=work, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=900)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        pytest.fail("the work-pool quick start did not finish in 900 s:\n" + out[-3000:]
-                    + (work / ".prefect-worker.log").read_text(errors="replace")[-3000:])
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+    work = checkout_like(tmp_path / "checkout")
+    out = run_docs_block(block, work, 900, ".prefect-worker.log")
     worker_log = (work / ".prefect-worker.log").read_text(errors="replace")
-    assert proc.returncode == 0, out[-3000:] + worker_log[-3000:]
     key = detect().compat_key("aoti")
     assert f"polls {key}" in worker_log and "(created)" in worker_log, worker_log[-2000:]
     assert re.search(r"Flow run .* entered state 'Completed'|Completed", out), out[-2000:]

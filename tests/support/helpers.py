@@ -222,3 +222,43 @@ def staged(store, artifact_id: str, compat_key: str | None = None) -> str:
 
     set_channel(store, artifact_id, get_manifest(store, artifact_id), "staging", compat_key=compat_key)
     return artifact_id
+
+
+def checkout_like(root: Path) -> Path:
+    """A directory holding what a checkout after ``make demo`` holds for the docs' Prefect
+    blocks: the virtual environment, the profiles and prefect.yaml."""
+    root.mkdir()
+    for name in (".venv", "build_profiles", "prefect.yaml"):
+        (root / name).symlink_to(REPO / name)
+    return root
+
+
+def run_docs_block(block: str, work: Path, timeout: float, log: str) -> str:
+    """Run a docs bash block by bash as written, in ``work``, with a free port for 4200 (it may be
+    taken here) and none of the test's PREFECT_/BUILDCTL_ variables; kill its background jobs
+    after. Fail the test when it runs past ``timeout`` or exits non-zero, with the tail of its
+    output and of ``work/log``; return its output."""
+    import os
+    import signal
+    import subprocess
+
+    from .s3server import free_ports
+
+    (port,) = free_ports(1)
+    script = block.replace("4200", str(port)) + "\nstatus=$?\nkill %1 %2 2>/dev/null\nwait\nexit $status\n"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "BUILDCTL_", "VIRTUAL_ENV"))}
+    proc = subprocess.Popen(["bash", "-c", script], cwd=work, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    tail = lambda: (work / log).read_text(errors="replace")[-3000:] if (work / log).exists() else ""  # noqa: E731
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        pytest.fail(f"the block did not finish in {timeout:.0f} s:\n" + out[-3000:] + tail())
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    if proc.returncode != 0:
+        pytest.fail(f"the block exited {proc.returncode}:\n" + out[-3000:] + tail())
+    return out
