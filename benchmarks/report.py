@@ -4,7 +4,9 @@ throughput against the physical limit."""
 from __future__ import annotations
 
 import json
+import os
 import time
+from pathlib import Path
 
 from benchmarks.common import RESULTS, machine, spread
 
@@ -43,17 +45,35 @@ def chart(hashing: dict, transfer: dict | None) -> str | None:
     return out.name
 
 
+def measured_on(result: Path) -> str:
+    """When a result was measured: its file's last commit date, or "now" for one not committed
+    yet (a rerun of one benchmark must not re-date the others)."""
+    import subprocess
+
+    try:
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", str(result)], capture_output=True, text=True,
+                               cwd=RESULTS, timeout=10).stdout.strip()
+        date = subprocess.run(["git", "log", "-1", "--format=%cd", "--date=format:%Y-%m-%d %H:%M UTC", "--",
+                               str(result)], capture_output=True, text=True, cwd=RESULTS, timeout=10,
+                              env={**os.environ, "TZ": "UTC"}).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "at an unknown time (no git)"
+    if dirty or not date:
+        return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()) + " (not committed yet)"
+    return date
+
+
 def main() -> int:
-    parts = [f"# buildctl benchmarks\n\nMeasured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} on "
-             f"{machine()}. Every method runs at least 5 times, interleaved with the others it is compared "
-             "with; figures are medians with the min-max, and ratios are taken per round. Absolute numbers "
-             "drift on this machine.\n"]
+    parts = [f"# buildctl benchmarks\n\nAssembled {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} from "
+             f"the per-benchmark results on {machine()}; each section says when it was measured. Every method "
+             "runs at least 5 times, interleaved with the others it is compared with; figures are medians "
+             "with the min-max, and ratios are taken per round. Absolute numbers drift on this machine.\n"]
     summaries = {}
     for name in ORDER:
         md, js = RESULTS / f"{name}.md", RESULTS / f"{name}.json"
         if md.exists() and js.exists():
             summaries[name] = json.loads(js.read_text())
-            parts.append(md.read_text())
+            parts.append(f"_{name}: measured {measured_on(js)}_\n\n" + md.read_text())
     if "hashing" in summaries:
         png = chart(summaries["hashing"], summaries.get("transfer"))
         if png:
