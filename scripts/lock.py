@@ -1,5 +1,5 @@
 """The lock: ``requirements.lock`` pins every package ``make install`` installs, resolved for
-Python 3.11 (the venv's) on x86-64 Linux, and ``make install`` installs through it (``pip install -c``).
+Python 3.11 (the venv's) on x86-64 Linux, and ``make install`` installs exactly its pins (``uv pip install --no-deps``).
 
     python scripts/lock.py check [--installed]
 
