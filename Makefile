@@ -96,7 +96,7 @@ test-deps:
 # The suite less the end-to-end tests marked slow (they build, validate against vLLM and run real
 # Prefect servers for minutes each); .ci/run runs `make test` and then `make test-slow`.
 test: install test-deps docs
-	$(PY) -m pytest -m "not slow" -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not slow" -n $(TEST_WORKERS) $(PYTEST_ARGS)
 
 test-slow: install test-deps
 	$(PY) -m pytest -m slow --durations=15 $(PYTEST_ARGS)

@@ -45,15 +45,6 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
                                     "under buildctl/")
 
 
-def pytest_collection_modifyitems(config, items) -> None:
-    """Under pytest-xdist (``make test``: ``--dist loadgroup``), every test that needs the session's
-    real aoti build (:func:`tiny_build`) runs on one worker: the suite compiles the engine once,
-    not once per worker (each took about 95 s of a core)."""
-    for item in items:
-        if "tiny_build" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.xdist_group("tiny_build"))
-
-
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--hog", action="store_true",
                      help="run the session with one busy-looping process per core (the speed gate's verdicts "
