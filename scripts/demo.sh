@@ -73,7 +73,8 @@ print("== summary")
 rows = [
     ("artifact", f["artifact_id"]),
     ("build", "cache hit (no builder ran)" if f["cache_hit"] else f"built in {f['build_s']:.1f}s"),
-    ("parity", f"{att['parity']['identical']}/{att['parity']['prompts']} identical, max |dlogprob| {att['parity']['max_abs_logprob_diff']:.1e}"),
+    ("parity", f"{att['parity']['identical']}/{att['parity']['prompts']} identical, max |dlogprob| {att['parity']['max_abs_logprob_diff']:.1e}"
+               + "".join(f"; staggered c={s['concurrency']}: {s['identical']}/{s['prompts']}" for s in att["parity"].get("staggered", []))),
     ("throughput ratio", ", ".join(f"c={l['concurrency']}: {ratio(l, 'throughput')}" for l in levels)),
     ("p99 TTFT ratio", ", ".join(f"c={l['concurrency']}: {ratio(l, 'ttft_p99')}" for l in levels)),
     ("verdict", att["verdict"] + f" (attested {att['created_at']}, attestation {f['attestation_id']})"),

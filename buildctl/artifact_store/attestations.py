@@ -56,6 +56,20 @@ class PromptParityRecord(_Frozen):
     max_abs_logprob_diff: float = Field(0.0, description="Largest |logprob difference| over the common prefix.")
 
 
+class StaggeredParity(_Frozen):
+    """Parity of one in-flight batching run: requests with their own ``max_tokens`` arriving
+    mid-run, each compared with the same prompt's solo reference output (its first ``max_tokens``
+    tokens: greedy decoding), by the same rule."""
+
+    concurrency: int = Field(..., ge=1, description="Requests in flight at most.")
+    prompts: int = Field(..., ge=0, description="Requests compared.")
+    identical: int = Field(..., ge=0, description="Requests with identical tokens.")
+    close: int = Field(..., ge=0, description="Requests that diverged inside the top-k.")
+    failed: int = Field(..., ge=0, description="Requests that diverged outside the top-k.")
+    max_abs_logprob_diff: float = Field(..., description="Largest |logprob difference| over all requests.")
+    per_prompt: tuple[PromptParityRecord, ...] = Field((), description="Each request's comparison (index: the prompt's).")
+
+
 class ParitySummary(_Frozen):
     """Output parity against the vLLM reference."""
 
@@ -68,6 +82,8 @@ class ParitySummary(_Frozen):
     min_identical_fraction: float = Field(..., description="The profile's required identical fraction.")
     max_abs_logprob_diff: float = Field(..., description="Largest |logprob difference| over all prompts.")
     per_prompt: tuple[PromptParityRecord, ...] = Field((), description="Each prompt's comparison.")
+    staggered: tuple[StaggeredParity, ...] = Field((), description="In-flight batching runs (engines that batch in "
+                                                   "flight; absent before aoti format 2).")
 
 
 class SideSpeed(_Frozen):
@@ -286,6 +302,20 @@ def recomputed_verdict(att: Attestation) -> tuple[str, list[str]]:
         if identical < t.min_identical_fraction:
             reasons.append(f"parity: {identical:.0%} identical, the thresholds require {t.min_identical_fraction:.0%}")
         verdicts.append("fail" if failed or identical < t.min_identical_fraction else "pass")
+    for st in p.staggered:
+        records = [x for x in st.per_prompt if x.status == "failed"]
+        identical = sum(x.status == "identical" for x in st.per_prompt) / max(1, len(st.per_prompt))
+        if st.prompts == 0 or len(st.per_prompt) != st.prompts:
+            reasons.append(f"parity at concurrency {st.concurrency} (staggered): {len(st.per_prompt)} records for "
+                           f"{st.prompts} requests")
+        if records:
+            reasons.append(f"parity at concurrency {st.concurrency} (staggered): prompts "
+                           f"{[x.index for x in records][:5]} diverged outside the top-k")
+        if identical < t.min_identical_fraction:
+            reasons.append(f"parity at concurrency {st.concurrency} (staggered): {identical:.0%} identical, the "
+                           f"thresholds require {t.min_identical_fraction:.0%}")
+        bad = st.prompts == 0 or len(st.per_prompt) != st.prompts or records or identical < t.min_identical_fraction
+        verdicts.append("fail" if bad else "pass")
     levels = {lv.concurrency: lv for lv in att.speed.levels}
     for c in t.concurrency:
         lv = levels.get(c)

@@ -1,23 +1,29 @@
 """The aoti backend: a real, environment-bound engine compiled with torch AOTInductor.
 
-The build exports a logits-only forward with dynamic batch and sequence dimensions and compiles
-it into ``model.pt2`` in an isolated subprocess, for a portable ISA by default
-(``ATEN_CPU_CAPABILITY=avx2``, ``TORCHINDUCTOR_CPP_MARCH=x86-64-v3``) because ``-march=native``
-output may crash on another CPU. Precompiled headers are off and the inductor cache and temp
-files stay inside the build's own temp dir.
+The build exports the two graphs of a Llama with a KV cache (:mod:`buildctl.engines.kv_llama`:
+a prefill graph and a decode graph) and compiles each into a package, ``prefill.pt2`` and
+``decode.pt2``, in an isolated subprocess (:mod:`buildctl.engines.aoti_compile`), for a portable
+ISA by default (``ATEN_CPU_CAPABILITY=avx2``, ``TORCHINDUCTOR_CPP_MARCH=x86-64-v3``) because
+``-march=native`` output may crash on another CPU. Precompiled headers are off and the inductor
+cache and temp files stay inside the build's own temp dir. Only the Llama family is supported:
+the build refuses another architecture before compiling.
 
 AOTInductor's own metadata records only device, platform and ISA, so the build adds a record
-(``engine.json``, also embedded in the package metadata) with the compat key and its fields,
-torch and compiler versions, ISA, dtype and model digest. Loading refuses an engine whose
-record's compat key differs from this host's, naming each difference.
+(``engine.json``, also embedded in both packages' metadata) with the compat key and its fields,
+torch and compiler versions, ISA, dtype, model digest and the KV cache's shape and size (from
+``max_batch_size`` x ``max_seq_len``). Loading refuses an engine whose record's compat key
+differs from this host's, naming each difference.
 
-There is no KV cache: each step recomputes the whole prefix (about 2,000 tok/s on the tiny
-model on 2 cores). Prompts of equal length are batched.
+The runner owns the cache and batches in flight (:mod:`buildctl.engines.batching`): requests
+join and leave at every step. Engines of record format 1 (one ``model.pt2`` graph, no KV cache,
+built before format 2) still load and generate, so stores written before keep serving.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import math
 import os
 import shutil
 import sys
@@ -27,6 +33,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Iterator
 
 from buildctl.engines.backend import BuildResult, Generation, TokenEvent
+from buildctl.engines.batching import ContinuousBatcher, Request
 from buildctl.engines.compat import CompatField, Floor, version_tuple
 from buildctl.engines.errors import EngineBuildError, EngineLoadError, IncompatibleTargetError
 from buildctl.engines.fingerprint import Fingerprint, compiler_major, host_fingerprint
@@ -34,8 +41,12 @@ from buildctl.engines.isolate import run_step
 from buildctl.engines.profile import BuildProfile, EngineSpec, rule_error
 from buildctl.settings import Settings
 
-RECORD_FORMAT = 1
-ENGINE_FILES = ("model.pt2", "engine.json")
+log = logging.getLogger(__name__)
+
+RECORD_FORMAT = 2
+ENGINE_FILES = ("decode.pt2", "engine.json", "prefill.pt2")
+# The files of each record format this version loads (format 1: one logits graph, no KV cache).
+FORMAT_FILES = {1: ("engine.json", "model.pt2"), 2: ENGINE_FILES}
 ISA_ENV = {
     "avx2": {"ATEN_CPU_CAPABILITY": "avx2", "TORCHINDUCTOR_CPP_MARCH": "x86-64-v3"},
     "avx512": {"ATEN_CPU_CAPABILITY": "avx512", "TORCHINDUCTOR_CPP_MARCH": "x86-64-v4"},
@@ -76,8 +87,18 @@ FLOORS: tuple[Floor, ...] = (
 )
 
 
+def cache_shape(config: dict[str, Any], max_batch: int, max_seq: int) -> list[int]:
+    """The runner's KV cache: ``[layers, 2, max_batch, kv_heads, max_seq, head_dim]``."""
+    heads = int(config["num_attention_heads"])
+    head_dim = int(config.get("head_dim") or int(config["hidden_size"]) // heads)
+    return [int(config["num_hidden_layers"]), 2, max_batch, int(config.get("num_key_value_heads") or heads), max_seq,
+            head_dim]
+
+
 def build_record(profile: BuildProfile, fingerprint: Fingerprint, model_dir: Path, model_digest: str | None) -> dict[str, Any]:
     config = json.loads((model_dir / "config.json").read_text())
+    shape = cache_shape(config, profile.engine.max_batch_size, profile.engine.max_seq_len)
+    itemsize = 2 if profile.model.dtype in ("float16", "bfloat16") else 4
     return {
         "format": RECORD_FORMAT,
         "backend": "aoti",
@@ -96,20 +117,27 @@ def build_record(profile: BuildProfile, fingerprint: Fingerprint, model_dir: Pat
         "max_batch_size": profile.engine.max_batch_size,
         "vocab_size": config.get("vocab_size"),
         "eos_token_id": config.get("eos_token_id"),
+        "architecture": (config.get("architectures") or [None])[0],
+        "cache_shape": shape,
+        "cache_bytes": math.prod(shape) * itemsize,
+        "prefill_tokens": profile.engine.max_num_tokens or profile.engine.max_input_len,
     }
 
 
 def read_record(engine_dir: Path) -> dict[str, Any]:
-    for name in ENGINE_FILES:
+    p = engine_dir / "engine.json"
+    if not p.is_file() or p.stat().st_size == 0:
+        raise EngineLoadError(str(engine_dir), "engine.json is missing or empty")
+    try:
+        record = json.loads(p.read_text())
+    except (OSError, ValueError) as err:
+        raise EngineLoadError(str(engine_dir), f"engine.json unreadable: {err}") from None
+    if not isinstance(record, dict) or record.get("format") not in FORMAT_FILES or record.get("backend") != "aoti":
+        raise EngineLoadError(str(engine_dir), "engine.json is not an aoti build record of a known format")
+    for name in FORMAT_FILES[record["format"]]:
         p = engine_dir / name
         if not p.is_file() or p.stat().st_size == 0:
             raise EngineLoadError(str(engine_dir), f"{name} is missing or empty")
-    try:
-        record = json.loads((engine_dir / "engine.json").read_text())
-    except (OSError, ValueError) as err:
-        raise EngineLoadError(str(engine_dir), f"engine.json unreadable: {err}") from None
-    if not isinstance(record, dict) or record.get("format") != RECORD_FORMAT or record.get("backend") != "aoti":
-        raise EngineLoadError(str(engine_dir), "engine.json is not an aoti build record of a known format")
     return record
 
 
@@ -160,9 +188,12 @@ class AotiBackend:
             "compiler_major": compiler_major(fingerprint.compiler_version),
         }
 
+    engine_format: ClassVar[int] = RECORD_FORMAT
+
     @staticmethod
     def recognises(engine_dir: Path) -> bool:
-        return (engine_dir / "engine.json").is_file() and (engine_dir / "model.pt2").is_file()
+        return (engine_dir / "engine.json").is_file() and any(
+            all((engine_dir / n).is_file() for n in files) for files in FORMAT_FILES.values())
 
     @staticmethod
     def check_engine_spec(spec: EngineSpec) -> None:
@@ -191,6 +222,14 @@ class AotiBackend:
         opts = profile.engine.resolved_aoti
         if opts.device == "cuda" and not fingerprint.gpus:
             raise IncompatibleTargetError("aoti device cuda needs a GPU", {"gpus": ("at least one", "none")})
+        from buildctl.engines.kv_llama import check_supported
+
+        try:
+            problems = check_supported(json.loads((Path(model_dir) / "config.json").read_text()))
+        except (OSError, ValueError) as err:
+            raise EngineBuildError("aoti", "error", f"the checkpoint's config.json is unreadable: {err}") from None
+        if problems:
+            raise EngineBuildError("aoti", "error", f"aoti builds Llama-family checkpoints only: {'; '.join(problems)}")
         out_dir = Path(out_dir)
         if out_dir.exists():
             raise EngineBuildError("aoti", "error", f"output directory {out_dir} already exists")
@@ -220,11 +259,11 @@ class AotiBackend:
         return BuildResult(engine_dir=out_dir, files=sorted(ENGINE_FILES), log_path=log_path, wall_s=wall,
                            tool_versions={"torch": fingerprint.torch_version, "compiler": fingerprint.compiler_version})
 
-    def load(self, engine_dir: Path) -> "AotiRunner":
+    def load(self, engine_dir: Path) -> "AotiRunner | AotiRunnerV1":
         engine_dir = Path(engine_dir)
         record = read_record(engine_dir)
         check_compat(engine_dir, record, host_fingerprint(self.settings))
-        return AotiRunner(engine_dir, record)
+        return AotiRunner(engine_dir, record) if record["format"] == 2 else AotiRunnerV1(engine_dir, record)
 
     def preflight(self, engine_dir: Path) -> None:
         runner = self.load(engine_dir)
@@ -234,8 +273,10 @@ class AotiBackend:
             runner.close()
 
 
-class AotiRunner:
-    """Greedy generation on a loaded AOTInductor package (no KV cache)."""
+class AotiRunnerV1:
+    """Greedy generation on an engine of record format 1: one AOTInductor graph from ids to
+    logits, no KV cache (each step recomputes the prefix), prompts of equal length batched in
+    static waves."""
 
     name = "aoti"
 
@@ -335,3 +376,71 @@ class AotiRunner:
 
     def close(self) -> None:
         self.model = None
+
+
+class _Packages:
+    """The two loaded graphs as the batcher's :class:`~buildctl.engines.batching.KVModel`."""
+
+    def __init__(self, prefill: Any, decode: Any, shape: list[int]) -> None:
+        self._prefill, self._decode = prefill, decode
+        self.layers, self.kv_heads, self.head_dim = shape[0], shape[3], shape[5]
+
+    def prefill(self, ids: Any, last: Any) -> tuple[Any, Any]:
+        return self._prefill(ids, last)
+
+    def decode(self, tokens: Any, positions: Any, mask: Any, cache: Any) -> tuple[Any, Any]:
+        return self._decode(tokens, positions, mask, cache)
+
+
+class AotiRunner:
+    """Greedy generation on a loaded engine of record format 2: the prefill and decode packages,
+    a KV cache of the record's shape owned here, and in-flight batching
+    (:class:`~buildctl.engines.batching.ContinuousBatcher`)."""
+
+    name = "aoti"
+
+    def __init__(self, engine_dir: Path, record: dict[str, Any]) -> None:
+        from torch._inductor import aoti_load_package
+
+        self.record = record
+        graphs = {}
+        for name in ("prefill", "decode"):
+            try:
+                graphs[name] = aoti_load_package(str(engine_dir / f"{name}.pt2"))
+            except Exception as err:
+                raise EngineLoadError(str(engine_dir), f"AOTInductor could not load {name}.pt2: {err}") from None
+            embedded = graphs[name].get_metadata().get("buildctl_record")
+            if embedded is None or json.loads(embedded) != record:
+                raise EngineLoadError(str(engine_dir), f"engine.json does not match the record embedded in {name}.pt2")
+        shape = [int(x) for x in record["cache_shape"]]
+        if shape[2] != int(record["max_batch_size"]) or shape[4] != int(record["max_seq_len"]):
+            raise EngineLoadError(str(engine_dir), "engine.json's cache shape does not match its batch size and length")
+        self.max_seq_len = int(record["max_seq_len"])
+        self.max_batch = int(record["max_batch_size"])
+        self.batcher: ContinuousBatcher | None = ContinuousBatcher(
+            _Packages(graphs["prefill"], graphs["decode"], shape), max_batch=self.max_batch,
+            max_seq=self.max_seq_len, prefill_tokens=int(record["prefill_tokens"]))
+        log.info("aoti engine %s: KV cache %s, %.1f MiB", engine_dir, shape, record["cache_bytes"] / 2**20)
+
+    def _batcher(self) -> ContinuousBatcher:
+        if self.batcher is None:
+            raise EngineLoadError(str(self.record.get("profile")), "the engine was closed")
+        return self.batcher
+
+    def generate_requests(self, requests: list[Request], top_logprobs: int, concurrency: int | None = None) -> list[Generation]:
+        """Each request with its own ``max_tokens`` and arrival step: requests join and leave mid-run."""
+        return self._batcher().run(requests, top_logprobs, concurrency=concurrency)
+
+    def generate(self, prompts: list[list[int]], max_tokens: int, top_logprobs: int) -> list[Generation]:
+        return self.generate_requests([Request(p, max_tokens) for p in prompts], top_logprobs)
+
+    def stream(self, prompts: list[list[int]], max_tokens: int, concurrency: int) -> Iterator[TokenEvent]:
+        """``concurrency`` requests in flight; the next one arrives when one finishes. Events come
+        after each step, stamped when they happened."""
+        requests = [Request(p, max_tokens) for p in prompts]
+        out = [Generation(token_ids=[], top_logprobs=[]) for _ in requests]
+        for i, tok, t in self._batcher().events(requests, out, 0, concurrency=max(1, concurrency)):
+            yield TokenEvent(i, tok, t)
+
+    def close(self) -> None:
+        self.batcher = None

@@ -1,9 +1,19 @@
 """The aoti build step, run in its own subprocess by :mod:`engines.aoti`.
 
-``python -m buildctl.engines.aoti_compile --model DIR --out DIR --record FILE`` exports a logits-only
-forward (input_ids -> logits) of the HF checkpoint with dynamic batch and sequence dimensions,
-compiles it with AOTInductor into ``model.pt2``, and embeds the build record (read from
-``--record``) in the package metadata. It prints progress lines to stdout (the build log).
+``python -m buildctl.engines.aoti_compile --model DIR --out DIR --record FILE`` exports the two
+graphs of a Llama with a KV cache (:mod:`buildctl.engines.kv_llama`) and compiles each with
+AOTInductor, embedding the build record (read from ``--record``) in both packages' metadata:
+
+* ``prefill.pt2``: prompts ``[n, S]`` (``n`` up to ``max_batch_size``, ``S`` from 2 to
+  ``max_seq_len``) to the next token's log-probabilities and every position's keys and values;
+* ``decode.pt2``: one token per live request against the cache, ``[layers, 2, B, kv_heads, T,
+  head_dim]`` with ``T`` from 2 to ``max_seq_len - 1`` (a dynamic length equal to the cache's
+  fails the export).
+
+The decode graph is exported on a slice of a full-size cache, ``[layers, 2, max_batch_size,
+kv_heads, max_seq_len, head_dim]``: AOTInductor keeps the example's strides, so the runner passes
+slices of its own cache of exactly that shape without a copy. It prints progress lines to stdout
+(the build log).
 """
 
 from __future__ import annotations
@@ -26,38 +36,38 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
     from torch.export import Dim
-    from transformers import AutoModelForCausalLM
 
-    dtype = getattr(torch, record["dtype"])
+    from buildctl.engines.kv_llama import Decode, EagerKVModel, Prefill
+
     print(f"[aoti] torch {torch.__version__}, loading {args.model} as {record['dtype']}", flush=True)
-    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=dtype)
-    model.eval()
-
-    class LogitsOnly(torch.nn.Module):
-        def __init__(self, inner: torch.nn.Module) -> None:
-            super().__init__()
-            self.inner = inner
-
-        def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-            return self.inner(input_ids=input_ids, use_cache=False).logits
-
-    wrapper = LogitsOnly(model).eval()
-    example = torch.randint(4, 100, (2, 8), dtype=torch.long)
-    dynamic = {"input_ids": {0: Dim("batch", min=1, max=record["max_batch_size"]),
-                             1: Dim("seq", min=2, max=record["max_seq_len"])}}
+    model = EagerKVModel(args.model, record["dtype"])
+    batch, seq = int(record["max_batch_size"]), int(record["max_seq_len"])
+    cache = torch.zeros(record["cache_shape"], dtype=getattr(torch, record["dtype"]))
+    print(f"[aoti] KV cache {list(cache.shape)}: {cache.numel() * cache.element_size() / 2**20:.1f} MiB "
+          f"(max_batch_size {batch} x max_seq_len {seq})", flush=True)
+    n, s = Dim("n", min=1, max=batch), Dim("s", min=2, max=seq)
+    b, t = Dim("b", min=1, max=batch), Dim("t", min=2, max=seq - 1)
     with torch.no_grad():
-        ep = torch.export.export(wrapper, (example,), dynamic_shapes=dynamic, strict=False)
-    print(f"[aoti] exported in {time.monotonic() - t0:.1f}s; compiling", flush=True)
+        prefill = torch.export.export(
+            Prefill(model.weights).eval(), (torch.randint(4, 100, (2, 8)), torch.tensor([7, 5])),
+            dynamic_shapes={"ids": {0: n, 1: s}, "last": {0: n}}, strict=False)
+        decode = torch.export.export(
+            Decode(model.weights).eval(),
+            (torch.randint(4, 100, (2,)), torch.tensor([5, 3]), torch.zeros(2, 6), cache[:, :, :2, :, :6]),
+            dynamic_shapes={"tokens": {0: b}, "positions": {0: b}, "mask": {0: b, 1: t}, "cache": {2: b, 4: t}},
+            strict=False)
+    print(f"[aoti] exported both graphs in {time.monotonic() - t0:.1f}s", flush=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    metadata = {"buildctl_record": json.dumps(record, sort_keys=True)}
-    torch._inductor.aoti_compile_and_package(
-        ep, package_path=str(out / "model.pt2"),
-        inductor_configs={"aot_inductor.precompile_headers": False, "aot_inductor.metadata": metadata},
-    )
+    configs = {"aot_inductor.precompile_headers": False,
+               "aot_inductor.metadata": {"buildctl_record": json.dumps(record, sort_keys=True)}}
+    for name, ep in (("prefill", prefill), ("decode", decode)):
+        t1 = time.monotonic()
+        torch._inductor.aoti_compile_and_package(ep, package_path=str(out / f"{name}.pt2"), inductor_configs=configs)
+        print(f"[aoti] compiled {name}.pt2 ({(out / f'{name}.pt2').stat().st_size} bytes) in "
+              f"{time.monotonic() - t1:.1f}s", flush=True)
     (out / "engine.json").write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
-    print(f"[aoti] wrote {out / 'model.pt2'} ({(out / 'model.pt2').stat().st_size} bytes) in "
-          f"{time.monotonic() - t0:.1f}s", flush=True)
+    print(f"[aoti] wrote {out} in {time.monotonic() - t0:.1f}s", flush=True)
     return 0
 
 

@@ -104,6 +104,10 @@ class EngineBackend(Protocol):
     floors: ClassVar[tuple[Floor, ...]]
     """Requirements a host must meet to run its engines (not part of the key)."""
 
+    engine_format: ClassVar[int]
+    """The engine directory's format version. A format other than 1 enters the build key
+    (:mod:`buildctl.engines.buildkey`), so an engine of a new format is never a cache hit for an old one."""
+
     @staticmethod
     def legacy_compat_fields(fingerprint: Fingerprint) -> dict[str, Any]:
         """The fields of this backend's schema-1 compat keys, so that old channels keep resolving."""

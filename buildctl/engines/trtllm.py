@@ -289,6 +289,7 @@ class TrtllmBackend:
 
     compat: ClassVar[tuple[CompatField, ...]] = COMPAT_FIELDS
     floors: ClassVar[tuple[Floor, ...]] = FLOORS
+    engine_format: ClassVar[int] = 1
 
     @staticmethod
     def legacy_compat_fields(fingerprint: Fingerprint) -> dict[str, Any]:

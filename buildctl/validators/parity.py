@@ -3,6 +3,12 @@
 Per prompt, tokens must be equal up to the first divergence. At the first divergence, each
 side's token must be in the other side's top-k logprobs, and comparison of that sequence stops
 there. Pure functions over :class:`engines.backend.Generation`.
+
+The staggered set (:func:`staggered_requests`) exercises in-flight batching: the parity prompts
+again, each with its own ``max_tokens`` and an arrival step, so requests join and leave mid-run
+(some right after their prefill). Each output must equal the same prompt's solo reference
+output cut to its ``max_tokens`` (greedy decoding: a shorter run is a prefix of a longer one), by
+the same rule (:func:`check_staggered`).
 """
 
 from __future__ import annotations
@@ -11,6 +17,7 @@ from dataclasses import asdict, dataclass
 from typing import Literal
 
 from buildctl.engines.backend import Generation
+from buildctl.engines.batching import Request
 
 Status = Literal["identical", "close", "failed"]
 
@@ -94,3 +101,29 @@ def check_parity(reference: list[Generation], candidate: list[Generation], min_i
     if len(reference) != len(candidate):
         raise ValueError(f"{len(reference)} reference outputs but {len(candidate)} candidate outputs")
     return ParityReport([compare(i, r, c) for i, (r, c) in enumerate(zip(reference, candidate))], min_identical_fraction)
+
+
+# The two concurrencies of the staggered set: a few requests in flight, and more than the parity
+# set's prompts of one kind, so slots free up and fill at every step.
+STAGGERED_CONCURRENCY = (5, 17)
+
+
+def staggered_requests(prompts: list[list[int]], max_tokens: int) -> list[Request]:
+    """Each prompt with its own ``max_tokens`` (1, 2, a quarter, a half and all of ``max_tokens``,
+    in turn) and an arrival step spread over the first 13 decode steps."""
+    lengths = [1, 2, max(1, max_tokens // 4), max(1, max_tokens // 2), max_tokens]
+    return [Request(list(p), lengths[i % len(lengths)], arrival=(i * 7) % 13) for i, p in enumerate(prompts)]
+
+
+def check_staggered(reference: list[Generation], candidate: list[Generation], requests: list[Request],
+                    min_identical_fraction: float = 0.0) -> ParityReport:
+    """Each request's output against its prompt's reference output cut to the request's ``max_tokens``."""
+    expected = [Generation(r.token_ids[:q.max_tokens], r.top_logprobs[:q.max_tokens]) for r, q in zip(reference, requests)]
+    return check_parity(expected, candidate, min_identical_fraction)
+
+
+def staggered_json(concurrency: int, report: ParityReport) -> dict:
+    """The attestation's record of one staggered run."""
+    full = report.to_json()
+    return {"concurrency": concurrency, **{k: full[k] for k in ("prompts", "identical", "close", "failed",
+                                                               "max_abs_logprob_diff", "per_prompt")}}

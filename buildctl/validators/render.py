@@ -21,6 +21,10 @@ def headline(att: Attestation) -> list[tuple[str, str]]:
         ("verdict", att.verdict.upper()),
         ("parity", f"{_gate(p.passed)}: {p.identical} identical, {p.close} close, {p.failed} failed of {p.prompts} "
                    f"prompts; max |Δlogprob| {p.max_abs_logprob_diff:.2e}"),
+        *[(f"parity c={st.concurrency}", f"{_gate(st.failed == 0 and st.identical / max(1, st.prompts) >= p.min_identical_fraction)}: staggered, "
+                                         f"{st.identical} identical, {st.close} close, {st.failed} failed of {st.prompts} "
+                                         f"requests joining and leaving mid-run; max |Δlogprob| {st.max_abs_logprob_diff:.2e}")
+          for st in p.staggered],
         ("prompt set", f"{ps.digest} ({', '.join(ps.sets)}" + (f"; skipped {', '.join(ps.skipped)}" if ps.skipped else "") + ")"),
         ("reference", str(att.versions.get("vllm"))),
         ("compat key", att.compat_key),
@@ -93,6 +97,12 @@ def metric_rows(att: Attestation) -> list[dict[str, str]]:
     rows = [{"metric": "parity (identical prompts)", "candidate": f"{p.identical}/{p.prompts}", "reference": "vLLM",
              "ratio": f"{p.identical_fraction:.2f}", "interval": "",
              "threshold": f"≥ {p.min_identical_fraction:.2f}, none outside top-k", "gate": _gate(p.passed)}]
+    for st in p.staggered:
+        fraction = st.identical / max(1, st.prompts)
+        rows.append({"metric": f"parity, staggered @ c={st.concurrency}", "candidate": f"{st.identical}/{st.prompts}",
+                     "reference": "vLLM solo", "ratio": f"{fraction:.2f}", "interval": "",
+                     "threshold": f"≥ {p.min_identical_fraction:.2f}, none outside top-k",
+                     "gate": _gate(st.failed == 0 and fraction >= p.min_identical_fraction)})
     for lv in att.speed.levels:
         rows += _level_rows(lv) if lv.ratios else _schema1_rows(att, lv)
         rows.append({"metric": f"tok/s CV @ c={lv.concurrency}", "candidate": f"{lv.candidate.output_tok_s_cv:.2f}",

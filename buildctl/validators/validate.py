@@ -39,7 +39,14 @@ from buildctl.artifact_store.integrity import quarantine_on
 from buildctl.artifact_store.authority import Authority
 from buildctl.artifact_store.verify import get_manifest
 from buildctl.validators.errors import ModelMismatchError, verdict_error
-from buildctl.validators.parity import ParityReport, check_parity
+from buildctl.validators.parity import (
+    STAGGERED_CONCURRENCY,
+    ParityReport,
+    check_parity,
+    check_staggered,
+    staggered_json,
+    staggered_requests,
+)
 from buildctl.validators.prompts import PromptSet, build_prompt_sets, load_prompt_file
 from buildctl.validators.speed import SpeedReport, measure
 
@@ -114,6 +121,8 @@ def run_validation(
             cand_out = candidate.generate(prompts.prompts, v.max_tokens, v.top_logprobs)
             ref_out = reference.generate(prompts.prompts, v.max_tokens, v.top_logprobs)
             parity = check_parity(ref_out, cand_out, v.parity.min_identical_fraction)
+            staggered = _staggered(candidate, ref_out, prompts.prompts, v.max_tokens, v.top_logprobs,
+                                   v.parity.min_identical_fraction, say)
             workload = _speed_workload(model_dir, config, v.speed.input_len, v.speed.num_prompts)
             say(f"speed: concurrency {list(v.speed.concurrency)}, {v.speed.num_prompts} requests, "
                 f"{v.speed.input_len} in / {v.speed.output_len} out, {v.speed.repetitions} paired repetitions "
@@ -121,8 +130,10 @@ def run_validation(
             speed = measure(candidate, reference, v.speed, workload, candidate_gpus=profile.engine.world_size,
                             reference_gpus=profile.reference.tensor_parallel_size, budget_scale=speed_budget,
                             on_progress=say)
-        reasons = parity.reasons() + speed.reasons()
-        verdict = combine(["pass" if parity.passed else "fail", speed.verdict])
+        parity_passed = parity.passed and all(r.passed for r in staggered.values())
+        reasons = parity.reasons() + [f"concurrency {c} (staggered): {r}" for c, rep in staggered.items()
+                                      for r in rep.reasons()] + speed.reasons()
+        verdict = combine(["pass" if parity_passed else "fail", speed.verdict])
         attestation = Attestation.model_validate({
             "schema_version": ATTESTATION_SCHEMA,
             "artifact_id": artifact_id,
@@ -142,7 +153,8 @@ def run_validation(
             "thresholds": {"parity_rule": v.parity.rule, "min_identical_fraction": v.parity.min_identical_fraction,
                            "max_tokens": v.max_tokens, "top_logprobs": v.top_logprobs, **speed.gate},
             "reference_engine_args": profile.reference.model_dump(mode="json"),
-            "parity": parity.to_json(),
+            "parity": {**parity.to_json(), "passed": parity_passed,
+                       "staggered": [staggered_json(c, r) for c, r in staggered.items()]},
             "speed": speed.to_json(),
             "duration_s": round(time.monotonic() - t0, 3),
         })
@@ -157,6 +169,21 @@ def run_validation(
     if not result.passed:
         raise verdict_error(artifact_id, att_id, attestation)
     return result
+
+
+def _staggered(candidate: Runner, reference: list[Any], prompts: list[list[int]], max_tokens: int, top_logprobs: int,
+               min_identical_fraction: float, say: Callable[[str], None]) -> dict[int, ParityReport]:
+    """The staggered set at each of :data:`STAGGERED_CONCURRENCY`, for a candidate that batches in
+    flight (has ``generate_requests``); none for one that does not."""
+    run = getattr(candidate, "generate_requests", None)
+    if run is None:
+        return {}
+    requests = staggered_requests(prompts, max_tokens)
+    out = {}
+    for c in STAGGERED_CONCURRENCY:
+        say(f"parity, staggered: {len(requests)} requests joining and leaving mid-run, {c} in flight")
+        out[c] = check_staggered(reference, run(requests, top_logprobs, concurrency=c), requests, min_identical_fraction)
+    return out
 
 
 def _read_config(model_dir: Path) -> dict[str, Any]:

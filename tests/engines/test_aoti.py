@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import time
 from pathlib import Path
@@ -22,19 +23,25 @@ from ..support.helpers import PROFILES, settings, write_attestation
 
 pytestmark = pytest.mark.slow
 TINY = PROFILES / "tiny-llama-cpu.yaml"
+FIXTURES = Path(__file__).resolve().parent.parent / "support" / "fixtures"
 
 
 def test_build_published_with_log_and_record(tiny_build):
     o = tiny_build["outcome"]
     assert not o.cache_hit and o.build_s > 1
     m = ops.verify(tiny_build["store"], o.artifact_id, deep=True)
-    assert [f.path for f in m.files] == ["engine.json", "model.pt2"]
+    assert [f.path for f in m.files] == ["decode.pt2", "engine.json", "prefill.pt2"]
     assert m.build_key == o.build_key and m.model_digest == o.model_digest and m.build_log
     log = tiny_build["store"].get_bytes(f"blobs/{m.build_log[9:11]}/{m.build_log[9:]}").decode()
     assert "[aoti] wrote" in log
     record = json.loads((tiny_build["engine"] / "engine.json").read_text())
     assert record["compat_key"] == detect().compat_key("aoti") and record["cpu_isa"] == "avx2"
     assert record["torch"] == detect().torch_version and record["model_digest"] == o.model_digest
+    # the KV cache, sized from the profile and reported at build: [layers, 2, batch, kv heads, length, head dim]
+    profile = tiny_build["profile"].engine
+    assert record["format"] == 2 and record["cache_shape"] == [2, 2, profile.max_batch_size, 2, profile.max_seq_len, 32]
+    assert record["cache_bytes"] == 2 * 2 * profile.max_batch_size * 2 * profile.max_seq_len * 32 * 4
+    assert f"KV cache {record['cache_shape']}: {record['cache_bytes'] / 2**20:.1f} MiB" in log
 
 
 def test_second_build_is_a_cache_hit_without_builder(tiny_build, monkeypatch):
@@ -100,6 +107,55 @@ def test_batched_and_streamed_generation_agree(tiny_build):
             assert waves == -(-4 // concurrency)
     finally:
         runner.close()
+
+
+def test_staggered_requests_on_the_compiled_graphs_equal_the_eager_graphs(tiny_build):
+    """Requests of different lengths join and leave mid-run (some done right after prefill), at
+    two concurrencies: every output equals the eager graphs', token for token."""
+    import random
+
+    from buildctl.engines.batching import ContinuousBatcher, Request
+    from buildctl.engines.kv_llama import EagerKVModel
+
+    rng = random.Random(7)
+    reqs = [Request([rng.randrange(4, 1024) for _ in range(rng.randint(1, 48))], rng.choice([1, 2, 5, 16, 24]),
+                    arrival=rng.randint(0, 20)) for _ in range(48)]
+    eager = ContinuousBatcher(EagerKVModel(str(tiny_build["model"])), max_batch=1, max_seq=128).run(reqs, 5)
+    runner = AotiBackend(settings()).load(tiny_build["engine"])
+    try:
+        for concurrency in (5, 17):
+            got = runner.generate_requests(reqs, 5, concurrency=concurrency)
+            assert [g.token_ids for g in got] == [g.token_ids for g in eager]
+            assert max(abs(v - e.top_logprobs[i][t]) for g, e in zip(got, eager)
+                       for i, tops in enumerate(g.top_logprobs) for t, v in tops.items()) <= 1e-4
+    finally:
+        runner.close()
+
+
+def test_an_engine_of_record_format_1_still_loads_and_generates(tiny_build, tmp_path):
+    """Stores written before format 2 keep serving: a format-1 engine (one logits graph, no KV
+    cache, compiled here as the old build step did) loads and generates what the new one does."""
+    import subprocess
+    import sys
+
+    record = json.loads((tiny_build["engine"] / "engine.json").read_text())
+    old = {k: v for k, v in record.items() if k not in ("architecture", "cache_shape", "cache_bytes", "prefill_tokens")}
+    old["format"] = 1
+    (tmp_path / "record.json").write_text(json.dumps(old))
+    env = {**os.environ, "TMPDIR": str(tmp_path), "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"),
+           "ATEN_CPU_CAPABILITY": "avx2", "TORCHINDUCTOR_CPP_MARCH": "x86-64-v3"}
+    r = subprocess.run([sys.executable, str(FIXTURES / "make_aoti_format1.py"), "--model", str(tiny_build["model"]),
+                        "--out", str(tmp_path / "v1"), "--record", str(tmp_path / "record.json")],
+                       env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    v1 = AotiBackend(settings()).load(tmp_path / "v1")
+    v2 = AotiBackend(settings()).load(tiny_build["engine"])
+    try:
+        prompts = [[1, 5, 9, 13], [7, 8], [42]]
+        assert [g.token_ids for g in v1.generate(prompts, 8, 0)] == [g.token_ids for g in v2.generate(prompts, 8, 0)]
+    finally:
+        v1.close()
+        v2.close()
 
 
 def edited_copy(src: Path, dest: Path, **changes) -> Path:

@@ -53,3 +53,18 @@ def test_a_rebuild_after_a_failed_recheck_has_its_own_key_per_soft_values():
     assert build_key_for(prof, BASE["model_digest"], newer_driver, rebuild=True) not in (base, rebuild)
 
 
+
+
+def test_an_engine_format_other_than_1_enters_the_key_and_format_1_keys_are_unchanged():
+    """aoti's format 2 (prefill and decode graphs, a KV cache) never takes a format-1 artifact as a
+    cache hit; trtllm (format 1) and every key written before keep their value."""
+    from buildctl.digest import digest_json
+    from buildctl.engines.fingerprint import detect
+
+    assert build_key(**BASE) == build_key(**BASE, engine_format=1) == digest_json(
+        {"profile_hash": BASE["profile_hash"], "model_digest": BASE["model_digest"], "compat_key": BASE["compat_key"],
+         "backend_version": BASE["version"]})
+    assert build_key(**BASE, engine_format=2) != build_key(**BASE)
+    tiny, fp = load_profile(PROFILES / "tiny-llama-cpu.yaml"), detect()
+    assert build_key_for(tiny, BASE["model_digest"], fp) == build_key(
+        tiny.build_hash(), BASE["model_digest"], fp.compat_key("aoti"), fp.tool_version("aoti"), engine_format=2)

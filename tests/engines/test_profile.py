@@ -114,9 +114,12 @@ def test_speed_gate_statistics_rules():
 
 
 def test_speed_thresholds_per_level_override_the_defaults():
-    gate = parse_profile(base()).validation.speed
-    assert gate.thresholds_at(1)["min_throughput_ratio"] == 0.75 and gate.thresholds_at(4)["min_throughput_ratio"] == 0.25
-    assert gate.thresholds_at(4)["max_p99_ttft_ratio"] == 1.5 and gate.thresholds_at(4)["max_tpot_ratio"] is None
+    data = set_path(base(), "validation.speed.levels", {1: {"min_throughput_ratio": 0.75}, 4: {"max_p99_ttft_ratio": 1.5}})
+    data = set_path(set_path(data, "validation.speed.min_throughput_ratio", 1.2), "validation.speed.max_p99_ttft_ratio", 1.0)
+    gate = parse_profile(data).validation.speed
+    assert gate.thresholds_at(1)["min_throughput_ratio"] == 0.75 and gate.thresholds_at(4)["min_throughput_ratio"] == 1.2
+    assert gate.thresholds_at(4)["max_p99_ttft_ratio"] == 1.5 and gate.thresholds_at(1)["max_p99_ttft_ratio"] == 1.0
+    assert gate.thresholds_at(4)["max_tpot_ratio"] is None
 
 
 def test_production_speed_gates_keep_the_seeds_scale():
@@ -147,7 +150,7 @@ def test_not_a_mapping():
 
 AFFECTING = [
     ("engine.max_seq_len", 4096),
-    ("engine.max_batch_size", 4),
+    ("engine.max_batch_size", 64),
     ("engine.max_input_len", 512),
     ("engine.aoti.cpu_isa", "avx512"),
     ("model.dtype", "bfloat16"),

@@ -56,7 +56,8 @@ def test_suggest_matches_an_independent_computation(tmp_path, cli):
     assert got["peak_concurrency"] == peak and got["peak_arrivals_per_s"] == 20  # one request every 50 ms
     rec = got["recommended"]
     seq = min(-(-max(tot) // 256) * 256, 2048)  # the tiny model's max_position_embeddings caps it
-    batch = math.ceil(peak * 1.25)
+    prof = load_profile(TINY).engine, load_profile(TINY).validation.speed
+    batch = max(math.ceil(peak * 1.25), max(prof[1].concurrency))  # raised to what its validation runs
     assert rec["max_seq_len"] == seq and rec["max_input_len"] == min(-(-max(ins) // 256) * 256, seq)
     assert rec["max_batch_size"] == batch and rec["vllm_max_num_seqs"] == batch and rec["vllm_max_model_len"] == seq
     assert rec["max_num_tokens"] == rec["max_input_len"] + batch - 1
@@ -64,9 +65,10 @@ def test_suggest_matches_an_independent_computation(tmp_path, cli):
     per_token = 2 * 2 * 2 * 32 * 4
     kv = got["kv_cache"]
     assert kv["bytes_per_token_per_gpu"] == per_token
-    assert kv["reserved_per_gpu"] == per_token * 8 * 2048  # the profile: max_batch_size 8 x max_seq_len 2048
+    reserved = prof[0].max_batch_size * prof[0].max_seq_len  # the profile's max_batch_size x max_seq_len
+    assert kv["reserved_per_gpu"] == per_token * reserved
     assert kv["needed_per_gpu"] == per_token * peak * min(max(tot), seq)
-    assert kv["over_provisioning"] == round((8 * 2048) / (peak * min(max(tot), seq)), 3)
+    assert kv["over_provisioning"] == round(reserved / (peak * min(max(tot), seq)), 3)
     assert got["malformed"] == {} and got["rejected_by_recommendation"] == 0
 
     # coverage below 1 drops the tail, and says how many observed requests it would refuse
@@ -130,5 +132,6 @@ def test_malformed_lines_are_counted_and_only_fatal_over_the_threshold(tmp_path,
     (tmp_path / "openai.jsonl").write_text('{"prompt_tokens": 100, "completion_tokens": 20}\n')
     code, out, err = cli("--json", "profile", "suggest", "tiny-llama-cpu", "--traffic", tmp_path / "openai.jsonl")
     got = json.loads(out)
-    assert code == 0 and got["recommended"]["max_batch_size"] == 8 and got["peak_concurrency"] is None, err
+    kept = load_profile(TINY).engine.max_batch_size
+    assert code == 0 and got["recommended"]["max_batch_size"] == kept and got["peak_concurrency"] is None, err
     assert any("no concurrency" in n for n in got["notes"])

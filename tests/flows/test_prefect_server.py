@@ -210,13 +210,13 @@ def heal_through_the_automation(url: str, env: dict, tmp_path, compat_key: str) 
     cli = [sys.executable, "-m", "buildctl"]
     r = subprocess.run([*cli, "promote", aid, "--channel", "staging"], env=env, cwd=REPO, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
-    blob = next(f for f in ops.get_manifest(store, aid).files if f.path == "model.pt2")
+    blob = next(f for f in ops.get_manifest(store, aid).files if f.path == "prefill.pt2")
     rot(store, blob.digest, "flip")  # 4 bytes flipped in the middle, the size kept
     t0 = time.monotonic()
     r = subprocess.run([*cli, "pull", "--profile", "tiny-llama-cpu", "--channel", "staging", "--dest",
                         str(tmp_path / "node"), "--node-id", "gpu-node-1"], env=env, cwd=REPO, capture_output=True,
                        text=True)
-    assert r.returncode == 4 and "model.pt2: digest mismatch" in r.stderr, r.stderr
+    assert r.returncode == 4 and "prefill.pt2: digest mismatch" in r.stderr, r.stderr
     assert "emitted buildctl.node.pull-failed" in r.stderr, r.stderr
     deadline = time.monotonic() + 420
     heal = []
@@ -378,7 +378,7 @@ def heal_rebuilds_on_the_matching_worker(url: str, store, env: dict, tmp_path, a
     import buildctl.artifact_store as ops
     from buildctl.artifact_store.quarantine import active_quarantine
 
-    blob = next(f for f in ops.get_manifest(store, artifact_id).files if f.path == "model.pt2")
+    blob = next(f for f in ops.get_manifest(store, artifact_id).files if f.path == "prefill.pt2")
     rot(store, blob.digest, "flip")
     heal_id = create_run(url, "heal-artifact/heal-artifact", {"artifact_id": artifact_id, "store": env["BUILDCTL_STORE"]})
     deadline = time.monotonic() + 420
@@ -401,7 +401,7 @@ def heal_rebuilds_on_the_matching_worker(url: str, store, env: dict, tmp_path, a
     (summary,) = api(url, "/artifacts/latest/filter", {"artifacts": {"key": {"any_": [
         artifact_key("heal", artifact_id.removeprefix("xxh3-128:")[:16])]}}})  # #30: the heal's own summary
     md = summary["data"]
-    assert "| found |" in md and "model.pt2" in md and "| quarantined |" in md and rec.artifact_id in md, md
+    assert "| found |" in md and "prefill.pt2" in md and "| quarantined |" in md and rec.artifact_id in md, md
     assert f"buildctl promote {rec.artifact_id} --channel prod" in md
 
 

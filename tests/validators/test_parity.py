@@ -140,3 +140,49 @@ def test_results_are_frozen():
     rep = check_parity([G([1])], [G([1])])
     with pytest.raises(dataclasses.FrozenInstanceError):
         rep.min_identical_fraction = 0.0  # type: ignore[misc]
+
+
+def test_the_staggered_set_gives_each_prompt_its_own_length_and_arrival():
+    from buildctl.validators.parity import staggered_requests
+
+    reqs = staggered_requests([[i + 1] for i in range(10)], 32)
+    assert [r.max_tokens for r in reqs] == [1, 2, 8, 16, 32] * 2
+    assert [r.arrival for r in reqs] == [(i * 7) % 13 for i in range(10)] and len({r.arrival for r in reqs}) == 10
+    assert [r.prompt for r in reqs] == [[i + 1] for i in range(10)]
+
+
+def test_a_staggered_output_is_compared_with_the_solo_reference_cut_to_its_length():
+    from buildctl.engines.batching import Request
+    from buildctl.validators.parity import check_staggered, staggered_json
+
+    ref = [Generation([1, 2, 3, 4], [{1: -0.1}, {2: -0.1}, {3: -0.1}, {4: -0.1}]),
+           Generation([5, 6, 7, 8], [{5: -0.1}, {6: -0.1}, {7: -0.1, 9: -2.0}, {8: -0.1}])]
+    reqs = [Request([1], 2), Request([2], 3)]
+    good = check_staggered(ref, [Generation([1, 2], [{1: -0.1}, {2: -0.1}]),
+                                 Generation([5, 6, 7], [{5: -0.1}, {6: -0.1}, {7: -0.1}])], reqs, 1.0)
+    assert good.passed and good.identical_fraction == 1.0
+    # a request that ran past its max_tokens, or diverged outside the top-k, fails
+    bad = check_staggered(ref, [Generation([1, 2, 3], [{1: -0.1}, {2: -0.1}, {3: -0.1}]),
+                                Generation([5, 6, 0], [{5: -0.1}, {6: -0.1}, {0: -0.1}])], reqs, 0.0)
+    assert [p.status for p in bad.prompts] == ["failed", "failed"] and not bad.passed
+    rec = staggered_json(5, bad)
+    assert rec["concurrency"] == 5 and rec["failed"] == 2 and rec["prompts"] == 2 and len(rec["per_prompt"]) == 2
+
+
+def test_promote_recomputes_a_failed_staggered_run_as_a_failure():
+    from buildctl.artifact_store.attestations import recomputed_verdict
+
+    from ..support.helpers import attestation
+
+    run = {"concurrency": 5, "prompts": 1, "identical": 1, "close": 0, "failed": 0, "max_abs_logprob_diff": 0.0,
+           "per_prompt": [{"index": 0, "status": "identical", "compared": 16}]}
+    base = attestation("xxh3-128:" + "a" * 32, "aoti-x").parity.model_dump(mode="json")
+    ok = attestation("xxh3-128:" + "a" * 32, "aoti-x", parity={**base, "staggered": [run]})
+    assert recomputed_verdict(ok) == ("pass", [])
+    failed = {**run, "identical": 0, "failed": 1,
+              "per_prompt": [{"index": 0, "status": "failed", "compared": 3, "position": 2}]}
+    bad = attestation("xxh3-128:" + "a" * 32, "aoti-x", parity={**base, "staggered": [run, {**failed, "concurrency": 17}]})
+    verdict, reasons = recomputed_verdict(bad)
+    assert verdict == "fail" and reasons == ["parity at concurrency 17 (staggered): prompts [0] diverged outside the top-k"]
+    missing = attestation("xxh3-128:" + "a" * 32, "aoti-x", parity={**base, "staggered": [{**run, "per_prompt": []}]})
+    assert recomputed_verdict(missing)[0] == "fail"
