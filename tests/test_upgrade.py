@@ -26,8 +26,14 @@ CPU = "tiny-llama-cpu"
 
 
 @pytest.fixture
-def legacy(tmp_path) -> dict:
-    """A copy of the legacy store (tests write to it), its hosts and artifacts."""
+def legacy(tmp_path, monkeypatch) -> dict:
+    """A copy of the legacy store (tests write to it), its hosts and artifacts, and the profiles
+    it was built from: the repository's, with the tiny profile as it was then (before the aoti
+    engine's format 2 raised its batch size and levels, which changes its build hash)."""
+    profiles = tmp_path / "profiles"
+    shutil.copytree(PROFILES, profiles)
+    shutil.copy(REPO / "tests/support/fixtures/legacy_profiles/tiny-llama-cpu.yaml", profiles / "tiny-llama-cpu.yaml")
+    monkeypatch.setenv("BUILDCTL_PROFILE_DIR", str(profiles))
     root = tmp_path / "store"
     shutil.copytree(LEGACY, root)
     info = json.loads((root / "FINGERPRINTS.json").read_text())
