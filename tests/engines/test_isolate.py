@@ -48,11 +48,13 @@ def test_exit_status_and_signals_are_classified(tmp_path):
         step(tmp_path, "echo failing; exit 3")
     assert (exc.value.kind, exc.value.returncode, exc.value.signal) == ("exit", 3, None)
     assert exc.value.log_tail.endswith("failing")
-    # Signals no launcher ignores: a step inherits ignored dispositions, and under `nohup` (or a
-    # background job's SIGINT/SIGQUIT) `kill -HUP $$` did nothing and the step exited 0.
-    for sig in (signal.SIGUSR1, signal.SIGSEGV):
+    # SIGHUP is signal 1, the boundary of `rc < 0`. A step inherits ignored dispositions, and
+    # under `nohup` a shell's `kill -HUP $$` did nothing (sh cannot reset a signal ignored on
+    # entry), so the step restores the default in Python before it signals itself.
+    for sig in (signal.SIGHUP, signal.SIGSEGV):
         with pytest.raises(EngineBuildError) as exc:
-            step(tmp_path, f"kill -{sig.name[3:]} $$")
+            step(tmp_path, f"exec {sys.executable} -c 'import os, signal; signal.signal({int(sig)}, signal.SIG_DFL); "
+                           f"os.kill(os.getpid(), {int(sig)})'")
         assert (exc.value.kind, exc.value.signal, exc.value.returncode) == ("crashed", int(sig), -int(sig))
         assert f"killed by {sig.name}" in str(exc.value)
 
