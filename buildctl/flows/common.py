@@ -93,6 +93,8 @@ def wait_for_children(started: list[dict[str, Any]], wait_s: float) -> list[str]
     from prefect.flow_runs import wait_for_flow_run
     from prefect.utilities.asyncutils import run_coro_as_sync
 
+    from prefect.client.orchestration import get_client
+
     deadline = time.monotonic() + wait_s
     bad = []
     for child in started:
@@ -100,6 +102,12 @@ def wait_for_children(started: list[dict[str, Any]], wait_s: float) -> list[str]
             run = run_coro_as_sync(wait_for_flow_run(child["flow_run_id"],
                                                      timeout=max(1, int(deadline - time.monotonic()))))
             st = run.state
+            # wait_for_flow_run returns on the final-state event and reads the run once; on a busy
+            # server that read can still see the state before it (Running): read until it is final.
+            with get_client(sync_client=True) as client:
+                while (st is None or not st.is_final()) and time.monotonic() < deadline:
+                    time.sleep(0.5)
+                    st = client.read_flow_run(child["flow_run_id"]).state
             child["state"] = st.name if st else "unknown"
             if st is None or not st.is_completed():
                 bad.append(f"{child['profile']}@{child['compat_key']}: {child['state']} "
