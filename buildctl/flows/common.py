@@ -90,10 +90,9 @@ def wait_for_children(started: list[dict[str, Any]], wait_s: float) -> list[str]
     import time
 
     from prefect.exceptions import FlowRunWaitTimeout
+    from prefect.client.orchestration import get_client
     from prefect.flow_runs import wait_for_flow_run
     from prefect.utilities.asyncutils import run_coro_as_sync
-
-    from prefect.client.orchestration import get_client
 
     deadline = time.monotonic() + wait_s
     bad = []
