@@ -129,6 +129,20 @@ def test_driver_floor_follows_the_cuda_major():
     assert h100_host(gpus=()).floor_problems("trtllm") == []  # no GPU: nothing to run it on, no floor to meet
 
 
+def test_the_driver_floor_of_each_cuda_major_is_exact():
+    """Each CUDA major's minimum driver (NVIDIA's table) passes exactly at the minimum and fails one
+    step below it; a host that reports no driver is named."""
+    for cuda, low, minimum in (("11.8", "450.80.01", "450.80.02"), ("12.4", "525.60.12", "525.60.13"),
+                               ("13.0", "579.999.999", "580.0.0")):
+        assert h100_host(cuda_version=cuda, driver_version=minimum).floor_problems("trtllm") == [], cuda
+        assert h100_host(cuda_version=cuda, driver_version=low).floor_problems("trtllm") == [
+            f"driver >= the CUDA runtime's minimum: CUDA {cuda.split('.')[0]} needs driver >= "
+            f"{'.'.join(str(int(x)) for x in minimum.split('.'))}: this host has {low}"], cuda
+    assert h100_host(driver_version=None).floor_problems("trtllm") == [
+        "driver >= the CUDA runtime's minimum: CUDA 13 needs driver >= 580.0.0: this host reports none"]
+    assert h100_host(cuda_version="10.2", driver_version="1.0").floor_problems("trtllm") == []  # no table row: no floor
+
+
 def test_glibc_floor_is_the_build_hosts():
     built = h100_host(glibc_version="2.39").model_dump(mode="json")
     assert h100_host(glibc_version="2.35").floor_problems("aoti", built) == [
