@@ -242,6 +242,7 @@ def test_a_nodes_failed_smoke_check_switches_it_back_to_previous(store, tmp_path
     assert fp.exists()
 
 
+@pytest.mark.slow  # a real aoti build (two graphs, about a minute): end to end
 def test_the_default_smoke_check_loads_a_real_engine_and_generates(tiny_build, tmp_path):
     """Without --health-cmd the node loads the installed aoti engine and generates tokens; an
     engine whose package is damaged after install fails, and the node switches back."""

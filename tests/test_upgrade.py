@@ -262,6 +262,7 @@ def host_file(tmp_path: Path, fp: Fingerprint, monkeypatch) -> Fingerprint:
     return fp
 
 
+@pytest.mark.slow  # a real aoti build and a validation against vLLM: end to end
 def test_a_soft_change_rechecks_and_passes_with_no_build(tiny_fleet, monkeypatch):
     from buildctl.artifact_store.attestations import list_attestations
     from buildctl.artifact_store.verify import list_artifacts
