@@ -61,25 +61,31 @@ def test_aoti_engine_passes_against_vllm_and_can_be_promoted(tiny_build, vllm_re
     assert json.loads(out)["attestations"][0]["verdict"] == "pass"
 
 
+def measured(tiny_build, vllm_reference, **gate_changes):
+    """The unslowed engine's speed report against vLLM, measured now with the tiny profile's speed
+    section (``gate_changes`` applied) and its workload."""
+    from buildctl.engines.aoti import AotiBackend
+    from buildctl.engines.threads import intra_op_threads
+    from buildctl.validators.speed import measure
+    from buildctl.validators.validate import _read_config, _speed_workload
+
+    gate = tiny_build["profile"].validation.speed.model_copy(update=gate_changes)
+    workload = _speed_workload(tiny_build["model"], _read_config(tiny_build["model"]), gate.input_len, gate.num_prompts)
+    candidate = AotiBackend(settings()).load(tiny_build["engine"])
+    try:
+        with intra_op_threads(gate.cpu_threads):
+            return measure(candidate, vllm_reference, gate, workload)
+    finally:
+        candidate.close()
+
+
 def throughput_gates_set_on_this_machine(tiny_build, vllm_reference) -> dict[int, float]:
     """The tiny profile's own rule for its throughput gates, applied here: 0.8x the unslowed
     engine's paired throughput ratio at each level, measured now with the profile's workload
     (its comment: "the throughput gates sit at 0.8x of that, so a 1.5x slower engine fails").
     The ratio is the CPU's: 0.95 and 0.32 where the profile's figures come from, about 1.7 and
     0.67 on a slower 2-core machine, where a 1.5x slower engine clears the fixed 0.75 and 0.25."""
-    from buildctl.engines.aoti import AotiBackend
-    from buildctl.engines.threads import intra_op_threads
-    from buildctl.validators.speed import measure
-    from buildctl.validators.validate import _read_config, _speed_workload
-
-    gate = tiny_build["profile"].validation.speed
-    workload = _speed_workload(tiny_build["model"], _read_config(tiny_build["model"]), gate.input_len, gate.num_prompts)
-    candidate = AotiBackend(settings()).load(tiny_build["engine"])
-    try:
-        with intra_op_threads(gate.cpu_threads):
-            rep = measure(candidate, vllm_reference, gate, workload)
-    finally:
-        candidate.close()
+    rep = measured(tiny_build, vllm_reference)
     return {lv.concurrency: 0.8 * lv.ratio("throughput").interval.median for lv in rep.levels}
 
 
@@ -129,20 +135,7 @@ UNDECIDABLE = {"concurrency": [1], "levels": {}, "max_p99_ttft_ratio": None, "nu
 def ratio_at_one(tiny_build, vllm_reference) -> float:
     """The unslowed engine's median paired throughput ratio at concurrency 1 with the
     undecidable test's own workload, measured now (6 pairs)."""
-    from buildctl.engines.aoti import AotiBackend
-    from buildctl.engines.threads import intra_op_threads
-    from buildctl.validators.speed import measure
-    from buildctl.validators.validate import _read_config, _speed_workload
-
-    gate = tiny_build["profile"].validation.speed.model_copy(update={
-        "concurrency": (1,), "levels": {}, "num_prompts": 20, "max_repetitions": 6, "warmup": 0})
-    workload = _speed_workload(tiny_build["model"], _read_config(tiny_build["model"]), gate.input_len, gate.num_prompts)
-    candidate = AotiBackend(settings()).load(tiny_build["engine"])
-    try:
-        with intra_op_threads(gate.cpu_threads):
-            rep = measure(candidate, vllm_reference, gate, workload)
-    finally:
-        candidate.close()
+    rep = measured(tiny_build, vllm_reference, concurrency=(1,), levels={}, num_prompts=20, max_repetitions=6, warmup=0)
     return rep.levels[0].ratio("throughput").interval.median
 
 
