@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Iterator, Mapping
 
 from buildctl.engines.backend import BuildResult, Generation, TokenEvent
+from buildctl.engines.batching import Request
 from buildctl.engines.errors import EngineBuildError, EngineLoadError, HostRequirementsError
 from buildctl.engines.compat import CompatField, Floor, major, version_tuple
 from buildctl.engines.fingerprint import Fingerprint
@@ -427,6 +428,8 @@ class TrtllmRunner:
     * Streaming (the speed workload) submits requests to the executor as earlier ones finish, so
       the engine batches in flight, as vLLM does, at the same concurrency; tokens are the deltas
       of each streamed response.
+    * The staggered parity set (:meth:`generate_requests`) goes through the same executor path,
+      each request with its own ``max_tokens`` and arrival, with the streamed generation logits.
     """
 
     name = "trtllm"
@@ -471,22 +474,78 @@ class TrtllmRunner:
                 if top_logprobs:
                     logits = out.get("generation_logits")
                     if logits is None:
-                        raise EngineLoadError("trtllm", "the runtime returned no generation_logits although asked "
-                                              "(output_generation_logits)")
-                    lp = torch.log_softmax(logits[i][0][:len(ids)].float(), dim=-1)
-                    vals, idx = torch.topk(lp, top_logprobs, dim=-1)
-                    for step, tok in enumerate(ids):
-                        d = {int(t): float(v) for t, v in zip(idx[step].tolist(), vals[step].tolist())}
-                        d.setdefault(tok, float(lp[step, tok]))
-                        tops.append(d)
+                        raise self._no_logits("output_generation_logits")
+                    tops = self._tops(logits[i][0][:len(ids)], ids, top_logprobs)
                 gens.append(Generation(token_ids=ids, top_logprobs=tops))
         return gens
+
+    @staticmethod
+    def _no_logits(asked: str) -> EngineLoadError:
+        return EngineLoadError("trtllm", f"the runtime returned no generation_logits although asked ({asked})")
+
+    def _tops(self, logits: Any, ids: list[int], k: int) -> list[dict[int, float]]:
+        """Per generated token, the top-``k`` ``{token: logprob}`` (the token itself always
+        included): log_softmax over the vocabulary of that step's logits ``[steps, vocab]``."""
+        lp = self.torch.log_softmax(logits.float(), dim=-1)
+        vals, idx = self.torch.topk(lp, k, dim=-1)
+        tops = []
+        for step, tok in enumerate(ids):
+            d = {int(t): float(v) for t, v in zip(idx[step].tolist(), vals[step].tolist())}
+            d.setdefault(tok, float(lp[step, tok]))
+            tops.append(d)
+        return tops
+
+    def _request(self, prompt: list[int], max_tokens: int, logits: bool) -> Any:
+        from tensorrt_llm.bindings import executor as trtllm
+
+        return trtllm.Request(input_token_ids=list(prompt), max_tokens=max_tokens, end_id=-1, pad_id=0,
+                              sampling_config=trtllm.SamplingConfig(beam_width=1, top_k=1), streaming=True,
+                              output_config=trtllm.OutputConfig(return_generation_logits=logits))
+
+    def generate_requests(self, requests: list[Request], top_logprobs: int,
+                          concurrency: int | None = None) -> list[Generation]:
+        """Each request with its own ``max_tokens`` through the executor's in-flight batching
+        (the staggered parity set): at most ``concurrency`` (and ``max_batch_size``) in flight,
+        request ``i`` enqueued no earlier than step ``arrival`` (one ``await_responses()`` is a
+        step), so requests join and leave a running batch. Streamed: each response carries its new
+        tokens and, when asked, their logits as ``[tokens, num_sequences, vocab]`` (the executor's
+        streaming layout, ``tensorrt_llm/runtime/model_runner_cpp.py`` ``_fill_output``)."""
+        executor = self.runner.executor
+        if not executor.can_enqueue_requests():
+            raise self._not_leader()
+        limit = max(1, min(self.max_batch_size, concurrency or self.max_batch_size))
+        waiting = deque(sorted(range(len(requests)), key=lambda i: (requests[i].arrival, i)))
+        in_flight: dict[int, int] = {}
+        out = [Generation(token_ids=[], top_logprobs=[]) for _ in requests]
+        step = 0
+        while waiting or in_flight:
+            if not in_flight:  # nothing runs until the next arrival: skip to it
+                step = max(step, requests[waiting[0]].arrival)
+            while waiting and len(in_flight) < limit and requests[waiting[0]].arrival <= step:
+                i = waiting.popleft()
+                (rid,) = executor.enqueue_requests([self._request(requests[i].prompt, requests[i].max_tokens,
+                                                                  bool(top_logprobs))])
+                in_flight[rid] = i
+            for response in executor.await_responses():
+                if response.has_error():
+                    raise EngineLoadError("trtllm", f"request failed in the executor: {response.error_msg}")
+                i = in_flight[response.request_id]
+                gen, want = out[i], requests[i].max_tokens
+                new = [int(t) for t in response.result.output_token_ids[0]][:want - len(gen.token_ids)]
+                if top_logprobs and new:
+                    logits = response.result.generation_logits
+                    if logits is None:
+                        raise self._no_logits("OutputConfig(return_generation_logits=True)")
+                    gen.top_logprobs += self._tops(logits[:len(new), 0, :], new, top_logprobs)
+                gen.token_ids += new
+                if response.result.is_final:
+                    del in_flight[response.request_id]
+            step += 1
+        return out
 
     def stream(self, prompts: list[list[int]], max_tokens: int, concurrency: int) -> Iterator[TokenEvent]:
         """At most ``concurrency`` requests in flight on the executor; a new one is enqueued as
         soon as one finishes (in-flight batching, like vLLM's continuous batching)."""
-        from tensorrt_llm.bindings import executor as trtllm
-
         clock = time.perf_counter
         executor = self.runner.executor
         if not executor.can_enqueue_requests():
@@ -497,9 +556,7 @@ class TrtllmRunner:
 
         def submit() -> TokenEvent:
             index, prompt = pending.popleft()
-            request = trtllm.Request(input_token_ids=list(prompt), max_tokens=max_tokens, end_id=-1, pad_id=0,
-                                     sampling_config=trtllm.SamplingConfig(beam_width=1, top_k=1), streaming=True,
-                                     output_config=trtllm.OutputConfig())
+            request = self._request(prompt, max_tokens, False)
             t = clock()
             (rid,) = executor.enqueue_requests([request])
             in_flight[rid], produced[index] = index, 0

@@ -168,11 +168,11 @@ def fake_runtime(monkeypatch):
         sys.modules.pop(name, None)
 
 
-def small_engine(tmp_path: Path, hf_model: Path, tp: int = 1) -> Path:
+def small_engine(tmp_path: Path, hf_model: Path, tp: int = 1, max_batch_size: int = 4) -> Path:
     p = parse_profile({"name": "small", "model": {"path": str(hf_model), "dtype": "float16"},
-                       "engine": {"backend": "trtllm", "tp_size": tp, "max_batch_size": 4, "max_input_len": 1024,
-                                  "max_seq_len": 2048}})
-    out = tmp_path / f"engine-tp{tp}"
+                       "engine": {"backend": "trtllm", "tp_size": tp, "max_batch_size": max_batch_size,
+                                  "max_input_len": 1024, "max_seq_len": 2048}})
+    out = tmp_path / f"engine-tp{tp}-b{max_batch_size}"
     TrtllmBackend(settings()).build(p, hf_model, out, h100x8(), tmp_path / f"log{tp}")
     return out
 
@@ -292,6 +292,73 @@ def test_item_4_speed_runs_batch_in_flight(hf_model, fake_tools, fake_runtime, t
         if t is not None and sum(1 for j, u in order[:order.index((i, t)) + 1] if j == i and u is not None) == 4:
             in_flight -= 1
     assert peak == 2
+
+
+def test_the_staggered_parity_set_runs_through_the_executor_in_flight(hf_model, fake_tools, fake_runtime, tmp_path):
+    """Validation's staggered set on the trtllm runner (issue 31): each request with its own
+    max_tokens and arrival through the executor's streamed path equals the same prompt's solo
+    output, tokens and top-k logprobs (from the streamed logits layout, [tokens, num_sequences,
+    vocab]), at both of validation's concurrencies; requests join a running batch and leave it."""
+    from buildctl.validators.parity import STAGGERED_CONCURRENCY, check_staggered, staggered_requests
+
+    runner = TrtllmRunner(small_engine(tmp_path, hf_model, max_batch_size=32))
+    prompts = [[(7 * i + j) % 1000 + 3 for j in range(1 + i % 6)] for i in range(24)]
+    solo = [runner.generate([p], max_tokens=12, top_logprobs=5)[0] for p in prompts]
+    requests = staggered_requests(prompts, 12)
+    executor = runner.runner.executor
+    for c in STAGGERED_CONCURRENCY:
+        seen: list[int] = []  # requests in flight at each enqueue
+        enqueue = executor.enqueue_requests
+
+        def watched(reqs, enqueue=enqueue, seen=seen):
+            seen.append(len(executor.live))
+            return enqueue(reqs)
+
+        executor.enqueue_requests = watched
+        out = runner.generate_requests(requests, top_logprobs=5, concurrency=c)
+        executor.enqueue_requests = enqueue
+        report = check_staggered(solo, out, requests)
+        assert report.passed and report.identical_fraction == 1.0, report.reasons()
+        assert [len(g.token_ids) for g in out] == [q.max_tokens for q in requests]
+        assert max(seen) == c - 1, "the in-flight limit is the concurrency"
+        late = seen[c:]  # enqueued after the first c: each one took the place of one that left
+        assert len(late) == len(requests) - c and all(n > 0 for n in late), "requests join a running batch"
+
+
+def test_staggered_arrivals_hold_a_request_back_and_idle_gaps_are_skipped(hf_model, fake_tools, fake_runtime, tmp_path):
+    from buildctl.engines.batching import Request
+
+    runner = TrtllmRunner(small_engine(tmp_path, hf_model))
+    executor = runner.runner.executor
+    order: list[tuple[int, int]] = []  # (responses seen so far, request's prompt head) at each enqueue
+    enqueue, responses = executor.enqueue_requests, executor.await_responses
+    count = [0]
+
+    def counted():
+        count[0] += 1
+        return responses()
+
+    executor.await_responses = counted
+    executor.enqueue_requests = lambda reqs: (order.append((count[0], reqs[0].input_token_ids[0])), enqueue(reqs))[1]
+    out = runner.generate_requests([Request([50], 8, arrival=0), Request([60], 3, arrival=3),
+                                    Request([70], 1, arrival=40)], top_logprobs=0, concurrency=4)
+    assert [g.token_ids for g in out] == [toy_greedy([50], 8), toy_greedy([60], 3), toy_greedy([70], 1)]
+    # the fake answers one token of one request per await_responses()
+    assert order == [(0, 50), (3, 60), (8 + 3, 70)], "each waits for its step; an idle gap is skipped, not waited"
+
+
+def test_logits_asked_of_an_executor_without_gather_fail_as_upstream_does(hf_model, fake_tools, fake_runtime, tmp_path):
+    from buildctl.engines.batching import Request
+    from tensorrt_llm.runtime import ModelRunnerCpp
+
+    engine = small_engine(tmp_path, hf_model)
+    runner = TrtllmRunner(engine)
+    runner.runner = ModelRunnerCpp.from_dir(str(engine), rank=0)  # no gather_generation_logits
+    with pytest.raises(EngineLoadError, match="gather_generation_logits must be enabled in ExecutorConfig"):
+        runner.generate_requests([Request([5, 6], 3)], top_logprobs=2)
+    with pytest.raises(RuntimeError, match="gather_generation_logits must be enabled"):
+        runner.generate(PROMPTS[:1], max_tokens=2, top_logprobs=2)
+    assert [g.token_ids for g in runner.generate_requests([Request([5, 6], 3)], top_logprobs=0)] == [toy_greedy([5, 6], 3)]
 
 
 # -- items 5 to 11: the build --------------------------------------------------------------------

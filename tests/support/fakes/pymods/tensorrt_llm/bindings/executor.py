@@ -2,7 +2,17 @@
 that batches in flight and answers one request's step per ``await_responses()``, round robin.
 
 Constructors take only the keywords the runtime fixture lists (a misspelt keyword is a TypeError
-here, where pybind11 would raise one too)."""
+here, where pybind11 would raise one too). As the fixture's ``executor.generation_logits`` says
+(``tensorrt_llm/runtime/model_runner_cpp.py`` ``_fill_output`` and
+``cpp/tensorrt_llm/executor/executorImpl.cpp``, commits in the fixture):
+
+* ``result.generation_logits`` is ``[tokens, num_sequences, vocab]`` in a streamed response (one
+  token per response here) and ``[num_sequences, tokens, vocab]`` in a final non-streamed one;
+* a request with ``OutputConfig(return_generation_logits=True)`` on an executor whose config did
+  not enable ``gather_generation_logits`` fails ("To return generation logits,
+  gather_generation_logits must be enabled in ExecutorConfig"), as an error response here. The
+  engine's own ``gather_generation_logits`` build flag is accepted instead (whether the real
+  executor accepts it is not read from the sources: lenient there)."""
 
 from __future__ import annotations
 
@@ -10,8 +20,11 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
+
 _FIXTURE = json.loads((Path(__file__).resolve().parents[4] / "fixtures" / "trtllm" / "1.2.1" / "runtime.json").read_text())
 REQUEST_KEYWORDS = set(_FIXTURE["executor"]["request_keywords_used"])
+GATHER_ERROR = _FIXTURE["executor"]["generation_logits"]["without_gather"]
 OUTPUT_CONFIG_KEYWORDS = set(_FIXTURE["executor"]["output_config_keywords"])
 
 
@@ -67,13 +80,15 @@ class Response:
 class _Live:
     request: Request
     tokens: list[int] = field(default_factory=list)
+    logits: list = field(default_factory=list)
 
 
 class Executor:
     """In-flight batching over a deterministic toy model (``model``: tokens -> next token, logits)."""
 
-    def __init__(self, model, leader: bool, max_batch_size: int) -> None:
+    def __init__(self, model, leader: bool, max_batch_size: int, gather_generation_logits: bool = False) -> None:
         self.model, self.leader, self.max_batch_size = model, leader, max_batch_size
+        self.gather_generation_logits = gather_generation_logits
         self.live: dict[int, _Live] = {}
         self.next_id = 1
         self.turn = 0
@@ -103,13 +118,20 @@ class Executor:
         rid = rids[self.turn % len(rids)]
         self.turn += 1
         live = self.live[rid]
+        want_logits = live.request.output_config.return_generation_logits
+        if want_logits and not self.gather_generation_logits:
+            del self.live[rid]
+            return [Response(rid, Result(True, [[]]), error_msg=GATHER_ERROR)]
         tok, logits = self.model(live.request.input_token_ids + live.tokens)
         live.tokens.append(tok)
+        live.logits.append(logits)
         final = len(live.tokens) >= live.request.max_tokens or tok == live.request.end_id
         if final:
             del self.live[rid]
-        new = [tok] if live.request.streaming else (live.request.input_token_ids + live.tokens)
-        gen = logits if live.request.output_config.return_generation_logits else None
         if not live.request.streaming and not final:
             return self.await_responses()
-        return [Response(rid, Result(final, [new], 0, gen))]
+        if live.request.streaming:  # the new token; logits [tokens, num_sequences, vocab]
+            new, gen = [tok], logits[None, None, :]
+        else:  # the prompt and the generated tokens (exclude_input_from_output is off); logits [num_sequences, tokens, vocab]
+            new, gen = live.request.input_token_ids + live.tokens, torch.stack(live.logits)[None]
+        return [Response(rid, Result(final, [new], 0, gen if want_logits else None))]

@@ -55,13 +55,15 @@ def _check(kind: str, allowed: set[str], kwargs: dict) -> None:
 
 
 class ModelRunnerCpp:
-    def __init__(self, config: dict, leader: bool) -> None:
+    def __init__(self, config: dict, leader: bool, gather_generation_logits: bool = False) -> None:
         build = config["build_config"]
         self.max_batch_size = int(build["max_batch_size"])
         self.max_seq_len = int(build["max_seq_len"])
-        self.gather_generation_logits = bool(build.get("gather_generation_logits"))
+        self.gather_generation_logits = bool(build.get("gather_generation_logits"))  # the engine's (model config)
         self.model = toy_model(int(config["pretrained_config"].get("vocab_size", 1024)))
-        self.executor = Executor(self.model, leader, self.max_batch_size)
+        # ExecutorConfig(gather_generation_logits=...) from from_dir's keyword, or the engine's flag
+        self.executor = Executor(self.model, leader, self.max_batch_size,
+                                 gather_generation_logits or self.gather_generation_logits)
 
     @classmethod
     def from_dir(cls, engine_dir: str, **kwargs) -> "ModelRunnerCpp":
@@ -74,13 +76,13 @@ class ModelRunnerCpp:
                 raise RuntimeError("orchestrator mode needs an MPI world size of 1")
             if world > 1 and len(kwargs.get("device_ids") or []) != world:
                 raise RuntimeError(f"orchestrator mode needs device_ids for all {world} ranks")
-            return cls(config, leader=True)
+            return cls(config, leader=True, gather_generation_logits=bool(kwargs.get("gather_generation_logits")))
         if mpi_world_size() != world:
             raise RuntimeError(f"[TensorRT-LLM][ERROR] MPI world size {mpi_world_size()} does not match the engine's "
                                f"tp*pp = {world}")
         if kwargs.get("rank", 0) != mpi_rank():
             raise AssertionError("rank == world_config.rank")
-        return cls(config, leader=mpi_rank() == 0)
+        return cls(config, leader=mpi_rank() == 0, gather_generation_logits=bool(kwargs.get("gather_generation_logits")))
 
     def generate(self, batch_input_ids, **kwargs):
         _check("generate", GENERATE, kwargs)
@@ -96,6 +98,10 @@ class ModelRunnerCpp:
             raise RuntimeError("Maximum input length + maximum new tokens exceeds the engine limit")
         end_id = kwargs.get("end_id")
         want_logits = self.gather_generation_logits or bool(kwargs.get("output_generation_logits"))
+        if want_logits and not self.executor.gather_generation_logits:  # the executor's error response, raised
+            from tensorrt_llm.bindings.executor import GATHER_ERROR
+
+            raise RuntimeError(GATHER_ERROR)
         if kwargs.get("streaming"):
             return self._stream(prompts, n, end_id, want_logits, kwargs)
         seqs, logits = [], []
