@@ -127,6 +127,8 @@ def test_driver_floor_follows_the_cuda_major():
                                             "this host has 575.57.08"]
     assert h100_host(driver_version="575.57.08", cuda_version="12.9").floor_problems("trtllm") == []
     assert h100_host(gpus=()).floor_problems("trtllm") == []  # no GPU: nothing to run it on, no floor to meet
+    assert h100_host(gpus=(), driver_version=None).floor_problems("trtllm") == []  # a CPU host with CUDA libraries
+    assert h100_host(gpus=(), driver_version="470.1.1").floor_problems("trtllm") == []
 
 
 def test_the_driver_floor_of_each_cuda_major_is_exact():
