@@ -43,6 +43,15 @@ def entry_key(module: str, operator: str, source: str) -> tuple[str, str, str]:
     return module, operator.removeprefix("core/"), source.strip()
 
 
+def number_offset(survivor: dict) -> str | None:
+    """A NumberReplacer mutant's offset: cosmic-ray makes two of each number literal, +1 then -1
+    (``OFFSETS = [+1, -1]`` in cosmic_ray/operators/number_replacer.py), numbered in turn, so the
+    occurrence's parity says which. An entry with ``offset`` covers that one only."""
+    if survivor["operator"].removeprefix("core/") != "NumberReplacer" or "occurrence" not in survivor:
+        return None
+    return "+1" if survivor["occurrence"] % 2 == 0 else "-1"
+
+
 def config_text(module: str, tests: list[str], timeout: float, exclude: list[str], python: str) -> str:
     command = shlex.join([python, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests])  # -k expressions have spaces
     return "\n".join([
@@ -122,19 +131,26 @@ def _normalise(r: dict) -> dict:
 def annotate(results: list[dict], conf: dict) -> list[dict]:
     """Mark each survivor with the current tables: its equivalence reason, or the test written
     since the run that kills it (applied by hand); recount and rescore."""
-    equivalent = {entry_key(e["module"], e["operator"], e["source"]): e["why"] for e in conf.get("equivalent", [])}
-    killed_since = {entry_key(e["module"], e["operator"], e["source"]): e["test"] for e in conf.get("killed_since", [])}
+    def table(name: str, field: str) -> dict:
+        return {(*entry_key(e["module"], e["operator"], e["source"]), e.get("offset")): e[field]
+                for e in conf.get(name, [])}
+
+    def lookup(entries: dict, key: tuple, offset: str | None) -> str | None:
+        return entries.get((*key, offset)) or entries.get((*key, None))
+
+    equivalent, killed_since = table("equivalent", "why"), table("killed_since", "test")
     for r in results:
         if "error" in r:
             continue
         matched = set()
         for x in r["survivors"]:
-            key = entry_key(r["module"], x["operator"], x["source"])
-            matched.add(key)
-            x["equivalent"] = equivalent.get(key)
-            x["killed_since"] = None if x["equivalent"] else killed_since.get(key)
-        r["stale_entries"] = sorted(f"{op}: `{src}`" for (mod, op, src) in {*equivalent, *killed_since}
-                                    if mod == r["module"] and (mod, op, src) not in matched)
+            key, offset = entry_key(r["module"], x["operator"], x["source"]), number_offset(x)
+            matched.update({(*key, offset), (*key, None)})
+            x["equivalent"] = lookup(equivalent, key, offset)
+            x["killed_since"] = None if x["equivalent"] else lookup(killed_since, key, offset)
+        r["stale_entries"] = sorted(f"{op}{f' {off}' if off else ''}: `{src}`"
+                                    for (mod, op, src, off) in {*equivalent, *killed_since}
+                                    if mod == r["module"] and (mod, op, src, off) not in matched)
         r["equivalent"] = sum(1 for x in r["survivors"] if x["equivalent"])
         r["killed_since"] = sum(1 for x in r["survivors"] if x.get("killed_since"))
         tested = r["killed"] + r["survived"] - r["equivalent"]
@@ -184,7 +200,8 @@ def report(results: list[dict], exclude: list[str]) -> str:
             lines += [f"- {e}" for e in r["stale_entries"]]
         if r.get("survivors"):
             lines += ["", f"Survivors in `{r['module']}`:", ""]
-            lines += [f"- line {s['line']} (`{s['function']}`), {s['operator']}: `{s['source']}`"
+            lines += [f"- line {s['line']} (`{s['function']}`), {s['operator']}"
+                      f"{f' {number_offset(s)}' if number_offset(s) else ''}: `{s['source']}`"
                       + (f": equivalent, {s['equivalent']}" if s["equivalent"] else
                          f": killed since by `{s['killed_since']}`" if s.get("killed_since") else ": open")
                       for s in r["survivors"]]

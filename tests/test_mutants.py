@@ -48,3 +48,23 @@ def test_an_entry_follows_its_line_and_a_stale_one_is_reported():
     assert r["survivors"][0]["equivalent"] == "same" and r["equivalent"] == 1 and r["score"] == 1.0
     assert r["stale_entries"] == ["AddNot: `if y:`"]
     assert "matched no survivor" in mutants["report"]([r], [])
+
+
+def test_an_entry_with_an_offset_covers_that_number_mutant_only():
+    """cosmic-ray makes a +1 and a -1 mutant of each number (occurrences in turn): `max(0, c)` can
+    be equivalent while `max(2, c)` is killed by a later test; an entry's offset tells them apart."""
+    conf = {"equivalent": [{"module": "buildctl/m.py", "operator": "NumberReplacer", "source": "n = max(1, c)",
+                            "offset": "-1", "why": "c >= 1"}],
+            "killed_since": [{"module": "buildctl/m.py", "operator": "NumberReplacer", "source": "n = max(1, c)",
+                              "offset": "+1", "test": "tests/test_m.py::test_one"},
+                             {"module": "buildctl/m.py", "operator": "NumberReplacer", "source": "k = 2",
+                              "offset": "+1", "test": "tests/test_m.py::test_two"}]}
+    survivors = [{"operator": "NumberReplacer", "line": 7, "function": "f", "occurrence": occ, "source": src}
+                 for occ, src in [(4, "n = max(1, c)"), (5, "n = max(1, c)"), (9, "k = 2")]]
+    run = {"module": "buildctl/m.py", "killed": 7, "survived": 3, "skipped": 0, "incompetent": 0, "pending": 0,
+           "seconds": 60, "survivors": survivors}
+    (r,) = mutants["annotate"]([run], conf)
+    assert [(s["equivalent"], s["killed_since"]) for s in r["survivors"]] == [
+        (None, "tests/test_m.py::test_one"), ("c >= 1", None), (None, None)]
+    assert r["stale_entries"] == ["NumberReplacer +1: `k = 2`"]
+    assert "NumberReplacer -1: `k = 2`: open" in mutants["report"]([r], [])

@@ -347,6 +347,33 @@ def test_staggered_arrivals_hold_a_request_back_and_idle_gaps_are_skipped(hf_mod
     assert order == [(0, 50), (3, 60), (8 + 3, 70)], "each waits for its step; an idle gap is skipped, not waited"
 
 
+def test_staggered_requests_at_concurrency_one_run_one_at_a_time(hf_model, fake_tools, fake_runtime, tmp_path):
+    from buildctl.engines.batching import Request
+
+    runner = TrtllmRunner(small_engine(tmp_path, hf_model))
+    executor = runner.runner.executor
+    seen: list[int] = []  # requests in flight at each enqueue
+    enqueue = executor.enqueue_requests
+    executor.enqueue_requests = lambda reqs: (seen.append(len(executor.live)), enqueue(reqs))[1]
+    out = runner.generate_requests([Request([50], 4), Request([60], 3), Request([70], 2)], top_logprobs=0,
+                                   concurrency=1)
+    assert [g.token_ids for g in out] == [toy_greedy([50], 4), toy_greedy([60], 3), toy_greedy([70], 2)]
+    assert seen == [0, 0, 0], "concurrency 1: each request waits for the one before it to finish"
+
+
+def test_the_timed_stream_asks_for_no_logits(hf_model, fake_tools, fake_runtime, tmp_path):
+    """The speed run measures tokens only: asking the executor for generation logits would time
+    their device-to-host copies too (OutputConfig.return_generation_logits stays off)."""
+    runner = TrtllmRunner(small_engine(tmp_path, hf_model))
+    executor = runner.runner.executor
+    asked: list[bool] = []
+    enqueue = executor.enqueue_requests
+    executor.enqueue_requests = lambda reqs: (
+        asked.extend(r.output_config.return_generation_logits for r in reqs), enqueue(reqs))[1]
+    list(runner.stream(PROMPTS[:3], max_tokens=2, concurrency=2))
+    assert asked == [False, False, False]
+
+
 def test_logits_asked_of_an_executor_without_gather_fail_as_upstream_does(hf_model, fake_tools, fake_runtime, tmp_path):
     from buildctl.engines.batching import Request
     from tensorrt_llm.runtime import ModelRunnerCpp
