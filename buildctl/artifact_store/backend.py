@@ -88,8 +88,10 @@ class Store(Protocol):
         S3: delete, then a create-only put (with versioning, the bad version stays readable)."""
         ...
 
-    def list(self, prefix: str) -> Iterator[str]:
-        """Keys starting with ``prefix``, in lexicographic order."""
+    def list(self, prefix: str, start_after: str | None = None) -> Iterator[str]:
+        """Keys starting with ``prefix``, in lexicographic order; with ``start_after``, only the
+        keys after it (S3's ``StartAfter``: the server skips the rest, so a check for records newer
+        than one it knows is one request however long the prefix has grown)."""
         ...
 
     def delete(self, key: str) -> None:

@@ -10,7 +10,7 @@ import random
 import re
 import time
 from datetime import datetime, timezone
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -302,6 +302,20 @@ def history(store: Store, profile: str, channel: str, compat_key: str | None = N
             except StoreUnavailableError:
                 pass  # a read-only caller (a node): the record is still reported
     return sorted(out.values(), key=lambda r: (r.compat_key, r.seq))
+
+
+def history_after(store: Store, record: ChannelRecord) -> Iterator[ChannelRecord]:
+    """The history records of ``record``'s ref newer than it, newest first: one LIST that starts
+    after ``record``'s own key (normally empty), then a GET for each one found."""
+    prefix = history_prefix(record.profile, record.channel, record.compat_key)
+    after = history_key(record.profile, record.channel, record.compat_key, record.seq)
+    for k in reversed(list(store.list(prefix, start_after=after))):
+        yield read_history_record(store, k)
+
+
+def read_history_record(store: Store, key: str) -> ChannelRecord:
+    """One history record by its key (``history_key``); a malformed one raises ``CorruptObjectError``."""
+    return _parse_record(store.get_bytes(key), key)
 
 
 def resign(store: Store, rec: ChannelRecord, *, auth: Authority) -> ChannelRecord:

@@ -47,9 +47,9 @@ from buildctl.artifact_store.layout import (
 from buildctl.artifact_store.inventory import node_protections, read_inventory
 from buildctl.artifact_store.manifest import Manifest
 from buildctl.artifact_store.publish import build_key_owners
-from buildctl.artifact_store.quarantine import quarantine_records
+from buildctl.artifact_store.quarantine import quarantine_records_by_artifact
 from buildctl.artifact_store.errors import CorruptObjectError
-from buildctl.artifact_store.verify import list_artifacts, scan_manifests
+from buildctl.artifact_store.verify import scan_manifests
 
 DEFAULT_KEEP = 3
 DEFAULT_KEEP_HISTORY = 5
@@ -115,12 +115,12 @@ def protections(store: Store, arts: list[tuple[str, Manifest]], *, keep: int, ke
     why) pairs (gc passes the engines the nodes' inventory records say they run and keep).
     ``skipped``: malformed channel and history records are appended there, and every artifact of
     their profile is kept (what they point at cannot be read, so whatever they might guard is)."""
-    out: dict[str, list[str]] = {a: [] for a, _ in arts}
+    out: dict[str, dict[str, None]] = {a: {} for a, _ in arts}  # reasons in order, each once (O(1) to add)
     skipped = [] if skipped is None else skipped
 
     def add(artifact: str | None, why: str) -> None:
-        if artifact in out and why not in out[artifact]:
-            out[artifact].append(why)
+        if artifact in out:
+            out[artifact].setdefault(why, None)
 
     def guard_profile_of(key: str, why: str) -> None:
         skipped.append((key, why))
@@ -153,8 +153,9 @@ def protections(store: Store, arts: list[tuple[str, Manifest]], *, keep: int, ke
                                      f"[{rec.compat_key[:20]}]: a rollback target")
     for artifact, why in also:
         add(artifact, why)
+    quarantined = quarantine_records_by_artifact(store, skipped)  # one listing for the whole store
     for artifact, _ in arts:
-        recs = quarantine_records(store, artifact, skipped)
+        recs = quarantined.get(artifact)
         if recs:
             last = parse_utc(recs[-1][1].when)
             until = last + timedelta(seconds=quarantine_retention_s)
@@ -169,7 +170,7 @@ def protections(store: Store, arts: list[tuple[str, Manifest]], *, keep: int, ke
         counts[pair] = counts.get(pair, 0) + 1
         if counts[pair] <= keep:
             add(artifact, f"newest {counts[pair]} of {keep} for {m.profile_name} [{m.compat_key[:20]}]")
-    return out
+    return {a: list(why) for a, why in out.items()}
 
 
 def gc(store: Store, *, keep: int = DEFAULT_KEEP, keep_history: int = DEFAULT_KEEP_HISTORY,
@@ -186,7 +187,9 @@ def gc(store: Store, *, keep: int = DEFAULT_KEEP, keep_history: int = DEFAULT_KE
     def wall() -> datetime:  # ``now`` moved on by the time this run has taken
         return now + timedelta(seconds=clock() - started)
 
-    arts = list_artifacts(store)
+    scanned = {artifact: (m, why, named) for artifact, m, why, named in scan_manifests(store)}
+    arts = sorted(((a, m) for a, (m, _, _) in scanned.items() if m is not None),
+                  key=lambda am: am[1].created_at, reverse=True)  # newest first, as list_artifacts has them
     result = GcResult(dry_run=dry_run)
     named: set[str] = set()  # ids a malformed node record still names: it may run or keep them
     nodes = node_protections(read_inventory(store, result.skipped, named))
@@ -206,7 +209,7 @@ def gc(store: Store, *, keep: int = DEFAULT_KEEP, keep_history: int = DEFAULT_KE
         for d, m in doomed:
             d.error = _remove_artifact(store, d.artifact_id, m, result)
             d.removed = d.error is None
-    _sweep_blobs(store, result, grace, window, clock, wall, dry_run, {d.artifact_id for d, _ in doomed})
+    _sweep_blobs(store, result, grace, window, clock, wall, dry_run, {d.artifact_id for d, _ in doomed}, scanned)
     return result
 
 
@@ -235,13 +238,16 @@ def _remove_artifact(store: Store, artifact: str, m: Manifest, result: GcResult)
 
 
 def _sweep_blobs(store: Store, result: GcResult, grace: float, window: float, clock: Callable[[], float],
-                 wall: Callable[[], datetime], dry_run: bool, doomed: set[str]) -> None:
+                 wall: Callable[[], datetime], dry_run: bool, doomed: set[str],
+                 scanned: dict[str, tuple[Manifest | None, str, set[str] | None]]) -> None:
     """Mark (every manifest listed now) and sweep (every blob no manifest references). In a dry
-    run the doomed artifacts' manifests still exist: their blobs count as they would after."""
+    run the doomed artifacts' manifests still exist: their blobs count as they would after.
+    ``scanned``: the manifests gc read at its start; the mark lists the manifests again and reads
+    only those it has not read (a manifest's key is its digest: the same key, the same bytes)."""
     listed = clock()
     live: set[str] = set()
     blind = False  # an unreadable manifest that names no blob we can read: it might reference any
-    for artifact, m, why, named in scan_manifests(store):
+    for artifact, m, why, named in scan_manifests(store, known=scanned):
         if m is None:
             result.unreadable.append((artifact, why))
             if named is None:

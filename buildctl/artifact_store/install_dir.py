@@ -33,6 +33,7 @@ from typing import Callable, Iterator
 from buildctl.digest import fsync_dir, hash_file, hex_of
 from buildctl.artifact_store.backend import ProgressFn, Store
 from buildctl.artifact_store.channels import ChannelRecord
+from buildctl.artifact_store.trust import VerifiedRef
 from buildctl.artifact_store.download import download_verified
 from buildctl.artifact_store.errors import (
     FileProblem,
@@ -288,6 +289,28 @@ def record_installed(dest: Path, record: ChannelRecord) -> None:
     tmp = Path(dest) / f".{STATE_FILE}.{uuid.uuid4().hex}"
     tmp.write_text(json.dumps(state, sort_keys=True))
     os.replace(tmp, Path(dest) / STATE_FILE)
+
+
+TRUST_FILE = ".buildctl-trusted.json"
+
+
+def verified_refs(dest: Path) -> dict[str, VerifiedRef]:
+    """What this node's last full trust check of each channel ref covered (``check_trust``'s
+    proof); an unreadable file is no proof (the next pull checks everything again)."""
+    try:
+        data = json.loads((Path(dest) / TRUST_FILE).read_text())
+        return {str(k): VerifiedRef.model_validate(v) for k, v in data.items()}
+    except (OSError, ValueError, AttributeError):
+        return {}
+
+
+def record_verified(dest: Path, proof: VerifiedRef) -> None:
+    """Keep ``proof`` for ``proof.ref`` once what it covered is installed here."""
+    refs = verified_refs(dest)
+    refs[proof.ref] = proof
+    tmp = Path(dest) / f".{TRUST_FILE}.{uuid.uuid4().hex}"
+    tmp.write_text(json.dumps({k: v.model_dump(mode="json") for k, v in refs.items()}, sort_keys=True))
+    os.replace(tmp, Path(dest) / TRUST_FILE)
 
 
 HEALTH_FILE = ".buildctl-health.json"

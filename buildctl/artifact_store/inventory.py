@@ -118,14 +118,22 @@ def update_node(store: Store, node_id: str, change: Callable[[NodeRecord | None]
     raise CasConflictError(node_key(node_id), attempts)
 
 
+INVENTORY_READERS = 16  # node records read at once (S3: one connection each)
+
+
 def read_inventory(store: Store, skipped: list[tuple[str, str]] | None = None,
-                   named: set[str] | None = None) -> list[NodeRecord]:
-    """Every node's record. A malformed one raises :class:`CorruptObjectError`; with ``skipped``
-    (store-wide commands) it is appended there as ``(key, why)`` and passed over, and with
-    ``named`` the artifact ids its bytes still name are added there (gc keeps them)."""
+                   named: set[str] | None = None, *, workers: int = INVENTORY_READERS) -> list[NodeRecord]:
+    """Every node's record, in key order, ``workers`` read at once. A malformed one raises
+    :class:`CorruptObjectError`; with ``skipped`` (store-wide commands) it is appended there as
+    ``(key, why)`` and passed over, and with ``named`` the artifact ids its bytes still name are
+    added there (gc keeps them)."""
+    from buildctl.artifact_store.pools import interruptible_pool
+
+    keys = list(store.list(NODES))
+    with interruptible_pool(min(workers, max(1, len(keys))), "inventory") as (pool, _):
+        bodies = list(pool.map(store.get_ref, keys))
     out = []
-    for key in store.list(NODES):
-        got = store.get_ref(key)
+    for key, got in zip(keys, bodies):
         if got is None:
             continue
         try:
@@ -139,14 +147,20 @@ def read_inventory(store: Store, skipped: list[tuple[str, str]] | None = None,
     return out
 
 
-def node_protections(nodes: Iterable[NodeRecord]) -> list[tuple[str, str]]:
-    """What the nodes run or keep, as gc protections: (artifact, why)."""
-    out = []
+def node_protections(nodes: Iterable[NodeRecord], examples: int = 3) -> list[tuple[str, str]]:
+    """What the nodes run or keep, as gc protections: one (artifact, why) per artifact, counting
+    the nodes that report it installed, run it (current) or keep it (previous), with the first
+    ``examples`` node ids. Linear in the nodes: 100,000 nodes on one artifact give one reason."""
+    held: dict[str, dict[str, set[str]]] = {}
     for node in nodes:
         for e in node.engines:
-            out.append((e.artifact_id, f"node {node.node_id} reports it installed ({e.profile}/{e.channel}, {e.status})"))
-            if e.current:
-                out.append((e.current, f"node {node.node_id} runs it (current, {e.profile}/{e.channel})"))
-            if e.previous:
-                out.append((e.previous, f"node {node.node_id} keeps it as previous ({e.profile}/{e.channel})"))
+            for artifact, how in ((e.artifact_id, "installed"), (e.current, "current"), (e.previous, "previous")):
+                if artifact:
+                    held.setdefault(artifact, {}).setdefault(how, set()).add(node.node_id)
+    out = []
+    for artifact, by in held.items():
+        ids = sorted(set().union(*by.values()))
+        shown = ", ".join(ids[:examples]) + (f" and {len(ids) - examples} more" if len(ids) > examples else "")
+        hows = "; ".join(f"{how} on {len(by[how])}" for how in ("current", "previous", "installed") if how in by)
+        out.append((artifact, f"held by {len(ids)} node(s) ({hows}): {shown}"))
     return out

@@ -162,7 +162,7 @@ class LocalStore:
             tmp.unlink(missing_ok=True)
         fsync_dir(final.parent)
 
-    def list(self, prefix: str) -> Iterator[str]:
+    def list(self, prefix: str, start_after: str | None = None) -> Iterator[str]:
         base = prefix.rsplit("/", 1)[0] if "/" in prefix else ""
         start = self.root / base if base else self.root
         if not start.is_dir():
@@ -174,7 +174,7 @@ class LocalStore:
             rel = os.path.relpath(dirpath, self.root)
             for name in filenames:
                 key = name if rel == "." else f"{rel}/{name}".replace(os.sep, "/")
-                if key.startswith(prefix) and not name.endswith(".part"):
+                if key.startswith(prefix) and not name.endswith(".part") and (start_after is None or key > start_after):
                     keys.append(key)
         return iter(sorted(keys))
 

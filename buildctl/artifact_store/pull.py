@@ -15,9 +15,12 @@ from buildctl.artifact_store.install_dir import (
     Preflight,
     PullResult,
     channel_ref,
+    current_artifact,
     install_artifact,
     installed_seqs,
     record_installed,
+    record_verified,
+    verified_refs,
 )
 from buildctl.artifact_store.signing import TrustedKeys
 from buildctl.artifact_store.trust import check_fresh, check_trust
@@ -57,10 +60,14 @@ def pull(
     dest = Path(dest)
     check_fresh(record, min_seq)
     artifact_id = record.artifact_for(node_id)
+    proof = None
     if trusted is not None:
-        check_trust(store, record, trusted, seen=installed_seqs(dest).get(channel_ref(record), 0),
-                    artifact_id=artifact_id)
+        ref = channel_ref(record)
+        proof = check_trust(store, record, trusted, seen=installed_seqs(dest).get(ref, 0), artifact_id=artifact_id,
+                            known=verified_refs(dest).get(ref) if current_artifact(dest) == artifact_id else None)
     result = install_artifact(store, artifact_id, dest, preflight=preflight, keep=keep, on_bytes=on_bytes)
     result.record = record
     record_installed(dest, record)
+    if proof is not None:
+        record_verified(dest, proof)
     return result

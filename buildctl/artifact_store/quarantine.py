@@ -13,10 +13,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from buildctl.digest import canonical_json, digest_bytes
+from buildctl.digest import PREFIX as DIGEST_PREFIX, canonical_json, digest_bytes
 from buildctl.artifact_store.backend import Store
 from buildctl.artifact_store.errors import CorruptObjectError, QuarantinedError, StoreUnavailableError
-from buildctl.artifact_store.layout import quarantine_key, quarantine_prefix
+from buildctl.artifact_store.layout import QUARANTINE, quarantine_key, quarantine_prefix
 from buildctl.times import utc_now
 from buildctl.artifact_store.authority import Authority
 from buildctl.artifact_store.signing import SigningKey
@@ -57,8 +57,13 @@ def quarantine_records(store: Store, artifact_id: str,
     :class:`CorruptObjectError`; with ``skipped`` (store-wide commands) it is appended there as
     ``(key, why)`` and stands in the list as a quarantine (:func:`unreadable_record`): an artifact
     whose quarantine history cannot be read is treated as quarantined, never as clean."""
+    return _read_records(store, artifact_id, list(store.list(quarantine_prefix(artifact_id))), skipped)
+
+
+def _read_records(store: Store, artifact_id: str, keys: list[str],
+                  skipped: list[tuple[str, str]] | None) -> list[tuple[str, QuarantineRecord]]:
     out, unreadable = [], []
-    for key in store.list(quarantine_prefix(artifact_id)):
+    for key in keys:
         try:
             out.append((key, QuarantineRecord.model_validate(json.loads(store.get_bytes(key)))))
         except (ValueError, ValidationError):
@@ -67,6 +72,20 @@ def quarantine_records(store: Store, artifact_id: str,
             skipped.append((key, MALFORMED))
             unreadable.append((key, unreadable_record(artifact_id)))
     return out + unreadable  # last: an unreadable record decides, wherever it sorted
+
+
+def quarantine_records_by_artifact(store: Store, skipped: list[tuple[str, str]] | None = None,
+                                   ) -> dict[str, list[tuple[str, QuarantineRecord]]]:
+    """:func:`quarantine_records` for every artifact that has any, from one listing of
+    ``quarantine/`` (gc: not one listing per artifact). Keyed by the artifact id."""
+    by_hex: dict[str, list[str]] = {}
+    for key in store.list(QUARANTINE):
+        by_hex.setdefault(key[len(QUARANTINE):].split("/", 1)[0], []).append(key)
+    out = {}
+    for hexid, keys in by_hex.items():
+        artifact_id = f"{DIGEST_PREFIX}{hexid}"
+        out[artifact_id] = _read_records(store, artifact_id, keys, skipped)
+    return out
 
 
 def unreadable_record(artifact_id: str) -> QuarantineRecord:

@@ -77,10 +77,16 @@ def revoke(store: Store, key_id: str, reason: str, *, auth: Authority,
     return rec
 
 
-def revocations(store: Store) -> list[Revocation]:
-    """Every well-formed revocation record, oldest first (signatures not checked here)."""
+def revocation_keys(store: Store) -> list[str]:
+    """The keys of the revocation records (create-only, so the same keys are the same records)."""
+    return list(store.list(REVOCATIONS))
+
+
+def revocations(store: Store, keys: list[str] | None = None) -> list[Revocation]:
+    """Every well-formed revocation record, oldest first (signatures not checked here); ``keys``:
+    the listing already made (:func:`revocation_keys`)."""
     out = []
-    for key in store.list(REVOCATIONS):
+    for key in revocation_keys(store) if keys is None else keys:
         try:
             out.append(Revocation.model_validate_json(store.get_bytes(key)))
         except ValidationError:
@@ -88,13 +94,13 @@ def revocations(store: Store) -> list[Revocation]:
     return out
 
 
-def with_revocations(store: Store, trusted: TrustedKeys) -> TrustedKeys:
+def with_revocations(store: Store, trusted: TrustedKeys, keys: list[str] | None = None) -> TrustedKeys:
     """``trusted`` with the revocations that a trusted promoter key signed (and was not itself
-    revoked at the time of signing)."""
+    revoked at the time of signing); ``keys``: the revocation listing already made."""
     from buildctl.artifact_store.signing import verify_signature
 
     revoked: dict[str, tuple[datetime, str]] = dict(trusted.revoked)  # those given, and the store's
-    for rec in revocations(store):  # oldest first: a revocation by a since-revoked key counts if made before
+    for rec in revocations(store, keys):  # oldest first: a revocation by a since-revoked key counts if made before
         probe = replace(trusted, revoked=dict(revoked))
         try:
             verify_signature(f"revocation of {rec.key_id}", rec.signed_bytes(), rec.signature, probe, "promoter",

@@ -326,10 +326,12 @@ class S3Store:
         except Exception:  # best effort; a lifecycle rule cleans up the rest
             pass
 
-    def list(self, prefix: str) -> Iterator[str]:
+    def list(self, prefix: str, start_after: str | None = None) -> Iterator[str]:
         keys = []
+        after = {"StartAfter": self._k(start_after)} if start_after is not None else {}
         try:
-            for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=self._k(prefix)):
+            for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=self._k(prefix),
+                                                                             **after):
                 keys += [o["Key"][len(self.prefix):] for o in page.get("Contents", [])]
         except (ClientError, BotoCoreError) as err:
             raise self._fail(err, f"list {prefix}") from None

@@ -81,11 +81,18 @@ def list_artifacts(store: Store, profile: str | None = None) -> list[tuple[str, 
     return out
 
 
-def scan_manifests(store: Store) -> Iterator[tuple[str, Manifest | None, str, set[str] | None]]:
+def scan_manifests(store: Store, known: dict[str, tuple[Manifest | None, str, set[str] | None]] | None = None,
+                   ) -> Iterator[tuple[str, Manifest | None, str, set[str] | None]]:
     """Every manifest in the store: ``(artifact, manifest, "", None)`` when it verifies, else
-    ``(artifact, None, why, digests)`` with the blob digests its bytes still name (None: none)."""
+    ``(artifact, None, why, digests)`` with the blob digests its bytes still name (None: none).
+    ``known``: what an earlier scan of this store found, by artifact; a manifest listed again that
+    verified then is not read again (its key is its digest)."""
     for key in store.list(MANIFESTS):
         artifact = artifact_of_manifest_key(key)
+        seen = (known or {}).get(artifact)
+        if seen is not None and seen[0] is not None:
+            yield artifact, *seen
+            continue
         try:
             yield artifact, get_manifest(store, artifact), "", None
         except (ArtifactNotFoundError, ManifestError, CorruptObjectError) as err:

@@ -272,6 +272,20 @@ def test_list_by_partial_and_directory_prefixes(store):
     assert sorted(store.list("")) == sorted(keys)
 
 
+def test_list_starts_after_a_key(store):
+    """``start_after``: only the keys after it, whether or not it exists (a node asks for the
+    history records newer than the one it holds: one request, however long the history)."""
+    keys = [f"history/p/prod/k/{n:012d}.json" for n in (1, 2, 3, 10)] + ["history/p/prod/l/000000000001.json"]
+    for k in keys:
+        assert store.put_bytes(k, b"{}")
+    prefix = "history/p/prod/k/"
+    assert list(store.list(prefix, start_after=keys[1])) == keys[2:4]
+    assert list(store.list(prefix, start_after=f"{prefix}{5:012d}.json")) == [keys[3]]  # no such key
+    assert list(store.list(prefix, start_after=keys[3])) == []
+    assert list(store.list(prefix, start_after="a")) == keys[:4]  # before the prefix: all of it
+    assert list(store.list("history/p/prod/", start_after=keys[3])) == [keys[4]]
+
+
 def test_bad_keys_are_refused_by_the_local_store(tmp_path):
     from buildctl.artifact_store.backend import open_store
     from buildctl.artifact_store.errors import StoreArgumentError

@@ -15,6 +15,7 @@ from buildctl.engines.fingerprint import detect
 from buildctl.artifact_store import errors as ops_errors
 from buildctl.artifact_store.errors import StoreUnavailableError
 from buildctl.artifact_store.gc import gc
+from buildctl.artifact_store.quarantine import quarantine
 from buildctl.artifact_store.layout import blob_key, touch_key
 from buildctl.artifact_store.authority import Authority
 from buildctl.context import Context
@@ -56,7 +57,7 @@ def test_ten_compat_keys_four_rounds_every_rollback_target_survives(store, tmp_p
     removed = set(res.removed_artifacts)
     assert removed == {a for k in keys for a in never_promoted[k]} - {kept_by_node}
     why = {d.artifact_id: d.protected_by for d in res.decisions}
-    assert any("keeps it as previous" in w for w in why[kept_by_node])
+    assert "held by 1 node(s) (previous on 1): gpu-node-7" in why[kept_by_node]
     assert any(w.startswith("history prod #1") for w in why[prod[keys[3]][0]])  # round 0: only history protects it
     assert not any(w.startswith("newest") for w in why[prod[keys[3]][0]])
     assert res.removed_blobs == len(removed) and not res.not_removed  # each had one blob of its own; config.json is shared
@@ -202,3 +203,34 @@ def test_gc_never_deletes_the_blobs_of_an_artifact_whose_manifest_rotted(store, 
     res = gc(store, keep=0, keep_history=0, grace_s=1.0, delete_window_s=0.2)
     assert all(store.stat(blob_key(d)) is not None for d in digests), res.to_json()
     assert res.removed_blobs == 0 and aid in json.dumps(res.to_json())  # reported, not silently skipped
+
+
+def test_gc_reads_each_manifest_once_lists_quarantine_once_and_gives_one_reason_per_artifact(tmp_path):
+    """Issue 32: gc's requests for A artifacts and N nodes. Each manifest is read once (the mark
+    lists them again and reads only new ones), ``quarantine/`` is listed once for the store (not
+    once per artifact), node records are read once each, and 300 nodes running one artifact give
+    it one "held by" reason, not 300."""
+    from benchmarks.counting import CountingStore
+    from buildctl.artifact_store.backend import open_store
+
+    store = open_store(str(tmp_path / "store"))
+    keys = [f"aoti-{i:02d}" + "0" * 30 for i in range(3)]
+    arts = [publish(store, tmp_path, k, f"b{j}") for k in keys for j in range(4)]
+    quarantine(store, arts[0], "rotted", auth=Authority())
+    fp = detect()
+    for n in range(300):
+        record_engine_state(store, f"node-{n:03d}", fp, EngineState(
+            profile=PROFILE, channel="prod", compat_key=keys[0], artifact_id=arts[1], seq=1, status="healthy",
+            current=arts[1], previous=arts[2] if n % 3 == 0 else None, when=ops.utc_now()))
+    counting = CountingStore(store)
+    res = gc(counting, dry_run=True, now=LATER)
+    c = counting.by_area
+    assert c[("get_bytes", "manifests")] == len(arts), c
+    assert c[("list", "quarantine")] == 1, c
+    assert c[("get_ref", "inventory")] == 300, c  # every node record once
+    why = {d.artifact_id: d.protected_by for d in res.decisions}
+    held = [w for w in why[arts[1]] if w.startswith("held by")]
+    assert held == ["held by 300 node(s) (current on 300; installed on 300): node-000, node-001, node-002 and 297 more"]
+    assert [w for w in why[arts[2]] if w.startswith("held by")] == [
+        "held by 100 node(s) (previous on 100): node-000, node-003, node-006 and 97 more"]
+    assert any(w.startswith("quarantine record of") for w in why[arts[0]])

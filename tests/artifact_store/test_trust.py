@@ -10,7 +10,7 @@ from datetime import timedelta
 import pytest
 
 import buildctl.artifact_store as ops
-from buildctl.artifact_store.channels import set_channel
+from buildctl.artifact_store.channels import resign, set_channel
 from buildctl.times import parse_utc
 from buildctl.artifact_store.errors import (
     ExpiredRecordError,
@@ -18,7 +18,7 @@ from buildctl.artifact_store.errors import (
     SignatureError,
     StaleRecordError,
 )
-from buildctl.artifact_store.layout import history_key
+from buildctl.artifact_store.layout import channel_key, history_key
 from buildctl.artifact_store.install_dir import channel_ref, current_artifact, installed_seqs
 from buildctl.artifact_store.pull import pull
 from buildctl.artifact_store.trust import check_fresh, check_trust
@@ -148,3 +148,48 @@ def test_a_migrated_ref_counts_its_old_keys_quorum_and_nothing_else(signed_env):
                           auth=Authority(signer=p1, trusted=trusted2))  # no old key named: nothing to count
     with pytest.raises(SignatureError, match="1 of the 2"):
         check_trust(store, unnamed, trusted2)
+
+
+def _long_history(store, aid, m, p1, n):
+    """``n`` records on prod, all to ``aid`` (re-signs, as a year of them would leave)."""
+    rec = set_channel(store, aid, m, "prod", auth=Authority(signer=p1))
+    for _ in range(n - 1):
+        rec = resign(store, rec, auth=Authority(signer=p1))
+    return rec
+
+
+def test_a_poll_of_an_unchanged_ref_makes_three_requests_however_long_its_history(signed_env):
+    """Issue 32: a node that verified a ref and installed its artifact polls with the ref's GET,
+    one LIST of revocations and one LIST of history records newer than the ref (none), at
+    H = 1,000 as at H = 3; a new record, a new revocation or other trusted keys check again."""
+    from benchmarks.counting import CountingStore
+    from buildctl.artifact_store.revocation import revoke
+
+    store, (a, b, *_), dest, trusted, p1, p2 = signed_env
+    m = ops.get_manifest(store, a)
+    _long_history(store, a, m, p1, 1000)
+    counting = CountingStore(store)
+    first = pull(counting, P, "prod", dest, [m.compat_key], trusted=trusted)
+    assert first.installed and first.record.seq == 1000
+    for _ in range(2):
+        counting.reset()
+        again = pull(counting, P, "prod", dest, [m.compat_key], trusted=trusted)
+        assert not again.installed and counting.total() == 3, counting.counts
+        assert counting.counts == {"get_ref": 1, "list": 2}
+    # A replayed or frozen ref is still refused: a signed record newer than it is found.
+    ref = channel_key(P, "prod", m.compat_key)
+    frozen = store.get_ref(ref)[0]
+    newer = resign(store, first.record, auth=Authority(signer=p1))
+    assert newer.seq == 1001 and store.cas(ref, frozen, store.get_ref(ref)[1])  # the ref frozen back at #1000
+    with pytest.raises(StaleRecordError, match="1001"):
+        pull(counting, P, "prod", dest, [m.compat_key], trusted=trusted)
+    assert store.cas(ref, newer.to_bytes(), store.get_ref(ref)[1])
+    # Other trusted keys check the signatures again: p1 is not among them, refused.
+    other = TrustedKeys({"builder": trusted.by_role["builder"], "promoter": {p2.key_id: p2.private.public_key()}})
+    with pytest.raises(SignatureError):
+        pull(store, P, "prod", dest, [m.compat_key], trusted=other)
+    assert pull(store, P, "prod", dest, [m.compat_key], trusted=trusted).record.seq == 1001  # verified and kept
+    # A revocation written since checks them again too: p1 revoked from before #1001, refused.
+    revoke(store, p1.key_id, "leaked", auth=Authority(signer=p2, trusted=trusted), revoked_at=first.record.when)
+    with pytest.raises(SignatureError, match="revoked"):
+        pull(store, P, "prod", dest, [m.compat_key], trusted=trusted)
