@@ -268,9 +268,12 @@ def channel_compat_keys(store: Store, profile: str, channel: str) -> list[str]:
 
 
 def history(store: Store, profile: str, channel: str, compat_key: str | None = None,
-            skipped: list[tuple[str, str]] | None = None) -> list[ChannelRecord]:
+            skipped: list[tuple[str, str]] | None = None, *, since_seq: int = 0,
+            limit: int | None = None) -> list[ChannelRecord]:
     """The channel's records, oldest first, for one compat key or all of them. A malformed record
     (in the history or the ref) raises; with ``skipped`` it is appended there and passed over.
+    ``since_seq``: only records after it (for one compat key, the listing starts after its key);
+    ``limit``: only the newest ``limit`` of each compat key. Only the records kept are read.
 
     A promoter that died between its swap and its history write leaves the ref one record ahead:
     that record is included (and written, where this caller may write) so the chain has no gap.
@@ -281,8 +284,15 @@ def history(store: Store, profile: str, channel: str, compat_key: str | None = N
         skipped.append((key, err.detail))
 
     prefix = history_prefix(profile, channel, compat_key) if compat_key else history_channel_prefix(profile, channel)
+    after = history_key(profile, channel, compat_key, since_seq) if compat_key and since_seq else None
+    by_ref: dict[str, list[str]] = {}
+    for k in store.list(prefix, start_after=after):
+        if since_seq and int(k.rsplit("/", 1)[1].split(".", 1)[0]) <= since_seq:
+            continue
+        by_ref.setdefault(k.rsplit("/", 1)[0], []).append(k)
+    wanted = [k for keys in by_ref.values() for k in (keys[-limit:] if limit else keys)]
     out = {}
-    for k in store.list(prefix):
+    for k in wanted:
         try:
             r = _parse_record(store.get_bytes(k), k)
         except CorruptObjectError as err:
@@ -295,13 +305,16 @@ def history(store: Store, profile: str, channel: str, compat_key: str | None = N
         except CorruptObjectError as err:
             skip(channel_key(profile, channel, key), err)
             continue
-        if got and (got[0].compat_key, got[0].seq) not in out:
+        if got and got[0].seq > since_seq and (got[0].compat_key, got[0].seq) not in out:
             out[(got[0].compat_key, got[0].seq)] = got[0]
             try:
                 _settle_history(store, got[0])
             except StoreUnavailableError:
                 pass  # a read-only caller (a node): the record is still reported
-    return sorted(out.values(), key=lambda r: (r.compat_key, r.seq))
+    recs = sorted(out.values(), key=lambda r: (r.compat_key, r.seq))
+    if limit:
+        recs = [r for r in recs if sum(1 for q in recs if q.compat_key == r.compat_key and q.seq > r.seq) < limit]
+    return recs
 
 
 def history_after(store: Store, record: ChannelRecord) -> Iterator[ChannelRecord]:

@@ -239,15 +239,17 @@ def history_cmd(
     profile: str = typer.Option(..., "--profile", help="Profile name."),
     channel: str = typer.Option(..., "--channel", help="Channel name."),
     compat_key: Optional[str] = typer.Option(None, "--compat-key", help="Only this compat key."),
+    limit: Optional[int] = typer.Option(None, "--limit", min=1, help="Only the newest N records of each compat key."),
+    since_seq: int = typer.Option(0, "--since-seq", min=0, help="Only records after this sequence number."),
     json_out: bool = JSON_OPT,
 ) -> None:
-    """The channel's promotion history, oldest first."""
+    """The channel's promotion history, oldest first; only the records shown are read."""
     from buildctl.artifact_store.errors import ChannelNotFoundError
     from buildctl.artifact_store.channels import history
 
     skipped: list[tuple[str, str]] = []
-    recs = history(context(ctx).store, profile, channel, compat_key, skipped)
-    if not recs and not skipped:
+    recs = history(context(ctx).store, profile, channel, compat_key, skipped, since_seq=since_seq, limit=limit)
+    if not recs and not skipped and not since_seq:  # after --since-seq, nothing newer is an empty answer
         raise ChannelNotFoundError(profile, channel, [compat_key or "<any>"])
     if _quiet(ctx, json_out):
         emit_json([_record_json(r) for r in recs])

@@ -298,6 +298,29 @@ def test_history_includes_a_record_whose_history_write_was_lost(env):
     assert store.get_bytes(history_key(P, "prod", compat, 2)) == r2.to_bytes()  # settled again
 
 
+def test_history_pages_by_limit_and_since_seq_and_reads_only_what_it_returns(env, cli):
+    from benchmarks.counting import CountingStore
+
+    store, (a, b, _), m, compat = env
+    for aid in (a, b, a, b, a):
+        set_channel(store, aid, m, "prod")
+    counting = CountingStore(store)
+    assert [r.seq for r in ops.history(counting, P, "prod", compat, limit=2)] == [4, 5]
+    assert counting.by_area[("get_bytes", "history")] == 2
+    counting.reset()
+    assert [r.seq for r in ops.history(counting, P, "prod", compat, since_seq=3)] == [4, 5]
+    assert counting.by_area[("get_bytes", "history")] == 2
+    assert [r.seq for r in ops.history(store, P, "prod", since_seq=1, limit=3)] == [3, 4, 5]  # every compat key
+    assert ops.history(store, P, "prod", compat, since_seq=5) == []
+    code, out, err = cli("--store", store.uri, "--json", "history", "--profile", P, "--channel", "prod",
+                         "--limit", "1")
+    assert code == 0, err
+    assert [r["seq"] for r in __import__("json").loads(out)] == [5]
+    code, out, err = cli("--store", store.uri, "--json", "history", "--profile", P, "--channel", "prod",
+                         "--since-seq", "5")
+    assert code == 0 and __import__("json").loads(out) == [], err
+
+
 def test_records_leave_unset_optional_fields_out_of_their_bytes(env):
     from pydantic import ValidationError
 
