@@ -32,9 +32,12 @@ def busy_loops(n: int | None = None) -> Iterator[list[int]]:
 
 
 class SlowedRunner:
-    """The real candidate, ``factor`` times slower in every timed metric: after each event the
-    inner runner produces, wait ``factor - 1`` times as long as producing it took, and stamp the
-    event when the wait ends. (A fault injected for the speed gate's detection test, never shipped.)"""
+    """The real candidate, ``factor`` times slower in every timed metric: each event the inner
+    runner produces is held until ``factor`` times the inner runner's own time so far has passed
+    since the stream began, and stamped then. The wait spins on the clock: ``time.sleep`` cannot
+    wait tens of microseconds (a decode step here) and oversleeps by about 60 us, which made a
+    "1.5x" candidate about 2.5x slower at c=1. (A fault injected for the speed gate's detection
+    test, never shipped.)"""
 
     def __init__(self, inner, factor: float) -> None:
         self.inner, self.factor, self.name = inner, factor, f"slowed-{factor:g}x-" + inner.name
@@ -43,15 +46,20 @@ class SlowedRunner:
         return self.inner.generate(*a, **k)
 
     def stream(self, prompts, max_tokens, concurrency):
+        clock = time.perf_counter
         it = iter(self.inner.stream(prompts, max_tokens, concurrency))
+        start, spent = clock(), 0.0  # spent: the inner runner's time, without the waits
         while True:
-            t0 = time.perf_counter()
+            t0 = clock()
             try:
                 ev = next(it)
             except StopIteration:
                 return
-            time.sleep((time.perf_counter() - t0) * (self.factor - 1))
-            yield TokenEvent(ev.index, ev.token_id, time.perf_counter())
+            spent += clock() - t0
+            due = start + self.factor * spent
+            while clock() < due:
+                pass
+            yield TokenEvent(ev.index, ev.token_id, clock())
 
     def close(self):
         self.inner.close()

@@ -44,7 +44,10 @@ def test_aoti_engine_passes_against_vllm_and_can_be_promoted(tiny_build, vllm_re
     assert att.prompt_set.skipped == () and att.prompt_set.sets == ("mixed", "short")
     assert att.versions["vllm"].startswith("vllm") and att.model_digest_verified
     assert [lv.concurrency for lv in att.speed.levels] == [1, 4, 16, 32]
-    assert att.compat_key == detect().compat_key("aoti") and att.thresholds.levels[32]["min_throughput_ratio"] == 1.2
+    assert att.compat_key == detect().compat_key("aoti")
+    # the profile's gates, recorded per level: none lets an engine not clearly faster than vLLM pass
+    assert sorted(att.thresholds.levels) == [1, 4, 16, 32]
+    assert all(lv["min_throughput_ratio"] >= 1.2 for lv in att.thresholds.levels.values())
     # the staggered set: requests joining and leaving mid-run at two concurrencies, each equal to its solo reference
     assert [st.concurrency for st in att.parity.staggered] == [5, 17]
     assert all(st.failed == 0 and st.identical == st.prompts == att.parity.prompts for st in att.parity.staggered)
