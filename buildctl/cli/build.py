@@ -62,6 +62,41 @@ def make_tiny_cmd(
         out().print(f"{path}  {digest}")
 
 
+class _FastTokenizer:
+    """A tokenizer.json read by the ``tokenizers`` library alone: importing transformers' AutoTokenizer
+    costs seconds per command (it pulls in torch.distributed and the auto classes), which a node's
+    smoke check pays on every pull."""
+
+    def __init__(self, path: Path):
+        from tokenizers import Tokenizer
+
+        self._tok = Tokenizer.from_file(str(path))
+
+    def __call__(self, text: str) -> dict:
+        return {"input_ids": self._tok.encode(text).ids}
+
+    def decode(self, ids: list[int]) -> str:
+        return self._tok.decode(ids)
+
+
+def _load_tokenizer(directory: Path):
+    """The directory's tokenizer. A ``tokenizer.json`` whose config asks for no special tokens on top
+    (no ``add_bos_token``/``add_eos_token``, which transformers applies itself) is read by the
+    ``tokenizers`` library directly, with the same ids; anything else goes through AutoTokenizer."""
+    import json
+
+    config = directory / "tokenizer_config.json"
+    try:
+        extra = json.loads(config.read_text()) if config.is_file() else {}
+    except (OSError, ValueError):
+        extra = {"unreadable": True}
+    if (directory / "tokenizer.json").is_file() and not {"add_bos_token", "add_eos_token", "unreadable"} & set(extra):
+        return _FastTokenizer(directory / "tokenizer.json")
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(directory))
+
+
 def generate_cmd(
     ctx: typer.Context,
     engine: Path = typer.Argument(..., help="An engine directory, e.g. DIR/current after a pull."),
@@ -75,11 +110,7 @@ def generate_cmd(
     from buildctl.errors import BadInputError
     from buildctl.pipeline import load_engine
 
-    tok = None
-    if tokenizer is not None:
-        from transformers import AutoTokenizer
-
-        tok = AutoTokenizer.from_pretrained(str(tokenizer))
+    tok = _load_tokenizer(tokenizer) if tokenizer is not None else None
     if prompt_ids:
         try:
             ids = [int(x) for x in prompt_ids.split(",") if x.strip()]

@@ -112,3 +112,30 @@ def test_console_script_end_to_end(tmp_path):
     assert "engine.tp_size" in r.stderr and "aoti-single-rank" in r.stderr and "Traceback" not in r.stderr
     r = subprocess.run([exe, "--json", "fingerprint"], capture_output=True, text=True, cwd=REPO)
     assert r.returncode == 0 and json.loads(r.stdout)["platform"]
+
+
+def test_generate_reads_a_plain_tokenizer_json_without_transformers_and_gets_the_same_ids(tmp_path):
+    """`buildctl generate --tokenizer` encodes with the tokenizers library when the directory's
+    config adds no special tokens of its own (importing AutoTokenizer cost seconds per smoke
+    check), with the same ids and text as AutoTokenizer; a config that adds them falls back."""
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    from buildctl.cli.build import _FastTokenizer, _load_tokenizer
+    from buildctl.engines.profile import TinyModel
+    from buildctl.engines.tiny import make_tiny
+    from buildctl.settings import load_settings
+
+    model = make_tiny(TinyModel(), load_settings().cache_dir)
+    fast, slow = _load_tokenizer(model), AutoTokenizer.from_pretrained(str(model))
+    assert isinstance(fast, _FastTokenizer)
+    for text in ("A build pipeline turns", "", "engines, manifests and channels: 42 of them"):
+        ids = fast(text)["input_ids"]
+        assert ids == slow(text)["input_ids"]
+        assert fast.decode(ids) == slow.decode(ids)
+    bos = tmp_path / "bos"
+    shutil.copytree(model, bos)
+    config = json.loads((bos / "tokenizer_config.json").read_text())
+    (bos / "tokenizer_config.json").write_text(json.dumps({**config, "add_bos_token": True}))
+    assert not isinstance(_load_tokenizer(bos), _FastTokenizer)
