@@ -15,8 +15,7 @@ from datetime import datetime, timezone
 from typing import Any, Callable, Iterable
 
 from buildctl.coverage import serving_key
-from buildctl.engines.errors import FingerprintError
-from buildctl.engines.fingerprint import Fingerprint, parse_fingerprint
+from buildctl.engines.fingerprint import Fingerprint
 from buildctl.engines.profile import BuildProfile
 from buildctl.engines.registry import backend_names, get_backend
 from buildctl.context import Context
@@ -37,7 +36,10 @@ from buildctl.artifact_store.inventory import (
 from buildctl.times import parse_utc, utc_now
 from buildctl.artifact_store.attestations import latest_attestation
 from buildctl.artifact_store.quarantine import active_quarantine
-from buildctl.artifact_store.verify import list_artifacts
+from buildctl.artifact_store.verify import artifacts_built_from, list_artifacts
+from buildctl.node_index import demand_counts, index_ready, node_compat_keys, node_fingerprint, node_markers
+
+__all__ = ["node_compat_keys", "node_fingerprint"]  # re-exported: callers know them as fleet's
 
 
 # The event a node report emits when a field its engines depend on changed (buildctl.flows.events).
@@ -83,21 +85,6 @@ class ReportResult:
         return any(before.get(b) != now.get(b) for b in wanted) or any(b in wanted for b in self.soft_changed)
 
 
-def node_fingerprint(record: NodeRecord) -> Fingerprint | None:
-    """The fingerprint a node record holds (None when this version cannot read it)."""
-    try:
-        return parse_fingerprint(record.fingerprint, f"inventory record of {record.node_id}")
-    except FingerprintError:
-        return None
-
-
-def node_compat_keys(record: NodeRecord) -> dict[str, str]:
-    """A node's compat key per backend, computed from its recorded fingerprint by this version
-    (the record's own ``compat_keys`` may be schema-1 keys)."""
-    fp = node_fingerprint(record)
-    return {b: fp.compat_key(b) for b in backend_names()} if fp is not None else dict(record.compat_keys)
-
-
 def _identity(node_id: str, fingerprint: Fingerprint, profiles: tuple[str, ...]) -> dict[str, Any]:
     """A node record's fields that come from the node's fingerprint, and when it reported them."""
     return {"node_id": node_id, "fingerprint": fingerprint.model_dump(mode="json"),
@@ -116,7 +103,7 @@ def report_node(store: Store, node_id: str, fingerprint: Fingerprint, profiles: 
                           engines=current.engines if current else (),
                           event_pending=current.event_pending if current else None)
 
-    rec, previous = update_node(store, node_id, change, attempts=attempts)
+    rec, previous = update_node(store, node_id, change, attempts=attempts, markers=node_markers)
     return ReportResult(rec, previous)
 
 
@@ -127,7 +114,7 @@ def set_event_pending(store: Store, node_id: str, pending: PendingEvent | None, 
             raise StoreArgumentError(f"node {node_id!r} has no inventory record to mark")
         return current.model_copy(update={"event_pending": pending})
 
-    return update_node(store, node_id, change, attempts=attempts)[0]
+    return update_node(store, node_id, change, attempts=attempts, markers=node_markers)[0]
 
 
 def owed_event(result: ReportResult, backends: Iterable[str]) -> PendingEvent | None:
@@ -148,7 +135,7 @@ def _update_node(store: Store, node_id: str, fingerprint: Fingerprint, profile: 
     def apply(current: NodeRecord | None) -> NodeRecord:
         return change(current if current is not None else NodeRecord(**_identity(node_id, fingerprint, (profile,))))
 
-    return update_node(store, node_id, apply, attempts=attempts)[0]
+    return update_node(store, node_id, apply, attempts=attempts, markers=node_markers)[0]
 
 
 def record_pull_failure(store: Store, node_id: str, fingerprint: Fingerprint, failure: PullFailure, *,
@@ -204,6 +191,11 @@ def plan_builds(nodes: Iterable[tuple[Iterable[str], dict[str, str]]], profile_b
                 continue
             pair = (name, compat_keys[backend])
             counts[pair] = counts.get(pair, 0) + 1
+    return needs(counts, have)
+
+
+def needs(counts: dict[tuple[str, str], int], have: set[tuple[str, str]]) -> list[BuildNeed]:
+    """The pairs of ``counts`` ((profile, compat key) -> nodes) that have no artifact yet."""
     return [BuildNeed(p, k, n) for (p, k), n in sorted(counts.items()) if (p, k) not in have]
 
 
@@ -220,7 +212,12 @@ def existing_pairs(store: Store, profile_hashes: dict[str, str], *, now: datetim
     or inconclusive one is built again by the next reconcile."""
     now = now or datetime.now(timezone.utc)
     out = set()
-    for aid, m in list_artifacts(store):
+    if index_ready(store):  # only the current hashes' artifacts, from the pair index
+        arts = sorted((am for p, h in profile_hashes.items() for am in artifacts_built_from(store, p, h)),
+                      key=lambda am: am[1].created_at, reverse=True)
+    else:
+        arts = list_artifacts(store)
+    for aid, m in arts:
         if profile_hashes.get(m.profile_name) != m.profile_hash:
             continue
         pair = (m.profile_name, serving_key(m))
@@ -289,10 +286,15 @@ def fleet_plan(store: Store, profiles: dict[str, BuildProfile], only_profiles: I
     ``skipped``: malformed node and quarantine records are listed there and passed over (an
     artifact whose quarantine record is malformed counts as quarantined: it is built again)."""
     skipped = [] if skipped is None else skipped
+    backends = {n: p.engine.backend for n, p in profiles.items()}
+    planned = set(backends if only_profiles is None else only_profiles)
+    have = existing_pairs(store, {n: p.build_hash() for n, p in profiles.items() if n in planned}, skipped=skipped)
+    if index_ready(store):  # one LIST per 1,000 (node, profile) entries of the profiles planned
+        wanted = sorted(planned & set(backends))
+        return needs({(name, key): count for name in wanted
+                      for key, count in demand_counts(store, name, backends[name]).items()}, have)
     inventory = read_inventory(store, skipped)
-    have = existing_pairs(store, {n: p.build_hash() for n, p in profiles.items()}, skipped=skipped)
-    return plan_builds(((n.profiles, node_compat_keys(n)) for n in inventory),
-                       {n: p.engine.backend for n, p in profiles.items()}, have, only_profiles)
+    return plan_builds(((n.profiles, node_compat_keys(n)) for n in inventory), backends, have, only_profiles)
 
 
 def event_payload(result: ReportResult) -> dict[str, Any]:

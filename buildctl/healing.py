@@ -15,6 +15,7 @@ import random
 from dataclasses import dataclass, field
 
 from buildctl.context import Context
+from buildctl.node_index import IndexReport, index_ready, rebuild as rebuild_index
 from buildctl.pipeline import PROTECTED_CHANNELS, passing_attestation
 from buildctl.artifact_store.backend import Store
 from buildctl.artifact_store.channels import all_channel_records, channels_pointing_at, history
@@ -160,11 +161,13 @@ class ScrubReport:
     rows: list[ScrubRow]
     skipped: list[tuple[str, str]] = field(default_factory=list)  # (key, why): malformed records passed over
     checked_records: int = 0
+    node_index: IndexReport | None = None  # the node index checked and repaired (None: not built yet)
 
     def to_json(self) -> dict:
         return {"checked_bytes": self.checked_bytes, "checked_records": self.checked_records,
                 "artifacts": [r.to_json() for r in self.rows],
-                "skipped_records": [{"key": k, "why": why} for k, why in self.skipped]}
+                "skipped_records": [{"key": k, "why": why} for k, why in self.skipped],
+                "node_index": self.node_index.to_json() if self.node_index else None}
 
     @property
     def corrupt(self) -> list[ScrubRow]:
@@ -220,7 +223,10 @@ def scrub(ctx: Context, *, sample: float = 1.0, channels_only: bool = False,
             verify_deep_or_quarantine(store, aid, detector="scrub", auth=ctx.auth)
         except VerificationError as err:
             row.status, row.problems, row.quarantine_key = "corrupt", [p.render() for p in err.problems], err.quarantine_key
-    return ScrubReport(rows, skipped, check_records(store, skipped))  # then every small record, of every kind
+    report = ScrubReport(rows, skipped, check_records(store, skipped))  # then every small record, of every kind
+    if index_ready(store):  # and the node index against the node records: missing markers written, stale deleted
+        report.node_index = rebuild_index(store, repair=True)
+    return report
 
 
 def channels_pointing_at_all(store: Store, skipped: list[tuple[str, str]] | None = None) -> list[tuple[str, str]]:

@@ -13,6 +13,10 @@ paused); an active wave whose bake time has passed within budget advances, or co
 rollout when it is the last. :func:`tick` applies the decisions, each against the record it was
 made on (compare-and-swap: a channel that moved meanwhile is decided again next time).
 
+Once the store's node index is built (:mod:`buildctl.node_index`), a view counts from its scope
+and status markers (two LISTs per channel ref) instead of reading every node record; a node with
+two states is read, and a halt is decided only on failures the failed nodes' records confirm.
+
 :func:`rollout_step` writes each step (advance, complete, pause, resume, halt, abort) as a new,
 signed channel record.
 
@@ -28,6 +32,7 @@ from typing import Any, Iterable
 
 from buildctl.context import Context
 from buildctl.fleet import node_fingerprint
+from buildctl.node_index import index_ready, scope_nodes, state_of, status_states
 from buildctl.times import parse_utc, utc_now
 from buildctl.artifact_store.authority import Authority
 from buildctl.artifact_store.backend import Store
@@ -40,7 +45,7 @@ from buildctl.artifact_store.channels import (
     read_channel,
     resign,
 )
-from buildctl.artifact_store.inventory import NodeRecord, read_inventory
+from buildctl.artifact_store.inventory import ARTIFACT_REFUSALS, NodeRecord, read_inventory, read_node
 from buildctl.artifact_store.errors import (
     CasConflictError,
     ChannelNotFoundError,
@@ -52,9 +57,6 @@ from buildctl.artifact_store.rollout import in_wave
 from buildctl.artifact_store.verify import get_manifest
 
 NODE_STATES = ("healthy", "failed", "installed", "pending")
-# Refused pulls that are about the artifact (its bytes, its quarantine, its signature). A stale,
-# expired or replayed channel record is refused too, but says nothing about the artifact.
-ARTIFACT_REFUSALS = ("VerificationError", "CorruptObjectError", "QuarantinedError", "SignatureError: manifest")
 
 
 @dataclass(frozen=True)
@@ -132,12 +134,18 @@ def on_key(node: NodeRecord, backend: str, compat_key: str) -> bool:
 def decide(rec: ChannelRecord, nodes: list[NodeRecord], now: datetime) -> RolloutView:
     """Count the waves and decide; ``nodes`` are the ones in scope (:func:`nodes_in_scope`)."""
     r = rec.rollout
+    status = {n.node_id: node_status(n, rec.profile, rec.channel, r.target) for n in nodes} if r else {}
+    return decide_statuses(rec, status, now)
+
+
+def decide_statuses(rec: ChannelRecord, status: dict[str, str], now: datetime) -> RolloutView:
+    """:func:`decide` on each in-scope node's status (node id -> :data:`NODE_STATES`)."""
+    r = rec.rollout
     if r is None:
         return RolloutView(rec, [], "none", "no rollout on this channel")
-    status = {n.node_id: node_status(n, rec.profile, rec.channel, r.target) for n in nodes}
     waves = []
     for i, w in enumerate(r.waves):
-        members = sorted(n.node_id for n in nodes if in_wave(rec.profile, rec.channel, n.node_id, w.percent))
+        members = sorted(n for n in status if in_wave(rec.profile, rec.channel, n, w.percent))
         counts = {s: sum(status[m] == s for m in members) for s in NODE_STATES}
         state = "done" if i < r.wave or r.state == "completed" else ("current" if i == r.wave else "waiting")
         waves.append(WaveCount(i, w.percent, w.max_failures, w.allowed_failures(len(members)), len(members),
@@ -240,13 +248,47 @@ def _records(store: Store, profile: str | None, channel: str, compat_key: str | 
 
 def view(store: Store, rec: ChannelRecord, nodes: list[NodeRecord] | None = None,
          now: datetime | None = None) -> RolloutView:
-    """The rollout on one channel ref, counted from the inventory."""
-    nodes = read_inventory(store) if nodes is None else nodes
+    """The rollout on one channel ref, counted from the inventory: from ``nodes``, else from the
+    node index once the store has one (two LISTs), else from every node record."""
+    now = now or datetime.now(timezone.utc)
     if rec.rollout is None:
-        return decide(rec, [], now or datetime.now(timezone.utc))
+        return decide(rec, [], now)
     backend = get_manifest(store, rec.rollout.target).backend
-    scope = nodes_in_scope(nodes, rec.profile, rec.channel, backend, rec.compat_key)
-    return decide(rec, scope, now or datetime.now(timezone.utc))
+    if nodes is None and index_ready(store):
+        return _view_from_index(store, rec, backend, now)
+    nodes = read_inventory(store) if nodes is None else nodes
+    return decide(rec, nodes_in_scope(nodes, rec.profile, rec.channel, backend, rec.compat_key), now)
+
+
+def _view_from_index(store: Store, rec: ChannelRecord, backend: str, now: datetime) -> RolloutView:
+    """The view from the node index's scope and status markers. The index may hold extra markers
+    (an update interrupted between its markers and its record), so a node whose markers disagree
+    is read, and a halt is decided only on failures its nodes' own records confirm."""
+    r = rec.rollout
+    states = status_states(store, rec.profile, rec.channel, r.target)
+    status: dict[str, str] = {}
+    unsure = []
+    for node_id in scope_nodes(store, rec.profile, backend, rec.compat_key):
+        got = state_of(states.get(node_id, set()))
+        if got is None:
+            unsure.append(node_id)
+        else:
+            status[node_id] = got
+
+    def from_record(node_id: str) -> None:
+        got = read_node(store, node_id)
+        status.pop(node_id, None)
+        if got is not None and nodes_in_scope([got[0]], rec.profile, rec.channel, backend, rec.compat_key):
+            status[node_id] = node_status(got[0], rec.profile, rec.channel, r.target)
+
+    for node_id in unsure:
+        from_record(node_id)
+    v = decide_statuses(rec, status, now)
+    if v.decision == "halt":
+        for node_id in v.waves[r.wave].failed_nodes:
+            from_record(node_id)
+        v = decide_statuses(rec, status, now)
+    return v
 
 
 def status(store: Store, profile: str, channel: str, compat_key: str | None = None,
@@ -254,7 +296,7 @@ def status(store: Store, profile: str, channel: str, compat_key: str | None = No
     """Every compat key's rollout view of the channel (``buildctl rollout status``). With
     ``skipped``, malformed channel refs and node records are listed there and left out of the view
     (``tick``, which moves waves, never passes over a node it cannot read)."""
-    nodes = read_inventory(store, skipped)
+    nodes = None if index_ready(store) else read_inventory(store, skipped)
     return [view(store, r, nodes) for r in _records(store, profile, channel, compat_key, skipped)]
 
 
@@ -262,7 +304,7 @@ def tick(ctx: Context, *, channel: str, profile: str | None = None, now: datetim
     """Decide every live rollout on ``channel`` (of ``profile``, or of every profile) and apply the
     decisions; returns the views, each with the record written (``applied``), if any."""
     store = ctx.store
-    nodes = read_inventory(store)
+    nodes = None if index_ready(store) else read_inventory(store)
     out = []
     for rec in _records(store, profile, channel, None):
         if rec.rollout is None or not rec.rollout.live:

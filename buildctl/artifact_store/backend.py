@@ -95,7 +95,8 @@ class Store(Protocol):
         ...
 
     def delete(self, key: str) -> None:
-        """Remove a key (missing keys are fine). Only garbage collection calls this."""
+        """Remove a key (missing keys are fine). Garbage collection calls this, and the writers of
+        derived keys (a completed pending promotion, node-index markers a record no longer implies)."""
         ...
 
     def get_ref(self, key: str) -> tuple[bytes, str] | None:

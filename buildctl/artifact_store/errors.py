@@ -294,3 +294,14 @@ class ScrubFoundCorruptionError(IntegrityError):
     def __init__(self, artifacts: list[str]) -> None:
         self.artifacts = list(artifacts)
         super().__init__(f"scrub found {len(artifacts)} corrupt artifact(s), quarantined: {', '.join(artifacts)}")
+
+
+class IndexMismatchError(IntegrityError):
+    """``buildctl index check``: the node index lacks markers its node records imply, or holds
+    markers no record implies (``buildctl index rebuild`` repairs both). Exit 4."""
+
+    def __init__(self, missing: list[str], stale: list[str]) -> None:
+        self.missing, self.stale = list(missing), list(stale)
+        first = (self.missing + self.stale)[:3]
+        super().__init__(f"node index: {len(self.missing)} missing and {len(self.stale)} stale marker(s), e.g. "
+                         f"{', '.join(first)}; run buildctl index rebuild")

@@ -1,7 +1,8 @@
 """The node inventory: what each node reported, one record per node under
 ``inventory/nodes/<node_id>.json``, replaced with compare-and-swap.
 
-The store owns this data: nodes write their own record (the node role may write nothing else),
+The store owns this data: nodes write their own record and the node-index markers derived from
+it (``update_node``'s ``markers``; the node role may write nothing else),
 rollouts count waves from it, and garbage collection (:mod:`.gc`) reads the engines nodes run
 and keep from it (:func:`node_protections`). Reporting a fingerprint is
 :mod:`buildctl.fleet`'s (it computes the compat keys).
@@ -18,7 +19,15 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from buildctl.digest import canonical_json
 from buildctl.artifact_store.backend import Store
 from buildctl.artifact_store.errors import CasConflictError, CorruptObjectError, StoreArgumentError
-from buildctl.artifact_store.layout import NODES, node_key
+from buildctl.artifact_store.layout import (
+    HELD_INDEX,
+    NODE_INDEX_META,
+    NODES,
+    held_key,
+    node_key,
+    parse_held_key,
+    status_prefix,
+)
 
 NODE_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")
 
@@ -105,17 +114,68 @@ def check_node_id(node_id: str) -> None:
 
 
 def update_node(store: Store, node_id: str, change: Callable[[NodeRecord | None], NodeRecord], *,
-                attempts: int = 20) -> tuple[NodeRecord, NodeRecord | None]:
+                attempts: int = 20, markers: Callable[[NodeRecord], set[str]] | None = None
+                ) -> tuple[NodeRecord, NodeRecord | None]:
     """Replace the node's record with ``change(current)`` (``None``: no record yet), with
-    compare-and-swap, retried; returns the new record and the one it replaced."""
+    compare-and-swap, retried; returns the new record and the one it replaced.
+
+    ``markers``: the node-index keys a record implies (``buildctl.node_index.node_markers``). The
+    ones the new record adds are written before it and the ones it drops are deleted after it, so
+    an interrupted update leaves extra markers (which readers confirm against the record, and a
+    check finds), never a committed record without its markers."""
     check_node_id(node_id)
     for _ in range(attempts):
         current = read_node(store, node_id)
         rec = change(current[0] if current else None)
+        before = markers(current[0]) if markers is not None and current else set()
+        after = markers(rec) if markers is not None else set()
+        for key in sorted(after - before):
+            store.put_bytes(key, b"")
         if store.cas(node_key(node_id), canonical_json(rec.model_dump(mode="json")), current[1] if current else None):
+            for key in sorted(before - after):
+                store.delete(key)
             return rec, current[0] if current else None
         time.sleep(0.05)
     raise CasConflictError(node_key(node_id), attempts)
+
+
+# Refused pulls that are about the artifact (its bytes, its quarantine, its signature). A stale,
+# expired or replayed channel record is refused too, but says nothing about the artifact.
+ARTIFACT_REFUSALS = ("VerificationError", "CorruptObjectError", "QuarantinedError", "SignatureError: manifest")
+HOLDS = ("installed", "current", "previous")
+
+
+def held_markers(rec: NodeRecord) -> set[str]:
+    """The artifacts the node reports installed, current or previous, as node-index keys (gc keeps them)."""
+    return {held_key(artifact, rec.node_id, how) for e in rec.engines
+            for artifact, how in zip((e.artifact_id, e.current, e.previous), HOLDS) if artifact}
+
+
+def status_markers(rec: NodeRecord) -> set[str]:
+    """The node's state with each artifact on each channel, as node-index keys: its engine states,
+    and ``refused`` for each artifact a pull refused on its bytes, quarantine or signature."""
+    out = {f"{status_prefix(e.profile, e.channel, e.artifact_id)}{rec.node_id}.{e.status}" for e in rec.engines}
+    out |= {f"{status_prefix(f.profile, f.channel, f.artifact_id)}{rec.node_id}.refused" for f in rec.pull_failures
+            if f.error.startswith(ARTIFACT_REFUSALS)}
+    return out
+
+
+def index_built(store: Store) -> bool:
+    """Whether the node index has been built (``buildctl index rebuild`` writes its meta marker):
+    until then, readers read the node records."""
+    return store.stat(NODE_INDEX_META) is not None
+
+
+def read_held(store: Store) -> dict[str, dict[str, set[str]]]:
+    """artifact -> how -> node ids, from the node index's held markers (one LIST per 1,000)."""
+    held: dict[str, dict[str, set[str]]] = {}
+    for key in store.list(HELD_INDEX):
+        try:
+            artifact, node_id, how = parse_held_key(key)
+        except ValueError:
+            continue
+        held.setdefault(artifact, {}).setdefault(how, set()).add(node_id)
+    return held
 
 
 INVENTORY_READERS = 16  # node records read at once (S3: one connection each)
@@ -147,14 +207,16 @@ def read_inventory(store: Store, skipped: list[tuple[str, str]] | None = None,
     return out
 
 
-def node_protections(nodes: Iterable[NodeRecord], examples: int = 3) -> list[tuple[str, str]]:
+def node_protections(nodes: Iterable[NodeRecord], examples: int = 3,
+                     held: dict[str, dict[str, set[str]]] | None = None) -> list[tuple[str, str]]:
     """What the nodes run or keep, as gc protections: one (artifact, why) per artifact, counting
     the nodes that report it installed, run it (current) or keep it (previous), with the first
-    ``examples`` node ids. Linear in the nodes: 100,000 nodes on one artifact give one reason."""
-    held: dict[str, dict[str, set[str]]] = {}
+    ``examples`` node ids. Linear in the nodes: 100,000 nodes on one artifact give one reason.
+    ``held``: the same facts read from the node index (:func:`read_held`), added to the records'."""
+    held = {a: {h: set(ids) for h, ids in by.items()} for a, by in (held or {}).items()}
     for node in nodes:
         for e in node.engines:
-            for artifact, how in ((e.artifact_id, "installed"), (e.current, "current"), (e.previous, "previous")):
+            for artifact, how in zip((e.artifact_id, e.current, e.previous), HOLDS):
                 if artifact:
                     held.setdefault(artifact, {}).setdefault(how, set()).add(node.node_id)
     out = []

@@ -58,6 +58,23 @@ def build_index_prefix(build_key: str) -> str:
     return f"index/build-keys/{hex_of(build_key)}"
 
 
+PAIR_INDEX = "index/pairs/"
+
+
+def pair_prefix(profile: str, profile_hash: str) -> str:
+    """Artifacts built from this profile's build hash (one empty marker each, written at publish
+    before the manifest): the reconcile plan lists its profiles' current hashes only."""
+    return f"{PAIR_INDEX}{profile}/{profile_hash.split(':', 1)[-1]}/"
+
+
+def pair_key(profile: str, profile_hash: str, artifact_id: str) -> str:
+    return f"{pair_prefix(profile, profile_hash)}{hex_of(artifact_id)}"
+
+
+def artifact_of_pair_key(key: str) -> str:
+    return "xxh3-128:" + key.rsplit("/", 1)[1]
+
+
 def timed_record_names_its_bytes(key: str, record_id: str) -> bool:
     """Whether a create-only record's key (:func:`_timed_record_key`) carries this digest of its bytes."""
     return key.endswith(f"-{hex_of(record_id)}.json")
@@ -147,3 +164,44 @@ def revocation_key(when: str, record_id: str) -> str:
 def pending_key(profile: str, channel: str, compat_key: str) -> str:
     """A promotion waiting for more promoter signatures (k-of-n channels; compare-and-swap)."""
     return f"{PENDING}{profile}/{channel}/{compat_key}.json"
+
+
+# --- the node index: markers derived from each node record (docs/store-layout.md) ---------------
+# Empty objects whose keys carry the facts, so one LIST (1,000 keys a page on S3) answers what a
+# GET of every node record answered: who serves a profile on a compat key, how each node is doing
+# with an artifact on a channel, which artifacts nodes hold. The node writes them with its record
+# (new markers before the record, stale ones deleted after it); `buildctl index rebuild` derives
+# them all from the records, and `buildctl index check` (and scrub) compares.
+NODE_INDEX = "inventory/index/"
+NODE_INDEX_META = f"{NODE_INDEX}meta.json"  # written by a rebuild: readers use the index only once it exists
+
+
+def scope_prefix(profile: str, backend: str, compat_key: str) -> str:
+    """Nodes that serve (or pulled) ``profile`` and resolve ``compat_key`` of ``backend``."""
+    return f"{NODE_INDEX}scope/{profile}/{backend}/{compat_key}/"
+
+
+def demand_prefix(profile: str, backend: str) -> str:
+    """``<compat key>/<node id>``: nodes serving ``profile`` on their current key of ``backend``."""
+    return f"{NODE_INDEX}demand/{profile}/{backend}/"
+
+
+def status_prefix(profile: str, channel: str, artifact_id: str) -> str:
+    """``<node id>.<state>``: each node's state with the artifact on the channel (installed,
+    healthy, failed; refused: a pull of it refused on its bytes, quarantine or signature)."""
+    return f"{NODE_INDEX}status/{profile}/{channel}/{hex_of(artifact_id)}/"
+
+
+HELD_INDEX = f"{NODE_INDEX}held/"
+
+
+def held_key(artifact_id: str, node_id: str, how: str) -> str:
+    """``held/<artifact hex>/<node id>.<how>``: the node reports the artifact installed, current or previous."""
+    return f"{HELD_INDEX}{hex_of(artifact_id)}/{node_id}.{how}"
+
+
+def parse_held_key(key: str) -> tuple[str, str, str]:
+    """(artifact id, node id, how) of a :func:`held_key`."""
+    artifact_hex, leaf = key[len(HELD_INDEX):].split("/", 1)
+    node_id, how = leaf.rsplit(".", 1)
+    return "xxh3-128:" + artifact_hex, node_id, how

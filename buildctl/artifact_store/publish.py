@@ -21,7 +21,14 @@ from buildctl.artifact_store import grace as grace_mod
 from buildctl.artifact_store.backend import ProgressFn, Store
 from buildctl.artifact_store.errors import CorruptObjectError, KeyNotFoundError, StoreArgumentError, StoreUnavailableError
 from buildctl.artifact_store.pools import check, interruptible_pool
-from buildctl.artifact_store.layout import blob_key, build_index_key, build_index_prefix, identity_key, manifest_key
+from buildctl.artifact_store.layout import (
+    blob_key,
+    build_index_key,
+    build_index_prefix,
+    identity_key,
+    manifest_key,
+    pair_key,
+)
 from buildctl.artifact_store.manifest import Manifest, hash_tree, scan_tree
 from buildctl.times import utc_now
 from buildctl.artifact_store.quarantine import active_quarantine, try_quarantine
@@ -181,6 +188,7 @@ def publish_tree(
         result.manifest = manifest
     artifact_id = digest_bytes(body)
     result.artifact_id = artifact_id
+    store.put_bytes(pair_key(manifest.profile_name, manifest.profile_hash, artifact_id), b"")  # before the manifest
     result.existed = not store.put_bytes(manifest_key(artifact_id), body)
     if auth.signer is not None:
         sign_manifest(store, artifact_id, auth.signer, body)

@@ -19,7 +19,15 @@ from buildctl.artifact_store.errors import (
     VerificationError,
 )
 from buildctl.artifact_store.ranged import RangedReader, ShortRangeError
-from buildctl.artifact_store.layout import MANIFESTS, artifact_of_manifest_key, blob_key, manifest_key, manifest_prefix
+from buildctl.artifact_store.layout import (
+    MANIFESTS,
+    artifact_of_manifest_key,
+    artifact_of_pair_key,
+    blob_key,
+    manifest_key,
+    manifest_prefix,
+    pair_prefix,
+)
 from buildctl.artifact_store.manifest import FileEntry, Manifest, parse_manifest
 
 BUILD_LOG_PATH = "<build log>"
@@ -76,6 +84,23 @@ def list_artifacts(store: Store, profile: str | None = None) -> list[tuple[str, 
         except (ArtifactNotFoundError, ManifestError, CorruptObjectError):
             continue
         if profile is None or m.profile_name == profile:
+            out.append((artifact, m))
+    out.sort(key=lambda am: am[1].created_at, reverse=True)
+    return out
+
+
+def artifacts_built_from(store: Store, profile: str, profile_hash: str) -> list[tuple[str, Manifest]]:
+    """The artifacts of ``profile`` built from ``profile_hash``, newest first, from the pair
+    index (``index/pairs/``: one LIST, then each of those manifests). Only a store whose index
+    is built has a marker for every manifest (``buildctl index rebuild``)."""
+    out = []
+    for key in store.list(pair_prefix(profile, profile_hash)):
+        artifact = artifact_of_pair_key(key)
+        try:
+            m = get_manifest(store, artifact)
+        except (ArtifactNotFoundError, ManifestError, CorruptObjectError):
+            continue  # a publish that died between its marker and its manifest, or a damaged manifest
+        if m.profile_name == profile and m.profile_hash == profile_hash:
             out.append((artifact, m))
     out.sort(key=lambda am: am[1].created_at, reverse=True)
     return out

@@ -75,6 +75,10 @@ def scrub_cmd(
             t.add_row(short_id(r.artifact_id), r.profile, ", ".join(r.channels) or "-", str(r.bytes),
                       r.status.upper() if r.status == "corrupt" else r.status, "; ".join(r.problems))
         out().print(t)
+        ix = report.node_index
+        if ix is not None:
+            out().print(f"node index: {ix.markers} marker(s) of {ix.nodes} node(s); "
+                        f"{len(ix.missing)} missing written, {len(ix.stale)} stale deleted")
     if report.corrupt:
         raise ScrubFoundCorruptionError([r.artifact_id for r in report.corrupt])
     fail_on_skipped("scrub", report.skipped)

@@ -188,9 +188,10 @@ def test_iam_roles_are_least_privilege():
     p_writes = {r for s in statements(promoter, "Allow", "s3:PutObject") for r in resources(s)}
     assert "arn:aws:s3:::BUCKET/PREFIX/channels/*" in p_writes and "arn:aws:s3:::BUCKET/PREFIX/history/*" in p_writes
     n_writes = {r for s in statements(node, "Allow", "s3:PutObject") for r in resources(s)}
-    assert n_writes == {"arn:aws:s3:::BUCKET/PREFIX/inventory/nodes/*"}
-    for policy in (builder, node):
-        assert not statements(policy, "Allow", "s3:DeleteObject")
+    assert n_writes == {"arn:aws:s3:::BUCKET/PREFIX/inventory/nodes/*", "arn:aws:s3:::BUCKET/PREFIX/inventory/index/*"}
+    assert not statements(builder, "Allow", "s3:DeleteObject")
+    n_deletes = {r for s in statements(node, "Allow", "s3:DeleteObject") for r in resources(s)}
+    assert n_deletes == {"arn:aws:s3:::BUCKET/PREFIX/inventory/index/*"}  # its index markers only
     p_deletes = {r for s in statements(promoter, "Allow", "s3:DeleteObject") for r in resources(s)}
     assert p_deletes == {"arn:aws:s3:::BUCKET/PREFIX/pending/*"}  # only a completed pending promotion
 
@@ -198,9 +199,10 @@ def test_iam_roles_are_least_privilege():
 def test_repair_role_replaces_blobs_and_nothing_else_immutable():
     repair = load_policy("repair.json")
     deletes = {r for s in statements(repair, "Allow", "s3:DeleteObject") for r in resources(s)}
-    assert deletes == {"arn:aws:s3:::BUCKET/PREFIX/blobs/*"}, "repair deletes only blobs (to put them back)"
+    assert deletes == {"arn:aws:s3:::BUCKET/PREFIX/blobs/*", "arn:aws:s3:::BUCKET/PREFIX/inventory/index/*"}, \
+        "repair deletes only blobs (to put them back) and node-index markers (scrub repairs the index)"
     writes = {r for s in statements(repair, "Allow", "s3:PutObject") for r in resources(s)}
-    assert not any(f"/{p}/" in r for r in writes for p in ("manifests", "index", "attestations"))
+    assert not any(f"/PREFIX/{p}/" in r for r in writes for p in ("manifests", "index", "attestations"))
     bucket = load_policy("bucket-policy.json")
     (blob_deletes,) = [s for s in bucket["Statement"] if s["Sid"] == "OnlyGcAndRepairDeleteBlobs"]
     assert resources(blob_deletes) == ["arn:aws:s3:::BUCKET/PREFIX/blobs/*"]

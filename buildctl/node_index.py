@@ -1,0 +1,220 @@
+"""The node index: what the fleet's node records say, as empty marker objects one LIST can read.
+
+Fleet-wide operations used to GET every node record (``read_inventory``): 100,000 requests for
+one ``rollout status`` at 100,000 nodes. Each fact those operations need is also written as the
+key of an empty object under ``inventory/index/`` (:mod:`buildctl.artifact_store.layout`), so a
+LIST of 1,000 keys a page answers it:
+
+* ``scope/<profile>/<backend>/<compat key>/<node>``: the node serves (or pulled) the profile and
+  resolves that key (its recorded key, or its fingerprint's key now or under schema 1): the
+  nodes a channel ref reaches (``rollouts.nodes_in_scope``);
+* ``demand/<profile>/<backend>/<compat key>/<node>``: the node serves the profile on its current
+  key: what the reconcile plan counts (``fleet.plan_builds``);
+* ``status/<profile>/<channel>/<artifact>/<node>.<state>``: the node's engine state with that
+  artifact (installed, healthy, failed), or ``refused`` (a pull of it refused on its bytes,
+  quarantine or signature): a rollout's wave counts;
+* ``held/<artifact>/<node>.<how>``: installed, current or previous on the node: what gc keeps.
+
+Beside them, the pair index ``index/pairs/<profile>/<build hash>/<artifact>`` (written at publish,
+before the manifest; removed by gc with the artifact) lets the reconcile plan read only the
+artifacts of its profiles' current build hashes instead of every manifest.
+
+Every node marker is a pure function of one node record (:func:`node_markers`). A node writes the ones
+its new record adds before the record and deletes the ones it drops after it
+(``inventory.update_node``), so a crash leaves extra markers, never missing ones. Readers treat
+the index as a hint where it matters: a rollout halts only on failures it has confirmed in the
+failed nodes' own records, and two states for one node are settled by reading its record.
+
+A store written before the index has node records and no markers: readers use the index only
+once ``inventory/index/meta.json`` exists, which :func:`rebuild` (``buildctl index rebuild``, the
+migration) writes after deriving every marker from the records (and every pair marker from the
+manifests). :func:`rebuild` with
+``repair=False`` (``buildctl index check``, and ``scrub``) reports missing and stale markers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from buildctl.artifact_store.backend import Store
+from buildctl.artifact_store.inventory import (
+    NodeRecord,
+    held_markers,
+    index_built,
+    read_inventory,
+    read_node,
+    status_markers,
+)
+from buildctl.artifact_store.layout import (
+    NODE_INDEX,
+    NODE_INDEX_META,
+    NODES,
+    PAIR_INDEX,
+    artifact_of_pair_key,
+    demand_prefix,
+    manifest_key,
+    pair_key,
+    scope_prefix,
+    status_prefix,
+)
+from buildctl.artifact_store.verify import list_artifacts
+from buildctl.digest import canonical_json
+from buildctl.engines.errors import FingerprintError
+from buildctl.engines.fingerprint import Fingerprint, parse_fingerprint
+from buildctl.engines.registry import backend_names
+from buildctl.times import utc_now
+
+INDEX_FORMAT = 1
+INDEX_WRITERS = 16  # markers written or deleted at once by a rebuild
+
+
+def node_fingerprint(record: NodeRecord) -> Fingerprint | None:
+    """The fingerprint a node record holds (None when this version cannot read it)."""
+    try:
+        return parse_fingerprint(record.fingerprint, f"inventory record of {record.node_id}")
+    except FingerprintError:
+        return None
+
+
+def node_compat_keys(record: NodeRecord) -> dict[str, str]:
+    """A node's compat key per backend, computed from its recorded fingerprint by this version
+    (the record's own ``compat_keys`` may be schema-1 keys)."""
+    fp = node_fingerprint(record)
+    return {b: fp.compat_key(b) for b in backend_names()} if fp is not None else dict(record.compat_keys)
+
+
+def resolved_keys(record: NodeRecord, backend: str) -> set[str]:
+    """Every compat key of ``backend`` a channel ref may be under and still reach this node: the
+    key its record holds, and its fingerprint's key now and under schema 1."""
+    keys = {record.compat_keys[backend]} if backend in record.compat_keys else set()
+    fp = node_fingerprint(record)
+    if fp is not None:
+        keys |= {fp.compat_key(backend), fp.legacy_compat_key(backend)}
+    return keys
+
+
+def node_markers(record: NodeRecord) -> set[str]:
+    """Every node-index key this record implies."""
+    out = held_markers(record) | status_markers(record)
+    reached = set(record.profiles) | {e.profile for e in record.engines}
+    current = node_compat_keys(record)
+    for backend in backend_names():
+        keys = resolved_keys(record, backend)
+        for profile in reached:
+            out |= {f"{scope_prefix(profile, backend, k)}{record.node_id}" for k in keys}
+        if backend in current:
+            out |= {f"{demand_prefix(profile, backend)}{current[backend]}/{record.node_id}" for profile in record.profiles}
+    return out
+
+
+def node_of_marker(key: str) -> str:
+    """The node id a marker key names."""
+    kind, leaf = key[len(NODE_INDEX):].split("/", 1)[0], key.rsplit("/", 1)[1]
+    return leaf.rsplit(".", 1)[0] if kind in ("status", "held") else leaf
+
+
+index_ready = index_built  # whether the readers may use the index (else they read the records)
+
+
+# --- reading -------------------------------------------------------------------------------------
+
+
+def scope_nodes(store: Store, profile: str, backend: str, compat_key: str) -> set[str]:
+    prefix = scope_prefix(profile, backend, compat_key)
+    return {k[len(prefix):] for k in store.list(prefix)}
+
+
+def status_states(store: Store, profile: str, channel: str, artifact_id: str) -> dict[str, set[str]]:
+    """node id -> the states its markers give it with the artifact on the channel."""
+    prefix = status_prefix(profile, channel, artifact_id)
+    out: dict[str, set[str]] = {}
+    for key in store.list(prefix):
+        node_id, state = key[len(prefix):].rsplit(".", 1)
+        out.setdefault(node_id, set()).add(state)
+    return out
+
+
+def state_of(states: set[str]) -> str | None:
+    """A node's rollout status from its markers (``rollouts.node_status``'s rule), or None when
+    they disagree (an interrupted update left two engine states): read its record."""
+    engine = states - {"refused"}
+    if len(engine) > 1:
+        return None
+    if engine:
+        return next(iter(engine))
+    return "failed" if "refused" in states else "pending"
+
+
+def demand_counts(store: Store, profile: str, backend: str) -> dict[str, int]:
+    """compat key -> nodes serving ``profile`` on it (the reconcile plan's demand)."""
+    prefix = demand_prefix(profile, backend)
+    counts: dict[str, int] = {}
+    for key in store.list(prefix):
+        compat_key = key[len(prefix):].split("/", 1)[0]
+        counts[compat_key] = counts.get(compat_key, 0) + 1
+    return counts
+
+
+# --- rebuild and check ---------------------------------------------------------------------------
+
+
+@dataclass
+class IndexReport:
+    """What a rebuild or check found: markers the records imply and the index lacks (missing),
+    and markers no record implies (stale)."""
+
+    nodes: int = 0
+    markers: int = 0
+    missing: list[str] = field(default_factory=list)
+    stale: list[str] = field(default_factory=list)
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+    repaired: bool = False
+    ready: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return not self.missing and not self.stale
+
+    def to_json(self) -> dict:
+        return {"nodes": self.nodes, "markers": self.markers, "missing": self.missing, "stale": self.stale,
+                "skipped": [{"key": k, "why": w} for k, w in self.skipped], "repaired": self.repaired,
+                "ready": self.ready, "ok": self.ok}
+
+
+def rebuild(store: Store, *, repair: bool = True) -> IndexReport:
+    """Derive every marker from the node records and compare with the index. With ``repair``,
+    write the missing ones, delete the stale ones and mark the index built (the migration of a
+    store written before it). The index is listed before the records are read, so a marker a node
+    writes meanwhile is never taken for stale; a stale one is deleted only after its node's
+    record, read again, still does not imply it. A malformed record's markers are kept."""
+    from buildctl.artifact_store.pools import interruptible_pool
+
+    listed = {k for k in store.list(NODE_INDEX) if k != NODE_INDEX_META} | set(store.list(PAIR_INDEX))
+    report = IndexReport()
+    records = read_inventory(store, report.skipped)
+    expected: set[str] = set()
+    for rec in records:
+        expected |= node_markers(rec)
+    expected |= {pair_key(m.profile_name, m.profile_hash, a) for a, m in list_artifacts(store)}
+    unreadable = {k[len(NODES):-len(".json")] for k, _ in report.skipped}
+    report.nodes, report.markers = len(records), len(expected)
+    report.missing = sorted(expected - listed)
+    report.stale = sorted(k for k in listed - expected if k.startswith(PAIR_INDEX) or node_of_marker(k) not in unreadable)
+    if repair:
+        def still_stale(key: str) -> bool:
+            if key.startswith(PAIR_INDEX):  # a publish that died before its manifest, or one gc removed
+                return store.stat(manifest_key(artifact_of_pair_key(key))) is None
+            got = read_node(store, node_of_marker(key))
+            return got is None or key not in node_markers(got[0])
+
+        with interruptible_pool(INDEX_WRITERS, "index") as (pool, _):
+            list(pool.map(lambda k: store.put_bytes(k, b""), report.missing))
+            confirmed = [k for k, stale in zip(report.stale, pool.map(still_stale, report.stale)) if stale]
+            list(pool.map(store.delete, confirmed))
+        report.stale = confirmed
+        if not index_ready(store):
+            store.put_bytes(NODE_INDEX_META, canonical_json({"format": INDEX_FORMAT, "built_at": utc_now(),
+                                                             "nodes": report.nodes}))
+        report.repaired = True
+    report.ready = index_ready(store)
+    return report

@@ -1,0 +1,149 @@
+"""The node index (buildctl/node_index.py): markers written with each node record, rebuilt from the
+records, checked and repaired by scrub, and the fleet-wide commands that LIST them instead of
+reading every node record. Every test runs on the local store and on SeaweedFS."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timedelta, timezone
+
+from benchmarks.counting import CountingStore
+import buildctl.artifact_store as ops
+from buildctl import fleet, node_index, rollouts
+from buildctl.artifact_store.gc import gc
+from buildctl.artifact_store.inventory import EngineState, read_node
+from buildctl.artifact_store.layout import NODE_INDEX, NODE_INDEX_META, NODES, PAIR_INDEX, scope_prefix, status_prefix
+from buildctl.artifact_store.rollout import RolloutPlan, parse_waves, wave_bucket
+from buildctl.context import Context
+from buildctl.engines.fingerprint import detect
+from buildctl.engines.profile import load_profile
+from buildctl.healing import scrub
+from buildctl.times import utc_now
+
+from .support.helpers import PROFILES, settings, staged
+from .test_rollouts import PROFILE, Fleet, _fail_on_node, publish
+
+
+def markers(store) -> set[str]:
+    return {k for k in store.list(NODE_INDEX) if k != NODE_INDEX_META}
+
+
+def answers(store, profiles) -> dict:
+    """What the fleet-wide commands say about the store: rollout status, the reconcile plan, gc's
+    dry-run decisions."""
+    views = [{k: v for k, v in view.to_json().items() if k not in ("bake_left_s", "why")}  # both say the time left
+             for view in rollouts.status(store, PROFILE, "prod")]
+    return {"status": views,
+            "plan": [(n.profile, n.compat_key, n.nodes) for n in fleet.fleet_plan(store, profiles)],
+            "gc": sorted((d.artifact_id, tuple(d.protected_by)) for d in gc(store, dry_run=True, grace_s=0,
+                                                                             now=datetime(2030, 1, 1, tzinfo=timezone.utc)).decisions)}
+
+
+def rollout_in_flight(store, tmp_path, draft, n=40) -> tuple[Fleet, object, list[str]]:
+    """v1 on prod everywhere, v2 rolling out (25%, then 100%), two late nodes failed on it."""
+    v1, v2 = publish(store, tmp_path, "v1", draft), publish(store, tmp_path, "v2", draft)
+    nodes = Fleet(store, tmp_path, n)
+    ops.promote(store, staged(store, v1), "prod")
+    nodes.pull_all()
+    rec = ops.promote(store, staged(store, v2), "prod", rollout=RolloutPlan(waves=parse_waves("25,100", "0,5%"), bake_s=600))
+    nodes.pull_all()
+    late = [x for x in nodes.ids if wave_bucket(PROFILE, "prod", x) >= 25]
+    return nodes, rec, late
+
+
+def test_a_migrated_store_answers_every_fleet_command_the_same_and_the_rebuilt_index_equals_the_incremental_one(
+        store, tmp_path, draft):
+    profiles = {PROFILE: load_profile(PROFILES / f"{PROFILE}.yaml")}
+    nodes, rec, late = rollout_in_flight(store, tmp_path, draft)
+    rollouts.rollout_step(store, PROFILE, "prod", draft.compat_key, "advance", expect_seq=rec.seq)
+    for x in late[:2]:
+        _fail_on_node(nodes, x)
+    assert not node_index.index_ready(store)
+    before = answers(store, profiles)  # read from the records: the index is not built yet
+    incremental = markers(store)  # every record write also wrote its markers
+    assert any(k.startswith(f"{NODE_INDEX}status/") and k.endswith(".failed") for k in incremental)
+    assert {node_index.node_of_marker(k) for k in incremental} == set(nodes.ids)
+
+    pairs = set(store.list(PAIR_INDEX))
+    assert len(pairs) == 2  # v1 and v2, written at publish
+    for key in incremental | pairs:  # a store written before the index: records, no markers
+        store.delete(key)
+    report = node_index.rebuild(store)
+    assert report.repaired and report.ready and report.nodes == 40 and report.stale == []
+    assert markers(store) == incremental and set(store.list(PAIR_INDEX)) == pairs
+    assert len(report.missing) == len(incremental) + len(pairs)
+    assert node_index.rebuild(store, repair=False).ok
+
+    counted = CountingStore(store)
+    after = answers(counted, profiles)
+    assert after == before
+    assert counted.by_area[("get_ref", "inventory")] == 0 and counted.by_area[("get_bytes", "inventory")] == 0
+
+
+def test_scrub_finds_a_lost_and_a_stale_marker_and_repairs_both(store, tmp_path, draft, cli):
+    nodes, rec, late = rollout_in_flight(store, tmp_path, draft, n=12)
+    node_index.rebuild(store)
+    lost = f"{scope_prefix(PROFILE, 'aoti', draft.compat_key)}{nodes.ids[3]}"
+    stale = f"{status_prefix(PROFILE, 'prod', rec.artifact_id)}{nodes.ids[5]}.failed"
+    assert lost in markers(store) and stale not in markers(store)
+    store.delete(lost)
+    store.put_bytes(stale, b"")
+    code, out, err = cli("--store", store.uri, "--json", "index", "check")
+    assert code == 4, err
+    found = json.loads(out)
+    assert found["missing"] == [lost] and found["stale"] == [stale] and not found["ok"]
+    assert "1 missing and 1 stale" in err and "index rebuild" in err
+    report = scrub(Context.from_settings(settings(), store=store), channels_only=True)
+    assert report.node_index.missing == [lost] and report.node_index.stale == [stale]
+    assert lost in markers(store) and stale not in markers(store)
+    code, out, err = cli("--store", store.uri, "index", "check")
+    assert code == 0 and "0 missing, 0 stale" in out, err
+
+
+def test_an_extra_failed_marker_does_not_halt_a_rollout_and_a_real_failure_does(store, tmp_path, draft):
+    """An update interrupted between its markers and its record leaves extra markers: a rollout
+    halts only on failures the nodes' own records confirm."""
+    node_index.rebuild(store)
+    nodes, rec, late = rollout_in_flight(store, tmp_path, draft, n=40)
+    canaries = [x for x in nodes.ids if x not in late]
+    assert canaries
+    for x in canaries:  # healthy on v2 by their records; a crashed update's markers say failed
+        store.put_bytes(f"{status_prefix(PROFILE, 'prod', rec.artifact_id)}{x}.failed", b"")
+    later = datetime.now(timezone.utc) + timedelta(seconds=601)
+    v = rollouts.view(store, rec, now=later)
+    assert v.decision == "advance" and v.waves[0].failed == 0 and v.waves[0].healthy == len(canaries)
+    state = read_node(store, canaries[0])[0].engine(PROFILE, "prod")  # its later smoke check fails
+    fleet.record_engine_state(store, canaries[0], detect(), state.model_copy(update={"status": "failed"}))
+    v = rollouts.view(store, rec, now=later)
+    assert v.decision == "halt" and v.waves[0].failed_nodes == (canaries[0],)
+
+
+def test_fleet_commands_list_markers_instead_of_reading_each_node(store, tmp_path, draft):
+    """At 1,500 nodes: rollout status of one ref, the tick, the reconcile plan's demand and gc's
+    node protections make a handful of requests, none of them a node record's GET."""
+    v1 = publish(store, tmp_path, "v1", draft)
+    rec = ops.promote(store, staged(store, v1), "prod")
+    node_index.rebuild(store)
+    fp, when = detect(), utc_now()
+    for i in range(1500):
+        state = EngineState(profile=PROFILE, channel="prod", compat_key=draft.compat_key, artifact_id=v1, seq=rec.seq,
+                            status="healthy" if i % 3 else "installed", current=v1, when=when)
+        fleet.record_engine_state(store, f"n{i:05d}", fp, state)
+    v2 = publish(store, tmp_path, "v2", draft)
+    ops.promote(store, staged(store, v2), "prod", rollout=RolloutPlan(waves=parse_waves("10,100", "1%"), bake_s=0))
+    counted = CountingStore(store)
+    (v,) = rollouts.status(counted, PROFILE, "prod", draft.compat_key)
+    assert v.waves[-1].nodes == 1500 and v.waves[-1].pending == 1500
+    assert counted.total() <= 10, counted.counts
+    counted.reset()
+    profiles = {PROFILE: load_profile(PROFILES / f"{PROFILE}.yaml")}
+    fleet.fleet_plan(counted, profiles)
+    assert counted.by_area[("list", "inventory")] == 2  # 1,500 demand markers: two pages
+    assert counted.by_area[("get_ref", "inventory")] == 0
+    counted.reset()
+    decisions = gc(counted, dry_run=True, grace_s=0).decisions
+    assert any("held by 1500 node(s)" in why for d in decisions for why in d.protected_by)
+    assert counted.by_area[("get_ref", "inventory")] == 0 and counted.by_area[("list", "inventory")] <= 4
+    assert len(list(store.list(NODES))) == 1500
+    got = read_node(store, "n00000")
+    assert got is not None and node_index.node_markers(got[0]) <= markers(store)
