@@ -5,6 +5,7 @@ reading every node record. Every test runs on the local store and on SeaweedFS."
 from __future__ import annotations
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta, timezone
 
 from benchmarks.counting import CountingStore
@@ -22,6 +23,8 @@ from buildctl.times import utc_now
 
 from .support.helpers import PROFILES, settings, staged
 from .test_rollouts import PROFILE, Fleet, _fail_on_node, publish
+
+N = 1100  # nodes in the request-count test: more than one S3 list page of each marker kind
 
 
 def markers(store) -> set[str]:
@@ -119,31 +122,35 @@ def test_an_extra_failed_marker_does_not_halt_a_rollout_and_a_real_failure_does(
 
 
 def test_fleet_commands_list_markers_instead_of_reading_each_node(store, tmp_path, draft):
-    """At 1,500 nodes: rollout status of one ref, the tick, the reconcile plan's demand and gc's
+    """At 1,100 nodes (two list pages): rollout status of one ref, the tick, the reconcile plan's demand and gc's
     node protections make a handful of requests, none of them a node record's GET."""
     v1 = publish(store, tmp_path, "v1", draft)
     rec = ops.promote(store, staged(store, v1), "prod")
     node_index.rebuild(store)
     fp, when = detect(), utc_now()
-    for i in range(1500):
+
+    def report(i: int) -> None:  # each node through the real write path, 8 at a time
         state = EngineState(profile=PROFILE, channel="prod", compat_key=draft.compat_key, artifact_id=v1, seq=rec.seq,
                             status="healthy" if i % 3 else "installed", current=v1, when=when)
         fleet.record_engine_state(store, f"n{i:05d}", fp, state)
+
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(report, range(N)))
     v2 = publish(store, tmp_path, "v2", draft)
     ops.promote(store, staged(store, v2), "prod", rollout=RolloutPlan(waves=parse_waves("10,100", "1%"), bake_s=0))
     counted = CountingStore(store)
     (v,) = rollouts.status(counted, PROFILE, "prod", draft.compat_key)
-    assert v.waves[-1].nodes == 1500 and v.waves[-1].pending == 1500
+    assert v.waves[-1].nodes == N and v.waves[-1].pending == N
     assert counted.total() <= 10, counted.counts
     counted.reset()
     profiles = {PROFILE: load_profile(PROFILES / f"{PROFILE}.yaml")}
     fleet.fleet_plan(counted, profiles)
-    assert counted.by_area[("list", "inventory")] == 2  # 1,500 demand markers: two pages
+    assert counted.by_area[("list", "inventory")] == 2  # 1,100 demand markers: two pages
     assert counted.by_area[("get_ref", "inventory")] == 0
     counted.reset()
     decisions = gc(counted, dry_run=True, grace_s=0).decisions
-    assert any("held by 1500 node(s)" in why for d in decisions for why in d.protected_by)
+    assert any(f"held by {N} node(s)" in why for d in decisions for why in d.protected_by)
     assert counted.by_area[("get_ref", "inventory")] == 0 and counted.by_area[("list", "inventory")] <= 4
-    assert len(list(store.list(NODES))) == 1500
+    assert len(list(store.list(NODES))) == N
     got = read_node(store, "n00000")
     assert got is not None and node_index.node_markers(got[0]) <= markers(store)
