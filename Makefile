@@ -117,6 +117,7 @@ demo: install
 BENCH_HASH_GIB ?= 2
 BENCH_TRANSFER_GIB ?= 1
 BENCH_SPEEDGATE_RUNS ?= 5
+BENCH_FLEET_NODES ?= 1000,10000,100000
 
 bench: install
 	$(PY) -m benchmarks.hashing --size-gib $(BENCH_HASH_GIB)
@@ -129,6 +130,7 @@ bench: install
 	$(PY) -m benchmarks.speedgate --runs $(BENCH_SPEEDGATE_RUNS)
 	$(PY) -m benchmarks.rollout
 	$(PY) -m benchmarks.upgrade
+	$(PY) -m benchmarks.fleet_scale --nodes $(BENCH_FLEET_NODES)
 	$(PY) -m benchmarks.report
 
 FAULTS_SCALE ?= 3

@@ -124,7 +124,7 @@ def test_publish_killed_at_every_write_then_rerun(store_uri, engine_tree, draft)
         assert [a for a, _ in ops.list_artifacts(fresh)] == [res.artifact_id]
         ops.verify(fresh, res.artifact_id, deep=True)
         n += 1
-    assert n == 8, "5 blobs + identity record + manifest = 7 writes, each one crashed once"
+    assert n == 9, "5 blobs + identity record + pair marker + manifest = 8 writes, each one crashed once"
 
 
 PROMOTER = r"""
