@@ -5,9 +5,11 @@ one ``rollout status`` at 100,000 nodes. Each fact those operations need is also
 key of an empty object under ``inventory/index/`` (:mod:`buildctl.artifact_store.layout`), so a
 LIST of 1,000 keys a page answers it:
 
-* ``scope/<profile>/<backend>/<compat key>/<node>``: the node serves (or pulled) the profile and
-  resolves that key (its recorded key, or its fingerprint's key now or under schema 1): the
-  nodes a channel ref reaches (``rollouts.nodes_in_scope``);
+* ``scope/<profile>/<backend>/<compat key>/<node>``: the node serves the profile and resolves
+  that key (its recorded key, or its fingerprint's key now or under schema 1), and
+  ``pulled/<profile>/<channel>/<backend>/<compat key>/<node>``: it does not serve the profile
+  but pulled it on that channel: together, the nodes a channel ref reaches
+  (``rollouts.nodes_in_scope``);
 * ``demand/<profile>/<backend>/<compat key>/<node>``: the node serves the profile on its current
   key: what the reconcile plan counts (``fleet.plan_builds``);
 * ``status/<profile>/<channel>/<artifact>/<node>.<state>``: the node's engine state with that
@@ -54,6 +56,7 @@ from buildctl.artifact_store.layout import (
     demand_prefix,
     manifest_key,
     pair_key,
+    pulled_scope_prefix,
     scope_prefix,
     status_prefix,
 )
@@ -96,12 +99,14 @@ def resolved_keys(record: NodeRecord, backend: str) -> set[str]:
 def node_markers(record: NodeRecord) -> set[str]:
     """Every node-index key this record implies."""
     out = held_markers(record) | status_markers(record)
-    reached = set(record.profiles) | {e.profile for e in record.engines}
+    pulled = {(e.profile, e.channel) for e in record.engines if e.profile not in record.profiles}
     current = node_compat_keys(record)
     for backend in backend_names():
         keys = resolved_keys(record, backend)
-        for profile in reached:
+        for profile in record.profiles:
             out |= {f"{scope_prefix(profile, backend, k)}{record.node_id}" for k in keys}
+        for profile, channel in pulled:
+            out |= {f"{pulled_scope_prefix(profile, channel, backend, k)}{record.node_id}" for k in keys}
         if backend in current:
             out |= {f"{demand_prefix(profile, backend)}{current[backend]}/{record.node_id}" for profile in record.profiles}
     return out
@@ -119,9 +124,13 @@ index_ready = index_built  # whether the readers may use the index (else they re
 # --- reading -------------------------------------------------------------------------------------
 
 
-def scope_nodes(store: Store, profile: str, backend: str, compat_key: str) -> set[str]:
-    prefix = scope_prefix(profile, backend, compat_key)
-    return {k[len(prefix):] for k in store.list(prefix)}
+def scope_nodes(store: Store, profile: str, channel: str, backend: str, compat_key: str) -> set[str]:
+    """The nodes a channel ref reaches (``rollouts.nodes_in_scope``): serving the profile, or
+    having pulled it on this channel, on the key."""
+    out: set[str] = set()
+    for prefix in (scope_prefix(profile, backend, compat_key), pulled_scope_prefix(profile, channel, backend, compat_key)):
+        out |= {k[len(prefix):] for k in store.list(prefix)}
+    return out
 
 
 def status_states(store: Store, profile: str, channel: str, artifact_id: str) -> dict[str, set[str]]:

@@ -268,7 +268,7 @@ def _view_from_index(store: Store, rec: ChannelRecord, backend: str, now: dateti
     states = status_states(store, rec.profile, rec.channel, r.target)
     status: dict[str, str] = {}
     unsure = []
-    for node_id in scope_nodes(store, rec.profile, backend, rec.compat_key):
+    for node_id in scope_nodes(store, rec.profile, rec.channel, backend, rec.compat_key):
         got = state_of(states.get(node_id, set()))
         if got is None:
             unsure.append(node_id)

@@ -154,3 +154,16 @@ def test_fleet_commands_list_markers_instead_of_reading_each_node(store, tmp_pat
     assert len(list(store.list(NODES))) == N
     got = read_node(store, "n00000")
     assert got is not None and node_index.node_markers(got[0]) <= markers(store)
+
+
+def test_a_node_that_only_pulled_the_profile_on_another_channel_is_outside_the_rollouts_scope(store, tmp_path, draft):
+    """nodes_in_scope: a node serves the profile, or pulled it on this very channel. A node that
+    pulled it on staging only is not one of prod's, from the records or from the index."""
+    nodes, rec, late = rollout_in_flight(store, tmp_path, draft, n=8)
+    state = read_node(store, nodes.ids[0])[0].engine(PROFILE, "prod")
+    fleet.report_node(store, "staging-only", detect(), [])  # serves nothing
+    fleet.record_engine_state(store, "staging-only", detect(), state.model_copy(update={"channel": "staging"}))
+    node_index.rebuild(store)
+    from_index = rollouts.view(store, rec)
+    from_records = rollouts.view(store, rec, nodes=[r for r in [read_node(store, n)[0] for n in nodes.ids + ["staging-only"]]])
+    assert from_index.waves[-1].nodes == from_records.waves[-1].nodes == 8

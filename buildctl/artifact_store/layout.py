@@ -177,8 +177,13 @@ NODE_INDEX_META = f"{NODE_INDEX}meta.json"  # written by a rebuild: readers use 
 
 
 def scope_prefix(profile: str, backend: str, compat_key: str) -> str:
-    """Nodes that serve (or pulled) ``profile`` and resolve ``compat_key`` of ``backend``."""
+    """Nodes that serve ``profile`` and resolve ``compat_key`` of ``backend``."""
     return f"{NODE_INDEX}scope/{profile}/{backend}/{compat_key}/"
+
+
+def pulled_scope_prefix(profile: str, channel: str, backend: str, compat_key: str) -> str:
+    """Nodes that do not serve ``profile`` but pulled it on ``channel``, resolving ``compat_key``."""
+    return f"{NODE_INDEX}pulled/{profile}/{channel}/{backend}/{compat_key}/"
 
 
 def demand_prefix(profile: str, backend: str) -> str:
