@@ -37,7 +37,7 @@ from buildctl.times import parse_utc, utc_now
 from buildctl.artifact_store.attestations import latest_attestation
 from buildctl.artifact_store.quarantine import active_quarantine
 from buildctl.artifact_store.verify import artifacts_built_from, list_artifacts
-from buildctl.node_index import demand_counts, index_ready, node_compat_keys, node_fingerprint, node_markers
+from buildctl.node_index import demand_counts, index_built, node_compat_keys, node_fingerprint, node_markers
 
 __all__ = ["node_compat_keys", "node_fingerprint"]  # re-exported: callers know them as fleet's
 
@@ -212,7 +212,7 @@ def existing_pairs(store: Store, profile_hashes: dict[str, str], *, now: datetim
     or inconclusive one is built again by the next reconcile."""
     now = now or datetime.now(timezone.utc)
     out = set()
-    if index_ready(store):  # only the current hashes' artifacts, from the pair index
+    if index_built(store):  # only the current hashes' artifacts, from the pair index
         arts = sorted((am for p, h in profile_hashes.items() for am in artifacts_built_from(store, p, h)),
                       key=lambda am: am[1].created_at, reverse=True)
     else:
@@ -289,7 +289,7 @@ def fleet_plan(store: Store, profiles: dict[str, BuildProfile], only_profiles: I
     backends = {n: p.engine.backend for n, p in profiles.items()}
     planned = set(backends if only_profiles is None else only_profiles)
     have = existing_pairs(store, {n: p.build_hash() for n, p in profiles.items() if n in planned}, skipped=skipped)
-    if index_ready(store):  # one LIST per 1,000 (node, profile) entries of the profiles planned
+    if index_built(store):  # one LIST per 1,000 (node, profile) entries of the profiles planned
         wanted = sorted(planned & set(backends))
         return needs({(name, key): count for name in wanted
                       for key, count in demand_counts(store, name, backends[name]).items()}, have)

@@ -15,7 +15,7 @@ import random
 from dataclasses import dataclass, field
 
 from buildctl.context import Context
-from buildctl.node_index import IndexReport, index_ready, rebuild as rebuild_index
+from buildctl.node_index import IndexReport, index_built, rebuild as rebuild_index
 from buildctl.pipeline import PROTECTED_CHANNELS, passing_attestation
 from buildctl.artifact_store.backend import Store
 from buildctl.artifact_store.channels import all_channel_records, channels_pointing_at, history
@@ -224,7 +224,7 @@ def scrub(ctx: Context, *, sample: float = 1.0, channels_only: bool = False,
         except VerificationError as err:
             row.status, row.problems, row.quarantine_key = "corrupt", [p.render() for p in err.problems], err.quarantine_key
     report = ScrubReport(rows, skipped, check_records(store, skipped))  # then every small record, of every kind
-    if index_ready(store):  # and the node index against the node records: missing markers written, stale deleted
+    if index_built(store):  # and the node index against the node records: missing markers written, stale deleted
         report.node_index = rebuild_index(store, repair=True)
     return report
 

@@ -30,8 +30,8 @@ failed nodes' own records, and two states for one node are settled by reading it
 A store written before the index has node records and no markers: readers use the index only
 once ``inventory/index/meta.json`` exists, which :func:`rebuild` (``buildctl index rebuild``, the
 migration) writes after deriving every marker from the records (and every pair marker from the
-manifests). :func:`rebuild` with
-``repair=False`` (``buildctl index check``, and ``scrub``) reports missing and stale markers.
+manifests). :func:`rebuild` with ``repair=False`` (``buildctl index check``) reports missing and
+stale markers; ``scrub`` runs it with ``repair=True`` once the index is built.
 """
 
 from __future__ import annotations
@@ -82,15 +82,18 @@ def node_fingerprint(record: NodeRecord) -> Fingerprint | None:
 def node_compat_keys(record: NodeRecord) -> dict[str, str]:
     """A node's compat key per backend, computed from its recorded fingerprint by this version
     (the record's own ``compat_keys`` may be schema-1 keys)."""
-    fp = node_fingerprint(record)
+    return _compat_keys(record, node_fingerprint(record))
+
+
+def _compat_keys(record: NodeRecord, fp: Fingerprint | None) -> dict[str, str]:
     return {b: fp.compat_key(b) for b in backend_names()} if fp is not None else dict(record.compat_keys)
 
 
-def resolved_keys(record: NodeRecord, backend: str) -> set[str]:
+def resolved_keys(record: NodeRecord, backend: str, fp: Fingerprint | None) -> set[str]:
     """Every compat key of ``backend`` a channel ref may be under and still reach this node: the
-    key its record holds, and its fingerprint's key now and under schema 1."""
+    key its record holds, and its fingerprint's (``fp``: :func:`node_fingerprint`) now and under
+    schema 1."""
     keys = {record.compat_keys[backend]} if backend in record.compat_keys else set()
-    fp = node_fingerprint(record)
     if fp is not None:
         keys |= {fp.compat_key(backend), fp.legacy_compat_key(backend)}
     return keys
@@ -100,9 +103,10 @@ def node_markers(record: NodeRecord) -> set[str]:
     """Every node-index key this record implies."""
     out = held_markers(record) | status_markers(record)
     pulled = {(e.profile, e.channel) for e in record.engines if e.profile not in record.profiles}
-    current = node_compat_keys(record)
+    fp = node_fingerprint(record)  # parsed once: a rebuild derives 100,000 records' markers
+    current = _compat_keys(record, fp)
     for backend in backend_names():
-        keys = resolved_keys(record, backend)
+        keys = resolved_keys(record, backend, fp)
         for profile in record.profiles:
             out |= {f"{scope_prefix(profile, backend, k)}{record.node_id}" for k in keys}
         for profile, channel in pulled:
@@ -116,9 +120,6 @@ def node_of_marker(key: str) -> str:
     """The node id a marker key names."""
     kind, leaf = key[len(NODE_INDEX):].split("/", 1)[0], key.rsplit("/", 1)[1]
     return leaf.rsplit(".", 1)[0] if kind in ("status", "held") else leaf
-
-
-index_ready = index_built  # whether the readers may use the index (else they read the records)
 
 
 # --- reading -------------------------------------------------------------------------------------
@@ -221,9 +222,9 @@ def rebuild(store: Store, *, repair: bool = True) -> IndexReport:
             confirmed = [k for k, stale in zip(report.stale, pool.map(still_stale, report.stale)) if stale]
             list(pool.map(store.delete, confirmed))
         report.stale = confirmed
-        if not index_ready(store):
+        if not index_built(store):
             store.put_bytes(NODE_INDEX_META, canonical_json({"format": INDEX_FORMAT, "built_at": utc_now(),
                                                              "nodes": report.nodes}))
         report.repaired = True
-    report.ready = index_ready(store)
+    report.ready = index_built(store)
     return report

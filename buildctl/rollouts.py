@@ -32,7 +32,7 @@ from typing import Any, Iterable
 
 from buildctl.context import Context
 from buildctl.fleet import node_fingerprint
-from buildctl.node_index import index_ready, scope_nodes, state_of, status_states
+from buildctl.node_index import index_built, scope_nodes, state_of, status_states
 from buildctl.times import parse_utc, utc_now
 from buildctl.artifact_store.authority import Authority
 from buildctl.artifact_store.backend import Store
@@ -250,13 +250,22 @@ def view(store: Store, rec: ChannelRecord, nodes: list[NodeRecord] | None = None
          now: datetime | None = None) -> RolloutView:
     """The rollout on one channel ref, counted from the inventory: from ``nodes``, else from the
     node index once the store has one (two LISTs), else from every node record."""
+    return _view(store, rec, _inventory(store) if nodes is None else nodes, now)
+
+
+def _inventory(store: Store, skipped: list[tuple[str, str]] | None = None) -> list[NodeRecord] | None:
+    """Every node record, or None where the node index is built (the views LIST it per ref)."""
+    return None if index_built(store) else read_inventory(store, skipped)
+
+
+def _view(store: Store, rec: ChannelRecord, nodes: list[NodeRecord] | None, now: datetime | None) -> RolloutView:
+    """:func:`view` on ``nodes`` (None: from the node index)."""
     now = now or datetime.now(timezone.utc)
     if rec.rollout is None:
         return decide(rec, [], now)
     backend = get_manifest(store, rec.rollout.target).backend
-    if nodes is None and index_ready(store):
+    if nodes is None:
         return _view_from_index(store, rec, backend, now)
-    nodes = read_inventory(store) if nodes is None else nodes
     return decide(rec, nodes_in_scope(nodes, rec.profile, rec.channel, backend, rec.compat_key), now)
 
 
@@ -296,20 +305,20 @@ def status(store: Store, profile: str, channel: str, compat_key: str | None = No
     """Every compat key's rollout view of the channel (``buildctl rollout status``). With
     ``skipped``, malformed channel refs and node records are listed there and left out of the view
     (``tick``, which moves waves, never passes over a node it cannot read)."""
-    nodes = None if index_ready(store) else read_inventory(store, skipped)
-    return [view(store, r, nodes) for r in _records(store, profile, channel, compat_key, skipped)]
+    nodes = _inventory(store, skipped)
+    return [_view(store, r, nodes, None) for r in _records(store, profile, channel, compat_key, skipped)]
 
 
 def tick(ctx: Context, *, channel: str, profile: str | None = None, now: datetime | None = None) -> list[RolloutView]:
     """Decide every live rollout on ``channel`` (of ``profile``, or of every profile) and apply the
     decisions; returns the views, each with the record written (``applied``), if any."""
     store = ctx.store
-    nodes = None if index_ready(store) else read_inventory(store)
+    nodes = _inventory(store)
     out = []
     for rec in _records(store, profile, channel, None):
         if rec.rollout is None or not rec.rollout.live:
             continue
-        v = view(store, rec, nodes, now)
+        v = _view(store, rec, nodes, now)
         if v.decision in ("advance", "complete", "halt"):
             failed = v.waves[rec.rollout.wave].failed_nodes if v.decision == "halt" else ()
             try:

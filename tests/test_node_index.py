@@ -8,6 +8,8 @@ import json
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta, timezone
 
+import pytest
+
 from benchmarks.counting import CountingStore
 import buildctl.artifact_store as ops
 from buildctl import fleet, node_index, rollouts
@@ -61,7 +63,7 @@ def test_a_migrated_store_answers_every_fleet_command_the_same_and_the_rebuilt_i
     rollouts.rollout_step(store, PROFILE, "prod", draft.compat_key, "advance", expect_seq=rec.seq)
     for x in late[:2]:
         _fail_on_node(nodes, x)
-    assert not node_index.index_ready(store)
+    assert not node_index.index_built(store)
     before = answers(store, profiles)  # read from the records: the index is not built yet
     incremental = markers(store)  # every record write also wrote its markers
     assert any(k.startswith(f"{NODE_INDEX}status/") and k.endswith(".failed") for k in incremental)
@@ -113,8 +115,11 @@ def test_an_extra_failed_marker_does_not_halt_a_rollout_and_a_real_failure_does(
     for x in canaries:  # healthy on v2 by their records; a crashed update's markers say failed
         store.put_bytes(f"{status_prefix(PROFILE, 'prod', rec.artifact_id)}{x}.failed", b"")
     later = datetime.now(timezone.utc) + timedelta(seconds=601)
-    v = rollouts.view(store, rec, now=later)
+    v = rollouts.view(store, rec, now=later)  # two states each: read, healthy
     assert v.decision == "advance" and v.waves[0].failed == 0 and v.waves[0].healthy == len(canaries)
+    store.delete(f"{status_prefix(PROFILE, 'prod', rec.artifact_id)}{canaries[0]}.healthy")  # a stale index:
+    v = rollouts.view(store, rec, now=later)  # its markers say only failed; the halt is checked in its record
+    assert v.decision == "advance" and v.waves[0].failed == 0
     state = read_node(store, canaries[0])[0].engine(PROFILE, "prod")  # its later smoke check fails
     fleet.record_engine_state(store, canaries[0], detect(), state.model_copy(update={"status": "failed"}))
     v = rollouts.view(store, rec, now=later)
@@ -167,3 +172,46 @@ def test_a_node_that_only_pulled_the_profile_on_another_channel_is_outside_the_r
     from_index = rollouts.view(store, rec)
     from_records = rollouts.view(store, rec, nodes=[r for r in [read_node(store, n)[0] for n in nodes.ids + ["staging-only"]]])
     assert from_index.waves[-1].nodes == from_records.waves[-1].nodes == 8
+
+
+class _CrashAt:
+    """A store that dies at the first call of ``method`` (as a killed node would)."""
+
+    class Crash(Exception):
+        pass
+
+    def __init__(self, inner, method: str) -> None:
+        self.inner, self.method = inner, method
+
+    def __getattr__(self, name):
+        if name == self.method:
+            def crash(*args, **kwargs):
+                raise self.Crash(name)
+            return crash
+        return getattr(self.inner, name)
+
+
+def test_a_node_update_killed_before_or_after_its_record_leaves_extra_markers_never_missing_ones(store, tmp_path, draft):
+    nodes, rec, late = rollout_in_flight(store, tmp_path, draft, n=12)
+    node_index.rebuild(store)
+    node = next(x for x in nodes.ids if x not in late)  # a canary: healthy on the rollout's target
+    old = read_node(store, node)[0]
+    state = old.engine(PROFILE, "prod")
+    failed = state.model_copy(update={"status": "failed"})
+    new_marker = f"{status_prefix(PROFILE, 'prod', state.artifact_id)}{node}.failed"
+    old_marker = f"{status_prefix(PROFILE, 'prod', state.artifact_id)}{node}.{state.status}"
+    assert old_marker in markers(store) and new_marker not in markers(store)
+    with pytest.raises(_CrashAt.Crash):  # killed at the record's compare-and-swap: the record is the old one
+        fleet.record_engine_state(_CrashAt(store, "cas"), node, detect(), failed)
+    assert read_node(store, node)[0] == old
+    assert {new_marker, old_marker} <= markers(store)  # the new marker is already there: an extra one
+    report = node_index.rebuild(store, repair=False)
+    assert report.missing == [] and report.stale == [new_marker]
+    with pytest.raises(_CrashAt.Crash):  # killed after the record, before the stale marker's delete
+        fleet.record_engine_state(_CrashAt(store, "delete"), node, detect(), failed)
+    assert read_node(store, node)[0].engine(PROFILE, "prod").status == "failed"
+    report = node_index.rebuild(store, repair=False)
+    assert report.missing == [] and report.stale == [old_marker]
+    assert old.engine(PROFILE, "prod").artifact_id == rec.artifact_id
+    v = rollouts.view(store, rec)  # two states (healthy, failed): the node is read, and counts as the record says
+    assert v.waves[0].failed_nodes == (node,) and v.decision == "halt"
