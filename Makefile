@@ -59,7 +59,8 @@ $(STAMP): pyproject.toml $(LOCK)
 	@# parallel downloads; the CPU torch wheel from pip's configured find-links, if any.
 	grep -v -E '^($(subst $(space),|,$(NOT_INSTALLED)))==' $(LOCK) > $(VENV)/install.lock
 	@# --compile-bytecode: a host with PYTHONDONTWRITEBYTECODE=1 (this one has it) never caches bytecode,
-	@# so every command compiled torch and transformers from source again: 7 s of a 16 s `generate`.
+	@# so every command compiled torch and transformers from source again: 7 s of a 16 s `generate`
+	@# (one profiled run).
 	$(VENV)/bin/uv pip install -q --python $(PY) --no-deps --compile-bytecode $(FIND_LINKS) -r $(VENV)/install.lock
 	$(VENV)/bin/uv pip install -q --python $(PY) --no-deps -e .
 	@# A venv made by an older make install may still hold them.
