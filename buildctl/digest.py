@@ -1,9 +1,12 @@
-"""Digests: ``xxh3-128:<32 hex>`` over bytes, streams, files and canonical JSON.
+"""Digests: ``xxh3-128:<32 hex>`` over bytes, streams, files and canonical JSON, and
+``blake3:<64 hex>`` (BLAKE3-256) beside it where content must be bound cryptographically.
 
-xxh3-128 detects corruption (bit rot, truncation, bad transfers); it is not a defence
-against a deliberate attacker. Files are hashed by streaming large buffers; callers that
-copy, upload or download bytes hash them on the way through with :class:`Hasher` so no
-file is read twice for one operation.
+xxh3-128 detects corruption (bit rot, truncation, bad transfers) and is the content address of
+blobs; it is not a defence against a deliberate attacker (a colliding pair is easy to construct:
+tests/artifact_store/test_crypto_binding.py builds one). BLAKE3-256 is: every file of a current
+manifest carries both, and both are computed in the same pass over the bytes (:class:`Hasher` with
+``crypto=True``). Files are hashed by streaming large buffers; callers that copy, upload or
+download bytes hash them on the way through so no file is read twice for one operation.
 """
 
 from __future__ import annotations
@@ -16,25 +19,40 @@ import re
 from pathlib import Path
 from typing import Any, BinaryIO, Callable
 
+import blake3
 import xxhash
 
 ALGORITHM = "xxh3-128"
 PREFIX = ALGORITHM + ":"
 DIGEST_RE = re.compile(r"^xxh3-128:[0-9a-f]{32}$")
+CRYPTO_ALGORITHM = "blake3"
+CRYPTO_PREFIX = CRYPTO_ALGORITHM + ":"
+CRYPTO_RE = re.compile(r"^blake3:[0-9a-f]{64}$")
 BUFFER_SIZE = 8 * 1024 * 1024
 
 
+def _blake3() -> "blake3.blake3":
+    # AUTO: large slices are hashed on every core (the Rust crate's rayon pool): 4.1 GB/s on one
+    # thread, 7.8 GB/s with AUTO on this 2-core machine over 8 MiB slices (one-off measurement;
+    # benchmarks/crypto_digest.py measures pull, publish and verify --deep with it).
+    return blake3.blake3(max_threads=blake3.blake3.AUTO)
+
+
 class Hasher:
-    """Incremental xxh3-128 with a running byte count."""
+    """Incremental xxh3-128 with a running byte count; with ``crypto``, BLAKE3-256 of the same
+    bytes in the same pass (:meth:`crypto`)."""
 
-    __slots__ = ("_h", "size")
+    __slots__ = ("_h", "_b", "size")
 
-    def __init__(self) -> None:
+    def __init__(self, crypto: bool = False) -> None:
         self._h = xxhash.xxh3_128()
+        self._b = _blake3() if crypto else None
         self.size = 0
 
     def update(self, data: bytes | bytearray | memoryview) -> None:
         self._h.update(data)
+        if self._b is not None:
+            self._b.update(data)
         self.size += len(data)
 
     def hexdigest(self) -> str:
@@ -42,6 +60,20 @@ class Hasher:
 
     def digest(self) -> str:
         return PREFIX + self._h.hexdigest()
+
+    def crypto(self) -> str | None:
+        """``blake3:<64 hex>`` of the bytes so far, or None when this hasher computes none."""
+        return None if self._b is None else CRYPTO_PREFIX + self._b.hexdigest()
+
+
+def crypto_bytes(data: bytes) -> str:
+    """BLAKE3-256 of an in-memory byte string (a manifest's bytes: what signed records carry)."""
+    return CRYPTO_PREFIX + blake3.blake3(data).hexdigest()
+
+
+def is_crypto_digest(value: object) -> bool:
+    """Whether ``value`` is a well-formed ``blake3:<64 hex>`` digest."""
+    return isinstance(value, str) and bool(CRYPTO_RE.match(value))
 
 
 def digest_bytes(data: bytes) -> str:
@@ -63,7 +95,14 @@ def hash_stream(stream: BinaryIO, buffer_size: int = BUFFER_SIZE, *,
                 also: Callable[[memoryview], None] | None = None) -> tuple[str, int]:
     """Hash a binary stream to its end; returns ``(digest, size)``. ``also`` sees every slice
     (a second checksum computed in the same pass)."""
-    h = Hasher()
+    h = stream_hasher(stream, buffer_size, also=also)
+    return h.digest(), h.size
+
+
+def stream_hasher(stream: BinaryIO, buffer_size: int = BUFFER_SIZE, *, crypto: bool = False,
+                  also: Callable[[memoryview], None] | None = None) -> Hasher:
+    """:func:`hash_stream`, returning the :class:`Hasher` (``crypto``: BLAKE3 too)."""
+    h = Hasher(crypto)
     buf = bytearray(buffer_size)
     view = memoryview(buf)
     while True:
@@ -73,7 +112,7 @@ def hash_stream(stream: BinaryIO, buffer_size: int = BUFFER_SIZE, *,
         h.update(view[:n])
         if also is not None:
             also(view[:n])
-    return h.digest(), h.size
+    return h
 
 
 MMAP_MIN = 1024 * 1024
@@ -81,7 +120,16 @@ MMAP_MIN = 1024 * 1024
 
 def hash_file(path: str | Path, buffer_size: int = BUFFER_SIZE, *,
               also: Callable[[memoryview], None] | None = None) -> tuple[str, int]:
-    """Hash one file; returns ``(digest, size)``. ``also`` sees every slice, in order.
+    """Hash one file; returns ``(digest, size)``. ``also`` sees every slice, in order
+    (:func:`file_hasher` does the work)."""
+    h = file_hasher(path, buffer_size, also=also)
+    return h.digest(), h.size
+
+
+def file_hasher(path: str | Path, buffer_size: int = BUFFER_SIZE, *, crypto: bool = False,
+                also: Callable[[memoryview], None] | None = None) -> Hasher:
+    """Hash one file into a :class:`Hasher` (``crypto``: BLAKE3 too, in the same pass). ``also``
+    sees every slice, in order.
 
     Files of 1 MiB and more are hashed straight from a read-only memory map, in ``buffer_size``
     slices: the page cache is hashed in place, without copying it into a buffer first, and the
@@ -90,8 +138,8 @@ def hash_file(path: str | Path, buffer_size: int = BUFFER_SIZE, *,
     with open(path, "rb", buffering=0) as f:
         size = os.fstat(f.fileno()).st_size
         if size < MMAP_MIN:
-            return hash_stream(f, buffer_size, also=also)
-        h = Hasher()
+            return stream_hasher(f, buffer_size, crypto=crypto, also=also)
+        h = Hasher(crypto)
         with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
             view = memoryview(m)
             try:
@@ -103,7 +151,7 @@ def hash_file(path: str | Path, buffer_size: int = BUFFER_SIZE, *,
                     piece.release()
             finally:
                 view.release()
-        return h.digest(), h.size
+        return h
 
 
 class Crc64Nvme:

@@ -125,7 +125,7 @@ def pull(ctx: Context, profile: str, channel: str, dest: str | Path, *,
         raise EngineUnhealthyError(target_id, verdict.get("detail") or "failed", current_artifact(dest), held_back=True)
     res = store_pull(store, profile, channel, dest, host_compat_keys(fp), record=rec, node_id=node_id, keep=keep,
                preflight=None if skip_preflight else preflight_for(settings), on_bytes=on_bytes,
-               trusted=ctx.auth.trusted, min_seq=min_seq)
+               trusted=ctx.auth.trusted, min_seq=min_seq, require_crypto=settings.require_crypto)
     runs_check = health_check and (health_cmd is not None or not skip_preflight)
     if not runs_check or (not res.installed and verdict.get("status") == "healthy"):
         if node_id and res.installed:  # what it runs and keeps, for rollouts and gc: no verdict to add
@@ -207,7 +207,8 @@ def stage(ctx: Context, profile: str, channel: str, dest: str | Path, target: Up
     if ctx.auth.trusted is not None:
         check_trust(store, rec, ctx.auth.trusted, seen=installed_seqs(dest).get(channel_ref(rec), 0), artifact_id=aid)
     cov = coverage(store, aid, get_manifest(store, aid), projected)
-    entry, downloaded = stage_artifact(store, rec, aid, dest, when=utc_now(), on_bytes=on_bytes)
+    entry, downloaded = stage_artifact(store, rec, aid, dest, when=utc_now(), on_bytes=on_bytes,
+                                       require_crypto=ctx.settings.require_crypto)
     return Staged(entry, downloaded, projected, cov)
 
 
@@ -240,7 +241,7 @@ def activate(ctx: Context, profile: str, dest: str | Path, *, channel: str | Non
                    key=lambda e: (keys.index(e.compat_key), -e.record.seq))
     if found:
         res = activate_staged(dest, found[0], trusted=ctx.auth.trusted, now=datetime.now(timezone.utc),
-                              verify_window_s=ctx.auth.verify_window_s)
+                              verify_window_s=ctx.auth.verify_window_s, require_crypto=ctx.settings.require_crypto)
         return Activation(res, found[0], time.monotonic() - t0)
     got = pull(ctx, profile, channel or "prod", dest, node_id=node_id, fingerprint=fp)
     return Activation(got.result, None, time.monotonic() - t0)

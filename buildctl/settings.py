@@ -68,6 +68,7 @@ class Settings(BaseSettings):
     endpoint_url: str | None = Field(None, description="S3 endpoint (default: boto3's own, e.g. AWS_ENDPOINT_URL).")
     signing_key: Path | None = Field(None, description="Ed25519 private key this process signs manifests, records and attestations with.")
     trusted_keys: Path | None = Field(None, description="Directory of trusted *.pub keys; when set, pull enforces signatures.")
+    require_crypto: bool = Field(False, description="Refuse engines bound by xxh3-128 only: a manifest without per-file BLAKE3 (schema 1) or a channel record without its manifest's BLAKE3 (pull, stage, activate, node agent, verify).")
     profile_dir: Path = Field(Path("build_profiles"), description="Where profiles are found by name.")
     cache_dir: Path = Field(default_factory=default_cache_dir, description="Cache for tiny models and downloaded checkpoints.")
     fingerprint_file: Path | None = Field(None, description="Use this fingerprint JSON instead of detecting the host.")

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from buildctl.digest import canonical_json, digest_bytes
 from buildctl.artifact_store.backend import Store
+from buildctl.artifact_store.binding import manifest_blake3
 from buildctl.artifact_store.errors import CorruptObjectError
 from buildctl.artifact_store.layout import attestation_key, attestation_prefix, timed_record_names_its_bytes
 from buildctl.artifact_store.signing import SigningKey
@@ -200,6 +201,7 @@ class Attestation(_Frozen):
 
     schema_version: Literal[1, 2] = Field(ATTESTATION_SCHEMA, description="Attestation schema version.")
     artifact_id: str = Field(..., description="The artifact validated.")
+    manifest_blake3: str | None = Field(None, description="BLAKE3-256 of the artifact's manifest bytes (binds the signature to them); absent in attestations written before BLAKE3.")
     verdict: Literal["pass", "fail", "inconclusive"] = Field(..., description="pass, fail, or inconclusive (a speed interval straddles a threshold).")
     reasons: tuple[str, ...] = Field((), description="Every reason for a fail or an inconclusive verdict.")
     compat_key: str = Field(..., description="The validating host's compat key for the artifact's backend.")
@@ -222,8 +224,9 @@ class Attestation(_Frozen):
         return self.verdict == "pass"
 
     def content(self) -> dict[str, Any]:
-        """The JSON content without the signature (what is signed)."""
-        return self.model_dump(mode="json", exclude={"signature"})
+        """The JSON content without the signature (what is signed); an unset ``manifest_blake3`` is left
+        out, as in records written before it."""
+        return self.model_dump(mode="json", exclude={"signature"} | ({"manifest_blake3"} if self.manifest_blake3 is None else set()))
 
 
 @dataclass(frozen=True)
@@ -237,7 +240,10 @@ class StoredAttestation:
 
 
 def write_attestation(store: Store, attestation: Attestation, *, signer: SigningKey | None = None) -> str:
-    """Store an attestation (create-only) under its artifact, signed by ``signer``; returns its id."""
+    """Store an attestation (create-only) under its artifact, signed by ``signer``; returns its id.
+    It carries the BLAKE3 of the manifest bytes as stored, when the caller set none."""
+    if attestation.manifest_blake3 is None:
+        attestation = attestation.model_copy(update={"manifest_blake3": manifest_blake3(store, attestation.artifact_id)})
     content = attestation.content()
     if signer is not None:
         content["signature"] = signer.sign(canonical_json(content))

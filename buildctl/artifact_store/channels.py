@@ -12,11 +12,12 @@ import time
 from datetime import datetime, timezone
 from typing import Any, Callable, Iterator
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from buildctl.digest import canonical_json
+from buildctl.digest import canonical_json, is_crypto_digest, is_digest
 from buildctl.artifact_store.authority import Authority
 from buildctl.artifact_store.backend import Store
+from buildctl.artifact_store.binding import manifest_blake3
 from buildctl.artifact_store.errors import (
     CasConflictError,
     ChannelNotFoundError,
@@ -45,7 +46,7 @@ from buildctl.times import after, parse_utc, utc_now
 CHANNEL_RE = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
 
 
-OPTIONAL_SIGNED = ("rollout", "expires", "cosignatures", "migrated_from")  # left out when unset: older records' bytes stay the same
+OPTIONAL_SIGNED = ("rollout", "expires", "cosignatures", "migrated_from", "manifest_blake3")  # left out when unset: older records' bytes stay the same
 
 
 class ChannelRecord(BaseModel):
@@ -71,6 +72,14 @@ class ChannelRecord(BaseModel):
     signature: dict[str, str] | None = Field(None, description="Ed25519 signature over the record without this field.")
     cosignatures: tuple[dict[str, str], ...] | None = Field(None, description="More promoter signatures of the same bytes (k-of-n channels).")
     migrated_from: str | None = Field(None, description="migrate-keys: the schema-1 compat key whose ref this one continues (its history holds the approvals).")
+    manifest_blake3: dict[str, str] | None = Field(None, description="BLAKE3-256 of the manifest bytes of every artifact this record can give a node (the artifact; during a rollout its base and target too), by artifact id: what binds the signature to those exact bytes. Absent in records written before BLAKE3.")
+
+    @field_validator("manifest_blake3")
+    @classmethod
+    def _bound_form(cls, v: dict[str, str] | None) -> dict[str, str] | None:
+        if v is not None and not all(is_digest(a) and is_crypto_digest(b) for a, b in v.items()):
+            raise ValueError("manifest_blake3 maps xxh3-128 artifact ids to blake3:<64 hex>")
+        return v
 
     def body(self) -> dict:
         """The stored form: every field, less the optional ones that are unset."""
@@ -95,6 +104,17 @@ class ChannelRecord(BaseModel):
 
     def to_bytes(self) -> bytes:
         return canonical_json(self.body())
+
+    def bound(self, artifact_id: str) -> str | None:
+        """The BLAKE3 of ``artifact_id``'s manifest bytes that this record signs, if it carries one."""
+        return (self.manifest_blake3 or {}).get(artifact_id)
+
+    def servable(self) -> set[str]:
+        """Every artifact this record can give a node."""
+        out = {self.artifact_id}
+        if self.rollout is not None:
+            out |= {self.rollout.base, self.rollout.target}
+        return out
 
     def artifact_for(self, node_id: str | None) -> str:
         """The artifact this record gives a node (per wave bucket while a rollout is live)."""
@@ -148,6 +168,19 @@ def move_channel(store: Store, profile: str, channel: str, compat: str, make: Mo
         why = signer_refusal(with_revocations(store, trusted), signer.key_id, "promoter")
         if why is not None:
             raise SignerNotTrustedError(signer.key_id, "promoter", why)
+    # BLAKE3 of each servable artifact's manifest bytes as stored (whose xxh3 is the id), read once
+    # over every attempt; never copied from the current record, which this move does not vouch for.
+    hashed: dict[str, str | None] = {}
+
+    def bind(rec: ChannelRecord) -> ChannelRecord:
+        out = {}
+        for a in sorted(rec.servable()):
+            if a not in hashed:
+                hashed[a] = manifest_blake3(store, a)
+            if hashed[a] is not None:
+                out[a] = hashed[a]
+        return rec.model_copy(update={"manifest_blake3": out or None})
+
     for attempt in range(attempts):
         current = read_channel(store, profile, channel, compat)
         if current is not None:
@@ -164,6 +197,7 @@ def move_channel(store: Store, profile: str, channel: str, compat: str, make: Mo
         rec = ChannelRecord(**{"previous": current[0].artifact_id if current else None, **fields,
                                "seq": (current[0].seq + 1) if current else 1, "profile": profile, "channel": channel,
                                "compat_key": compat, "who": auth.who, "when": now, "expires": expires})
+        rec = bind(rec)
         if signer is not None:
             rec = rec.model_copy(update={"signature": signer.sign(rec.signed_bytes())})
         if threshold > 1:

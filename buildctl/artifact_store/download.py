@@ -1,7 +1,8 @@
 """Download an artifact's files from the store, verifying each while it arrives.
 
-Every file is hashed as its bytes are written; a file whose size or digest differs from the
-manifest (or whose blob is missing) is reported as a :class:`FileProblem`, never installed.
+Every file is hashed as its bytes are written, by xxh3-128 and (schema 2 manifests) BLAKE3-256 in
+the same pass; a file whose size or either digest differs from the manifest (or whose blob is
+missing) is reported as a :class:`FileProblem`, never installed.
 Large blobs are read as parallel ranges (:mod:`buildctl.artifact_store.ranged`), hashed in order.
 """
 
@@ -14,7 +15,7 @@ from buildctl.digest import BUFFER_SIZE, Hasher, write_all
 from buildctl.artifact_store.backend import ProgressFn, Store
 from buildctl.artifact_store.errors import FileProblem, KeyNotFoundError
 from buildctl.artifact_store.layout import blob_key
-from buildctl.artifact_store.manifest import FileEntry, Manifest
+from buildctl.artifact_store.manifest import FileEntry, Manifest, entry_problem
 from buildctl.artifact_store.pools import Stop, check, interruptible_pool
 from buildctl.artifact_store.ranged import RangedReader, ShortRangeError
 
@@ -29,13 +30,13 @@ def _download_ranged(store: Store, entry: FileEntry, target: Path, on_bytes: Pro
     if size != entry.size:
         return FileProblem(entry.path, "size", entry.size, size)
     try:
-        h = ranged.download(key, size, target, on_bytes=on_bytes)
+        h = ranged.download(key, size, target, on_bytes=on_bytes, crypto=entry.blake3 is not None)
     except KeyNotFoundError:
         return FileProblem(entry.path, "missing", actual=f"blob {key} disappeared during the download")
     except ShortRangeError as err:
         return FileProblem(entry.path, "size", entry.size, err.offset + err.got)
-    if h.digest() != entry.digest:
-        return FileProblem(entry.path, "digest", entry.digest, h.digest())
+    if problem := entry_problem(entry, h):
+        return problem
     os.chmod(target, 0o555 if entry.executable else 0o444)
     return None
 
@@ -47,7 +48,7 @@ def _download(store: Store, entry: FileEntry, target: Path, on_bytes: ProgressFn
     target.parent.mkdir(parents=True, exist_ok=True)
     if ranged is not None and ranged.applies(entry.size):
         return _download_ranged(store, entry, target, on_bytes, ranged)
-    h = Hasher()
+    h = Hasher(crypto=entry.blake3 is not None)
     buf = bytearray(min(BUFFER_SIZE, max(64 * 1024, entry.size + 1)))  # small files: small buffers, many at once
     view = memoryview(buf)
     try:
@@ -66,10 +67,8 @@ def _download(store: Store, entry: FileEntry, target: Path, on_bytes: ProgressFn
             os.fsync(dst.fileno())
     except KeyNotFoundError:
         return FileProblem(entry.path, "missing", actual=f"blob {blob_key(entry.digest)} does not exist")
-    if h.size != entry.size:
-        return FileProblem(entry.path, "size", entry.size, h.size)
-    if h.digest() != entry.digest:
-        return FileProblem(entry.path, "digest", entry.digest, h.digest())
+    if problem := entry_problem(entry, h):
+        return problem
     os.chmod(target, 0o555 if entry.executable else 0o444)
     return None
 

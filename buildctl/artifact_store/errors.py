@@ -84,7 +84,9 @@ class ChannelNotFoundError(NotFoundError):
 
 @dataclass(frozen=True)
 class FileProblem:
-    """One bad file: which, what is wrong (missing, size, digest, extra, unreadable), expected vs actual."""
+    """One bad file: which, what is wrong (missing, size, digest, blake3, extra, unreadable), expected vs
+    actual. ``blake3``: the xxh3-128 digest matched and the BLAKE3-256 one did not (other bytes
+    built to collide)."""
 
     path: str
     kind: str
@@ -92,7 +94,7 @@ class FileProblem:
     actual: str | int | None = None
 
     def render(self) -> str:
-        if self.kind in ("size", "digest"):
+        if self.kind in ("size", "digest", "blake3"):
             return f"{self.path}: {self.kind} mismatch (expected {self.expected}, got {self.actual})"
         return f"{self.path}: {self.kind}" + (f" ({self.actual})" if self.actual is not None else "")
 
@@ -223,6 +225,16 @@ class SignatureError(IntegrityError):
         self.what = what
         self.detail = detail
         super().__init__(f"{what}: {detail}")
+
+
+class CryptoRequiredError(IntegrityError):
+    """``--require-crypto`` (``BUILDCTL_REQUIRE_CRYPTO``): an artifact whose bytes are bound by xxh3-128
+    only, because its manifest has no per-file BLAKE3 (schema 1) or its record binds no manifest bytes."""
+
+    def __init__(self, artifact: str, detail: str) -> None:
+        self.artifact = artifact
+        self.detail = detail
+        super().__init__(f"artifact {artifact} refused under --require-crypto: {detail}")
 
 
 class StaleRecordError(IntegrityError):

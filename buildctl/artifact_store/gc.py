@@ -41,6 +41,8 @@ from buildctl.artifact_store.layout import (
     digest_of_blob_key,
     identity_key,
     pair_key,
+    rehash_key,
+    rehash_prefix,
     manifest_key,
     manifest_signature_prefix,
     quarantine_prefix,
@@ -234,6 +236,9 @@ def _remove_artifact(store: Store, artifact: str, m: Manifest, result: GcResult)
     if err is not None:
         return f"manifest not removed: {err}"
     keys = [identity_key(m.identity()), pair_key(m.profile_name, m.profile_hash, artifact)]
+    if m.rehashed_from:
+        keys.append(rehash_key(m.rehashed_from, artifact))
+    keys += list(store.list(rehash_prefix(artifact)))  # markers naming its successors
     if m.build_key:
         keys += [key for key, owner in build_key_owners(store, m.build_key) if owner == artifact]
     for prefix in (attestation_prefix(artifact), manifest_signature_prefix(artifact), verification_prefix(artifact),

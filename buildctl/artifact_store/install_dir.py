@@ -30,7 +30,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Callable, Iterator
 
-from buildctl.digest import fsync_dir, hash_file, hex_of
+from buildctl.digest import digest_bytes, file_hasher, fsync_dir, hex_of
 from buildctl.artifact_store.backend import ProgressFn, Store
 from buildctl.artifact_store.channels import ChannelRecord
 from buildctl.artifact_store.trust import VerifiedRef
@@ -44,7 +44,8 @@ from buildctl.artifact_store.errors import (
     VerificationError,
 )
 from buildctl.artifact_store.layout import manifest_key
-from buildctl.artifact_store.manifest import Manifest
+from buildctl.artifact_store.binding import check_bound
+from buildctl.artifact_store.manifest import Manifest, entry_problem, parse_manifest
 from buildctl.artifact_store.quarantine import check_not_quarantined
 from buildctl.artifact_store.signing import TrustedKeys, manifest_signatures, verify_signature
 from buildctl.artifact_store.trust import check_fresh
@@ -137,20 +138,32 @@ def install_artifact(
     workers: int = 16,
     range_slots: int | None = None,
     on_bytes: ProgressFn | None = None,
+    bound: str | None = None,
+    require_crypto: bool = False,
 ) -> PullResult:
     """Download, verify and atomically install one artifact as ``DIR/current``. ``workers`` files
-    at once; large files as parallel ranged reads, ``range_slots`` in flight over all of them."""
+    at once; large files as parallel ranged reads, ``range_slots`` in flight over all of them.
+    ``bound``: the BLAKE3 of the manifest bytes the channel record signed (the bytes must have it);
+    ``require_crypto``: refuse a manifest without per-file BLAKE3, or no ``bound`` (the engine
+    already current is checked too, from the manifest bytes kept beside it)."""
     dest = Path(dest)
     _prepare(dest)
     with _locked(dest):
         previous = current_artifact(dest)
         final = dest / "versions" / hex_of(artifact_id)
         if previous == artifact_id:
+            if bound is not None or require_crypto:
+                body = _kept_manifest(dest, artifact_id)
+                if body is None:
+                    body = get_manifest_and_bytes(store, artifact_id)[1]
+                check_bound(artifact_id, body, parse_manifest(body, f"kept manifest of {artifact_id}"), bound,
+                            require_crypto=require_crypto)
             return PullResult(artifact_id, installed=False, path=final, previous=previous)
         for stale in dest.glob(".staging-*"):  # left by a crashed pull
             shutil.rmtree(stale, ignore_errors=True)
         check_not_quarantined(store, artifact_id, "not installing it; the current engine stays")
         manifest, body = get_manifest_and_bytes(store, artifact_id)
+        check_bound(artifact_id, body, manifest, bound, require_crypto=require_crypto)
         staging = dest / f".staging-{uuid.uuid4().hex}"
         staging.mkdir()
         try:
@@ -236,6 +249,15 @@ def _keep_manifest(dest: Path, artifact_id: str, body: bytes) -> None:
     tmp = d / f".{hex_of(artifact_id)}.{uuid.uuid4().hex}.tmp"
     tmp.write_bytes(body)
     os.replace(tmp, d / f"{hex_of(artifact_id)}.json")
+
+
+def _kept_manifest(dest: Path, artifact_id: str) -> bytes | None:
+    """The kept manifest bytes of an installed engine, when they are there and hash to its id."""
+    try:
+        body = (dest / MANIFESTS_DIR / f"{hex_of(artifact_id)}.json").read_bytes()
+    except OSError:
+        return None
+    return body if digest_bytes(body) == artifact_id else None
 
 
 def installed_manifests(dest: str | Path) -> Iterator[bytes]:
@@ -383,16 +405,19 @@ def staged_engines(dest: str | Path) -> list[StagedEngine]:
 
 
 def stage_artifact(store: Store, record: ChannelRecord, artifact_id: str, dest: str | Path, *, when: str,
-                   workers: int = 16, on_bytes: ProgressFn | None = None) -> tuple[StagedEngine, bool]:
+                   workers: int = 16, on_bytes: ProgressFn | None = None,
+                   require_crypto: bool = False) -> tuple[StagedEngine, bool]:
     """Download and verify ``artifact_id`` into ``DIR/versions/`` without touching ``current``,
     and record what activation needs offline. Returns the entry and whether bytes were downloaded
-    (an engine already in ``versions/`` is re-hashed instead)."""
+    (an engine already in ``versions/`` is re-hashed instead). The manifest bytes must be the ones
+    ``record`` binds (:func:`~buildctl.artifact_store.binding.check_bound`)."""
     dest = Path(dest)
     _prepare(dest)
     with _locked(dest):
         check_not_quarantined(store, artifact_id, "not staging it")
         body = store.get_bytes(manifest_key(artifact_id))
         manifest = parse_verified_manifest(body, artifact_id, manifest_key(artifact_id))
+        check_bound(artifact_id, body, manifest, record.bound(artifact_id), require_crypto=require_crypto)
         sigs = manifest_signatures(store, artifact_id)[0]
         final = dest / "versions" / hex_of(artifact_id)
         downloaded = False
@@ -435,16 +460,13 @@ def local_problems(manifest: Manifest, root: Path) -> list[FileProblem]:
         if not p.is_file():
             problems.append(FileProblem(e.path, "missing"))
             continue
-        digest, size = hash_file(p)
-        if size != e.size:
-            problems.append(FileProblem(e.path, "size", e.size, size))
-        elif digest != e.digest:
-            problems.append(FileProblem(e.path, "digest", e.digest, digest))
+        if problem := entry_problem(e, file_hasher(p, crypto=e.blake3 is not None)):
+            problems.append(problem)
     return problems
 
 
 def activate_staged(dest: str | Path, entry: StagedEngine, *, trusted: TrustedKeys | None, now: datetime,
-                    verify_window_s: float) -> PullResult:
+                    verify_window_s: float, require_crypto: bool = False) -> PullResult:
     """Swap ``current`` to a staged engine, reading nothing from the store: the staged manifest
     must hash to the artifact id and, with ``trusted`` keys, carry a trusted builder signature
     under a record signed by a trusted promoter key (revocations are those the keys file holds);
@@ -453,6 +475,7 @@ def activate_staged(dest: str | Path, entry: StagedEngine, *, trusted: TrustedKe
     dest = Path(dest)
     aid = entry.artifact_id
     manifest = parse_verified_manifest(entry.manifest_body, aid, f"staged manifest of {aid}")
+    check_bound(aid, entry.manifest_body, manifest, entry.record.bound(aid), require_crypto=require_crypto)
     check_fresh(entry.record)
     if trusted is not None:
         verify_signature(f"channel record {entry.record.channel} #{entry.record.seq}", entry.record.signed_bytes(),

@@ -75,6 +75,19 @@ def artifact_of_pair_key(key: str) -> str:
     return "xxh3-128:" + key.rsplit("/", 1)[1]
 
 
+REHASH_INDEX = "index/rehashed/"
+
+
+def rehash_prefix(artifact_id: str) -> str:
+    """The rehashed successors of a schema 1 artifact (one empty marker each, written by
+    ``buildctl rehash`` before the new manifest): ``show`` names them."""
+    return f"{REHASH_INDEX}{hex_of(artifact_id)}/"
+
+
+def rehash_key(old: str, new: str) -> str:
+    return f"{rehash_prefix(old)}{hex_of(new)}"
+
+
 def timed_record_names_its_bytes(key: str, record_id: str) -> bool:
     """Whether a create-only record's key (:func:`_timed_record_key`) carries this digest of its bytes."""
     return key.endswith(f"-{hex_of(record_id)}.json")

@@ -2,6 +2,11 @@
 
 The artifact id is the digest of the manifest's canonical JSON, so a manifest can never
 change without changing its id. Path rules are enforced before anything is written.
+
+Schema 2 (current) gives every file, and the build log, a BLAKE3-256 digest beside its xxh3-128
+one, so a signed manifest binds its files' bytes cryptographically. Schema 1 manifests (written
+before it) have xxh3-128 only; they still parse and verify by xxh3, :attr:`Manifest.crypto` is
+False for them, and ``--require-crypto`` refuses them (``buildctl rehash`` upgrades one).
 """
 
 from __future__ import annotations
@@ -15,12 +20,33 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializationInfo,
+    SerializerFunctionWrapHandler,
+    ValidationError,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
-from buildctl.digest import DIGEST_RE, Crc64Nvme, canonical_json, digest_bytes, digest_json, hash_file
-from buildctl.artifact_store.errors import ManifestError, UnsafeTreeError
+from buildctl.digest import (
+    CRYPTO_RE,
+    DIGEST_RE,
+    Crc64Nvme,
+    canonical_json,
+    digest_bytes,
+    digest_json,
+    file_hasher,
+    Hasher,
+)
+from buildctl.artifact_store.errors import FileProblem, ManifestError, UnsafeTreeError
 
-MANIFEST_SCHEMA_VERSION = 1
+MANIFEST_SCHEMA_VERSION = 2
+LEGACY_SCHEMA_VERSION = 1  # xxh3-128 only: read, verified by xxh3, refused under --require-crypto
+READ_SCHEMA_VERSIONS = (LEGACY_SCHEMA_VERSION, MANIFEST_SCHEMA_VERSION)
 MAX_PATH_LEN = 1024
 MAX_COMPONENT_LEN = 255
 
@@ -78,6 +104,21 @@ class FileEntry(_Frozen):
     size: int = Field(..., ge=0, description="Size in bytes.")
     digest: str = Field(..., description="xxh3-128 digest of the content; also the blob's key.")
     executable: bool = Field(False, description="Whether the file is installed with the executable bit.")
+    blake3: str | None = Field(None, description="BLAKE3-256 of the content (schema 2); absent in schema 1 manifests.")
+
+    @model_serializer(mode="wrap")
+    def _omit_absent_blake3(self, handler: SerializerFunctionWrapHandler, info: SerializationInfo) -> dict[str, Any]:
+        out = handler(self)
+        if out.get("blake3") is None:
+            out.pop("blake3", None)  # a schema 1 entry dumps exactly as it was written
+        return out
+
+    @field_validator("blake3")
+    @classmethod
+    def _blake3_form(cls, v: str | None) -> str | None:
+        if v is not None and not CRYPTO_RE.match(v):
+            raise ValueError("blake3 must be blake3:<64 lowercase hex>")
+        return v
 
     @field_validator("path")
     @classmethod
@@ -107,12 +148,23 @@ class Manifest(_Frozen):
     model_digest: str | None = Field(None, description="Digest of the model checkpoint the engine was built from, when known.")
     created_at: str = Field(..., description="UTC ISO-8601 time the manifest was written.")
     build_log: str | None = Field(None, description="Digest of the build-log blob, when the build kept one.")
+    build_log_blake3: str | None = Field(None, description="BLAKE3-256 of the build log (schema 2, with a build log).")
+    rehashed_from: str | None = Field(None, description="`buildctl rehash`: the schema 1 artifact whose files, re-read from the store, this manifest lists with BLAKE3 (the same paths, sizes, xxh3 digests and modes).")
+
+    @model_serializer(mode="wrap")
+    def _omit_absent_schema_2_fields(self, handler: SerializerFunctionWrapHandler, info: SerializationInfo) -> dict[str, Any]:
+        out = handler(self)
+        for name in ("build_log_blake3", "rehashed_from"):  # a schema 1 manifest dumps exactly as it was written
+            if out.get(name) is None:
+                out.pop(name, None)
+        return out
 
     @model_validator(mode="before")
     @classmethod
     def _known_version(cls, data: Any) -> Any:
-        if isinstance(data, dict) and data.get("schema_version", MANIFEST_SCHEMA_VERSION) != MANIFEST_SCHEMA_VERSION:
-            raise ValueError(f"unknown manifest schema_version {data.get('schema_version')!r} (this buildctl reads {MANIFEST_SCHEMA_VERSION})")
+        if isinstance(data, dict) and data.get("schema_version", LEGACY_SCHEMA_VERSION) not in READ_SCHEMA_VERSIONS:
+            raise ValueError(f"unknown manifest schema_version {data.get('schema_version')!r} "
+                             f"(this buildctl reads {', '.join(map(str, READ_SCHEMA_VERSIONS))})")
         return data
 
     @model_validator(mode="after")
@@ -124,6 +176,23 @@ class Manifest(_Frozen):
         for d in (self.build_log, self.model_digest):
             if d is not None and not DIGEST_RE.match(d):
                 raise ValueError(f"bad digest {d!r}")
+        return self
+
+    @model_validator(mode="after")
+    def _digests_match_version(self) -> "Manifest":
+        crypto = self.schema_version >= MANIFEST_SCHEMA_VERSION
+        for f in self.files:
+            if (f.blake3 is not None) != crypto:
+                raise ValueError(f"{f.path}: schema {self.schema_version} manifests "
+                                 f"{'need' if crypto else 'have no'} a blake3 digest per file")
+        if crypto and (self.build_log is None) != (self.build_log_blake3 is None):
+            raise ValueError("build_log and build_log_blake3 come together")
+        if not crypto and (self.build_log_blake3 is not None or self.rehashed_from is not None):
+            raise ValueError("schema 1 manifests have no build_log_blake3 or rehashed_from")
+        if self.rehashed_from is not None and not DIGEST_RE.match(self.rehashed_from):
+            raise ValueError(f"bad artifact id {self.rehashed_from!r}")
+        if self.build_log_blake3 is not None and not CRYPTO_RE.match(self.build_log_blake3):
+            raise ValueError(f"bad digest {self.build_log_blake3!r}")
         return self
 
     def canonical(self) -> bytes:
@@ -140,14 +209,44 @@ class Manifest(_Frozen):
         return digest_bytes(canonical_json(data))
 
     @property
+    def crypto(self) -> bool:
+        """Whether every file (and the build log) carries a BLAKE3-256 digest (schema 2)."""
+        return self.schema_version >= MANIFEST_SCHEMA_VERSION
+
+    @property
     def total_size(self) -> int:
         return sum(f.size for f in self.files)
+
+    def same_files(self, other: "Manifest") -> bool:
+        """Whether both list the same files (paths, sizes, xxh3-128 digests, modes) and build log,
+        whatever BLAKE3 digests either carries: what a rehash keeps."""
+        def plain(m: Manifest) -> tuple:
+            return tuple((f.path, f.size, f.digest, f.executable) for f in m.files), m.build_log
+        return plain(self) == plain(other)
 
     def blob_digests(self) -> set[str]:
         out = {f.digest for f in self.files}
         if self.build_log:
             out.add(self.build_log)
         return out
+
+
+def content_problem(path: str, digest: str, blake3: str | None, h: Hasher) -> FileProblem | None:
+    """What is wrong with bytes hashed into ``h`` (a :class:`Hasher` made with ``crypto`` when
+    ``blake3`` is set) against a file's digests: xxh3-128 first, then BLAKE3-256; None when both match."""
+    if h.digest() != digest:
+        return FileProblem(path, "digest", digest, h.digest())
+    if blake3 is not None and h.crypto() != blake3:
+        # the same xxh3-128, other bytes: a collision, which only a deliberate attacker makes
+        return FileProblem(path, "blake3", blake3, h.crypto())
+    return None
+
+
+def entry_problem(entry: FileEntry, h: Hasher) -> FileProblem | None:
+    """:func:`content_problem` for a manifest entry, its size included."""
+    if h.size != entry.size:
+        return FileProblem(entry.path, "size", entry.size, h.size)
+    return content_problem(entry.path, entry.digest, entry.blake3, h)
 
 
 def parse_manifest(data: bytes | str | dict[str, Any], source: str = "<manifest>") -> Manifest:
@@ -224,22 +323,23 @@ def scan_tree(root: str | Path) -> list[SourceFile]:
 
 def hash_tree(
     files: list[SourceFile], *, workers: int | None = None, on_bytes: Callable[[int], None] | None = None,
-    crc64: dict[str, str] | None = None,
+    crc64: dict[str, str] | None = None, crypto: bool = True,
 ) -> list[FileEntry]:
-    """Hash files concurrently, one thread per core by default (xxhash releases the GIL per slice).
-    With ``crc64``, each file's CRC64NVME is computed in the same pass and put there by path."""
+    """Hash files concurrently, one thread per core by default (xxhash and blake3 release the GIL
+    per slice): xxh3-128 and, with ``crypto`` (the default: schema 2 entries), BLAKE3-256 in the
+    same pass. With ``crc64``, each file's CRC64NVME is computed in that pass too and put there by path."""
     workers = workers or max(2, os.cpu_count() or 2)
 
     def one(f: SourceFile) -> FileEntry:
         crc = Crc64Nvme() if crc64 is not None else None
-        digest, size = hash_file(f.abspath, also=crc.update if crc is not None else None)
+        h = file_hasher(f.abspath, crypto=crypto, also=crc.update if crc is not None else None)
         if crc is not None and crc64 is not None:
             crc64[f.path] = crc.b64
-        if size != f.size:
-            raise UnsafeTreeError(f.path, f"file changed while hashing ({f.size} -> {size} bytes)")
+        if h.size != f.size:
+            raise UnsafeTreeError(f.path, f"file changed while hashing ({f.size} -> {h.size} bytes)")
         if on_bytes:
-            on_bytes(size)
-        return FileEntry(path=f.path, size=size, digest=digest, executable=f.executable)
+            on_bytes(h.size)
+        return FileEntry(path=f.path, size=h.size, digest=h.digest(), executable=f.executable, blake3=h.crypto())
 
     if len(files) <= 1 or workers <= 1:
         return [one(f) for f in files]
@@ -248,5 +348,6 @@ def hash_tree(
 
 
 def tree_digest(root: str | Path) -> str:
-    """The digest of a directory tree (a model checkpoint): every file's path, size, digest and mode."""
-    return digest_json([e.model_dump(mode="json") for e in hash_tree(scan_tree(root))])
+    """The digest of a directory tree (a model checkpoint): every file's path, size, digest and mode
+    (xxh3-128, as build keys have always named checkpoints)."""
+    return digest_json([e.model_dump(mode="json") for e in hash_tree(scan_tree(root), crypto=False)])

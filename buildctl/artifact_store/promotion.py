@@ -12,8 +12,10 @@ reason on record: bytes that do not verify are never promoted.
 from __future__ import annotations
 
 from buildctl.artifact_store.attestations import latest_attestation, recomputed_verdict
+from buildctl.artifact_store.binding import manifest_blake3
 from buildctl.artifact_store.authority import Authority
 from buildctl.artifact_store.backend import Store
+from buildctl.errors import BuildctlError
 from buildctl.artifact_store.channels import ChannelRecord, channel_compat_keys, history, read_channel, set_channel
 from buildctl.artifact_store.errors import (
     ArtifactNotFoundError,
@@ -40,12 +42,27 @@ def promotion_refusals(store: Store, artifact_id: str, manifest: Manifest, auth:
     reasons: list[str] = []
     keys = {manifest.compat_key, compat_key or manifest.compat_key}
     stored = latest_attestation(store, artifact_id, keys)
+    if stored is None and manifest.rehashed_from is not None:
+        # `buildctl rehash`: the same files as the schema 1 artifact it names, so that one's
+        # validation is this one's (its attestation binds the old manifest's bytes, checked below)
+        try:
+            before = get_manifest(store, manifest.rehashed_from)
+        except BuildctlError:
+            before = None
+        if before is not None and before.same_files(manifest):
+            artifact_id = manifest.rehashed_from
+            stored = latest_attestation(store, artifact_id, keys)
     if stored is not None and auth.trusted is not None:
         try:
             verify_signature(f"attestation of {artifact_id}", stored.signed_bytes, stored.attestation.signature,
                              with_revocations(store, auth.trusted), "validator", signed_at=stored.attestation.created_at)
         except SignatureError as err:
             reasons.append(f"attestation signature: {err.detail}")
+    if stored is not None and stored.attestation.manifest_blake3 is not None:
+        now = manifest_blake3(store, artifact_id)
+        if now != stored.attestation.manifest_blake3:
+            reasons.append(f"attestation {stored.attestation_id} signed manifest bytes {stored.attestation.manifest_blake3}, "
+                           f"the store's hash to {now}: not evidence for these bytes")
     if stored is None:
         reasons.append(f"no validation attestation for compat key {compat_key or manifest.compat_key}")
     elif not stored.attestation.passed:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from buildctl.digest import Crc64Nvme, canonical_json, digest_bytes, hash_file, is_digest
+from buildctl.digest import Crc64Nvme, canonical_json, digest_bytes, file_hasher, hash_file, is_digest
 from buildctl.artifact_store import grace as grace_mod
 from buildctl.artifact_store.backend import ProgressFn, Store
 from buildctl.artifact_store.errors import CorruptObjectError, KeyNotFoundError, StoreArgumentError, StoreUnavailableError
@@ -105,10 +105,11 @@ def publish_tree(
         if e.digest not in crc_of:
             crc_of[e.digest] = crc_by_path[e.path] if crc_by_path is not None else None
             uploads.append((e.digest, by_path[e.path].abspath, e.size))
-    log_digest = None
+    log_digest = log_blake3 = None
     if build_log is not None:
         crc = Crc64Nvme() if crc_by_path is not None else None
-        log_digest, log_size = hash_file(build_log, also=crc.update if crc is not None else None)
+        log_h = file_hasher(build_log, crypto=True, also=crc.update if crc is not None else None)
+        log_digest, log_blake3, log_size = log_h.digest(), log_h.crypto(), log_h.size
         if log_digest not in crc_of:
             crc_of[log_digest] = crc.b64 if crc is not None else None
             uploads.append((log_digest, build_log, log_size))
@@ -116,9 +117,12 @@ def publish_tree(
         files=tuple(entries), profile_name=draft.profile_name, profile_hash=draft.profile_hash,
         build_key=draft.build_key, backend=draft.backend, compat_key=draft.compat_key,
         fingerprint=draft.fingerprint, tool_versions=draft.tool_versions, model_digest=draft.model_digest,
-        created_at=utc_now(), build_log=log_digest,
+        created_at=utc_now(), build_log=log_digest, build_log_blake3=log_blake3,
     )
     result = PublishResult(artifact_id="", manifest=manifest)
+    blake3_of = {e.digest: e.blake3 for e in entries}
+    if log_digest is not None:
+        blake3_of.setdefault(log_digest, log_blake3)
 
     confirmed: set[str] = set()
     rotted: list[tuple[str, Path, int]] = []
@@ -129,7 +133,7 @@ def publish_tree(
         existing = store.stat(blob_key(digest))
         if existing == size:
             if digest not in confirmed:  # counts only once its content is confirmed
-                if not blob_holds(store, digest, size, crc_of[digest], sized=True):
+                if not blob_holds(store, digest, size, crc_of[digest], sized=True, blake3=blake3_of.get(digest)):
                     rotted.append(item)
                 confirmed.add(digest)
             return False, 0

@@ -49,13 +49,16 @@ def pull(
     min_seq: int = 0,
     node_id: str | None = None,
     record: ChannelRecord | None = None,
+    require_crypto: bool = False,
 ) -> PullResult:
     """Resolve the channel for this host's compat keys and install its artifact. With ``trusted``
     keys (the CLI loads them from ``BUILDCTL_TRUSTED_KEYS``), signatures and rollback protection
     are enforced, and a ref older than the newest signed history record is refused; a record
     below ``min_seq`` and an expired record are refused always. During a rollout the record gives
     ``node_id`` the new artifact or the old one by its wave bucket (no id: the old one).
-    ``record``: the one already resolved (its refusals are still checked here)."""
+    ``record``: the one already resolved (its refusals are still checked here). The manifest bytes
+    must hash to the BLAKE3 the record signs, when it carries one; ``require_crypto`` refuses a
+    record that carries none and a manifest without per-file BLAKE3."""
     record = record or resolve_channel(store, profile, channel, compat_keys)
     dest = Path(dest)
     check_fresh(record, min_seq)
@@ -65,7 +68,8 @@ def pull(
         ref = channel_ref(record)
         proof = check_trust(store, record, trusted, seen=installed_seqs(dest).get(ref, 0), artifact_id=artifact_id,
                             known=verified_refs(dest).get(ref) if current_artifact(dest) == artifact_id else None)
-    result = install_artifact(store, artifact_id, dest, preflight=preflight, keep=keep, on_bytes=on_bytes)
+    result = install_artifact(store, artifact_id, dest, preflight=preflight, keep=keep, on_bytes=on_bytes,
+                              bound=record.bound(artifact_id), require_crypto=require_crypto)
     result.record = record
     record_installed(dest, record)
     if proof is not None:

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from buildctl.digest import PREFIX as DIGEST_PREFIX, canonical_json, digest_bytes
 from buildctl.artifact_store.backend import Store
+from buildctl.artifact_store.binding import manifest_blake3
 from buildctl.artifact_store.errors import CorruptObjectError, QuarantinedError, StoreUnavailableError
 from buildctl.artifact_store.layout import QUARANTINE, quarantine_key, quarantine_prefix
 from buildctl.times import utc_now
@@ -28,6 +29,7 @@ class QuarantineRecord(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     artifact_id: str = Field(..., description="The artifact.")
+    manifest_blake3: str | None = Field(None, description="BLAKE3-256 of the artifact's manifest bytes when they hashed to its id at the time (absent: a damaged or missing manifest, or a record written before BLAKE3).")
     action: Literal["quarantine", "lift"] = Field(..., description="quarantine takes it out of service; lift restores it.")
     reason: str = Field(..., description="Why, in words (what detected it, or how it was repaired).")
     problems: tuple[str, ...] = Field((), description="Each bad file, as verify reported it.")
@@ -35,14 +37,21 @@ class QuarantineRecord(BaseModel):
     when: str = Field(..., description="UTC ISO-8601 time.")
     signature: dict[str, str] | None = Field(None, description="Ed25519 signature over the record without this field.")
 
+    def body(self) -> dict:
+        """The stored form; an unset ``manifest_blake3`` is left out, as in records written before it."""
+        return self.model_dump(mode="json", exclude={"manifest_blake3"} if self.manifest_blake3 is None else None)
+
     def signed_bytes(self) -> bytes:
-        return canonical_json(self.model_dump(mode="json", exclude={"signature"}))
+        d = self.body()
+        d.pop("signature", None)
+        return canonical_json(d)
 
 
 def _write(store: Store, rec: QuarantineRecord, signer: SigningKey | None) -> tuple[QuarantineRecord, str]:
+    rec = rec.model_copy(update={"manifest_blake3": manifest_blake3(store, rec.artifact_id)})
     if signer is not None:
         rec = rec.model_copy(update={"signature": signer.sign(rec.signed_bytes())})
-    body = canonical_json(rec.model_dump(mode="json"))
+    body = canonical_json(rec.body())
     key = quarantine_key(rec.artifact_id, rec.when, digest_bytes(body))
     store.put_bytes(key, body)
     return rec, key

@@ -67,11 +67,11 @@ class RangedReader:
         return self.store.ranged_reads and size >= self.range_size
 
     def download(self, key: str, size: int, target: Path, *, on_bytes: ProgressFn | None = None,
-                 update: Callable[[bytes], None] | None = None) -> Hasher:
+                 update: Callable[[bytes], None] | None = None, crypto: bool = False) -> Hasher:
         """:meth:`hash_object` into a new file ``target`` (created exclusively, fsynced)."""
         fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         try:
-            h = self.hash_object(key, size, fd=fd, on_bytes=on_bytes, update=update)
+            h = self.hash_object(key, size, fd=fd, on_bytes=on_bytes, update=update, crypto=crypto)
             os.fsync(fd)
             return h
         finally:
@@ -88,10 +88,11 @@ class RangedReader:
         return data
 
     def hash_object(self, key: str, size: int, *, fd: int | None = None, on_bytes: ProgressFn | None = None,
-                    update: Callable[[bytes], None] | None = None) -> Hasher:
+                    update: Callable[[bytes], None] | None = None, crypto: bool = False) -> Hasher:
         """Read ``size`` bytes of ``key`` in parallel ranges (written to ``fd`` at their offsets when
-        given) and hash them in order; ``update`` also sees each range in order (a second checksum)."""
-        h = Hasher()
+        given) and hash them in order (``crypto``: BLAKE3-256 too, in the same pass); ``update``
+        also sees each range in order (a second checksum)."""
+        h = Hasher(crypto)
         offsets = iter(range(0, size, self.range_size))
         pending: deque[Future[bytes]] = deque()
         held = 0

@@ -15,11 +15,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
-from buildctl.digest import BUFFER_SIZE, digest_bytes, hash_file, hash_stream, write_all
+from buildctl.digest import BUFFER_SIZE, digest_bytes, file_hasher, stream_hasher, write_all
 from buildctl.artifact_store.backend import Store
 from buildctl.artifact_store.errors import KeyNotFoundError, VerificationError
 from buildctl.artifact_store.layout import IDENTITY_INDEX, blob_key, manifest_key
-from buildctl.artifact_store.manifest import FileEntry
+from buildctl.artifact_store.manifest import FileEntry, content_problem, entry_problem
 from buildctl.artifact_store.quarantine import lift
 from buildctl.artifact_store.authority import Authority
 from buildctl.artifact_store.verify import get_manifest, scan_manifests, verify
@@ -42,14 +42,15 @@ class RepairResult:
 
 
 def stored_blob_ok(store: Store, entry: FileEntry) -> bool:
-    return blob_holds(store, entry.digest, entry.size)
+    return blob_holds(store, entry.digest, entry.size, blake3=entry.blake3)
 
 
-def blob_holds(store: Store, digest: str, size: int, crc64: str | None = None, *, sized: bool = False) -> bool:
+def blob_holds(store: Store, digest: str, size: int, crc64: str | None = None, *, sized: bool = False,
+               blake3: str | None = None) -> bool:
     """Whether the stored blob holds exactly the bytes of ``digest``: with ``crc64`` (the local
     file's CRC64NVME) and a store that keeps one, the object's stored full-object checksum is
-    compared with it, a HEAD request; otherwise the blob is read back and hashed. ``sized``: the
-    caller has just seen the stored size equal ``size``."""
+    compared with it, a HEAD request; otherwise the blob is read back and hashed (with ``blake3``,
+    by BLAKE3-256 too). ``sized``: the caller has just seen the stored size equal ``size``."""
     key = blob_key(digest)
     if crc64 is not None and store.checksum_algorithm == "CRC64NVME":
         try:
@@ -62,7 +63,7 @@ def blob_holds(store: Store, digest: str, size: int, crc64: str | None = None, *
         return False
     try:
         with store.open_read(key) as f:
-            return hash_stream(f)[0] == digest
+            return content_problem(key, digest, blake3, stream_hasher(f, crypto=blake3 is not None)) is None
     except KeyNotFoundError:
         return False
 
@@ -115,7 +116,7 @@ def repair(store: Store, artifact_id: str, source: SourceFn, *, auth: Authority,
             continue
         seen.add(entry.digest)
         copy = source(entry)
-        if copy is None or hash_file(copy) != (entry.digest, entry.size):
+        if copy is None or entry_problem(entry, file_hasher(copy, crypto=entry.blake3 is not None)) is not None:
             result.unrepaired.append(entry.path)
             continue
         store.replace_object(blob_key(entry.digest), copy, size=entry.size)

@@ -7,7 +7,7 @@ import re
 from concurrent.futures import ThreadPoolExecutor
 from typing import Iterator
 
-from buildctl.digest import digest_bytes, hash_stream
+from buildctl.digest import digest_bytes, stream_hasher
 from buildctl.errors import BuildctlError
 from buildctl.artifact_store.backend import ProgressFn, Store
 from buildctl.artifact_store.errors import (
@@ -28,7 +28,7 @@ from buildctl.artifact_store.layout import (
     manifest_prefix,
     pair_prefix,
 )
-from buildctl.artifact_store.manifest import FileEntry, Manifest, parse_manifest
+from buildctl.artifact_store.manifest import FileEntry, Manifest, content_problem, parse_manifest
 
 BUILD_LOG_PATH = "<build log>"
 
@@ -131,12 +131,13 @@ def scan_manifests(store: Store, known: dict[str, tuple[Manifest | None, str, se
 
 def verify(store: Store, artifact_id: str, *, deep: bool = False, workers: int = 4,
            on_bytes: ProgressFn | None = None) -> Manifest:
-    """Check every blob exists with the right size; ``deep`` re-hashes every byte. Raises :class:`VerificationError`."""
+    """Check every blob exists with the right size; ``deep`` re-hashes every byte, by xxh3-128 and
+    (schema 2) BLAKE3-256 in one pass. Raises :class:`VerificationError`."""
     manifest = get_manifest(store, artifact_id)
     entries: list[FileEntry] = list(manifest.files)
     if manifest.build_log:
         entries.append(FileEntry(path=BUILD_LOG_PATH, size=store.stat(blob_key(manifest.build_log)) or 0,
-                                 digest=manifest.build_log))
+                                 digest=manifest.build_log, blake3=manifest.build_log_blake3))
 
     def check(e: FileEntry) -> FileProblem | None:
         key = blob_key(e.digest)
@@ -146,18 +147,18 @@ def verify(store: Store, artifact_id: str, *, deep: bool = False, workers: int =
         if e.path != BUILD_LOG_PATH and size != e.size:
             return FileProblem(e.path, "size", e.size, size)
         if deep:
+            crypto = e.blake3 is not None
             if ranged.applies(size):  # parallel ranges, hashed in order
                 try:
-                    got = ranged.hash_object(key, size, on_bytes=on_bytes).digest()
+                    h = ranged.hash_object(key, size, on_bytes=on_bytes, crypto=crypto)
                 except ShortRangeError as err:
                     return FileProblem(e.path, "size", e.size, err.offset + err.got)
             else:
                 with store.open_read(key) as f:
-                    got, n = hash_stream(f)
+                    h = stream_hasher(f, crypto=crypto)
                 if on_bytes:
-                    on_bytes(n)
-            if got != e.digest:
-                return FileProblem(e.path, "digest", e.digest, got)
+                    on_bytes(h.size)
+            return content_problem(e.path, e.digest, e.blake3, h)
         return None
 
     with RangedReader(store) as ranged, ThreadPoolExecutor(max_workers=max(1, workers)) as pool:

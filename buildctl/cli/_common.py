@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from buildctl.context import Context
 
 JSON_OPT = typer.Option(False, "--json", help="JSON output.")
+REQUIRE_CRYPTO_OPT = typer.Option(False, "--require-crypto", help="Refuse (exit 4) an engine bound by xxh3-128 only: a manifest without per-file BLAKE3 (written before it; `buildctl rehash` upgrades it) or a channel record without its manifest's BLAKE3 (default: BUILDCTL_REQUIRE_CRYPTO).")
 
 
 @dataclass(frozen=True)
@@ -37,13 +38,19 @@ def settings(ctx: typer.Context) -> Settings:
     return state(ctx).settings
 
 
-def context(ctx: typer.Context) -> "Context":
-    """The command's context (store opened, keys read), made on first use and then reused."""
+def context(ctx: typer.Context, *, require_crypto: bool = False) -> "Context":
+    """The command's context (store opened, keys read), made on first use and then reused;
+    ``require_crypto``: the command's ``--require-crypto`` flag, on top of the settings."""
+    from dataclasses import replace
+
     from buildctl.context import Context
 
     st = state(ctx)
     if "context" not in st.made:
         st.made["context"] = Context.from_settings(st.settings)
+    if require_crypto and not st.made["context"].settings.require_crypto:
+        made = st.made["context"]
+        st.made["context"] = replace(made, settings=made.settings.with_flags(require_crypto=True))
     return st.made["context"]
 
 

@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from buildctl.cli._common import emit_json, context, out, settings, want_json
+from buildctl.cli._common import REQUIRE_CRYPTO_OPT, emit_json, context, out, settings, want_json
 from buildctl.errors import EventNotDeliveredError
 
 node_app = typer.Typer(help="Node agent commands.", no_args_is_help=True)
@@ -121,13 +121,15 @@ def activate_cmd(
     channel: Optional[str] = typer.Option(None, "--channel", help="Only an engine staged from this channel; and the "
                                           "channel to pull from when none is staged (default prod)."),
     node_id: Optional[str] = typer.Option(None, "--node-id", help="This node's id, for a pull when nothing is staged."),
+    require_crypto: bool = REQUIRE_CRYPTO_OPT,
     json_out: bool = typer.Option(False, "--json", help="JSON output."),
 ) -> None:
     """After an upgrade: fingerprint this host and swap DIR/current to the engine staged for its
     compat key (`pull --for-upgrade TARGET --stage-only`), with no network; pull when none is staged."""
     from buildctl import node_agent
 
-    got = node_agent.activate(context(ctx), profile, dest, channel=channel, node_id=node_id)
+    got = node_agent.activate(context(ctx, require_crypto=require_crypto), profile, dest, channel=channel,
+                              node_id=node_id)
     if want_json(ctx, json_out):
         emit_json(got.to_json())
         return

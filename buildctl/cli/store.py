@@ -10,7 +10,7 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from buildctl.cli._common import JSON_OPT, context, emit_json, fail_on_skipped, out, settings, short_id, want_json
+from buildctl.cli._common import JSON_OPT, REQUIRE_CRYPTO_OPT, context, emit_json, fail_on_skipped, out, settings, short_id, want_json
 from buildctl.cli.progress import byte_progress
 
 TRUST_OPT = typer.Option(None, "--trust-verify-within", help="Trust a deep verify of the artifact this recent (1h, 30m) "
@@ -88,17 +88,21 @@ def show_cmd(ctx: typer.Context, artifact: str = typer.Argument(..., help="Artif
     from buildctl.artifact_store.attestations import list_attestations
     from buildctl.artifact_store.channels import channels_pointing_at
     from buildctl.artifact_store.quarantine import active_of, quarantine_records
-    from buildctl.artifact_store.verify import get_manifest, resolve_artifact
+    from buildctl.artifact_store.rehash import successors
+    from buildctl.artifact_store.verify import get_manifest_and_bytes, resolve_artifact
+    from buildctl.digest import crypto_bytes
 
     store = context(ctx).store
     aid = resolve_artifact(store, artifact)
-    m = get_manifest(store, aid)
+    m, body = get_manifest_and_bytes(store, aid)
+    succ = successors(store, aid)
     atts = list_attestations(store, aid)
     chans = channels_pointing_at(store, aid)
     qrecs = quarantine_records(store, aid)
     active = active_of(qrecs)
     if _quiet(ctx, json_out):
-        emit_json({"artifact_id": aid, "manifest": m.model_dump(mode="json"),
+        emit_json({"artifact_id": aid, "manifest_blake3": crypto_bytes(body), "crypto": m.crypto, "rehashed_as": succ,
+                   "manifest": m.model_dump(mode="json"),
                    "attestations": [{"attestation_id": a.attestation_id, **a.attestation.model_dump(mode="json")} for a in atts],
                    "channels": [c.model_dump(mode="json") for c in chans], "quarantined": active is not None,
                    "quarantine": [{"key": k, **r.model_dump(mode="json")} for k, r in qrecs]})
@@ -114,11 +118,19 @@ def show_cmd(ctx: typer.Context, artifact: str = typer.Argument(..., help="Artif
     con.print(f"backend    {m.backend}   compat key {m.compat_key}", highlight=False)
     con.print(f"build key  {m.build_key or '-'}   model {m.model_digest or '-'}", highlight=False)
     con.print(f"created    {m.created_at}   build log {m.build_log or '-'}", highlight=False)
+    con.print(f"manifest   {crypto_bytes(body)}", highlight=False)
+    if m.rehashed_from:
+        con.print(f"rehashed   from {m.rehashed_from} (the same files, with BLAKE3)", highlight=False)
+    for later in succ:
+        con.print(f"rehashed   as {later}", highlight=False)
+    con.print("digests    " + ("xxh3-128 + BLAKE3-256 per file (schema 2)" if m.crypto else
+                               f"xxh3-128 ONLY (schema {m.schema_version}): refused under --require-crypto; "
+                               "`buildctl rehash` upgrades it"), highlight=False)
     t = Table(title="files")
-    for c in ("path", "size", "digest", "x"):
+    for c in ("path", "size", "digest", "blake3", "x"):
         t.add_column(c)
     for f in m.files:
-        t.add_row(f.path, str(f.size), f.digest, "x" if f.executable else "")
+        t.add_row(f.path, str(f.size), f.digest, f.blake3 or "-", "x" if f.executable else "")
     con.print(t)
     con.print("attestations: " + (", ".join(f"{a.attestation.created_at} {a.attestation.verdict} ({a.attestation.compat_key})"
                                             for a in atts) or "none"),
@@ -131,27 +143,62 @@ def show_cmd(ctx: typer.Context, artifact: str = typer.Argument(..., help="Artif
 def verify_cmd(
     ctx: typer.Context,
     artifact: str = typer.Argument(..., help="Artifact id or unique hex prefix."),
-    deep: bool = typer.Option(False, "--deep", help="Re-hash every byte from the store."),
+    deep: bool = typer.Option(False, "--deep", help="Re-hash every byte from the store (xxh3-128 and, where the manifest has it, BLAKE3-256, in one pass)."),
+    require_crypto: bool = REQUIRE_CRYPTO_OPT,
     json_out: bool = JSON_OPT,
 ) -> None:
-    """Check every blob exists with the right size (with --deep: and the right digest; a mismatch
+    """Check every blob exists with the right size (with --deep: and the right digests; a mismatch
     then quarantines the artifact, where this caller may write)."""
+    from buildctl.artifact_store.errors import CryptoRequiredError
     from buildctl.artifact_store.integrity import verify_deep_or_quarantine
     from buildctl.artifact_store.verify import get_manifest, resolve_artifact, verify
 
-    c = context(ctx)
+    c = context(ctx, require_crypto=require_crypto)
     store = c.store
     aid = resolve_artifact(store, artifact)
-    total = get_manifest(store, aid).total_size if deep else None
+    manifest = get_manifest(store, aid)
+    if c.settings.require_crypto and not manifest.crypto:
+        raise CryptoRequiredError(aid, f"its manifest (schema {manifest.schema_version}) has xxh3-128 digests only; "
+                                  "`buildctl rehash` publishes a BLAKE3 manifest for it")
+    total = manifest.total_size if deep else None
     with byte_progress("re-hashing", total, enabled=deep and not _quiet(ctx, json_out)) as on_bytes:
         if deep:
             m, _ = verify_deep_or_quarantine(store, aid, detector="verify --deep", auth=c.auth, on_bytes=on_bytes)
         else:
             m = verify(store, aid, on_bytes=on_bytes)
     if _quiet(ctx, json_out):
-        emit_json({"artifact_id": aid, "ok": True, "deep": deep, "files": len(m.files), "bytes": m.total_size})
+        emit_json({"artifact_id": aid, "ok": True, "deep": deep, "files": len(m.files), "bytes": m.total_size,
+                   "crypto": m.crypto})
     else:
-        out().print(f"ok {aid}: {len(m.files)} files, {m.total_size} bytes{' re-hashed' if deep else ''}", highlight=False)
+        how = (" re-hashed (xxh3-128 + BLAKE3-256)" if m.crypto else " re-hashed (xxh3-128 only: schema 1 manifest)") if deep else ""
+        out().print(f"ok {aid}: {len(m.files)} files, {m.total_size} bytes{how}", highlight=False)
+
+
+def rehash_cmd(
+    ctx: typer.Context,
+    artifact: str = typer.Argument(..., help="Artifact id or unique hex prefix (a schema 1 artifact: xxh3-128 only)."),
+    json_out: bool = JSON_OPT,
+) -> None:
+    """Publish a BLAKE3 (schema 2) manifest for an artifact published before BLAKE3: every blob
+    re-read from the store, xxh3-128 checked and BLAKE3-256 computed in one pass, the new manifest
+    signed with BUILDCTL_SIGNING_KEY and linked to the old one. Promote the new id as usual; the
+    old one's attestation counts for it (the same files)."""
+    from buildctl.artifact_store.rehash import rehash
+    from buildctl.artifact_store.verify import get_manifest, resolve_artifact
+
+    c = context(ctx)
+    aid = resolve_artifact(c.store, artifact)
+    quiet = _quiet(ctx, json_out)
+    with byte_progress("re-hashing", get_manifest(c.store, aid).total_size, enabled=not quiet) as on_bytes:
+        res = rehash(c.store, aid, auth=c.auth, on_bytes=on_bytes)
+    if quiet:
+        emit_json(res.to_json())
+    elif res.new == res.old:
+        out().print(f"{aid} already has BLAKE3 digests (schema 2): nothing to do", highlight=False)
+    else:
+        signed = "signed" if c.auth.signer is not None else "UNSIGNED (no BUILDCTL_SIGNING_KEY)"
+        out().print(f"rehashed {aid} as {res.new}: {res.files} files, {res.bytes} bytes, {signed}"
+                    f"{' (existed)' if res.existed else ''}; promote {short_id(res.new)} to serve it", highlight=False)
 
 
 def _record_json(rec) -> dict:
@@ -297,6 +344,7 @@ def pull_cmd(
     require_covered: bool = typer.Option(False, "--require-covered", help="Refuse (exit 5), before downloading, an engine not validated on this host's soft values (driver, GPU model, CUDA minor; see fingerprint --json)."),
     for_upgrade: Optional[Path] = typer.Option(None, "--for-upgrade", help="TARGET.yaml: pull the engine this node needs after that upgrade (its fingerprint with the target's fields); needs --stage-only."),
     stage_only: bool = typer.Option(False, "--stage-only", help="Download and deep-verify into DIR/versions/ without touching DIR/current; `buildctl node activate` swaps it in later, offline."),
+    require_crypto: bool = REQUIRE_CRYPTO_OPT,
     json_out: bool = JSON_OPT,
 ) -> None:
     """Install the channel's engine for this node: verify, preflight, swap atomically, smoke-check.
@@ -310,7 +358,7 @@ def pull_cmd(
     if for_upgrade is not None and not stage_only:
         raise BadInputError("--for-upgrade needs --stage-only: the engine for the upgraded host cannot load before "
                             "the upgrade; stage it now and run `buildctl node activate` after the upgrade")
-    c = context(ctx)  # a bad trusted-key layout is reported before anything else
+    c = context(ctx, require_crypto=require_crypto)  # a bad trusted-key layout is reported before anything else
     st = c.settings
     fp = host_fingerprint(st)
     quiet = _quiet(ctx, json_out)

@@ -11,6 +11,7 @@ from buildctl.artifact_store.errors import ManifestError
 from buildctl.artifact_store.manifest import MANIFEST_SCHEMA_VERSION, check_relpath, parse_manifest
 
 D = "xxh3-128:" + "a" * 32
+B3 = "blake3:" + "b" * 64
 
 
 def manifest(files, **over):
@@ -21,8 +22,8 @@ def manifest(files, **over):
     return json.dumps(base)
 
 
-def f(path, size=1, digest=D):
-    return {"path": path, "size": size, "digest": digest, "executable": False}
+def f(path, size=1, digest=D, blake3=B3):
+    return {"path": path, "size": size, "digest": digest, "executable": False, "blake3": blake3}
 
 
 @pytest.mark.parametrize("files,needle", [
@@ -48,8 +49,8 @@ def test_bad_manifests_refused(files, needle):
 
 def test_unknown_schema_version_refused():
     with pytest.raises(ManifestError) as exc:
-        parse_manifest(manifest([f("a")], schema_version=2))
-    assert "unknown manifest schema_version 2" in str(exc.value)
+        parse_manifest(manifest([f("a")], schema_version=3))
+    assert "unknown manifest schema_version 3" in str(exc.value)
 
 
 def test_unknown_field_and_garbage_refused():
@@ -118,11 +119,12 @@ def test_entries_and_manifests_defaults_and_digests():
 
     e = FileEntry(path="empty", size=0, digest=D)
     assert e.executable is False and e.size == 0
-    body = json.loads(manifest([f("x")]))
-    body["schema_version"] = 1  # what every published manifest says
+    body = json.loads(manifest([f("x", blake3=None)]))
+    body["schema_version"] = 1  # what every manifest published before BLAKE3 says
     assert parse_manifest(json.dumps(body)).schema_version == 1
+    assert parse_manifest(manifest([f("x")])).schema_version == 2  # the current default
     log = "xxh3-128:" + "b" * 32
-    m = parse_manifest(manifest([f("x")], build_log=log, model_digest="xxh3-128:" + "c" * 32))
+    m = parse_manifest(manifest([f("x")], build_log=log, build_log_blake3=B3, model_digest="xxh3-128:" + "c" * 32))
     assert m.blob_digests() == {D, log}
     assert parse_manifest(manifest([f("x")])).blob_digests() == {D}
     for field in ("build_log", "model_digest"):
@@ -172,3 +174,33 @@ def test_entries_are_frozen_and_root_level_errors_are_named():
         e.size = 2  # type: ignore[misc]
     with pytest.raises(ManifestError, match=r"<root>: Value error, files must be sorted by path"):
         parse_manifest(manifest([f("b"), f("a")]))
+
+
+def test_schema_2_needs_blake3_on_every_file_and_the_build_log_and_schema_1_has_none():
+    ok = parse_manifest(manifest([f("a"), f("b")], build_log=D, build_log_blake3=B3))
+    assert ok.crypto and ok.files[0].blake3 == B3
+    for bad, needle in [
+        (manifest([f("a"), f("b", blake3=None)]), "need a blake3 digest"),
+        (manifest([f("a")], build_log=D), "come together"),
+        (manifest([f("a")], build_log_blake3=B3), "come together"),
+        (manifest([f("a", blake3="blake3:" + "B" * 64)]), "blake3:<64 lowercase hex>"),
+        (manifest([f("a", blake3="xxh3-128:" + "b" * 32)]), "blake3:<64 lowercase hex>"),
+        (manifest([f("a")], schema_version=1), "have no a blake3"),
+        (manifest([f("a", blake3=None)], schema_version=1, build_log=D, build_log_blake3=B3), "no build_log_blake3"),
+        (manifest([f("a", blake3=None)], schema_version=1, rehashed_from=D), "or rehashed_from"),
+        (manifest([f("a")], rehashed_from="md5:00"), "bad artifact id"),
+    ]:
+        with pytest.raises(ManifestError) as exc:
+            parse_manifest(bad, "m.json")
+        assert needle in str(exc.value)
+
+
+def test_a_schema_1_manifest_dumps_byte_for_byte_as_written_so_its_id_still_holds():
+    old = {"schema_version": 1, "files": [{"path": "a", "size": 1, "digest": D, "executable": False}],
+           "profile_name": "p", "profile_hash": D, "build_key": None, "backend": "aoti", "compat_key": "k",
+           "fingerprint": {}, "tool_versions": {}, "model_digest": None, "created_at": "2026-01-01T00:00:00Z",
+           "build_log": None}
+    body = json.dumps(old, sort_keys=True, separators=(",", ":")).encode()
+    m = parse_manifest(body)
+    assert not m.crypto and m.files[0].blake3 is None
+    assert m.canonical() == body and m.artifact_id() == digest_bytes(body)

@@ -115,7 +115,7 @@ def test_missing_blob(store, installed, draft):
 def test_manifest_naming_a_file_that_is_not_there(store, installed, draft, tmp_path):
     dest, v1, v2, before = installed
     m = ops.get_manifest(store, v2)
-    ghost = FileEntry(path="rank1.engine", size=10, digest="xxh3-128:" + "ab" * 16)
+    ghost = FileEntry(path="rank1.engine", size=10, digest="xxh3-128:" + "ab" * 16, blake3="blake3:" + "cd" * 32)
     forged = m.model_copy(update={"files": tuple(sorted(m.files + (ghost,), key=lambda f: f.path))})
     fid = forged.artifact_id()
     store.put_bytes(manifest_key(fid), forged.canonical())

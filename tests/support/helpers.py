@@ -262,3 +262,54 @@ def run_docs_block(block: str, work: Path, timeout: float, log: str) -> str:
     if proc.returncode != 0:
         pytest.fail(f"the block exited {proc.returncode}:\n" + out[-3000:] + tail())
     return out
+
+
+def publish_schema1(store, root: Path, draft, *, signer=None) -> str:
+    """Publish ``root`` as buildctl did before BLAKE3: a schema 1 manifest (xxh3-128 digests only),
+    its blobs, its pair marker and (with ``signer``) its builder signature. Returns the artifact id."""
+    from buildctl.artifact_store.layout import blob_key, manifest_key, pair_key
+    from buildctl.artifact_store.manifest import Manifest, hash_tree, scan_tree
+    from buildctl.artifact_store.signing import sign_manifest
+    from buildctl.digest import digest_bytes
+    from buildctl.times import utc_now
+
+    files = scan_tree(root)
+    entries = hash_tree(files, crypto=False)
+    for f, e in zip(files, entries):
+        store.put_file(blob_key(e.digest), f.abspath, size=e.size)
+    m = Manifest(schema_version=1, files=tuple(entries), profile_name=draft.profile_name,
+                 profile_hash=draft.profile_hash, build_key=draft.build_key, backend=draft.backend,
+                 compat_key=draft.compat_key, fingerprint=draft.fingerprint, tool_versions=draft.tool_versions,
+                 model_digest=draft.model_digest, created_at=utc_now())
+    body = m.canonical()
+    aid = digest_bytes(body)
+    store.put_bytes(pair_key(m.profile_name, m.profile_hash, aid), b"")
+    store.put_bytes(manifest_key(aid), body)
+    if signer is not None:
+        sign_manifest(store, aid, signer, body)
+    return aid
+
+
+def xxh3_collision(size: int = 4096, seed: int = 0) -> tuple[bytes, bytes]:
+    """Two different byte strings of ``size`` (> 240) bytes with the same xxh3-128 (seed 0, default
+    secret), built, not searched for. XXH3's long-input accumulator adds, per 8-byte lane ``d`` of
+    each 64-byte stripe, ``lo32(d ^ k) * hi32(d ^ k)`` to one accumulator and ``d`` itself to its
+    neighbour (``XXH3_accumulate_512`` in xxhash.h). Lane 0 of stripes 0 and 1 is set so that
+    ``lo32(d ^ k) == 0``: the product is 0 whatever the high half holds. Adding ``c << 32`` to the
+    first lane and subtracting it from the second keeps their sum, and both products 0, so every
+    accumulator, and so the digest, is unchanged. ``k`` is the default secret's first 16 bytes
+    (XXH3_kSecret), lanes read little-endian; stripe ``n`` reads the secret from offset ``8 n``."""
+    import random
+    import struct
+
+    if size <= 240 + 64 * 2:
+        raise ValueError("the long-input path needs more than 240 bytes, and the pair must be outside the last stripe")
+    secret16 = bytes.fromhex("b8fe6c3923a44bbe7c01812cf721ad1c")
+    a = bytearray(random.Random(seed).randbytes(size))
+    struct.pack_into("<I", a, 0, struct.unpack_from("<I", secret16, 0)[0])
+    struct.pack_into("<I", a, 64, struct.unpack_from("<I", secret16, 8)[0])
+    b = bytearray(a)
+    c = 0x5EC0_1DE5 << 32
+    struct.pack_into("<Q", b, 0, (struct.unpack_from("<Q", a, 0)[0] + c) % 2**64)
+    struct.pack_into("<Q", b, 64, (struct.unpack_from("<Q", a, 64)[0] - c) % 2**64)
+    return bytes(a), bytes(b)
