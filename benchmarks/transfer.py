@@ -7,7 +7,7 @@
   ``aws s3 cp --recursive`` and plain boto3 ``upload_file`` (classic and CRT transfer clients),
   plus the same import into a store that already holds every blob (each confirmed by its stored
   CRC64NVME before it counts);
-* pull: ``buildctl pull`` (download + full xxh3 verification + atomic install) vs
+* pull: ``buildctl pull`` (download + xxh3-128 and BLAKE3-256 verification + atomic install) vs
   ``aws s3 cp --recursive`` and plain boto3 ``download_file``; plus, for comparison, the same
   pull with one stream per file (no ranged reads: how pull worked before).
 
