@@ -27,6 +27,13 @@ def manifest_blake3(store: Store, artifact_id: str) -> str | None:
     return crypto_bytes(body) if digest_bytes(body) == artifact_id else None
 
 
+def require_crypto_manifest(artifact_id: str, manifest: Manifest) -> None:
+    """``--require-crypto``: refuse a manifest without per-file BLAKE3 (schema 1)."""
+    if not manifest.crypto:
+        raise CryptoRequiredError(artifact_id, f"its manifest (schema {manifest.schema_version}) has xxh3-128 "
+                                  "digests only; `buildctl rehash` publishes a BLAKE3 manifest for it")
+
+
 def check_bound(artifact_id: str, body: bytes, manifest: Manifest, expected: str | None, *,
                 require_crypto: bool, what: str = "channel record") -> None:
     """Refuse manifest bytes that are not the ones ``what`` signed (``expected``: the record's BLAKE3
@@ -38,9 +45,7 @@ def check_bound(artifact_id: str, body: bytes, manifest: Manifest, expected: str
             raise CorruptObjectError(manifest_key(artifact_id), f"manifest bytes hash to {got}, the {what} "
                                      f"signed {expected}: other bytes with the same xxh3-128 id")
     if require_crypto:
-        if not manifest.crypto:
-            raise CryptoRequiredError(artifact_id, f"its manifest (schema {manifest.schema_version}) has xxh3-128 "
-                                      "digests only; `buildctl rehash` publishes a BLAKE3 manifest for it")
+        require_crypto_manifest(artifact_id, manifest)
         if expected is None:
             raise CryptoRequiredError(artifact_id, f"the {what} carries no BLAKE3 of its manifest (written before "
                                       "BLAKE3): promote the artifact again to write one that does")

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from buildctl.digest import stream_hasher
 from buildctl.artifact_store.authority import Authority
 from buildctl.artifact_store.backend import ProgressFn, Store
 from buildctl.artifact_store.errors import FileProblem, KeyNotFoundError, VerificationError
@@ -29,9 +28,9 @@ from buildctl.artifact_store.integrity import quarantine_on
 from buildctl.artifact_store.layout import blob_key, identity_key, manifest_key, pair_key, rehash_key, rehash_prefix
 from buildctl.artifact_store.manifest import MANIFEST_SCHEMA_VERSION, FileEntry, Manifest, content_problem
 from buildctl.artifact_store.quarantine import check_not_quarantined
-from buildctl.artifact_store.ranged import RangedReader, ShortRangeError
+from buildctl.artifact_store.ranged import RangedReader
 from buildctl.artifact_store.signing import sign_manifest
-from buildctl.artifact_store.verify import get_manifest, parse_verified_manifest
+from buildctl.artifact_store.verify import BUILD_LOG_PATH, blob_entries, get_manifest, parse_verified_manifest, stored_hash
 from buildctl.digest import digest_bytes
 from buildctl.times import utc_now
 
@@ -56,29 +55,6 @@ def successors(store: Store, artifact_id: str) -> list[str]:
     return ["xxh3-128:" + k.rsplit("/", 1)[1] for k in store.list(rehash_prefix(artifact_id))]
 
 
-def _blake3_of(store: Store, ranged: RangedReader, path: str, digest: str, size: int,
-               on_bytes: ProgressFn | None) -> tuple[str | None, FileProblem | None]:
-    key = blob_key(digest)
-    stored = store.stat(key)
-    if stored is None:
-        return None, FileProblem(path, "missing", actual=f"blob {key} does not exist")
-    if size >= 0 and stored != size:
-        return None, FileProblem(path, "size", size, stored)
-    try:
-        if ranged.applies(stored):
-            h = ranged.hash_object(key, stored, on_bytes=on_bytes, crypto=True)
-        else:
-            with store.open_read(key) as f:
-                h = stream_hasher(f, crypto=True)
-            if on_bytes:
-                on_bytes(h.size)
-    except ShortRangeError as err:
-        return None, FileProblem(path, "size", size, err.offset + err.got)
-    except KeyNotFoundError:
-        return None, FileProblem(path, "missing", actual=f"blob {key} disappeared")
-    return h.crypto(), content_problem(path, digest, None, h)
-
-
 def rehash(store: Store, artifact_id: str, *, auth: Authority = Authority(),
            on_bytes: ProgressFn | None = None) -> RehashResult:
     """Publish a schema 2 manifest for the schema 1 artifact ``artifact_id`` (see the module
@@ -91,16 +67,19 @@ def rehash(store: Store, artifact_id: str, *, auth: Authority = Authority(),
     entries: list[FileEntry] = []
     log_blake3 = None
     with RangedReader(store) as ranged:
-        for e in old.files:
-            b3, problem = _blake3_of(store, ranged, e.path, e.digest, e.size, on_bytes)
-            if problem is not None:
-                problems.append(problem)
+        for e in blob_entries(store, old):
+            try:
+                h, problem = stored_hash(store, ranged, e, crypto=True, on_bytes=on_bytes)
+            except KeyNotFoundError:
+                h, problem = None, FileProblem(e.path, "missing", actual=f"blob {blob_key(e.digest)} disappeared")
+            if problem is None and h is not None:
+                problem = content_problem(e.path, e.digest, None, h)  # the old manifest's xxh3 must hold
+            if problem is not None or h is None:
+                problems.append(problem or FileProblem(e.path, "unreadable"))
+            elif e.path == BUILD_LOG_PATH:
+                log_blake3 = h.crypto()
             else:
-                entries.append(e.model_copy(update={"blake3": b3}))
-        if old.build_log:
-            log_blake3, problem = _blake3_of(store, ranged, "<build log>", old.build_log, -1, on_bytes)
-            if problem is not None:
-                problems.append(problem)
+                entries.append(e.model_copy(update={"blake3": h.crypto()}))
     if problems:
         raise quarantine_on(store, VerificationError(artifact_id, problems), detector="rehash", auth=auth) from None
     new = old.model_copy(update={"schema_version": MANIFEST_SCHEMA_VERSION, "files": tuple(entries),

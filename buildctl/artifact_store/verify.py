@@ -7,7 +7,7 @@ import re
 from concurrent.futures import ThreadPoolExecutor
 from typing import Iterator
 
-from buildctl.digest import digest_bytes, stream_hasher
+from buildctl.digest import Hasher, digest_bytes, stream_hasher
 from buildctl.errors import BuildctlError
 from buildctl.artifact_store.backend import ProgressFn, Store
 from buildctl.artifact_store.errors import (
@@ -129,40 +129,55 @@ def scan_manifests(store: Store, known: dict[str, tuple[Manifest | None, str, se
             yield artifact, None, str(err).splitlines()[0], named or None
 
 
+def blob_entries(store: Store, manifest: Manifest) -> list[FileEntry]:
+    """The manifest's files and, when it kept one, its build log as an entry (:data:`BUILD_LOG_PATH`,
+    sized as stored: the manifest records no size for the log)."""
+    entries: list[FileEntry] = list(manifest.files)
+    if manifest.build_log:
+        entries.append(FileEntry(path=BUILD_LOG_PATH, size=store.stat(blob_key(manifest.build_log)) or 0,
+                                 digest=manifest.build_log, blake3=manifest.build_log_blake3))
+    return entries
+
+
+def stored_hash(store: Store, ranged: RangedReader, e: FileEntry, *, crypto: bool, deep: bool = True,
+                on_bytes: ProgressFn | None = None) -> tuple[Hasher | None, FileProblem | None]:
+    """Check that ``e``'s blob exists with its size and, with ``deep``, re-hash it from the store
+    (parallel ranges where ``ranged`` applies, hashed in order; ``crypto``: BLAKE3 too). Returns the
+    hasher (None when not ``deep``) or what is wrong (missing, size); the caller compares digests."""
+    key = blob_key(e.digest)
+    size = store.stat(key)
+    if size is None:
+        return None, FileProblem(e.path, "missing", actual=f"blob {key} does not exist")
+    if e.path != BUILD_LOG_PATH and size != e.size:
+        return None, FileProblem(e.path, "size", e.size, size)
+    if not deep:
+        return None, None
+    if ranged.applies(size):  # parallel ranges, hashed in order
+        try:
+            return ranged.hash_object(key, size, on_bytes=on_bytes, crypto=crypto), None
+        except ShortRangeError as err:
+            return None, FileProblem(e.path, "size", e.size, err.offset + err.got)
+    with store.open_read(key) as f:
+        h = stream_hasher(f, crypto=crypto)
+    if on_bytes:
+        on_bytes(h.size)
+    return h, None
+
+
 def verify(store: Store, artifact_id: str, *, deep: bool = False, workers: int = 4,
            on_bytes: ProgressFn | None = None) -> Manifest:
     """Check every blob exists with the right size; ``deep`` re-hashes every byte, by xxh3-128 and
     (schema 2) BLAKE3-256 in one pass. Raises :class:`VerificationError`."""
     manifest = get_manifest(store, artifact_id)
-    entries: list[FileEntry] = list(manifest.files)
-    if manifest.build_log:
-        entries.append(FileEntry(path=BUILD_LOG_PATH, size=store.stat(blob_key(manifest.build_log)) or 0,
-                                 digest=manifest.build_log, blake3=manifest.build_log_blake3))
 
     def check(e: FileEntry) -> FileProblem | None:
-        key = blob_key(e.digest)
-        size = store.stat(key)
-        if size is None:
-            return FileProblem(e.path, "missing", actual=f"blob {key} does not exist")
-        if e.path != BUILD_LOG_PATH and size != e.size:
-            return FileProblem(e.path, "size", e.size, size)
-        if deep:
-            crypto = e.blake3 is not None
-            if ranged.applies(size):  # parallel ranges, hashed in order
-                try:
-                    h = ranged.hash_object(key, size, on_bytes=on_bytes, crypto=crypto)
-                except ShortRangeError as err:
-                    return FileProblem(e.path, "size", e.size, err.offset + err.got)
-            else:
-                with store.open_read(key) as f:
-                    h = stream_hasher(f, crypto=crypto)
-                if on_bytes:
-                    on_bytes(h.size)
-            return content_problem(e.path, e.digest, e.blake3, h)
-        return None
+        h, problem = stored_hash(store, ranged, e, crypto=e.blake3 is not None, deep=deep, on_bytes=on_bytes)
+        if problem is not None or h is None:
+            return problem
+        return content_problem(e.path, e.digest, e.blake3, h)
 
     with RangedReader(store) as ranged, ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-        problems = [p for p in pool.map(check, entries) if p is not None]
+        problems = [p for p in pool.map(check, blob_entries(store, manifest)) if p is not None]
     if problems:
         raise VerificationError(artifact_id, problems)
     return manifest

@@ -149,7 +149,7 @@ def verify_cmd(
 ) -> None:
     """Check every blob exists with the right size (with --deep: and the right digests; a mismatch
     then quarantines the artifact, where this caller may write)."""
-    from buildctl.artifact_store.errors import CryptoRequiredError
+    from buildctl.artifact_store.binding import require_crypto_manifest
     from buildctl.artifact_store.integrity import verify_deep_or_quarantine
     from buildctl.artifact_store.verify import get_manifest, resolve_artifact, verify
 
@@ -157,9 +157,8 @@ def verify_cmd(
     store = c.store
     aid = resolve_artifact(store, artifact)
     manifest = get_manifest(store, aid)
-    if c.settings.require_crypto and not manifest.crypto:
-        raise CryptoRequiredError(aid, f"its manifest (schema {manifest.schema_version}) has xxh3-128 digests only; "
-                                  "`buildctl rehash` publishes a BLAKE3 manifest for it")
+    if c.settings.require_crypto:
+        require_crypto_manifest(aid, manifest)
     total = manifest.total_size if deep else None
     with byte_progress("re-hashing", total, enabled=deep and not _quiet(ctx, json_out)) as on_bytes:
         if deep:
