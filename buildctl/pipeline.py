@@ -14,12 +14,14 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, ContextManager
+from urllib.parse import quote
 
 import buildctl
-from buildctl.digest import is_digest
+from buildctl.digest import canonical_json, crypto_bytes, is_digest
 from buildctl.logtail import tailing
 from buildctl.engines.backend import Runner
 from buildctl.engines.buildkey import build_key_for
@@ -48,13 +50,15 @@ from buildctl.artifact_store.channels import ChannelRecord
 from buildctl.artifact_store.promotion import PROTECTED_CHANNELS, promote
 from buildctl.artifact_store.checkpoints import download_checkpoint
 from buildctl.artifact_store.errors import StoreArgumentError, VerificationError
-from buildctl.artifact_store.manifest import Manifest, tree_digest
+from buildctl.artifact_store.layout import provenance_key
+from buildctl.artifact_store.manifest import Manifest, tree_digest, tree_digests
+from buildctl.artifact_store.provenance import BuildFacts, ExpectedInputs, TreeRef, write_provenance
 from buildctl.times import utc_now
 from buildctl.artifact_store.publish import ManifestDraft, PublishResult, lookup_build_key, publish_tree
 from buildctl.artifact_store.pull import resolve_channel
 from buildctl.artifact_store.rollout import RolloutPlan
 from buildctl.artifact_store.integrity import verify_recent_or_quarantine, verify_deep_or_quarantine
-from buildctl.artifact_store.verify import get_manifest, resolve_artifact
+from buildctl.artifact_store.verify import get_manifest, get_manifest_and_bytes, resolve_artifact
 
 Say = Callable[[str], None]
 
@@ -253,6 +257,9 @@ class BuiltEngine:
     log_path: Path
     wall_s: float
     tool_versions: dict[str, str | None]
+    commands: tuple[tuple[str, ...], ...] = ()  # what the backend ran (build provenance)
+    started_at: str = ""
+    finished_at: str = ""
 
 
 def plan_build(ctx: Context, profile: BuildProfile, *, model: str | None = None,
@@ -318,6 +325,7 @@ def run_build(settings: Settings, plan: BuildPlan, *, workdir: Path | None = Non
     run_dir = Path(tempfile.mkdtemp(prefix="buildctl-build-", dir=base))
     log_path = run_dir / "build.log"
     say(f"building with {profile.engine.backend} (timeout {profile.engine.build_timeout_s:.0f}s, log {log_path})")
+    started = utc_now()
     try:
         with tailing(log_path, say):
             result = backend.build(profile, plan.model_dir, run_dir / "engine", plan.fingerprint, log_path,
@@ -330,7 +338,8 @@ def run_build(settings: Settings, plan: BuildPlan, *, workdir: Path | None = Non
         shutil.rmtree(run_dir, ignore_errors=True)
         raise
     say(f"built in {result.wall_s:.1f}s")
-    return BuiltEngine(plan, run_dir, result.engine_dir, log_path, result.wall_s, result.tool_versions)
+    return BuiltEngine(plan, run_dir, result.engine_dir, log_path, result.wall_s, result.tool_versions,
+                       tuple(tuple(c) for c in result.commands), started, utc_now())
 
 
 def build_in_slot(ctx: Context, plan: BuildPlan, slot: ContextManager, *, workdir: Path | None = None,
@@ -355,6 +364,7 @@ def publish_build(ctx: Context, built: BuiltEngine, *, say: Say = _quiet) -> Pub
     plan = built.plan
     draft = manifest_draft(plan.profile, plan.fingerprint, model_digest=plan.model_digest,
                            extra_versions=built.tool_versions, build_key=plan.build_key)
+    facts = build_facts(ctx, built, draft)  # before publishing: a checkpoint changed meanwhile publishes nothing
     t0 = time.monotonic()
     pub = publish_tree(ctx.store, built.engine_dir, draft, build_log=built.log_path, auth=ctx.auth,
                        grace_s=ctx.settings.gc_grace_s, delete_window_s=ctx.settings.gc_delete_window_s)
@@ -366,7 +376,39 @@ def publish_build(ctx: Context, built: BuiltEngine, *, say: Say = _quiet) -> Pub
         say(f"the rebuild has the quarantined artifact's content: put back {', '.join(pub.repaired)}")
     if pub.build_key_owner and pub.build_key_owner != pub.artifact_id:
         say(f"a concurrent build of the same key won: adopting {pub.build_key_owner}")
+    _, body = get_manifest_and_bytes(ctx.store, pub.artifact_id)
+    if write_provenance(ctx.store, pub.artifact_id, body, pub.manifest, facts, ctx.auth.signer):
+        say(f"provenance: {provenance_key(pub.artifact_id)} (in-toto Statement v1, SLSA Provenance v1"
+            + (f", signed by {ctx.auth.signer.key_id})" if ctx.auth.signer else ", unsigned: no BUILDCTL_SIGNING_KEY)"))
     return pub
+
+
+def _input_ref(path: Path, uri: str | None, size: int | None = None) -> TreeRef:
+    digest, blake3 = tree_digests(path)
+    return TreeRef(uri=uri, digest=digest, blake3=blake3, size=size)
+
+
+def build_facts(ctx: Context, built: BuiltEngine, draft: ManifestDraft) -> BuildFacts:
+    """What the provenance of ``built`` says: its inputs by digest (the checkpoint and the calibration
+    set are read once more, for their BLAKE3), the builder and what it ran."""
+    plan, profile = built.plan, built.plan.profile
+    model = _input_ref(plan.model_dir, profile.model.path or profile.model.uri or
+                       (f"tiny:{profile.model.tiny.model_dump_json()}" if profile.model.tiny is not None else None))
+    if model.digest != plan.model_digest:
+        raise ModelSourceError(str(plan.model_dir), f"the checkpoint changed during the build ({plan.model_digest} "
+                               f"before, {model.digest} now): not writing provenance for inputs it cannot name")
+    where = profile_file(ctx.settings, profile.name)
+    prof = TreeRef(uri=str(where) if where.is_file() else None, digest=profile.build_hash(),
+                   blake3=crypto_bytes(canonical_json(profile.model_dump(mode="json"))))
+    calib = profile.engine.calibration
+    fp = plan.fingerprint
+    return BuildFacts(
+        builder_id="urn:buildctl:builder:" + quote(ctx.auth.who, safe="@.-_"), backend=draft.backend,
+        compat_key=draft.compat_key, build_key=draft.build_key, profile_name=profile.name, profile=prof, model=model,
+        calibration=_input_ref(Path(calib.dataset), calib.dataset, calib.size) if calib is not None else None,
+        fingerprint=fp.model_dump(mode="json"), fingerprint_digest=fp.digest(), tool_versions=draft.tool_versions,
+        commands=built.commands, invocation=tuple(sys.argv), invocation_id=uuid.uuid4().hex,
+        started_on=built.started_at or utc_now(), finished_on=built.finished_at or utc_now())
 
 
 def build(
@@ -482,8 +524,27 @@ def promote_artifact(ctx: Context, artifact_ref: str, channel: str, *, force: bo
     ``trust_verify_within_s`` trusts a deep verify that recent."""
     manifest = get_manifest(ctx.store, resolve_artifact(ctx.store, artifact_ref))
     key = serving_key(manifest)
+    # Artifacts published before provenance (schema 1 manifests, and their rehashed successors) have no
+    # build to describe: they are exempt, as they were promoted before (docs/provenance.md).
+    predates = manifest.schema_version < 2 or manifest.rehashed_from is not None
+    wanted = (expected_inputs(ctx.settings, manifest)
+              if ctx.settings.require_provenance and channel in PROTECTED_CHANNELS and not predates else None)
     return promote(ctx.store, artifact_ref, channel, auth=ctx.auth, force=force, reason=reason, rollout=rollout,
-                   compat_key=key if key != manifest.compat_key else None, trust_verify_within_s=trust_verify_within_s)
+                   compat_key=key if key != manifest.compat_key else None, trust_verify_within_s=trust_verify_within_s,
+                   provenance=wanted)
+
+
+def expected_inputs(settings: Settings, manifest: Manifest) -> ExpectedInputs:
+    """The inputs a production channel's artifact must have been built from: the promoter's profile
+    of that name where its profile directory has one (its build hash and calibration set), else the
+    profile the manifest names."""
+    where = profile_file(settings, manifest.profile_name)
+    if not where.is_file():
+        return ExpectedInputs(profile_name=manifest.profile_name, profile_hash=manifest.profile_hash)
+    profile = load_profile(where)
+    calib = profile.engine.calibration
+    return ExpectedInputs(profile_name=profile.name, profile_hash=profile.build_hash(),
+                          calibration_uri=calib.dataset if calib else None, calibration_size=calib.size if calib else None)
 
 
 def channel_target(ctx: Context, profile: str, channel: str,

@@ -97,8 +97,10 @@ def test_a_command_reads_each_key_file_once(keys, cli, tmp_path, monkeypatch):
                       signer=authority_of(settings()).signer)
     monkeypatch.setenv("BUILDCTL_SIGNING_KEY", str(d / "promoter.key"))
     monkeypatch.setenv("BUILDCTL_TRUSTED_KEYS", str(trusted))
+    from buildctl.artifact_store.signing import load_signing_key
+
+    staged(store_dir, aid, builder=load_signing_key(d / "builder.key"))
     calls = counting(monkeypatch)
-    staged(store_dir, aid)
     code, _, err = cli("--store", store_dir, "--json", "promote", aid, "--channel", "prod")
     assert code == 0, err
     assert calls == {"signing": 1, "trusted": 1}

@@ -69,6 +69,15 @@ class ArtifactNotFoundError(NotFoundError):
         super().__init__(f"artifact {artifact} not found" + (f": {detail}" if detail else ""))
 
 
+class ProvenanceNotFoundError(NotFoundError):
+    """An artifact has no build provenance (it was imported, or built before provenance)."""
+
+    def __init__(self, artifact: str) -> None:
+        self.artifact = artifact
+        super().__init__(f"artifact {artifact} has no build provenance: only `buildctl build` writes one (imported and "
+                         "pre-provenance artifacts have none)")
+
+
 class ChannelNotFoundError(NotFoundError):
     """A channel has no ref for the requested profile and compat key(s)."""
 

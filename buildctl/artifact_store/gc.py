@@ -42,6 +42,7 @@ from buildctl.artifact_store.layout import (
     identity_key,
     pair_key,
     rehash_key,
+    provenance_key,
     rehash_prefix,
     manifest_key,
     manifest_signature_prefix,
@@ -236,6 +237,8 @@ def _remove_artifact(store: Store, artifact: str, m: Manifest, result: GcResult)
     if err is not None:
         return f"manifest not removed: {err}"
     keys = [identity_key(m.identity()), pair_key(m.profile_name, m.profile_hash, artifact)]
+    if store.stat(provenance_key(artifact)) is not None:
+        keys.append(provenance_key(artifact))
     if m.rehashed_from:
         keys.append(rehash_key(m.rehashed_from, artifact))
     keys += list(store.list(rehash_prefix(artifact)))  # markers naming its successors

@@ -123,6 +123,11 @@ def verification_key(artifact_id: str, when: str, record_id: str) -> str:
     return _timed_record_key(verification_prefix(artifact_id), when, record_id)
 
 
+def provenance_key(artifact_id: str) -> str:
+    """The artifact's build provenance (a DSSE envelope; create-only), beside its manifest."""
+    return f"provenance/{hex_of(artifact_id)}.json"
+
+
 def manifest_signature_prefix(artifact_id: str) -> str:
     return f"signatures/manifests/{hex_of(artifact_id)}/"
 

@@ -37,6 +37,7 @@ from buildctl.digest import (
     DIGEST_RE,
     Crc64Nvme,
     canonical_json,
+    crypto_bytes,
     digest_bytes,
     digest_json,
     file_hasher,
@@ -351,3 +352,14 @@ def tree_digest(root: str | Path) -> str:
     """The digest of a directory tree (a model checkpoint): every file's path, size, digest and mode
     (xxh3-128, as build keys have always named checkpoints)."""
     return digest_json([e.model_dump(mode="json") for e in hash_tree(scan_tree(root), crypto=False)])
+
+
+def tree_digests(root: str | Path) -> tuple[str, str]:
+    """:func:`tree_digest` and, in the same read, ``blake3:`` of the same file list with each file's
+    BLAKE3 (build provenance names checkpoints and calibration sets by both). A single file is
+    digested as a tree of one."""
+    p = Path(root)
+    files = scan_tree(p) if p.is_dir() else [SourceFile(p.name, p, p.stat().st_size, bool(p.stat().st_mode & stat.S_IXUSR))]
+    entries = [e.model_dump(mode="json") for e in hash_tree(files, crypto=True)]
+    plain = [{k: v for k, v in e.items() if k != "blake3"} for e in entries]
+    return digest_json(plain), crypto_bytes(canonical_json(entries))

@@ -29,6 +29,7 @@ from buildctl.artifact_store.manifest import Manifest
 from buildctl.artifact_store.revocation import with_revocations
 from buildctl.artifact_store.rollout import RolloutPlan
 from buildctl.artifact_store.signing import verify_signature
+from buildctl.artifact_store.provenance import ExpectedInputs, provenance_refusals
 from buildctl.artifact_store.verify import get_manifest, resolve_artifact
 
 
@@ -106,12 +107,15 @@ def staging_refusal(store: Store, artifact_id: str, manifest: Manifest, channel:
 
 def promote(store: Store, artifact_ref: str, channel: str, *, auth: Authority = Authority(), force: bool = False,
             reason: str | None = None, attempts: int = 30, rollout: RolloutPlan | None = None,
-            compat_key: str | None = None, trust_verify_within_s: float = 0.0) -> ChannelRecord:
+            compat_key: str | None = None, trust_verify_within_s: float = 0.0,
+            provenance: ExpectedInputs | None = None) -> ChannelRecord:
     """Promote after the gates (see the module docstring); a byte mismatch quarantines the artifact
     and raises :class:`VerificationError` (exit 4), a refused gate :class:`PromotionRefusedError`.
     Every blob is re-hashed unless ``trust_verify_within_s`` (``--trust-verify-within``) allows a
     deep verify that recent; the record says which. ``compat_key``: the ref's key when not the
-    manifest's (see :func:`promotion_refusals`)."""
+    manifest's (see :func:`promotion_refusals`). ``provenance``: the inputs the artifact's build
+    provenance must show (:func:`~buildctl.artifact_store.provenance.provenance_refusals`); the
+    production channels get it from :func:`buildctl.pipeline.promote_artifact`."""
     artifact_id = resolve_artifact(store, artifact_ref)
     if force and not reason:
         raise StoreArgumentError("--force needs --reason: a break-glass promotion is recorded with why")
@@ -120,6 +124,8 @@ def promote(store: Store, artifact_ref: str, channel: str, *, auth: Authority = 
     manifest = get_manifest(store, artifact_id)
     reasons = promotion_refusals(store, artifact_id, manifest, auth, compat_key)
     reasons += [r for r in [staging_refusal(store, artifact_id, manifest, channel, compat_key)] if r]
+    if provenance is not None:
+        reasons += provenance_refusals(store, artifact_id, manifest, auth, provenance)
     if reasons and not force:
         raise PromotionRefusedError(artifact_id, channel, reasons)
     return set_channel(store, artifact_id, manifest, channel, auth=auth, reason=reason, forced=bool(reasons) and force,

@@ -32,6 +32,7 @@ from pathlib import Path
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from cryptography.hazmat.primitives.asymmetric.types import PrivateKeyTypes
 
 from buildctl.digest import canonical_json, digest_bytes, hex_of
 from buildctl.artifact_store.backend import Store
@@ -90,23 +91,30 @@ class SigningKey:
         return {"key_id": self.key_id, "alg": "ed25519", "sig": base64.b64encode(self.private.sign(data)).decode()}
 
 
-def generate(out_dir: str | Path, name: str = "buildctl") -> tuple[Path, Path, str]:
-    """Write ``NAME.key`` (0600) and ``NAME.pub`` into ``out_dir``; returns (key, pub, key id)."""
+def write_key_pair(out_dir: str | Path, name: str, private: PrivateKeyTypes) -> tuple[Path, Path]:
+    """Write ``private`` as ``NAME.key`` (PKCS8 PEM, 0600, never over an existing key) and its
+    public key as ``NAME.pub`` into ``out_dir``."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     key_path, pub_path = out / f"{name}.key", out / f"{name}.pub"
     if key_path.exists() or pub_path.exists():
         raise StoreArgumentError(f"{key_path} or {pub_path} already exists: refusing to overwrite a key")
-    private = Ed25519PrivateKey.generate()
     pem = private.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                                 serialization.NoEncryption())
     fd = os.open(key_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "wb") as f:
         f.write(pem)
     os.chmod(key_path, 0o600)
-    pub = private.public_key()
-    pub_path.write_bytes(pub.public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
-    return key_path, pub_path, key_id(pub)
+    pub_path.write_bytes(private.public_key().public_bytes(serialization.Encoding.PEM,
+                                                           serialization.PublicFormat.SubjectPublicKeyInfo))
+    return key_path, pub_path
+
+
+def generate(out_dir: str | Path, name: str = "buildctl") -> tuple[Path, Path, str]:
+    """Write an Ed25519 ``NAME.key`` (0600) and ``NAME.pub`` into ``out_dir``; returns (key, pub, key id)."""
+    private = Ed25519PrivateKey.generate()
+    key_path, pub_path = write_key_pair(out_dir, name, private)
+    return key_path, pub_path, key_id(private.public_key())
 
 
 def load_signing_key(path: str | Path | None) -> SigningKey | None:

@@ -83,8 +83,12 @@ def ls_cmd(
 
 
 def show_cmd(ctx: typer.Context, artifact: str = typer.Argument(..., help="Artifact id or unique hex prefix."),
+             provenance: bool = typer.Option(False, "--provenance", help="Print the build provenance instead: the in-toto Statement v1 (SLSA Provenance v1) on stdout, its signature on stderr; with --json, the stored DSSE envelope too."),
              json_out: bool = JSON_OPT) -> None:
     """Show an artifact's manifest, attestations, and the channels pointing at it."""
+    if provenance:
+        _show_provenance(ctx, artifact, json_out)
+        return
     from buildctl.artifact_store.attestations import list_attestations
     from buildctl.artifact_store.channels import channels_pointing_at
     from buildctl.artifact_store.quarantine import active_of, quarantine_records
@@ -138,6 +142,68 @@ def show_cmd(ctx: typer.Context, artifact: str = typer.Argument(..., help="Artif
     con.print("channels:     " + (", ".join(f"{c.channel} #{c.seq}" for c in chans) or "none"), highlight=False)
     con.print("quarantine:   " + (", ".join(f"{r.action} {r.when} ({r.reason})" for _, r in qrecs) or "none"),
               highlight=False)
+
+
+def _show_provenance(ctx: typer.Context, artifact: str, json_out: bool) -> None:
+    import json
+
+    from buildctl.artifact_store.errors import ProvenanceNotFoundError, SignatureError
+    from buildctl.artifact_store.provenance import read_provenance, verify_provenance_signature
+    from buildctl.artifact_store.verify import resolve_artifact
+
+    c = context(ctx)
+    aid = resolve_artifact(c.store, artifact)
+    prov = read_provenance(c.store, aid)
+    if prov is None:
+        raise ProvenanceNotFoundError(aid)
+    if c.auth.trusted is None:
+        signed = ("signed by " + ", ".join(s.keyid for s in prov.envelope.signatures) + " (not checked: no trusted keys)"
+                  if prov.envelope.signatures else "unsigned")
+    else:
+        try:
+            signed = f"signed by trusted builder key {verify_provenance_signature(c.store, aid, prov, c.auth.trusted)}"
+        except SignatureError as err:
+            signed = f"NOT VERIFIED: {err.detail}"
+    if _quiet(ctx, json_out):
+        emit_json({"artifact_id": aid, "signature": signed, "envelope": prov.envelope.model_dump(mode="json"),
+                   "statement": prov.statement})
+        return
+    typer.echo(json.dumps(prov.statement, indent=2, sort_keys=True))
+    typer.echo(f"provenance of {aid}: {signed}", err=True)
+
+
+def export_signature_cmd(
+    ctx: typer.Context,
+    artifact: str = typer.Argument(..., help="Artifact id or unique hex prefix."),
+    out_path: Path = typer.Option(Path("model.sig"), "--out", help="Where to write the bundle (outside the engine directory: a verifier hashes every file in it)."),
+    key: Optional[Path] = typer.Option(None, "--key", help="ECDSA private key to sign with (default: BUILDCTL_EXPORT_KEY)."),
+    model_name: Optional[str] = typer.Option(None, "--model-name", help="The subject name in the bundle (default: PROFILE-<12 hex of the id>)."),
+    sha256_from: Optional[Path] = typer.Option(None, "--sha256-from", help="An installed copy of the engine (DIR/current, or any directory holding its files): sign SHA-256 digests read from it, each file checked against the manifest's xxh3-128 and BLAKE3 in the same read. For verifiers that re-hash with SHA-256 only, such as model-signing 1.1.1's `verify key` command; the default signs the manifest's BLAKE3 and reads nothing."),
+    json_out: bool = JSON_OPT,
+) -> None:
+    """Write an OpenSSF Model Signing bundle for the artifact's engine directory, from its manifest's
+    BLAKE3 digests, signed with the promoter's ECDSA export key: `model_signing verify key` checks an
+    installed engine with it."""
+    from buildctl.artifact_store.export_signature import export_signature, load_export_key
+
+    c = context(ctx)
+    private = load_export_key(key or c.settings.export_key)
+    aid, bundle = export_signature(c.store, artifact, private, auth=c.auth, model_name=model_name, sha256_dir=sha256_from)
+    tmp = out_path.with_name(f".{out_path.name}.tmp")
+    tmp.write_bytes(bundle)
+    tmp.replace(out_path)
+    if _quiet(ctx, json_out):
+        emit_json({"artifact_id": aid, "bundle": str(out_path), "format": "openssf-model-signing-v1.0",
+                   "hash": "sha256" if sha256_from else "blake3"})
+    elif sha256_from:
+        out().print(f"{out_path}: model-signing bundle for {aid} (SHA-256 per file, ECDSA); verify an installed engine "
+                    f"with: model_signing verify key --signature {out_path} --public_key PROMOTER-EXPORT.pub $(readlink -f DIR/current)",
+                    highlight=False)
+    else:
+        out().print(f"{out_path}: model-signing bundle for {aid} (BLAKE3 per file, ECDSA); verify an installed engine "
+                    "with model_signing.verifying.Config().use_elliptic_key_verifier(public_key=...).verify($(readlink -f DIR/current), "
+                    f"{out_path!s}) (the 1.1.1 `verify key` command re-hashes with SHA-256 only: export with --sha256-from)",
+                    highlight=False)
 
 
 def verify_cmd(
@@ -494,15 +560,31 @@ def key_generate_cmd(
     out_dir: Path = typer.Option(..., "--out", help="Directory for NAME.key (mode 0600) and NAME.pub."),
     role: Optional[str] = typer.Option(None, "--role", help="builder (signs manifests), validator (attestations) or promoter (channel records)."),
     name: Optional[str] = typer.Option(None, "--name", help="File name stem (default: the role)."),
+    ecdsa_p256: bool = typer.Option(False, "--ecdsa-p256", help="Promoter only: an ECDSA P-256 key for export-signature (BUILDCTL_EXPORT_KEY); OpenSSF model-signing verifies EC keys only. It signs nothing in buildctl's own trust chain."),
     json_out: bool = JSON_OPT,
 ) -> None:
-    """Make an Ed25519 key pair for one role: builder, validator or promoter."""
+    """Make an Ed25519 key pair for one role: builder, validator or promoter (with --ecdsa-p256, the
+    promoter's export key)."""
     from buildctl.artifact_store.errors import StoreArgumentError
     from buildctl.artifact_store.signing import ROLES, generate
 
     if role is None or role not in ROLES:
         raise StoreArgumentError(f"--role {role or '(missing)'}: one of {', '.join(ROLES)} (each signs one kind of record, "
                                  "and trust is by role)")
+    if ecdsa_p256:
+        from buildctl.artifact_store.export_signature import generate_export_key
+
+        if role != "promoter":
+            raise StoreArgumentError(f"--ecdsa-p256 with --role {role}: export keys are the promoter's (export-signature)")
+        key, pub, hint = generate_export_key(out_dir, name or "promoter-export")
+        if _quiet(ctx, json_out):
+            emit_json({"private_key": str(key), "public_key": str(pub), "hint": hint, "role": role,
+                       "algorithm": "ecdsa-p256"})
+        else:
+            out().print(f"export key {hint[:16]} (ECDSA P-256)\nprivate {key} (0600: BUILDCTL_EXPORT_KEY on the promoter's "
+                        f"machine only)\npublic  {pub}: give it to whoever verifies exported signatures "
+                        "(model_signing verify key --public_key)", highlight=False)
+        return
     key, pub, kid = generate(out_dir, name or role)
     where = f"$BUILDCTL_TRUSTED_KEYS/{role}/{pub.name}"
     if _quiet(ctx, json_out):

@@ -243,10 +243,9 @@ class AotiBackend:
             env.update({"TMPDIR": str(work / "tmp"), "TORCHINDUCTOR_CACHE_DIR": str(work / "inductor"),
                         "VLLM_CACHE_ROOT": str(work / "vllm"), "PYTHONUNBUFFERED": "1"})
             start = time.monotonic()
-            run_step("aoti", "aoti compile",
-                     [sys.executable, "-m", "buildctl.engines.aoti_compile", "--model", str(model_dir),
-                      "--out", str(work / "out"), "--record", str(work / "record.json")],
-                     log_path=log_path, timeout_s=profile.engine.build_timeout_s, env=env,
+            cmd = (sys.executable, "-m", "buildctl.engines.aoti_compile", "--model", str(model_dir),
+                   "--out", str(work / "out"), "--record", str(work / "record.json"))
+            run_step("aoti", "aoti compile", cmd, log_path=log_path, timeout_s=profile.engine.build_timeout_s, env=env,
                      memory_limit_mb=profile.engine.build_memory_limit_mb)
             missing = [n for n in ENGINE_FILES if not (work / "out" / n).is_file() or (work / "out" / n).stat().st_size == 0]
             if missing:
@@ -257,7 +256,8 @@ class AotiBackend:
         finally:
             shutil.rmtree(work, ignore_errors=True)
         return BuildResult(engine_dir=out_dir, files=sorted(ENGINE_FILES), log_path=log_path, wall_s=wall,
-                           tool_versions={"torch": fingerprint.torch_version, "compiler": fingerprint.compiler_version})
+                           tool_versions={"torch": fingerprint.torch_version, "compiler": fingerprint.compiler_version},
+                           commands=(cmd,))
 
     def load(self, engine_dir: Path) -> "AotiRunner | AotiRunnerV1":
         engine_dir = Path(engine_dir)

@@ -55,6 +55,7 @@ class BuildResult:
     log_path: Path
     wall_s: float
     tool_versions: dict[str, str | None]
+    commands: tuple[tuple[str, ...], ...] = ()  # the command lines the build ran, in order (build provenance)
 
 
 @runtime_checkable

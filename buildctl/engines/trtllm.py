@@ -378,10 +378,12 @@ class TrtllmBackend:
         env.update({"TMPDIR": str(work / "tmp"), "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"})
         start = time.monotonic()
         try:
-            run_step("trtllm", "checkpoint conversion", convert_command(profile, model_dir, work / "ckpt", tools),
+            commands = (tuple(convert_command(profile, model_dir, work / "ckpt", tools)),
+                        tuple(build_command(profile, work / "ckpt", work / "engine", tools)))
+            run_step("trtllm", "checkpoint conversion", commands[0],
                      log_path=log_path, timeout_s=max(1.0, deadline - time.monotonic()), env=env,
                      memory_limit_mb=e.build_memory_limit_mb)
-            run_step("trtllm", "trtllm-build", build_command(profile, work / "ckpt", work / "engine", tools),
+            run_step("trtllm", "trtllm-build", commands[1],
                      log_path=log_path, timeout_s=max(1.0, deadline - time.monotonic()), env=env,
                      memory_limit_mb=e.build_memory_limit_mb)
             problems = check_complete(work / "engine", e.world_size) or check_quantization(work / "engine", e)
@@ -394,7 +396,8 @@ class TrtllmBackend:
         files = sorted(str(p.relative_to(out_dir)) for p in out_dir.rglob("*") if p.is_file())
         return BuildResult(engine_dir=out_dir, files=files, log_path=log_path, wall_s=time.monotonic() - start,
                            tool_versions={"tensorrt_llm": fingerprint.tensorrt_llm_version,
-                                          "tensorrt": fingerprint.tensorrt_version})
+                                          "tensorrt": fingerprint.tensorrt_version},
+                           commands=commands)
 
     def preflight(self, engine_dir: Path) -> None:
         """Deserialize every rank's plan with TensorRT's runtime: the only compatibility check TensorRT has."""

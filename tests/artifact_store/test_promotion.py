@@ -12,7 +12,7 @@ from buildctl.artifact_store.integrity import verify_deep_or_quarantine
 from buildctl.artifact_store.promotion import rollback
 from buildctl.artifact_store.quarantine import active_quarantine
 
-from ..support.helpers import publish_files, rot, staged
+from ..support.helpers import publish_files, rot, staged, write_build_provenance
 
 
 def _published(store, tmp_path, draft, name: str, seed: int) -> str:
@@ -129,6 +129,7 @@ def test_prod_requires_staging_first_unless_forced_with_a_reason(store, tmp_path
     rec = read_channel(store, draft.profile_name, "prod", draft.compat_key)[0]
     assert rec.forced and rec.reason == "hotfix INC-7"
     v2 = _published(store, tmp_path, draft, "v2", 2)
+    write_build_provenance(store, v2)
     assert cli("--store", store.uri, "promote", v2, "--channel", "staging")[0] == 0
     code, _, err = cli("--store", store.uri, "promote", v2, "--channel", "prod")
     assert code == 0, err

@@ -14,10 +14,11 @@ import pytest
 import yaml
 
 import buildctl.artifact_store as ops
+from buildctl.artifact_store.authority import Authority
 from buildctl.artifact_store.errors import StoreUnavailableError
 from buildctl.artifact_store.s3 import S3Store
 
-from ..support.helpers import REPO, make_tree, staged, write_attestation
+from ..support.helpers import REPO, make_signer, make_tree, staged, write_attestation, write_build_provenance
 
 DOCKER = REPO / "docker"
 DOCKERFILES = sorted(DOCKER.glob("*.Dockerfile"))
@@ -168,7 +169,8 @@ def resources(stmt: dict) -> list[str]:
     return stmt["Resource"] if isinstance(stmt["Resource"], list) else [stmt["Resource"]]
 
 
-IMMUTABLE = ["blobs", "manifests", "index", "attestations", "history", "quarantine", "verifications", "revocations"]
+IMMUTABLE = ["blobs", "manifests", "provenance", "signatures/manifests", "index", "attestations", "history",
+             "quarantine", "verifications", "keys/revocations"]
 
 
 def test_iam_roles_are_least_privilege():
@@ -176,7 +178,8 @@ def test_iam_roles_are_least_privilege():
     b_writes = {r for s in statements(builder, "Allow", "s3:PutObject") for r in resources(s)}
     assert not any("/channels/" in r or "/history/" in r for r in b_writes), "builders cannot move channels"
     assert {f"arn:aws:s3:::BUCKET/PREFIX/{p}/*"
-            for p in ["blobs", "manifests", "index", "quarantine", "verifications", "touches"]} == b_writes
+            for p in ["blobs", "manifests", "provenance", "signatures/manifests", "index", "quarantine", "verifications",
+                      "touches"]} == b_writes
     validator = load_policy("validator.json")  # attestations are the validator's, and only that
     v_writes = {r for s in statements(validator, "Allow", "s3:PutObject") for r in resources(s)}
     assert v_writes == {"arn:aws:s3:::BUCKET/PREFIX/attestations/*"}
@@ -212,7 +215,7 @@ def test_repair_role_replaces_blobs_and_nothing_else_immutable():
 def test_bucket_policy_enforces_conditional_creates_and_guards_deletes():
     bucket = load_policy("bucket-policy.json")
     (create,) = [s for s in bucket["Statement"] if s["Sid"] == "ImmutablePrefixesAreCreateOnly"]
-    assert {r.split("/")[-2] for r in resources(create)} == set(IMMUTABLE)
+    assert {r.split("/PREFIX/")[1][:-len("/*")] for r in resources(create)} == set(IMMUTABLE)
     assert create["Condition"]["Null"] == {"s3:if-none-match": "true"}
     assert create["Condition"]["Bool"] == {"s3:ObjectCreationOperation": "true"}  # multipart parts stay allowed
     (delete,) = [s for s in bucket["Statement"] if s["Sid"] == "OnlyBreakGlassGcDeletesImmutableObjects"]
@@ -246,7 +249,15 @@ def role_store(server, creds, role: str) -> S3Store:
 def test_roles_on_seaweedfs(role_server, tmp_path, draft):
     server, creds = role_server
     builder, promoter, node, validator = (role_store(server, creds, r) for r in ("builder", "promoter", "node", "validator"))
-    res = ops.publish_tree(builder, make_tree(tmp_path / "e", {"rank0.engine": 5000}), draft)
+    signer = make_signer()
+    res = ops.publish_tree(builder, make_tree(tmp_path / "e", {"rank0.engine": 5000}), draft,
+                           auth=Authority(signer=signer))  # its manifest signature lands
+    assert builder.list(f"signatures/manifests/{res.artifact_id.split(':')[1]}/")
+    # the build's provenance is the builder's to write, and no one else's
+    for role in (promoter, validator, node):
+        with pytest.raises(StoreUnavailableError):
+            write_build_provenance(role, res.artifact_id)
+    assert write_build_provenance(builder, res.artifact_id, signer=signer)
     # the builder cannot vouch for its own engine: attestations are the validator's to write
     with pytest.raises(StoreUnavailableError) as exc:
         write_attestation(builder, res.artifact_id, draft.compat_key, "pass", ops.utc_now())

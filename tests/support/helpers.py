@@ -209,10 +209,11 @@ def tiny_profile_with_speed(dest_dir: Path, speed: dict | None = None, levels: d
     return path
 
 
-def staged(store, artifact_id: str, compat_key: str | None = None) -> str:
-    """Record the artifact as having been on ``staging`` (a plain channel move, no gate), so a test
-    whose subject is not the staging-first rule can promote it to prod; returns the id. ``store``:
-    a store, or its URI or directory."""
+def staged(store, artifact_id: str, compat_key: str | None = None, *, builder=None, provenance: bool = True) -> str:
+    """Record the artifact as having been on ``staging`` (a plain channel move, no gate) and give it
+    the build provenance its build would have written (:func:`write_build_provenance`, signed by
+    ``builder``), so a test whose subject is neither the staging-first rule nor provenance can
+    promote it to prod; returns the id. ``store``: a store, or its URI or directory."""
     from buildctl.artifact_store.backend import open_store
     from buildctl.artifact_store.channels import set_channel
     from buildctl.artifact_store.verify import get_manifest
@@ -220,8 +221,42 @@ def staged(store, artifact_id: str, compat_key: str | None = None) -> str:
     if isinstance(store, (str, Path)):
         store = open_store(str(store))
 
+    if provenance:
+        write_build_provenance(store, artifact_id, signer=builder)
     set_channel(store, artifact_id, get_manifest(store, artifact_id), "staging", compat_key=compat_key)
     return artifact_id
+
+
+def build_facts(manifest, **changes):
+    """The :class:`~buildctl.artifact_store.provenance.BuildFacts` a build of ``manifest`` would have
+    gathered (its profile, model and compat key), ``changes`` on top."""
+    from buildctl.artifact_store.provenance import BuildFacts, TreeRef
+    from buildctl.times import utc_now
+
+    fields = dict(
+        builder_id="urn:buildctl:builder:test", backend=manifest.backend, compat_key=manifest.compat_key,
+        build_key=manifest.build_key, profile_name=manifest.profile_name,
+        profile=TreeRef(digest=manifest.profile_hash, blake3="blake3:" + "1" * 64),
+        model=TreeRef(uri="tiny:test", digest=manifest.model_digest or "xxh3-128:" + "2" * 32, blake3="blake3:" + "2" * 64),
+        fingerprint=manifest.fingerprint, fingerprint_digest="xxh3-128:" + "3" * 32,
+        tool_versions=manifest.tool_versions, commands=(("true",),), invocation=("buildctl", "build"),
+        invocation_id="test", started_on=utc_now(), finished_on=utc_now())
+    fields.update(changes)
+    return BuildFacts(**fields)
+
+
+def write_build_provenance(store, artifact_id: str, signer=None, **changes) -> bool:
+    """Store the provenance a build of the artifact would have written (:func:`build_facts`,
+    ``changes`` on top), signed by ``signer``; False when it already has one."""
+    from buildctl.artifact_store.provenance import write_provenance
+    from buildctl.artifact_store.verify import get_manifest_and_bytes
+
+    from buildctl.artifact_store.layout import provenance_key
+
+    if store.stat(provenance_key(artifact_id)) is not None:
+        return False
+    m, body = get_manifest_and_bytes(store, artifact_id)
+    return write_provenance(store, artifact_id, body, m, build_facts(m, **changes), signer)
 
 
 def checkout_like(root: Path) -> Path:

@@ -1,0 +1,304 @@
+"""Build provenance (#33 item 2): every build writes an in-toto Statement v1 with a SLSA Provenance
+v1 predicate, signed by the builder key, stored create-only beside the manifest; `show --provenance`
+prints it; promote to prod requires it, with the inputs of the promoter's profile.
+
+The schemas: in-toto's own Statement and ResourceDescriptor protos (in-toto/attestation
+protos/in_toto_attestation/v1/statement.proto, resource_descriptor.proto, through the
+in-toto-attestation package's generated bindings and its ``Statement.validate``) and the SLSA
+Provenance v1 predicate proto (in-toto/attestation
+protos/in_toto_attestation/predicates/provenance/v1/provenance.proto, the machine-readable form of
+slsa-framework/slsa spec/schema/provenance.cue). Parsing is strict: an unknown field, a wrong type
+or a timestamp that is not RFC 3339 fails.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+from google.protobuf import json_format
+
+import buildctl.artifact_store as ops
+from buildctl.artifact_store.authority import Authority
+from buildctl.artifact_store.errors import PromotionRefusedError
+from buildctl.artifact_store.layout import provenance_key
+from buildctl.artifact_store.provenance import BUILD_TYPE, PREDICATE_TYPE, read_provenance
+from buildctl.artifact_store.signing import TrustedKeys
+from buildctl.context import Context
+from buildctl.digest import crypto_bytes, hex_of
+
+from ..support.helpers import (
+    PROFILES,
+    make_signer,
+    make_tree,
+    publish_files,
+    settings,
+    staged,
+    write_attestation,
+    write_build_provenance,
+)
+
+
+def schema_problems(stmt: dict) -> list[str]:
+    """Why ``stmt`` is not a valid in-toto Statement v1 with a SLSA Provenance v1 predicate (empty: it is)."""
+    from in_toto_attestation.predicates.provenance.v1 import provenance_pb2
+    from in_toto_attestation.v1 import statement_pb2
+    from in_toto_attestation.v1.resource_descriptor import ResourceDescriptor
+    from in_toto_attestation.v1.statement import Statement
+
+    problems = []
+    try:
+        pb = json_format.Parse(json.dumps(stmt), statement_pb2.Statement())
+        Statement.copy_from_pb(pb).validate()
+    except (json_format.ParseError, ValueError) as err:
+        return [f"statement: {err}"]
+    if stmt.get("predicateType") != PREDICATE_TYPE:
+        problems.append(f"predicateType {stmt.get('predicateType')!r}")
+    try:
+        prov = json_format.ParseDict(stmt["predicate"], provenance_pb2.Provenance())
+    except (json_format.ParseError, KeyError) as err:
+        return problems + [f"predicate: {err}"]
+    # SLSA Provenance v1's REQUIRED fields (slsa.dev/spec/v1.0/provenance)
+    if not prov.build_definition.build_type:
+        problems.append("buildDefinition.buildType is required")
+    if not prov.build_definition.HasField("external_parameters"):
+        problems.append("buildDefinition.externalParameters is required")
+    if not prov.run_details.builder.id:
+        problems.append("runDetails.builder.id is required")
+    for rd in [*prov.build_definition.resolved_dependencies, *prov.run_details.byproducts,
+               *prov.run_details.builder.builder_dependencies]:
+        try:
+            ResourceDescriptor.copy_from_pb(rd).validate()
+        except ValueError as err:
+            problems.append(str(err))
+    return problems
+
+
+def test_the_schema_check_can_fail():
+    """The validator used below is not vacuous: each of these breaks one rule of the schemas."""
+    good = {"_type": "https://in-toto.io/Statement/v1", "subject": [{"name": "a", "digest": {"blake3": "00"}}],
+            "predicateType": PREDICATE_TYPE,
+            "predicate": {"buildDefinition": {"buildType": "x", "externalParameters": {"a": 1}},
+                          "runDetails": {"builder": {"id": "urn:x"}}}}
+    assert schema_problems(good) == []
+    bad = [
+        {**good, "_type": "https://in-toto.io/Statement/v0.1"},
+        {**good, "subject": [{"name": "a"}]},  # a subject needs a digest
+        {**good, "subjects": good["subject"]},  # unknown field
+        {**good, "predicate": {**good["predicate"], "runDetails": {"builder": {}}}},  # builder.id required
+        {**good, "predicate": {**good["predicate"], "runDetails": {"builder": {"id": "urn:x"},
+                                                                  "metadata": {"startedOn": "yesterday"}}}},
+        {**good, "predicate": {**good["predicate"], "runDetails": {"builder": {"id": "urn:x", "version": {"a": 1}}}}},
+        {**good, "predicate": {**good["predicate"], "extra": 1}},
+    ]
+    for stmt in bad:
+        assert schema_problems(stmt), stmt
+
+
+def _build(tmp_path: Path, ctx: Context, *, seed: int = 1, calibration: bool = False):
+    """pipeline.publish_build over an engine tree made here (the real aoti build is the slow test
+    below): a plan for the tiny profile and a small checkpoint directory."""
+    from buildctl import pipeline
+    from buildctl.artifact_store.manifest import tree_digest
+    from buildctl.engines.buildkey import build_key_for
+    from buildctl.engines.fingerprint import detect
+    from buildctl.engines.profile import load_profile
+    from buildctl.times import utc_now
+
+    profile = load_profile(PROFILES / "tiny-llama-cpu.yaml")
+    fp = detect()
+    model = make_tree(tmp_path / f"model{seed}", {"config.json": b'{"model_type": "llama"}', "model.safetensors": 4096},
+                      seed=seed)
+    digest = tree_digest(model)
+    plan = pipeline.BuildPlan(profile, fp, model, digest, build_key_for(profile, digest, fp),
+                              fp.compat_key(profile.engine.backend), None)
+    run = tmp_path / f"run{seed}"
+    engine = make_tree(run / "engine", {"model.pt2": 70_000, "record.json": b"{}"}, seed=seed)
+    (run / "build.log").write_text("$ python -m buildctl.engines.aoti_compile\nok\n")
+    cmd = (("python", "-m", "buildctl.engines.aoti_compile", "--model", str(model)),)
+    built = pipeline.BuiltEngine(plan, run, engine, run / "build.log", 1.0, {"torch": "2.13.0"}, cmd, utc_now(), utc_now())
+    return pipeline.publish_build(ctx, built), plan
+
+
+@pytest.fixture
+def ctx(store, tmp_path):
+    return Context.from_settings(settings(profile_dir=PROFILES), store=store, auth=Authority(who="ci@builder-1"))
+
+
+def test_a_build_writes_provenance_that_validates_and_names_its_inputs(ctx, store, tmp_path, cli):
+    signer = make_signer()
+    pub, plan = _build(tmp_path, Context(ctx.settings, store, ctx.auth.but(signer=signer)))
+    aid = pub.artifact_id
+    code, out, err = cli("--store", store.uri, "show", aid, "--provenance")
+    assert code == 0, err
+    stmt = json.loads(out)
+    assert schema_problems(stmt) == []
+    assert f"signed by {signer.key_id} (not checked: no trusted keys)" in err
+    body = store.get_bytes(f"manifests/{hex_of(aid)}.json")
+    m = ops.get_manifest(store, aid)
+    manifest_subject, *files = stmt["subject"]
+    assert manifest_subject["name"] == aid
+    assert manifest_subject["digest"]["blake3"] == crypto_bytes(body).split(":")[1]
+    assert {f["name"]: f["digest"] for f in files} == {
+        f.path: {"blake3": f.blake3.split(":")[1], "xxh3_128": hex_of(f.digest)} for f in m.files}
+    pred = stmt["predicate"]
+    assert pred["buildDefinition"]["buildType"] == BUILD_TYPE
+    assert pred["buildDefinition"]["externalParameters"] == {"profile": "tiny-llama-cpu", "backend": "aoti",
+                                                             "compatKey": m.compat_key}
+    deps = {d["name"]: d for d in pred["buildDefinition"]["resolvedDependencies"]}
+    assert deps["model"]["digest"]["xxh3_128"] == hex_of(plan.model_digest) == hex_of(m.model_digest)
+    assert deps["profile"]["digest"]["xxh3_128"] == hex_of(m.profile_hash)
+    assert deps["profile"]["uri"].endswith("tiny-llama-cpu.yaml")
+    assert "calibration" not in deps  # the tiny profile has none
+    assert pred["buildDefinition"]["internalParameters"]["commands"][0][:3] == ["python", "-m", "buildctl.engines.aoti_compile"]
+    assert pred["buildDefinition"]["internalParameters"]["buildKey"] == m.build_key
+    run = pred["runDetails"]
+    assert run["builder"]["id"] == "urn:buildctl:builder:ci@builder-1"
+    assert run["builder"]["version"]["torch"] == "2.13.0" and run["builder"]["version"]["buildctl"]
+    (host,) = run["builder"]["builderDependencies"]
+    assert host["annotations"] == m.fingerprint
+    assert run["byproducts"] == [{"name": "build.log", "mediaType": "text/plain",
+                                  "digest": {"xxh3_128": hex_of(m.build_log), "blake3": m.build_log_blake3.split(":")[1]}}]
+    # create-only: the same bytes built again keep the first provenance
+    first = store.get_bytes(provenance_key(aid))
+    again, _ = _build(tmp_path / "again", Context(ctx.settings, store, ctx.auth.but(signer=make_signer())))
+    assert again.artifact_id != aid or store.get_bytes(provenance_key(aid)) == first
+
+
+def test_a_checkpoint_changed_during_the_build_publishes_nothing(ctx, store, tmp_path, monkeypatch):
+    from buildctl import pipeline
+    from buildctl.engines.errors import ModelSourceError
+
+    real = pipeline.tree_digests
+
+    def changed(path):
+        (Path(path) / "model.safetensors").write_bytes(b"swapped")  # the checkpoint changes under the build
+        return real(path)
+
+    monkeypatch.setattr(pipeline, "tree_digests", changed)
+    with pytest.raises(ModelSourceError, match="changed during the build"):
+        _build(tmp_path, ctx)
+    assert list(store.list("manifests/")) == []
+
+
+VALIDATOR = make_signer()
+
+
+def _promotable(store, tmp_path, draft, name: str, seed: int, **prov) -> str:
+    draft = dataclasses.replace(draft, model_digest="xxh3-128:" + "4" * 32)  # as a build's manifest has
+    aid = publish_files(store, tmp_path / name, draft, {"rank0.engine": 20_000}, seed=seed)
+    write_attestation(store, aid, draft.compat_key, signer=VALIDATOR)
+    write = prov.pop("write", True)
+    if write:
+        write_build_provenance(store, aid, **prov)
+    return staged(store, aid, provenance=write)
+
+
+def _trusting(ctx, builder):
+    return Context(ctx.settings, ctx.store, ctx.auth.but(
+        trusted=TrustedKeys({"builder": {builder.key_id: builder.private.public_key()}, "validator": {VALIDATOR.key_id: VALIDATOR.private.public_key()}, "promoter": {}})))
+
+
+def test_prod_requires_provenance_signed_by_a_builder_with_the_profiles_inputs(ctx, store, tmp_path, draft):
+    from buildctl.artifact_store.provenance import TreeRef
+    from buildctl.pipeline import promote_artifact
+
+    builder, other = make_signer(), make_signer()
+    tctx = _trusting(ctx, builder)
+    ok = _promotable(store, tmp_path, draft, "ok", 1, signer=builder)
+    assert promote_artifact(tctx, ok, "prod").artifact_id == ok
+
+    cases = {
+        "none": ({"write": False}, "no build provenance"),
+        "unsigned": ({}, "provenance signature: unsigned"),
+        "untrusted": ({"signer": other}, "provenance signature: signed by untrusted key"),
+        "profile": ({"signer": builder, "profile": TreeRef(digest="xxh3-128:" + "9" * 32, blake3="blake3:" + "1" * 64)},
+                    "provenance profile digest " + "9" * 32),
+        "model": ({"signer": builder, "model": TreeRef(digest="xxh3-128:" + "8" * 32, blake3="blake3:" + "2" * 64)},
+                  "provenance model digest " + "8" * 32),
+        "served": ({"signer": builder, "profile_name": "other-profile"}, "built for profile 'other-profile'"),
+    }
+    for seed, (name, (prov, why)) in enumerate(cases.items(), start=2):
+        aid = _promotable(store, tmp_path, draft, name, seed, **prov)
+        with pytest.raises(PromotionRefusedError, match="provenance|no build provenance") as exc:
+            promote_artifact(tctx, aid, "prod")
+        assert why in str(exc.value), (name, str(exc.value))
+        assert promote_artifact(tctx, aid, "staging").artifact_id == aid  # staging takes it: prod only
+    # provenance of other bytes, copied beside this manifest, is not this artifact's
+    copied = _promotable(store, tmp_path, draft, "copied", 20, write=False)
+    store.put_bytes(provenance_key(copied), store.get_bytes(provenance_key(ok)))
+    with pytest.raises(PromotionRefusedError, match=f"provenance subject '{ok}'"):
+        promote_artifact(tctx, copied, "prod")
+    # break-glass, recorded; and the policy can be turned off
+    assert promote_artifact(tctx, copied, "prod", force=True, reason="imported by hand, INC-9").forced
+    lax = Context(ctx.settings.model_copy(update={"require_provenance": False}), store, tctx.auth)
+    unsigned = _promotable(store, tmp_path, draft, "lax", 21, write=False)
+    assert promote_artifact(lax, unsigned, "prod").artifact_id == unsigned
+
+
+@pytest.mark.parametrize("payload", [b"[]", b'{"_type": "https://in-toto.io/Statement/v1", "subject": 7, "predicate": []}',
+                                     b'{"_type": "https://in-toto.io/Statement/v1", "subject": [[]], '
+                                     b'"predicate": {"buildDefinition": {"resolvedDependencies": [{"name": "profile", "digest": 3}]}}}',
+                                     b"not json"])
+def test_malformed_provenance_is_refused_with_exit_5_not_a_crash(ctx, store, tmp_path, draft, cli, payload):
+    import base64
+
+    aid = _promotable(store, tmp_path, draft, "junk", 1, write=False)
+    store.put_bytes(provenance_key(aid), json.dumps({"payloadType": "application/vnd.in-toto+json", "signatures": [],
+                                                    "payload": base64.b64encode(payload).decode()}).encode())
+    code, _, err = cli("--store", store.uri, "promote", aid, "--channel", "prod")
+    assert code == 5 and "provenance" in err, err
+
+
+def test_prod_checks_the_promoters_profile_not_only_the_manifests(ctx, store, tmp_path, draft):
+    """The promoter's profile directory has the profile with other build-affecting settings: an
+    artifact built from the old settings is refused for prod, though its provenance matches its manifest."""
+    from buildctl.pipeline import promote_artifact
+
+    profiles = tmp_path / "profiles"
+    profiles.mkdir()
+    text = (PROFILES / "tiny-llama-cpu.yaml").read_text()
+    (profiles / "tiny-llama-cpu.yaml").write_text(text.replace("max_batch_size: 32", "max_batch_size: 64"))
+    assert (profiles / "tiny-llama-cpu.yaml").read_text() != text
+    builder = make_signer()
+    tctx = _trusting(ctx, builder)
+    moved = Context(ctx.settings.model_copy(update={"profile_dir": profiles}), store, tctx.auth)
+    aid = _promotable(store, tmp_path, draft, "old", 1, signer=builder)
+    assert promote_artifact(tctx, aid, "prod")  # the checkout's profile: its build hash
+    aid2 = _promotable(store, tmp_path, draft, "old2", 2, signer=builder)
+    with pytest.raises(PromotionRefusedError, match="is not the promoter's profile's build hash"):
+        promote_artifact(moved, aid2, "prod")
+
+
+def test_gc_removes_an_artifacts_provenance_with_it(store, tmp_path, draft):
+    aid = publish_files(store, tmp_path / "a", draft, {"rank0.engine": 5000})
+    write_build_provenance(store, aid)
+    assert read_provenance(store, aid) is not None
+    ops.gc(store, keep=0, grace_s=0, delete_window_s=0)
+    assert store.stat(provenance_key(aid)) is None and list(store.list("manifests/")) == []
+
+
+def test_show_provenance_of_an_artifact_without_one_exits_3(store, tmp_path, draft, cli):
+    aid = publish_files(store, tmp_path / "a", draft, {"rank0.engine": 5000})
+    code, _, err = cli("--store", store.uri, "show", aid, "--provenance")
+    assert code == 3 and "has no build provenance" in err, err
+
+
+@pytest.mark.slow  # a real aoti build of the demo profile (about a minute)
+def test_the_demo_builds_provenance_validates_against_the_in_toto_and_slsa_schemas(tiny_build, cli):
+    """The provenance of the tiny profile's real build, as `show --provenance` prints it."""
+    aid = tiny_build["outcome"].artifact_id
+    code, out, err = cli("--store", tiny_build["uri"], "show", aid, "--provenance")
+    assert code == 0, err
+    stmt = json.loads(out)
+    assert schema_problems(stmt) == []
+    m = ops.get_manifest(tiny_build["store"], aid)
+    deps = {d["name"]: d for d in stmt["predicate"]["buildDefinition"]["resolvedDependencies"]}
+    assert deps["model"]["digest"]["xxh3_128"] == hex_of(m.model_digest)
+    assert deps["model"]["uri"].startswith("tiny:")
+    cmds = stmt["predicate"]["buildDefinition"]["internalParameters"]["commands"]
+    assert cmds and "buildctl.engines.aoti_compile" in cmds[0]
+    assert stmt["predicate"]["runDetails"]["builder"]["version"]["torch"] == m.tool_versions["torch"]
+    assert {s["name"] for s in stmt["subject"][1:]} == {f.path for f in m.files}
