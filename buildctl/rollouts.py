@@ -53,7 +53,7 @@ from buildctl.artifact_store.errors import (
     RolloutStateError,
     StoreArgumentError,
 )
-from buildctl.artifact_store.rollout import in_wave
+from buildctl.artifact_store.rollout import WaveSummary, in_wave
 from buildctl.artifact_store.verify import get_manifest
 
 NODE_STATES = ("healthy", "failed", "installed", "pending")
@@ -98,6 +98,7 @@ class RolloutView:
                 "base": r.base if r else None, "wave": (r.wave + 1) if r else None, "bake_s": r.bake_s if r else None,
                 "bake_left_s": round(self.bake_left_s, 3), "decision": self.decision, "why": self.why,
                 "failed_nodes": list(r.failed_nodes) if r else [],
+                "summaries": [s.model_dump(mode="json") for s in r.summaries] if r else [],
                 "applied_seq": self.applied.seq if self.applied else None,
                 "waves": [{"wave": w.index + 1, "percent": w.percent, "max_failures": w.max_failures,
                            "allowed": w.allowed, "nodes": w.nodes, "done": w.done, "healthy": w.healthy,
@@ -178,12 +179,13 @@ ROLLOUT_STEPS = ("advance", "complete", "pause", "resume", "halt", "abort")
 
 def rollout_step(store: Store, profile: str, channel: str, compat_key: str, step: str, *,
                  auth: Authority = Authority(), expect_seq: int | None = None, reason: str | None = None,
-                 failed_nodes: tuple[str, ...] = ()) -> ChannelRecord:
+                 failed_nodes: tuple[str, ...] = (), summary: WaveSummary | None = None) -> ChannelRecord:
     """Move a live rollout on: ``advance`` to the next wave, ``complete`` it (every node has the
     new artifact), ``pause``/``resume`` it, or ``halt`` (failures over budget) / ``abort`` (an
     operator) it, which points the channel back at the rollout's base artifact. ``expect_seq``:
     the record the decision was made on; if the channel moved since, :class:`CasConflictError`
-    (decide again on the new record)."""
+    (decide again on the new record). ``summary``: the tick's count of the wave it decided on,
+    appended to the rollout's ``summaries`` in the record written."""
     if step not in ROLLOUT_STEPS:
         raise StoreArgumentError(f"unknown rollout step {step!r}: one of {', '.join(ROLLOUT_STEPS)}")
 
@@ -197,6 +199,8 @@ def rollout_step(store: Store, profile: str, channel: str, compat_key: str, step
             raise RolloutStateError(f"channel {channel} of {profile} [{compat_key}] has no rollout in progress"
                                     + (f" (the last one is {r.state})" if r else ""))
         keep = {k: getattr(current, k) for k in ("artifact_id", "previous", "verified_at", "verify_window_s")}
+        if summary is not None:
+            r = r.model_copy(update={"summaries": (*r.summaries, summary)})
         if step == "pause":
             if r.state == "paused":
                 return None
@@ -320,10 +324,15 @@ def tick(ctx: Context, *, channel: str, profile: str | None = None, now: datetim
             continue
         v = _view(store, rec, nodes, now)
         if v.decision in ("advance", "complete", "halt"):
-            failed = v.waves[rec.rollout.wave].failed_nodes if v.decision == "halt" else ()
+            cur = v.waves[rec.rollout.wave]
+            failed = cur.failed_nodes if v.decision == "halt" else ()
+            summary = WaveSummary(wave=cur.index, percent=cur.percent, decision=v.decision, at=utc_now(), nodes=cur.nodes,
+                                  healthy=cur.healthy, failed=cur.failed, installed=cur.installed, pending=cur.pending,
+                                  allowed=cur.allowed)
             try:
                 v.applied = rollout_step(store, rec.profile, rec.channel, rec.compat_key, v.decision, auth=ctx.auth,
-                                         expect_seq=rec.seq, reason=f"rollout-channel: {v.why}", failed_nodes=failed)
+                                         expect_seq=rec.seq, reason=f"rollout-channel: {v.why}", failed_nodes=failed,
+                                         summary=summary)
             except CasConflictError:
                 v.why += " (the channel moved meanwhile; decided again next time)"
         out.append(v)

@@ -379,6 +379,46 @@ def test_tick_decides_every_live_rollout_past_channels_without_one(tmp_path, dra
     assert [(v.record.compat_key, v.decision) for v in views] == [(draft.compat_key, "advance")]
 
 
+def test_tick_keeps_each_decided_waves_count_in_the_record_it_writes(tmp_path, draft, cli):
+    """#32: the per-wave summary. Each advance, complete or halt the tick writes carries what it
+    counted in the wave it decided on; `rollout status` shows them from the ref alone, and a record
+    without summaries keeps its bytes (its signature)."""
+    from buildctl.artifact_store.backend import open_store
+    from buildctl.artifact_store.channels import read_channel
+    from buildctl.artifact_store.inventory import update_node
+    from buildctl.artifact_store.rollout import Rollout
+
+    store = open_store(f"file://{tmp_path / 'store'}")
+    v1, v2 = publish(store, tmp_path, "v1", draft), publish(store, tmp_path, "v2", draft)
+    ops.promote(store, staged(store, v1), "prod")
+    rec = ops.promote(store, staged(store, v2), "prod", rollout=RolloutPlan(waves=parse_waves("50,100", "1"), bake_s=0))
+    assert "summaries" not in rec.body()["rollout"]  # unset: left out of the signed bytes
+    key = draft.compat_key
+    ids = [f"n{i:03d}" for i in range(20)]
+    first = [n for n in ids if wave_bucket(PROFILE, "prod", n) < 50]
+    for n in ids:  # the first wave: one failure, the rest healthy; the others have not pulled
+        status = ("failed" if n == first[0] else "healthy") if n in first else None
+        update_node(store, n, lambda _, n=n, status=status: _node(n, key, status=status, target=v2, rec=rec))
+    ctx = Context.from_settings(settings(), store=store)
+    (v,) = rollouts.tick(ctx, channel="prod")
+    assert v.decision == "advance"
+    (s1,) = v.applied.rollout.summaries
+    assert (s1.wave, s1.percent, s1.decision, s1.nodes, s1.healthy, s1.failed, s1.pending, s1.allowed) == (
+        0, 50.0, "advance", len(first), len(first) - 1, 1, 0, 1)
+    (v,) = rollouts.tick(ctx, channel="prod")
+    assert v.decision == "complete"
+    now = read_channel(store, PROFILE, "prod", key)[0]
+    assert [(s.wave, s.decision, s.nodes, s.pending) for s in now.rollout.summaries] == [
+        (0, "advance", len(first), 0), (1, "complete", len(ids), len(ids) - len(first))]
+    code, out, err = cli("--store", store.uri, "rollout", "status", "--profile", PROFILE, "--channel", "prod")
+    assert code == 0, err
+    assert f"wave 1 (50%) advance at {s1.at}: {len(first) - 1} healthy, 1 failed (budget 1), 0 not reported of {len(first)}" in out
+    assert f"wave 2 (100%) complete at" in out
+    # a rollout record written before summaries parses and dumps to the same bytes
+    old = {k: v for k, v in rec.rollout.model_dump(mode="json").items()}
+    assert Rollout.model_validate(old).model_dump(mode="json") == old and "summaries" not in old
+
+
 def test_control_acts_on_live_rollouts_only_and_names_the_key_it_was_given(tmp_path, draft):
     from buildctl.artifact_store.backend import open_store
     from buildctl.artifact_store.channels import set_channel

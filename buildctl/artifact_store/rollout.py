@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Literal
+from typing import Any, Literal
 
 import xxhash
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer, model_validator
 
 from buildctl.artifact_store.errors import StoreArgumentError
 
@@ -60,6 +60,25 @@ class RolloutPlan(BaseModel):
     bake_s: float = Field(0.0, ge=0, description="How long a wave runs before the next may start, in seconds.")
 
 
+class WaveSummary(BaseModel):
+    """What the rollout tick counted in a wave when it decided on it (advance, complete, halt),
+    kept in the signed record it wrote: each ended wave's outcome, read with the ref, no node
+    record or marker read again."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    wave: int = Field(..., ge=0, description="Index of the wave decided on.")
+    percent: float = Field(..., description="The wave's percentage of the fleet.")
+    decision: Literal["advance", "complete", "halt"] = Field(..., description="What the tick decided.")
+    at: str = Field(..., description="UTC ISO-8601 time of the decision.")
+    nodes: int = Field(..., ge=0, description="Nodes in the wave.")
+    healthy: int = Field(..., ge=0)
+    failed: int = Field(..., ge=0)
+    installed: int = Field(..., ge=0, description="Installed, smoke check not reported yet.")
+    pending: int = Field(..., ge=0, description="Not pulled yet.")
+    allowed: int = Field(..., ge=0, description="The wave's failure budget, in nodes.")
+
+
 class Rollout(BaseModel):
     """A rollout's plan and state, carried by its channel record."""
 
@@ -74,6 +93,14 @@ class Rollout(BaseModel):
     target: str = Field(..., description="The artifact being rolled out.")
     started_at: str = Field(..., description="UTC ISO-8601 time the rollout started.")
     failed_nodes: tuple[str, ...] = Field((), description="Nodes whose failures halted the rollout.")
+    summaries: tuple[WaveSummary, ...] = Field((), description="The tick's count of each wave it decided on, oldest first.")
+
+    @model_serializer(mode="wrap")
+    def _omit_no_summaries(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        out = handler(self)
+        if not out.get("summaries"):
+            out.pop("summaries", None)  # a record written before summaries keeps its signed bytes
+        return out
 
     @model_validator(mode="after")
     def _shape(self) -> "Rollout":

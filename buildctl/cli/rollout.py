@@ -52,6 +52,9 @@ def _print_view(profile: str, channel: str, v) -> None:
     out().print(f"rollout of {r.target} over {r.base}: {r.state}, wave {r.wave + 1} of {len(r.waves)}, "
                 f"bake {r.bake_s:g}s, started {r.started_at}", highlight=False)
     out().print(_wave_table(v))
+    for s in r.summaries:  # what the tick counted when it decided on each wave (kept in the record)
+        out().print(f"wave {s.wave + 1} ({s.percent:g}%) {s.decision} at {s.at}: {s.healthy} healthy, {s.failed} failed "
+                    f"(budget {s.allowed}), {s.installed + s.pending} not reported of {s.nodes}", highlight=False)
     out().print(f"next: {v.decision}: {v.why}", highlight=False)
     if r.failed_nodes:
         out().print(f"failed nodes: {', '.join(r.failed_nodes)}", highlight=False)
