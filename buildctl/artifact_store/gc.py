@@ -13,11 +13,14 @@ An artifact is **protected** (every reason is reported, by ``gc --dry-run`` too)
 * it is among the newest ``keep`` of its (profile, compat key).
 
 The rest is removed, manifest first (the artifact disappears at once), then its index, identity,
-attestation, signature, verification and quarantine records. Blobs are swept last, and only
+provenance, attestation, signature, verification and quarantine records. Blobs are swept last, and only
 blobs that no manifest listed *after* those removals references, whose publish touch is older
 than the grace period (:mod:`buildctl.artifact_store.grace` has the protocol and why it is safe next to a
 concurrent publish), checked and removed within the delete window. A removal the store refuses
 (Object Lock, a bucket policy) is reported and skipped: gc does not fail on it.
+
+A real run then compacts channel history: re-sign records behind each ref's last
+``keep_history`` records go (:func:`_compact_history` says why nothing needs them).
 """
 
 from __future__ import annotations
@@ -34,13 +37,16 @@ from buildctl.artifact_store.channels import _parse_record, all_channel_records
 from buildctl.times import parse_utc
 from buildctl.artifact_store.layout import (
     BLOBS,
+    COMPACTED_INDEX,
     HISTORY,
     TOUCHES,
     attestation_prefix,
     blob_key,
+    compacted_key,
     digest_of_blob_key,
     identity_key,
     pair_key,
+    parse_compacted_key,
     rehash_key,
     provenance_key,
     rehash_prefix,
@@ -54,7 +60,7 @@ from buildctl.artifact_store.inventory import index_built, node_protections, rea
 from buildctl.artifact_store.manifest import Manifest
 from buildctl.artifact_store.publish import build_key_owners
 from buildctl.artifact_store.quarantine import quarantine_records_by_artifact
-from buildctl.artifact_store.errors import CorruptObjectError
+from buildctl.artifact_store.errors import CorruptObjectError, KeyNotFoundError
 from buildctl.artifact_store.verify import scan_manifests
 
 DEFAULT_KEEP = 3
@@ -93,6 +99,7 @@ class GcResult:
     stopped_early: str | None = None
     unreadable: list[tuple[str, str]] = field(default_factory=list)  # (artifact, why): manifests that do not verify
     skipped: list[tuple[str, str]] = field(default_factory=list)  # (key, why): malformed records passed over
+    compacted_history: list[str] = field(default_factory=list)  # superseded re-sign records removed (a real run only)
 
     def to_json(self) -> dict:
         return {"dry_run": self.dry_run, "removed_artifacts": self.removed_artifacts, "removed_blobs": self.removed_blobs,
@@ -101,7 +108,8 @@ class GcResult:
                 "not_removed": [{"key": k, "why": why} for k, why in self.not_removed],
                 "stopped_early": self.stopped_early,
                 "unreadable_manifests": [{"artifact_id": a, "why": why} for a, why in self.unreadable],
-                "skipped_records": [{"key": k, "why": why} for k, why in self.skipped]}
+                "skipped_records": [{"key": k, "why": why} for k, why in self.skipped],
+                "compacted_history": self.compacted_history}
 
     @property
     def removed_artifacts(self) -> list[str]:
@@ -182,9 +190,11 @@ def protections(store: Store, arts: list[tuple[str, Manifest]], *, keep: int, ke
 def gc(store: Store, *, keep: int = DEFAULT_KEEP, keep_history: int = DEFAULT_KEEP_HISTORY,
        grace_s: float | None = None, delete_window_s: float | None = None,
        quarantine_retention_s: float = DEFAULT_QUARANTINE_RETENTION_S, dry_run: bool = False,
-       now: datetime | None = None,
+       now: datetime | None = None, compact_history: bool = True,
        clock: Callable[[], float] = time.monotonic) -> GcResult:
-    """Decide and (unless ``dry_run``) remove; see the module docstring for what is protected."""
+    """Decide and (unless ``dry_run``) remove; see the module docstring for what is protected.
+    ``compact_history``: also remove superseded re-sign records from channel history
+    (:func:`history_compaction`)."""
     grace = grace_mod.DEFAULT_GRACE_S if grace_s is None else grace_s
     window = grace_mod.DEFAULT_DELETE_WINDOW_S if delete_window_s is None else delete_window_s
     now = now or datetime.now(timezone.utc)
@@ -219,7 +229,57 @@ def gc(store: Store, *, keep: int = DEFAULT_KEEP, keep_history: int = DEFAULT_KE
             d.error = _remove_artifact(store, d.artifact_id, m, result)
             d.removed = d.error is None
     _sweep_blobs(store, result, grace, window, clock, wall, dry_run, {d.artifact_id for d, _ in doomed}, scanned)
+    if compact_history and not dry_run:
+        _compact_history(store, keep_history, result)
     return result
+
+
+def _compact_history(store: Store, keep_history: int, result: GcResult) -> None:
+    """Remove the re-sign records older than each ref's newest ``max(keep_history, 1)`` records.
+    A re-sign repeats the record before it with a new expiry and one signature, so nothing reads it
+    once a newer record exists:
+
+    - the freshness check lists only the records after the ref's own (the newest are kept, so a
+      replayed or frozen ref is still refused: a newer signed record is there);
+    - k-of-n approvals (``approved_before``), the staging-first rule and rollbacks look for the
+      promote, rollback, rollout and migrate records, which are never compacted.
+
+    Each record is read once: a mark (``index/history-compacted/<ref>/<seq>``) says how far this
+    ref was examined, and the next run starts above it. A real run only: a dry run reports none
+    (deciding would read every record of a store gc never compacted). A malformed record is kept
+    (the protections report it); a ref whose removal the store refused is examined again."""
+    marks: dict[str, tuple[int, list[str]]] = {}
+    for key in store.list(COMPACTED_INDEX):
+        ref, seq = parse_compacted_key(key)
+        top, keys = marks.get(ref, (0, []))
+        marks[ref] = (max(top, seq), keys + [key])
+    by_ref: dict[str, list[str]] = {}
+    for key in store.list(HISTORY):
+        by_ref.setdefault(key.rsplit("/", 1)[0], []).append(key)
+    for ref, keys in by_ref.items():
+        done, old_marks = marks.get(ref, (0, []))
+        todo = [k for k in sorted(keys)[:-max(keep_history, 1)] if _seq_of(k) > done]
+        if not todo:
+            continue
+        refused = False
+        for key in todo:
+            try:
+                rec = _parse_record(store.get_bytes(key), key)
+            except (CorruptObjectError, KeyNotFoundError):
+                continue
+            if rec.action == "resign":
+                if _delete(store, key, result) is None:
+                    result.compacted_history.append(key)
+                else:
+                    refused = True
+        if not refused:
+            store.put_bytes(compacted_key(ref, _seq_of(todo[-1])), b"")
+            for key in old_marks:
+                _delete(store, key, result)
+
+
+def _seq_of(history_key: str) -> int:
+    return int(history_key.rsplit("/", 1)[1][:-len(".json")])
 
 
 def _delete(store: Store, key: str, result: GcResult) -> str | None:

@@ -160,6 +160,21 @@ def history_key(profile: str, channel: str, compat_key: str, seq: int) -> str:
     return f"{history_prefix(profile, channel, compat_key)}{seq:012d}.json"
 
 
+COMPACTED_INDEX = "index/history-compacted/"
+
+
+def compacted_key(history_ref: str, seq: int) -> str:
+    """gc's mark that the history records of ``history_ref`` (``history/<p>/<c>/<k>``) up to
+    ``seq`` were examined for compaction (an empty object; only the highest counts)."""
+    return f"{COMPACTED_INDEX}{history_ref[len(HISTORY):]}/{seq:012d}"
+
+
+def parse_compacted_key(key: str) -> tuple[str, int]:
+    """(history ref, seq) of a :func:`compacted_key`."""
+    ref, seq = key[len(COMPACTED_INDEX):].rsplit("/", 1)
+    return HISTORY + ref, int(seq)
+
+
 def node_key(node_id: str) -> str:
     return f"{NODES}{node_id}.json"
 

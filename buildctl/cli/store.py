@@ -510,14 +510,16 @@ def gc_cmd(
     grace: Optional[str] = typer.Option(None, "--grace", help="Never remove manifests created, or blobs a publish touched, within this (default BUILDCTL_GC_GRACE_S, 24h)."),
     quarantine_retention: str = typer.Option("30d", "--quarantine-retention", help="Keep quarantined artifacts this long after their last quarantine record."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Only say what would be removed and what is kept, with reasons."),
+    compact_history: bool = typer.Option(True, "--compact-history/--no-compact-history", help="Also remove re-sign records older than each channel ref's last --keep-history records (they repeat the record before them; decisions are never compacted)."),
     json_out: bool = JSON_OPT,
 ) -> None:
     """Remove artifacts nothing protects: not a channel's, not in its recent history, not on a node,
-    not quarantined recently, not new, not among the newest N per (profile, compat key)."""
+    not quarantined recently, not new, not among the newest N per (profile, compat key); and compact
+    channel history of superseded re-sign records."""
     from buildctl import fleet
     from buildctl.times import parse_duration
 
-    opts = {"keep": keep, "keep_history": keep_history, "dry_run": dry_run,
+    opts = {"keep": keep, "keep_history": keep_history, "dry_run": dry_run, "compact_history": compact_history,
             "quarantine_retention_s": parse_duration(quarantine_retention)}
     if grace is not None:
         opts["grace_s"] = parse_duration(grace)
@@ -543,6 +545,9 @@ def _print_gc(ctx: typer.Context, res, dry_run: bool) -> None:
             if d.protected_by:
                 out().print(f"  keep {d.artifact_id} ({d.profile} [{short_id(d.compat_key)}]): "
                             + "; ".join(d.protected_by), highlight=False)
+    if res.compacted_history:
+        out().print(f"{'would compact' if dry_run else 'compacted'} {len(res.compacted_history)} superseded re-sign "
+                    "record(s) from channel history", highlight=False)
     if res.kept_blobs:
         out().print(f"kept {res.kept_blobs} unreferenced blobs a publish touched within the grace period", highlight=False)
     for key, why in res.not_removed:

@@ -58,10 +58,12 @@ def gc_store(store: str | None = None, keep: int = 3, keep_history: int = 5, gra
     refused = "\n".join(f"- `{k}`: {why}" for k, why in done.not_removed) or "none"
     create_markdown_artifact(key="gc-store-result", markdown=(
         f"# gc-store\n\nremoved **{len(done.removed_artifacts)}** artifacts and **{done.removed_blobs}** blobs "
-        f"({done.freed_bytes} bytes); kept {done.kept} artifacts and {done.kept_blobs} recently touched blobs.\n\n"
+        f"({done.freed_bytes} bytes); kept {done.kept} artifacts and {done.kept_blobs} recently touched blobs; "
+        f"compacted {len(done.compacted_history)} superseded re-sign records from channel history.\n\n"
         f"Refused by the store (Object Lock, policy): {refused}\n"
         + (f"\n{done.stopped_early}\n" if done.stopped_early else "")))
     for k, why in done.not_removed:
         get_run_logger().warning(f"could not remove {k}: {why}")
     return {**summary, "removed": done.removed_artifacts, "removed_blobs": done.removed_blobs,
-            "freed_bytes": done.freed_bytes, "not_removed": [k for k, _ in done.not_removed]}
+            "freed_bytes": done.freed_bytes, "not_removed": [k for k, _ in done.not_removed],
+            "compacted_history": len(done.compacted_history)}

@@ -193,3 +193,71 @@ def test_a_poll_of_an_unchanged_ref_makes_three_requests_however_long_its_histor
     revoke(store, p1.key_id, "leaked", auth=Authority(signer=p2, trusted=trusted), revoked_at=first.record.when)
     with pytest.raises(SignatureError, match="revoked"):
         pull(store, P, "prod", dest, [m.compat_key], trusted=trusted)
+
+
+def counting_gets(store) -> list[str]:
+    """The keys ``store.get_bytes`` reads from now on (appended as they are read)."""
+    reads: list[str] = []
+    real = store.get_bytes
+
+    def get(key: str) -> bytes:
+        reads.append(key)
+        return real(key)
+
+    store.get_bytes = get
+    return reads
+
+
+def test_history_compaction_keeps_decisions_and_the_replay_protection(signed_env, cli):
+    """#32's retention: gc compacts re-sign records behind each ref's newest --keep-history records.
+    A replay of a compacted record is still refused by a fresh node (the newest signed records are
+    kept), and on a 2-of-n channel a one-signature rollback to an artifact the quorum approved
+    behind the compacted records is still accepted (promote records are never compacted)."""
+    from buildctl.artifact_store.channels import history, read_channel
+
+    store, (a, b, c, _), dest, trusted, p1, p2 = signed_env
+    trusted2 = TrustedKeys(trusted.by_role, thresholds={"prod": 2})
+    one, two = Authority(signer=p1, trusted=trusted2), Authority(signer=p2, trusted=trusted2)
+    m = ops.get_manifest(store, a)
+    key = m.compat_key
+
+    def resigns(n: int) -> None:
+        for _ in range(n):
+            resign(store, read_channel(store, P, "prod", key)[0], auth=one)
+
+    set_channel(store, a, m, "prod", auth=one)
+    set_channel(store, a, m, "prod", auth=two)  # #1: the quorum approves a
+    resigns(6)  # #2-#7
+    set_channel(store, b, m, "prod", auth=one)
+    set_channel(store, b, m, "prod", auth=two)  # #8: and b
+    resigns(6)  # #9-#14
+    replay = store.get_bytes(history_key(P, "prod", key, 3))
+    plan = ops.gc(store, keep=100, keep_history=2, grace_s=0, delete_window_s=0, dry_run=True)
+    assert plan.compacted_history == [] and len(history(store, P, "prod", key)) == 14  # a dry run removes nothing
+    reads = counting_gets(store)
+    done = ops.gc(store, keep=100, keep_history=2, grace_s=0, delete_window_s=0)
+    assert done.compacted_history == [history_key(P, "prod", key, s) for s in (*range(2, 8), *range(9, 13))]
+    assert not done.not_removed
+    assert [(r.seq, r.action) for r in history(store, P, "prod", key)] == [
+        (1, "promote"), (8, "promote"), (13, "resign"), (14, "resign")]
+    resigns(3)  # #15-#17: the next gc reads only the records past its mark (#13-#15), not #1 or #8 again
+    reads.clear()
+    assert ops.gc(store, keep=100, keep_history=2, grace_s=0, delete_window_s=0).compacted_history == [
+        history_key(P, "prod", key, s) for s in (13, 14, 15)]
+    assert sorted(k for k in reads if k.startswith("history/")) == [history_key(P, "prod", key, s) for s in (13, 14, 15, 16, 17)]
+    assert len(list(store.list("index/history-compacted/"))) == 1  # one mark per ref: the older one is removed
+
+    # the replayed (compacted) #3 in the ref: a fresh node refuses it, the signed #17 is its witness
+    (store.root / channel_key(P, "prod", key)).write_bytes(replay)
+    with pytest.raises(StaleRecordError, match="#3 is stale: the channel's signed history says #17"):
+        check_trust(store, read_channel(store, P, "prod", key)[0], trusted2)
+    (store.root / channel_key(P, "prod", key)).write_bytes(store.get_bytes(history_key(P, "prod", key, 17)))
+    # a one-signature rollback to a, approved at #1 behind thirteen compacted records, still counts
+    back = set_channel(store, a, m, "prod", action="rollback", auth=one)
+    check_trust(store, back, trusted2)
+    to_c = set_channel(store, c, m, "prod", action="rollback", auth=one)  # c was never approved
+    with pytest.raises(SignatureError, match="1 of the 2"):
+        check_trust(store, to_c, trusted2)
+    code, out, err = cli("--store", store.uri, "gc", "--keep", "100", "--keep-history", "0", "--grace", "0s",
+                         "--no-compact-history", "--dry-run")
+    assert code == 0 and "compact" not in out, err
