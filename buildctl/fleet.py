@@ -2,7 +2,7 @@
 
 Each node agent reports its fingerprint and the profiles it serves (``buildctl node report``);
 the record (:mod:`buildctl.artifact_store.inventory`, which owns the models) lives at
-``inventory/nodes/<node_id>.json`` and is replaced with compare-and-swap.
+``inventory/nodes/<shard>/<node_id>.json`` (:func:`~buildctl.artifact_store.layout.node_key`; read at the pre-shard ``inventory/nodes/<node_id>.json`` too) and is replaced with compare-and-swap.
 The plan computes which (profile, compat key) pairs the nodes need and drops those that already
 have an artifact built from the profile's current build hash; each distinct pair is built once,
 however many nodes share it.

@@ -51,6 +51,7 @@ from buildctl.artifact_store.layout import (
     NODE_INDEX,
     NODE_INDEX_META,
     NODES,
+    node_of_node_key,
     PAIR_INDEX,
     artifact_of_pair_key,
     demand_prefix,
@@ -206,7 +207,7 @@ def rebuild(store: Store, *, repair: bool = True) -> IndexReport:
     for rec in records:
         expected |= node_markers(rec)
     expected |= {pair_key(m.profile_name, m.profile_hash, a) for a, m in list_artifacts(store)}
-    unreadable = {k[len(NODES):-len(".json")] for k, _ in report.skipped}
+    unreadable = {node_of_node_key(k) for k, _ in report.skipped if k.startswith(NODES)}
     report.nodes, report.markers = len(records), len(expected)
     report.missing = sorted(expected - listed)
     report.stale = sorted(k for k in listed - expected if k.startswith(PAIR_INDEX) or node_of_marker(k) not in unreadable)

@@ -11,6 +11,7 @@ import pytest
 import buildctl.artifact_store as ops
 from buildctl.artifact_store.authority import Authority
 from buildctl.context import Context
+from buildctl.artifact_store.layout import node_key
 
 from .support.helpers import PROFILES, make_tree, publish_files, rot, settings, staged
 from .support.trtllm_kit import calib, fake_tools, h100x8, hf_model, prod  # noqa: F401  (fixtures)
@@ -75,7 +76,7 @@ def test_pull_refuses_a_quarantined_artifact_the_channel_points_at(store, store_
     code, _, err = cli(*args)
     assert code == 5 and "is quarantined" in err and "INC-7" in err and "current engine stays" in err
     assert (node / "current").resolve().name == v1[len("xxh3-128:"):]
-    record = json.loads(store.get_bytes("inventory/nodes/gpu-node-3.json"))
+    record = json.loads(store.get_bytes(node_key("gpu-node-3")))
     (failure,) = record["pull_failures"]
     assert failure["artifact_id"] == v2 and failure["error"].startswith("QuarantinedError")
 
@@ -87,8 +88,8 @@ def test_a_rotted_blob_makes_the_pull_fail_and_the_node_report_it(store, store_u
     rot(store, digest_of(store, aid, "rank0.engine"), "flip")
     code, _, err = cli("--store", store_uri, "pull", "--profile", draft.profile_name, "--channel", "prod",
                        "--dest", tmp_path / "node", "--skip-preflight", "--node-id", "gpu-node-4")
-    assert code == 4 and "rank0.engine: digest mismatch" in err and "recorded in inventory/nodes/gpu-node-4.json" in err
-    (failure,) = json.loads(store.get_bytes("inventory/nodes/gpu-node-4.json"))["pull_failures"]
+    assert code == 4 and "rank0.engine: digest mismatch" in err and f"recorded in {node_key('gpu-node-4')}" in err
+    (failure,) = json.loads(store.get_bytes(node_key("gpu-node-4")))["pull_failures"]
     assert failure["files"] == ["rank0.engine"] and failure["channel"] == "prod"
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 import buildctl.artifact_store as ops
+from buildctl.artifact_store.layout import node_key
 
 from .support.helpers import PROFILES, REPO, make_tree, staged, write_attestation
 
@@ -99,5 +100,5 @@ def test_slim_install_pulls_from_seaweedfs_without_prefect(slim_venv, seaweed, s
     # a driver-branch upgrade is soft for trtllm (a re-check, no new key), still worth an event
     assert not report["compat_changed"] and not report["event_emitted"]
     assert report["soft_changed"]["trtllm"]["driver_version"] == ["580.95.05", "590.44.01"]
-    assert [k for k in store.list("inventory/nodes/")] == ["inventory/nodes/gpu-node-1.json"]
+    assert [k for k in store.list("inventory/nodes/")] == [node_key("gpu-node-1")]
     assert PROFILES.is_dir()

@@ -1,5 +1,5 @@
 """The node inventory: what each node reported, one record per node under
-``inventory/nodes/<node_id>.json``, replaced with compare-and-swap.
+``inventory/nodes/<shard>/<node_id>.json`` (:func:`~buildctl.artifact_store.layout.node_key`; read at the pre-shard ``inventory/nodes/<node_id>.json`` too), replaced with compare-and-swap.
 
 The store owns this data: nodes write their own record and the node-index markers derived from
 it (``update_node``'s ``markers``; the node role may write nothing else),
@@ -18,13 +18,17 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from buildctl.digest import canonical_json
 from buildctl.artifact_store.backend import Store
+from buildctl.errors import BuildctlError
 from buildctl.artifact_store.errors import CasConflictError, CorruptObjectError, StoreArgumentError
 from buildctl.artifact_store.layout import (
     HELD_INDEX,
     NODE_INDEX_META,
     NODES,
     held_key,
+    is_legacy_node_key,
+    legacy_node_key,
     node_key,
+    node_of_node_key,
     parse_held_key,
     status_prefix,
 )
@@ -99,13 +103,23 @@ class NodeRecord(BaseModel):
 
 
 def read_node(store: Store, node_id: str) -> tuple[NodeRecord, str] | None:
-    got = store.get_ref(node_key(node_id))
-    if got is None:
-        return None
-    try:
-        return NodeRecord.model_validate_json(got[0]), got[1]
-    except ValidationError:
-        raise CorruptObjectError(node_key(node_id), "malformed node record") from None
+    """The node's record and its version token: at its shard (:func:`node_key`), else where it
+    was written before the shards (:func:`legacy_node_key`)."""
+    got = _read_node_at(store, node_id)
+    return (got[0], got[1]) if got is not None else None
+
+
+def _read_node_at(store: Store, node_id: str) -> tuple[NodeRecord, str, str] | None:
+    """:func:`read_node`, with the key the record was read from."""
+    for key in (node_key(node_id), legacy_node_key(node_id)):
+        got = store.get_ref(key)
+        if got is None:
+            continue
+        try:
+            return NodeRecord.model_validate_json(got[0]), got[1], key
+        except ValidationError:
+            raise CorruptObjectError(key, "malformed node record") from None
+    return None
 
 
 def check_node_id(node_id: str) -> None:
@@ -125,18 +139,32 @@ def update_node(store: Store, node_id: str, change: Callable[[NodeRecord | None]
     check finds), never a committed record without its markers."""
     check_node_id(node_id)
     for _ in range(attempts):
-        current = read_node(store, node_id)
+        current = _read_node_at(store, node_id)
         rec = change(current[0] if current else None)
         before = markers(current[0]) if markers is not None and current else set()
         after = markers(rec) if markers is not None else set()
         for key in sorted(after - before):
             store.put_bytes(key, b"")
-        if store.cas(node_key(node_id), canonical_json(rec.model_dump(mode="json")), current[1] if current else None):
+        # A record read from its legacy key moves to its shard: created there (a concurrent mover
+        # loses the swap and reads it from the shard next time); the legacy copy is then shadowed.
+        token = current[1] if current and current[2] == node_key(node_id) else None
+        if store.cas(node_key(node_id), canonical_json(rec.model_dump(mode="json")), token):
             for key in sorted(before - after):
                 store.delete(key)
+            if current is not None and current[2] != node_key(node_id):
+                _drop_legacy(store, current[2])
             return rec, current[0] if current else None
         time.sleep(0.05)
     raise CasConflictError(node_key(node_id), attempts)
+
+
+def _drop_legacy(store: Store, key: str) -> None:
+    """Delete a moved record's legacy copy where this writer may (the node role may not: the copy
+    stays, shadowed by the shard's, and readers skip it)."""
+    try:
+        store.delete(key)
+    except (BuildctlError, OSError):
+        pass
 
 
 # Refused pulls that are about the artifact (its bytes, its quarantine, its signature). A stale,
@@ -189,7 +217,10 @@ def read_inventory(store: Store, skipped: list[tuple[str, str]] | None = None,
     added there (gc keeps them)."""
     from buildctl.artifact_store.pools import interruptible_pool
 
-    keys = list(store.list(NODES))
+    listed = list(store.list(NODES))
+    sharded = {node_of_node_key(k) for k in listed if not is_legacy_node_key(k)}
+    # A record at its shard shadows its legacy copy (a node moved it and could not delete the old one).
+    keys = [k for k in listed if not (is_legacy_node_key(k) and node_of_node_key(k) in sharded)]
     with interruptible_pool(min(workers, max(1, len(keys))), "inventory") as (pool, _):
         bodies = list(pool.map(store.get_ref, keys))
     out = []

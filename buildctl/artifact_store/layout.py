@@ -5,6 +5,8 @@ No other module builds a key string: they call these functions.
 
 from __future__ import annotations
 
+import xxhash
+
 from buildctl.digest import hex_of
 
 BLOBS = "blobs/"
@@ -175,8 +177,30 @@ def parse_compacted_key(key: str) -> tuple[str, int]:
     return HISTORY + ref, int(seq)
 
 
+def node_shard(node_id: str) -> str:
+    """The node record's hashed prefix: 2 hex of xxh3-64 of the id (256 shards, so S3 can split the
+    fleet's record traffic over partitions instead of one ``inventory/nodes/`` prefix)."""
+    return f"{xxhash.xxh3_64_intdigest(node_id.encode()) & 0xFF:02x}"
+
+
 def node_key(node_id: str) -> str:
+    """``inventory/nodes/<shard>/<node id>.json``: where a node's record is written."""
+    return f"{NODES}{node_shard(node_id)}/{node_id}.json"
+
+
+def legacy_node_key(node_id: str) -> str:
+    """``inventory/nodes/<node id>.json``: where records were written before the shards (still read;
+    a node's next write moves its record to :func:`node_key`)."""
     return f"{NODES}{node_id}.json"
+
+
+def node_of_node_key(key: str) -> str:
+    """The node id a record key (sharded or legacy) names."""
+    return key.rsplit("/", 1)[1][:-len(".json")]
+
+
+def is_legacy_node_key(key: str) -> bool:
+    return "/" not in key[len(NODES):]
 
 
 def touch_key(digest: str) -> str:

@@ -12,6 +12,7 @@ from rich.table import Table
 
 from buildctl.cli._common import JSON_OPT, REQUIRE_CRYPTO_OPT, context, emit_json, fail_on_skipped, out, settings, short_id, want_json
 from buildctl.cli.progress import byte_progress
+from buildctl.artifact_store.layout import node_key
 
 TRUST_OPT = typer.Option(None, "--trust-verify-within", help="Trust a deep verify of the artifact this recent (1h, 30m) "
                          "instead of re-hashing every blob now; recorded in the channel record and shown by history.")
@@ -457,7 +458,7 @@ def pull_cmd(
                 from buildctl.flows.events import emit_pull_failed
 
                 event_id = emit_pull_failed(node_id, failure.model_dump(mode="json"))
-                typer.echo(f"recorded in inventory/nodes/{node_id}.json"
+                typer.echo(f"recorded in {node_key(node_id)}"
                            + (f"; emitted buildctl.node.pull-failed ({event_id})" if event_id else ""), err=True)
         raise
     res, rec = got.result, got.record
@@ -477,7 +478,7 @@ def pull_cmd(
     else:
         out().print(f"already installed: {res.artifact_id} ({channel} #{rec.seq}) is current in {dest}", highlight=False)
     if got.state is not None and node_id and not got.reported:
-        typer.echo(f"warning: could not record the smoke-check verdict in inventory/nodes/{node_id}.json", err=True)
+        typer.echo(f"warning: could not record the smoke-check verdict in {node_key(node_id)}", err=True)
 
 
 def _stage(c, profile: str, channel: str, dest: Path, for_upgrade: Path | None, node_id: str | None, fp,

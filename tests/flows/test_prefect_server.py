@@ -20,6 +20,7 @@ import pytest
 from buildctl.engines.fingerprint import detect
 from buildctl.artifact_store.authority import Authority
 from buildctl.context import Context
+from buildctl.artifact_store.layout import node_key
 
 from ..support.helpers import REPO, checkout_like, rot, run_docs_block
 from ..support.s3server import free_ports
@@ -234,7 +235,7 @@ def heal_through_the_automation(url: str, env: dict, tmp_path, compat_key: str) 
     verify_deep_or_quarantine(store, rec.artifact_id, detector="test", auth=Authority(who="test"))  # staging is on bytes that verify
     att = ops.latest_attestation(store, rec.artifact_id, compat_key)
     assert att is not None and att.attestation.passed  # the rebuild was validated
-    node = json.loads(store.get_bytes("inventory/nodes/gpu-node-1.json"))
+    node = json.loads(store.get_bytes(node_key("gpu-node-1")))
     assert node["pull_failures"][-1]["artifact_id"] == aid
     (tmp_path / "time-to-recovery.txt").write_text(f"{time.monotonic() - t0:.1f}\n")
 

@@ -1,0 +1,61 @@
+"""Node records under hashed shard prefixes (#32): ``inventory/nodes/<2 hex>/<id>.json``, with the
+records written before the shards still read, and moved by the node's next write."""
+
+from __future__ import annotations
+
+from buildctl import fleet
+from buildctl.artifact_store.inventory import NodeRecord, read_inventory, read_node
+from buildctl.artifact_store.layout import NODES, legacy_node_key, node_key, node_shard
+from buildctl.digest import canonical_json
+from buildctl.engines.fingerprint import detect
+
+
+def _legacy(store, node_id: str, profiles=("p",)) -> None:
+    """A node record as buildctl wrote it before the shards."""
+    rec = NodeRecord(node_id=node_id, fingerprint={}, compat_keys={"aoti": "k"}, profiles=profiles,
+                     reported_at="2026-12-01T00:00:00Z")
+    assert store.cas(legacy_node_key(node_id), canonical_json(rec.model_dump(mode="json")), None)
+
+
+def test_records_spread_over_256_shards():
+    shards = {node_shard(f"gpu-node-{i:05d}") for i in range(5000)}
+    assert len(shards) == 256 and all(len(s) == 2 for s in shards)
+    assert node_key("gpu-1") == f"{NODES}{node_shard('gpu-1')}/gpu-1.json"
+
+
+def test_a_store_written_before_the_shards_is_read_and_moved_by_each_nodes_next_report(store):
+    for i in range(3):
+        _legacy(store, f"old-{i}")
+    assert read_node(store, "old-0")[0].node_id == "old-0"  # found at its legacy key
+    assert sorted(n.node_id for n in read_inventory(store)) == ["old-0", "old-1", "old-2"]
+    res = fleet.report_node(store, "old-0", detect(), ["p"])
+    assert res.previous is not None and res.previous.node_id == "old-0"  # the old record was the current one
+    assert res.record.reports == res.previous.reports + 1  # carried over from the legacy record
+    assert store.get_ref(node_key("old-0")) is not None
+    assert store.get_ref(legacy_node_key("old-0")) is None  # this writer may delete: the copy is gone
+    fleet.report_node(store, "new-0", detect(), ["p"])
+    assert store.get_ref(legacy_node_key("new-0")) is None and store.get_ref(node_key("new-0")) is not None
+    assert sorted(n.node_id for n in read_inventory(store)) == ["new-0", "old-0", "old-1", "old-2"]
+
+
+def test_a_legacy_copy_the_writer_may_not_delete_is_shadowed(store, monkeypatch):
+    """The node role may not delete node records: after a move the legacy copy stays, and readers
+    take the shard's record, once."""
+    _legacy(store, "gpu-7", profiles=("before",))
+    real = store.delete
+
+    def refuse(key: str) -> None:
+        if key.startswith(NODES):
+            from buildctl.artifact_store.errors import StoreUnavailableError
+
+            raise StoreUnavailableError(store.uri, f"delete {key}: credentials refused (AccessDenied)")
+        real(key)
+
+    monkeypatch.setattr(store, "delete", refuse)
+    fleet.report_node(store, "gpu-7", detect(), ["after"])
+    assert store.get_ref(legacy_node_key("gpu-7")) is not None  # left behind
+    (only,) = read_inventory(store)
+    assert only.profiles == ("after",) and read_node(store, "gpu-7")[0].profiles == ("after",)
+    fleet.report_node(store, "gpu-7", detect(), ["again"])  # later writes go to the shard only
+    now = read_node(store, "gpu-7")[0]
+    assert now.profiles == ("again",) and now.reports == only.reports + 1  # read back from the shard, not the copy
