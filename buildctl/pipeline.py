@@ -526,12 +526,21 @@ def promote_artifact(ctx: Context, artifact_ref: str, channel: str, *, force: bo
     key = serving_key(manifest)
     # Artifacts published before provenance (schema 1 manifests, and their rehashed successors) have no
     # build to describe: they are exempt, as they were promoted before (docs/provenance.md).
-    predates = manifest.schema_version < 2 or manifest.rehashed_from is not None
+    predates = manifest.schema_version < 2 or (manifest.rehashed_from is not None
+                                               and _schema_of(ctx.store, manifest.rehashed_from) < 2)
     wanted = (expected_inputs(ctx.settings, manifest)
               if ctx.settings.require_provenance and channel in PROTECTED_CHANNELS and not predates else None)
     return promote(ctx.store, artifact_ref, channel, auth=ctx.auth, force=force, reason=reason, rollout=rollout,
                    compat_key=key if key != manifest.compat_key else None, trust_verify_within_s=trust_verify_within_s,
                    provenance=wanted)
+
+
+def _schema_of(store: Store, artifact_id: str) -> int:
+    """The schema of an artifact's manifest; one that cannot be read counts as current (no exemption)."""
+    try:
+        return get_manifest(store, artifact_id).schema_version
+    except BuildctlError:
+        return 2
 
 
 def expected_inputs(settings: Settings, manifest: Manifest) -> ExpectedInputs:

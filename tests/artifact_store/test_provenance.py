@@ -302,3 +302,21 @@ def test_the_demo_builds_provenance_validates_against_the_in_toto_and_slsa_schem
     assert cmds and "buildctl.engines.aoti_compile" in cmds[0]
     assert stmt["predicate"]["runDetails"]["builder"]["version"]["torch"] == m.tool_versions["torch"]
     assert {s["name"] for s in stmt["subject"][1:]} == {f.path for f in m.files}
+
+
+def test_only_artifacts_from_before_provenance_are_exempt(ctx, store, tmp_path, draft):
+    """A schema 1 artifact's rehash is exempt (test_rehash.py promotes one to prod); a schema 2
+    manifest that names another schema 2 artifact as rehashed_from is not."""
+    from buildctl.artifact_store.layout import manifest_key
+    from buildctl.digest import digest_bytes
+    from buildctl.pipeline import promote_artifact
+
+    real = _promotable(store, tmp_path, draft, "real", 1, write=False)
+    forged = ops.get_manifest(store, real).model_copy(update={"rehashed_from": real})
+    body = forged.canonical()
+    aid = digest_bytes(body)
+    assert store.put_bytes(manifest_key(aid), body)
+    write_attestation(store, aid, draft.compat_key, signer=VALIDATOR)
+    staged(store, aid, provenance=False)
+    with pytest.raises(PromotionRefusedError, match="no build provenance"):
+        promote_artifact(ctx, aid, "prod")
