@@ -278,3 +278,21 @@ def test_roles_on_seaweedfs(role_server, tmp_path, draft):
     for key in ("blobs/00/" + "0" * 32, "manifests/x.json", "channels/p/prod/k.json", "history/p/prod/k/000000000009.json"):
         with pytest.raises(StoreUnavailableError):
             node.put_bytes(key, b"tamper")
+    # ... and reports itself: a record written before the shards moves to its shard under the node's
+    # own identity (SeaweedFS's Write covers the delete, so the old copy goes; IAM's node.json
+    # grants no delete there, where test_inventory.py's shadowed copy applies)
+    from buildctl import fleet
+    from buildctl.artifact_store.inventory import read_inventory
+    from buildctl.artifact_store.layout import legacy_node_key, node_key
+    from buildctl.engines.fingerprint import detect
+
+    fleet.report_node(node, "gpu-9", detect(), [draft.profile_name])
+    body = node.get_bytes(node_key("gpu-9"))
+    node.delete(node_key("gpu-9"))
+    assert node.put_bytes(legacy_node_key("gpu-9"), body)
+    moved = fleet.report_node(node, "gpu-9", detect(), [draft.profile_name])
+    assert moved.previous is not None and moved.record.reports == 2
+    assert node.get_ref(node_key("gpu-9")) is not None and node.get_ref(legacy_node_key("gpu-9")) is None
+    assert [r.node_id for r in read_inventory(node)] == ["gpu-9"]
+    with pytest.raises(StoreUnavailableError):
+        node.put_bytes("inventory/snapshots/x.json", b"{}")  # inventory/nodes/* and the index only
