@@ -220,6 +220,8 @@ def test_bucket_policy_enforces_conditional_creates_and_guards_deletes():
     assert create["Condition"]["Bool"] == {"s3:ObjectCreationOperation": "true"}  # multipart parts stay allowed
     (delete,) = [s for s in bucket["Statement"] if s["Sid"] == "OnlyBreakGlassGcDeletesImmutableObjects"]
     assert "buildctl-gc-break-glass" in delete["Condition"]["ArnNotEquals"]["aws:PrincipalArn"]
+    # every immutable prefix but blobs (gc and repair, the next statement): only gc removes them
+    assert {r.split("/PREFIX/")[1][:-len("/*")] for r in resources(delete)} == set(IMMUTABLE) - {"blobs"}
     assert load_policy("object-lock.json")["Rule"]["DefaultRetention"]["Mode"] in ("GOVERNANCE", "COMPLIANCE")
 
 
