@@ -212,6 +212,20 @@ def test_repair_role_replaces_blobs_and_nothing_else_immutable():
     assert any("buildctl-repair" in a for a in blob_deletes["Condition"]["ArnNotEquals"]["aws:PrincipalArn"])
 
 
+def test_every_role_granted_blob_deletes_is_one_the_bucket_policy_lets_delete_them():
+    """An IAM grant the bucket policy denies is a heal that fails only in production: each role file
+    allowing s3:DeleteObject on blobs/ (repair, and the pipeline worker, which heals) is exempt from
+    the bucket's blob-delete guard, as role buildctl-<file stem>."""
+    (guard,) = [s for s in load_policy("bucket-policy.json")["Statement"] if s["Sid"] == "OnlyGcAndRepairDeleteBlobs"]
+    exempt = set(guard["Condition"]["ArnNotEquals"]["aws:PrincipalArn"])
+    granted = {f"arn:aws:iam::ACCOUNT:role/buildctl-{p.stem}" for p in POLICIES.glob("*.json")
+               if p.stem not in ("bucket-policy", "object-lock", "seaweedfs-identities")
+               and "arn:aws:s3:::BUCKET/PREFIX/blobs/*" in {r for s in statements(load_policy(p.name), "Allow", "s3:DeleteObject")
+                                                             for r in resources(s)}}
+    assert granted >= {"arn:aws:iam::ACCOUNT:role/buildctl-repair", "arn:aws:iam::ACCOUNT:role/buildctl-pipeline"}
+    assert granted <= exempt, granted - exempt
+
+
 def test_bucket_policy_enforces_conditional_creates_and_guards_deletes():
     bucket = load_policy("bucket-policy.json")
     (create,) = [s for s in bucket["Statement"] if s["Sid"] == "ImmutablePrefixesAreCreateOnly"]
