@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import shutil
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
@@ -145,6 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--stores", default="local,s3")
     ap.add_argument("--s3-max-nodes", type=int, default=10_000, help="Larger N run on the local store only.")
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--keep", action="store_true", help="Keep the seeded stores (removed by default).")
     args = ap.parse_args(argv)
 
     from buildctl.artifact_store.backend import open_store
@@ -177,6 +179,10 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if server is not None:
             server.stop()
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)  # a 100,000-node run leaves about 600 MB
+        else:
+            print(f"seeded stores kept in {work}", flush=True)
 
     text = [f"Fleet-wide operations against a seeded store (1 profile, {KEYS} compat keys, 48 artifacts, "
             f"{KEYS} prod refs each with a rollout in progress); {args.reps} repetitions per mode, interleaved; "
