@@ -240,7 +240,7 @@ def _at(obj: Any, *path: str | int) -> Any:
     statement is still input: a malformed one is refused, never a crash)."""
     for step in path:
         if isinstance(step, int):
-            obj = obj[step] if isinstance(obj, list) and -len(obj) <= step < len(obj) else None
+            obj = obj[step] if isinstance(obj, list) and 0 <= step < len(obj) else None
         else:
             obj = obj.get(step) if isinstance(obj, dict) else None
     return obj

@@ -66,6 +66,9 @@ def test_an_installed_engine_verifies_with_model_signing_and_not_after_one_flipp
     stmt = json.loads(b64decode(doc["dsseEnvelope"]["payload"]))
     assert {r["name"]: r["digest"] for r in stmt["predicate"]["resources"]} == {
         f.path: f.blake3.split(":")[1] for f in get_manifest(store, aid).files}
+    # a symlink in the engine directory is not followed by the verifier
+    assert stmt["predicate"]["serialization"] == {"method": "files", "hash_type": "blake3", "allow_symlinks": False}
+    assert stmt["subject"][0]["name"] == f"{draft.profile_name}-{aid.split(':')[1][:12]}"  # the default name
     # one flipped byte in the installed engine: refused, naming the file
     target = engine / "rank0.engine"
     data = bytearray(target.read_bytes())
@@ -121,3 +124,41 @@ def test_export_signature_refuses_what_it_must_not_sign(store, tmp_path, draft, 
     code, _, err = cli("--store", store.uri, "export-signature", aid, "--key", key, "--out", tmp_path / "d.sig")
     assert code == 5 and "quarantined" in err, err
     assert not any((tmp_path / f"{n}.sig").exists() for n in "abcd")
+
+
+def test_a_copy_missing_files_is_refused_naming_each(store, tmp_path, draft, cli, export_key):
+    key, _ = export_key
+    aid, engine = _installed(store, tmp_path, draft)
+    copy = tmp_path / "copy"
+    import shutil
+
+    shutil.copytree(engine, copy)
+    (copy / "config.json").unlink()
+    (copy / "lora" / "adapter.bin").unlink()
+    code, _, err = cli("--store", store.uri, "export-signature", aid, "--key", key, "--out", tmp_path / "m.sig",
+                       "--sha256-from", copy, "--model-name", "llama-prod")
+    assert code == 4 and err.count("No such file or directory") == 2, err
+    assert "config.json" in err and "lora/adapter.bin" in err
+    code, _, err = cli("--store", store.uri, "export-signature", aid, "--key", key, "--out", tmp_path / "n.sig",
+                       "--model-name", "llama-prod")
+    assert code == 0, err
+    from base64 import b64decode
+
+    stmt = json.loads(b64decode(json.loads((tmp_path / "n.sig").read_text())["dsseEnvelope"]["payload"]))
+    assert stmt["subject"][0]["name"] == "llama-prod"
+
+
+def test_an_export_key_that_cannot_be_loaded_is_an_argument_error(store, tmp_path, draft, cli):
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    aid = publish_files(store, tmp_path / "a", draft, {"rank0.engine": 6000})
+    garbage = tmp_path / "garbage.pem"
+    garbage.write_text("-----BEGIN PRIVATE KEY-----\nnot a key\n-----END PRIVATE KEY-----\n")
+    locked = tmp_path / "locked.pem"
+    locked.write_bytes(ec.generate_private_key(ec.SECP256R1()).private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.BestAvailableEncryption(b"pw")))
+    for path in (tmp_path / "absent.pem", garbage, locked):  # OSError, ValueError, TypeError (a password is needed)
+        code, _, err = cli("--store", store.uri, "export-signature", aid, "--key", path, "--out", tmp_path / "x.sig")
+        assert code == 2 and f"cannot load export key {path}" in err, (path, err)
+    assert not (tmp_path / "x.sig").exists()

@@ -152,6 +152,7 @@ def test_a_build_writes_provenance_that_validates_and_names_its_inputs(ctx, stor
     assert deps["profile"]["digest"]["xxh3_128"] == hex_of(m.profile_hash)
     assert deps["profile"]["uri"].endswith("tiny-llama-cpu.yaml")
     assert "calibration" not in deps  # the tiny profile has none
+    assert deps["model"]["annotations"] == {"tree": "path, size, digest and mode of every file"}
     assert pred["buildDefinition"]["internalParameters"]["commands"][0][:3] == ["python", "-m", "buildctl.engines.aoti_compile"]
     assert pred["buildDefinition"]["internalParameters"]["buildKey"] == m.build_key
     run = pred["runDetails"]
@@ -320,3 +321,135 @@ def test_only_artifacts_from_before_provenance_are_exempt(ctx, store, tmp_path, 
     staged(store, aid, provenance=False)
     with pytest.raises(PromotionRefusedError, match="no build provenance"):
         promote_artifact(ctx, aid, "prod")
+
+
+# --- provenance_refusals, rule by rule (each rule's pass and its refusal) -------------------------
+
+
+def _stored(store, tmp_path, draft, name: str, seed: int, **changes):
+    """An artifact with build provenance (``changes`` on the build facts); its manifest and the
+    expected inputs the promoter's profile would give for it."""
+    from buildctl.artifact_store.provenance import ExpectedInputs
+
+    draft = dataclasses.replace(draft, model_digest="xxh3-128:" + "4" * 32)
+    aid = publish_files(store, tmp_path / name, draft, {"rank0.engine": 2000}, seed=seed)
+    write_build_provenance(store, aid, **changes)
+    m = ops.get_manifest(store, aid)
+    return aid, m, ExpectedInputs(profile_name=m.profile_name, profile_hash=m.profile_hash)
+
+
+CALIB = {"uri": "s3://calib/set-a", "digest": "xxh3-128:" + "5" * 32, "blake3": "blake3:" + "6" * 64, "size": 8}
+
+
+def test_the_calibration_set_must_be_the_one_the_profile_names(store, tmp_path, draft):
+    from buildctl.artifact_store.provenance import TreeRef, provenance_refusals
+
+    with_calib, m, none_expected = _stored(store, tmp_path, draft, "c", 1, calibration=TreeRef(**CALIB))
+    wants = none_expected.model_copy(update={"calibration_uri": CALIB["uri"], "calibration_size": 8})
+    assert provenance_refusals(store, with_calib, m, Authority(), wants) == []
+    assert provenance_refusals(store, with_calib, m, Authority(), none_expected) == [
+        f"provenance names a calibration set ({CALIB['uri']}) the profile does not"]
+    for uri, size in (("s3://calib/set-b", 8), (CALIB["uri"], 9)):
+        other = wants.model_copy(update={"calibration_uri": uri, "calibration_size": size})
+        assert provenance_refusals(store, with_calib, m, Authority(), other) == [
+            f"provenance calibration ('{CALIB['uri']}', 8) is not the profile's ({uri}, {size} samples)"]
+    without, m2, _ = _stored(store, tmp_path, draft, "n", 2)
+    assert provenance_refusals(store, without, m2, Authority(), wants.model_copy(
+        update={"profile_hash": m2.profile_hash})) == [
+        f"provenance calibration None is not the profile's ({CALIB['uri']}, 8 samples)"]
+
+
+def _rewrite(store, aid: str, change) -> None:
+    """Replace the artifact's provenance with its statement after ``change`` (unsigned)."""
+    from buildctl.artifact_store.provenance import envelope_bytes
+
+    stmt = read_provenance(store, aid).statement
+    change(stmt)
+    store.delete(provenance_key(aid))
+    assert store.put_bytes(provenance_key(aid), envelope_bytes(stmt, None))
+
+
+def test_the_first_subject_must_name_these_manifest_bytes_by_id_and_blake3(store, tmp_path, draft):
+    from buildctl.artifact_store.provenance import provenance_refusals
+
+    aid, m, wants = _stored(store, tmp_path, draft, "s", 1)
+    assert provenance_refusals(store, aid, m, Authority(), wants) == []
+    right = read_provenance(store, aid).statement["subject"][0]
+    cases = {
+        "renamed": lambda st: st["subject"][0].update(name="xxh3-128:" + "0" * 32),  # the id of other bytes, same BLAKE3
+        "other bytes": lambda st: st["subject"][0]["digest"].update(blake3="7" * 64),  # the id, another BLAKE3
+        "no subject": lambda st: st.update(subject=[]),
+        "not a list": lambda st: st.update(subject={"0": right}),
+    }
+    for name, change in cases.items():
+        _rewrite(store, aid, change)
+        (why,) = provenance_refusals(store, aid, m, Authority(), wants)
+        assert why.startswith("provenance subject ") and "is not the manifest bytes" in why, (name, why)
+        _rewrite(store, aid, lambda st: st.update(subject=[right]))
+        assert provenance_refusals(store, aid, m, Authority(), wants) == [], name
+
+
+def test_a_builder_key_revoked_after_the_build_still_vouches_for_it(store, tmp_path, draft):
+    """DSSE's signature is checked with the statement's finishedOn as the signing time: a key
+    revoked later keeps its earlier builds, one revoked before the build does not."""
+    from datetime import timedelta
+
+    from buildctl.artifact_store.provenance import provenance_refusals
+    from buildctl.times import parse_utc
+
+    builder = make_signer()
+    aid, m, wants = _stored(store, tmp_path, draft, "r", 1)
+    store.delete(provenance_key(aid))
+    write_build_provenance(store, aid, signer=builder)
+    built = parse_utc(read_provenance(store, aid).statement["predicate"]["runDetails"]["metadata"]["finishedOn"])
+
+    def trusting(revoked_at):
+        return Authority(trusted=TrustedKeys({"builder": {builder.key_id: builder.private.public_key()}},
+                                             revoked={builder.key_id: (revoked_at, "laptop lost")}))
+
+    assert provenance_refusals(store, aid, m, trusting(built + timedelta(hours=1)), wants) == []
+    (why,) = provenance_refusals(store, aid, m, trusting(built - timedelta(hours=1)), wants)
+    assert "revoked from" in why and "laptop lost" in why
+
+
+def test_a_stored_envelope_that_is_not_dsse_says_why_in_one_line(store, tmp_path, draft):
+    import base64
+
+    from buildctl.artifact_store.errors import CorruptObjectError
+
+    aid, _, _ = _stored(store, tmp_path, draft, "e", 1)
+    good = json.loads(store.get_bytes(provenance_key(aid)))
+    cases = {
+        "not base64": ({**good, "payload": good["payload"][:8] + "*" + good["payload"][8:]}, "Only base64 data is allowed"),
+        "not an envelope": ({"payload": good["payload"]}, "2 validation errors for DsseEnvelope"),
+    }
+    for name, (env, first_line) in cases.items():
+        store.delete(provenance_key(aid))
+        store.put_bytes(provenance_key(aid), json.dumps(env).encode())
+        with pytest.raises(CorruptObjectError) as exc:
+            read_provenance(store, aid)
+        text = str(exc.value)
+        assert "not a DSSE envelope with a JSON payload: " in text and first_line in text and "\n" not in text, (name, text)
+    assert base64.b64decode(good["payload"])  # the untouched payload was valid
+
+
+def test_the_provenance_records_are_frozen(store, tmp_path, draft):
+    from pydantic import ValidationError
+
+    from buildctl.artifact_store.provenance import ExpectedInputs, TreeRef
+
+    aid, m, wants = _stored(store, tmp_path, draft, "f", 1)
+    prov = read_provenance(store, aid)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        prov.payload = b"{}"
+    with pytest.raises(ValidationError):
+        wants.profile_name = "other"
+    with pytest.raises(ValidationError):
+        TreeRef(digest="x", blake3="y", extra=1)
+    assert isinstance(wants, ExpectedInputs)
+
+
+def test_manifest_blake3_is_none_for_a_missing_manifest(store):
+    from buildctl.artifact_store.binding import manifest_blake3
+
+    assert manifest_blake3(store, "xxh3-128:" + "0" * 32) is None
