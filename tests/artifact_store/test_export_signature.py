@@ -138,7 +138,8 @@ def test_a_copy_missing_files_is_refused_naming_each(store, tmp_path, draft, cli
     code, _, err = cli("--store", store.uri, "export-signature", aid, "--key", key, "--out", tmp_path / "m.sig",
                        "--sha256-from", copy, "--model-name", "llama-prod")
     assert code == 4 and err.count("No such file or directory") == 2, err
-    assert "config.json" in err and "lora/adapter.bin" in err
+    assert f"{copy / 'config.json'}: No such file or directory" in err, err  # the reason, not the errno repr
+    assert f"{copy / 'lora' / 'adapter.bin'}: No such file or directory" in err, err
     code, _, err = cli("--store", store.uri, "export-signature", aid, "--key", key, "--out", tmp_path / "n.sig",
                        "--model-name", "llama-prod")
     assert code == 0, err
