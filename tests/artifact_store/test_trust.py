@@ -148,6 +148,11 @@ def test_a_migrated_ref_counts_its_old_keys_quorum_and_nothing_else(signed_env):
                           auth=Authority(signer=p1, trusted=trusted2))  # no old key named: nothing to count
     with pytest.raises(SignatureError, match="1 of the 2"):
         check_trust(store, unnamed, trusted2)
+    # a later one-signature record under the new key (a re-sign) still finds the old key's quorum,
+    # through the migrate-keys record that starts the new key's history
+    later = resign(store, moved, auth=Authority(signer=p1, trusted=trusted2))
+    assert later.compat_key == "new-key" and later.seq == 2
+    check_trust(store, later, trusted2)
 
 
 def _long_history(store, aid, m, p1, n):
@@ -261,3 +266,42 @@ def test_history_compaction_keeps_decisions_and_the_replay_protection(signed_env
     code, out, err = cli("--store", store.uri, "gc", "--keep", "100", "--keep-history", "0", "--grace", "0s",
                          "--no-compact-history", "--dry-run")
     assert code == 0 and "compact" not in out, err
+
+
+def test_a_newer_history_record_by_a_revoked_key_proves_nothing_on_any_path(signed_env):
+    """A stolen, revoked promoter key can write a history record newer than the ref, but its
+    signature does not count: the ref is not stale, whether the node checks it for the first time
+    or polls it unchanged (the store's revocations apply on both paths). And an unchanged poll
+    with a revocation in the store still lists twice and reads no revocation record."""
+    from benchmarks.counting import CountingStore
+    from buildctl.artifact_store.revocation import revoke
+
+    store, (a, *_), _, trusted, p1, p2 = signed_env
+    m = ops.get_manifest(store, a)
+    rec = set_channel(store, a, m, "prod", auth=Authority(signer=p2))
+    revoke(store, p1.key_id, "stolen", auth=Authority(signer=p2, trusted=trusted))
+    known = check_trust(store, rec, trusted)
+    counting = CountingStore(store)
+    assert check_trust(counting, rec, trusted, known=known) == known
+    assert counting.counts == {"list": 2}, counting.counts  # revocations and newer history; the revocation is not read
+    ref = channel_key(P, "prod", m.compat_key)
+    frozen = store.get_ref(ref)[0]
+    forged = resign(store, rec, auth=Authority(signer=p1))  # signed after p1's revocation
+    assert forged.seq == 2 and store.cas(ref, frozen, store.get_ref(ref)[1])  # the ref back at #1
+    assert check_trust(store, rec, trusted) == known  # first check: #2 proves nothing
+    assert check_trust(store, rec, trusted, known=known) == known  # an unchanged poll: the same
+    assert store.cas(ref, forged.to_bytes(), store.get_ref(ref)[1])
+    fresh = resign(store, forged, auth=Authority(signer=p2))  # a record by a good key does count
+    assert fresh.seq == 3 and store.cas(ref, frozen, store.get_ref(ref)[1])
+    for k in (None, known):
+        with pytest.raises(StaleRecordError, match=str(fresh.seq)):
+            check_trust(store, rec, trusted, known=k)
+
+
+def test_a_verified_ref_is_frozen(signed_env):
+    from pydantic import ValidationError
+
+    store, (a, *_), _, trusted, p1, _ = signed_env
+    proof = check_trust(store, set_channel(store, a, ops.get_manifest(store, a), "prod", auth=Authority(signer=p1)), trusted)
+    with pytest.raises(ValidationError):
+        proof.artifact_id = "xxh3-128:" + "0" * 32
