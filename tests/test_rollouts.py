@@ -497,3 +497,26 @@ def test_status_of_a_channel_with_no_refs_names_it_and_wave_counts_are_values(tm
     w = rollouts.WaveCount(0, 10.0, "0", 0, 1, 1, 0, 0, 0, (), "current")
     with pytest.raises(dataclasses.FrozenInstanceError):
         w.failed = 3  # type: ignore[misc]
+
+
+def test_status_passes_over_a_malformed_ref_and_reads_the_ones_after_it(store, tmp_path, draft):
+    """One bad channel ref costs its own view, not the channel's: with ``skipped`` the malformed
+    ref is listed there and every other key's ref is still read (it sorts after the bad one);
+    without ``skipped`` it raises."""
+    import dataclasses
+
+    from buildctl.artifact_store.errors import CorruptObjectError
+    from buildctl.artifact_store.layout import channel_key
+
+    keys = ["aoti-" + "1" * 32, "aoti-" + "2" * 32, "aoti-" + "3" * 32]
+    for i, key in enumerate(keys):
+        aid = publish(store, tmp_path, f"k{i}", dataclasses.replace(draft, compat_key=key))
+        ops.promote(store, staged(store, aid), "prod")
+    bad = channel_key(draft.profile_name, "prod", keys[0])
+    assert store.cas(bad, b"{not a record", store.get_ref(bad)[1])
+    skipped: list[tuple[str, str]] = []
+    views = rollouts.status(store, draft.profile_name, "prod", skipped=skipped)
+    assert [v.record.compat_key for v in views] == keys[1:]
+    assert [k for k, _ in skipped] == [bad]
+    with pytest.raises(CorruptObjectError):
+        rollouts.status(store, draft.profile_name, "prod")
