@@ -34,6 +34,9 @@ def test_build_published_with_log_and_record(tiny_build):
     assert m.build_key == o.build_key and m.model_digest == o.model_digest and m.build_log
     log = tiny_build["store"].get_bytes(f"blobs/{m.build_log[9:11]}/{m.build_log[9:]}").decode()
     assert "[aoti] wrote" in log
+    # the two graphs compile at once, decode in a child process of the compile step
+    assert "prefill here, decode in process" in log
+    assert "compiled prefill.pt2" in log and "compiled decode.pt2" in log
     record = json.loads((tiny_build["engine"] / "engine.json").read_text())
     assert record["compat_key"] == detect().compat_key("aoti") and record["cpu_isa"] == "avx2"
     assert record["torch"] == detect().torch_version and record["model_digest"] == o.model_digest
