@@ -12,10 +12,12 @@ median ratio with a distribution-free confidence interval (:mod:`buildctl.stats`
 that is ``pass`` only when the whole interval is on the good side of the threshold, ``fail`` only
 when it is wholly on the bad side, and ``inconclusive`` otherwise.
 
-While a level is inconclusive (and nothing has failed), repetitions are added two at a time (one
-A B, one B A) up to the profile's ``max_repetitions`` or ``max_seconds``, both scaled by
-``budget_scale`` (the flow's retry doubles them). Warm-up requests run first on each side and are
-not measured.
+While a level is inconclusive, repetitions are added two at a time (one A B, one B A) up to the
+profile's ``max_repetitions`` or ``max_seconds``, both scaled by ``budget_scale`` (the flow's
+retry doubles them). Every level is decided on its own: a failed level does not stop the next
+from adding repetitions, so a failing attestation names every level the engine fails at, not
+only the first (a failing validation takes longer for it, within the same budget). Warm-up
+requests run first on each side and are not measured.
 """
 
 from __future__ import annotations
@@ -293,7 +295,7 @@ def measure(candidate: Runner, reference: Runner, gate: SpeedGate, prompts: list
                 cand.append(a)
                 ref.append(b)
             level = evaluate_level(c, cand, ref, gate, candidate_gpus=candidate_gpus, reference_gpus=reference_gpus)
-            if level.verdict != "inconclusive" or any(lv.verdict == "fail" for lv in levels):
+            if level.verdict != "inconclusive":
                 break
             if len(cand) >= max_reps or clock() - t0 >= max_seconds:
                 exhausted = True

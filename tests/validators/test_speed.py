@@ -168,12 +168,17 @@ def test_adaptive_repetitions_stop_when_the_time_budget_runs_out():
     assert rep.verdict == "inconclusive" and rep.budget["exhausted"]
 
 
-def test_a_failed_level_stops_the_others_from_adding_repetitions():
-    c = Synthetic([2.0 * 0.01] * 6 + [0.8 * 0.01, 1.2 * 0.01] * 20)  # level 1 fails, level 2 straddles
+def test_every_level_is_decided_on_its_own_after_another_fails():
+    """A failed level does not leave the later ones undecided: each adds repetitions while it is
+    inconclusive, so the attestation says at which levels the engine fails (#31: the 1.5x slowed
+    candidate must fail at every level)."""
+    # level 1 fails at once; level 2 straddles at 6 and 8 pairs ([0.8, 1.2]) and fails at 10
+    c = Synthetic([2.0 * 0.01] * 6 + [0.8 * 0.01] + [1.2 * 0.01] * 30)
     r = Synthetic([0.01])
     rep = measure(c, r, ttft_gate(concurrency=(1, 2)), [[1]] * 3)
-    assert [lv.verdict for lv in rep.levels] == ["fail", "inconclusive"]
-    assert [lv.repetitions for lv in rep.levels] == [6, 6] and rep.verdict == "fail"
+    assert [lv.verdict for lv in rep.levels] == ["fail", "fail"]
+    assert [lv.repetitions for lv in rep.levels] == [6, 10] and rep.verdict == "fail"
+    assert not rep.budget["exhausted"]
 
 
 def test_the_report_is_a_typed_attestation_section_with_intervals_and_noise():
