@@ -100,6 +100,7 @@ class GcResult:
     unreadable: list[tuple[str, str]] = field(default_factory=list)  # (artifact, why): manifests that do not verify
     skipped: list[tuple[str, str]] = field(default_factory=list)  # (key, why): malformed records passed over
     compacted_history: list[str] = field(default_factory=list)  # superseded re-sign records removed (a real run only)
+    history_examined: int = 0  # history records compaction read (a dry run: would read), older than each ref's last N
 
     def to_json(self) -> dict:
         return {"dry_run": self.dry_run, "removed_artifacts": self.removed_artifacts, "removed_blobs": self.removed_blobs,
@@ -109,7 +110,7 @@ class GcResult:
                 "stopped_early": self.stopped_early,
                 "unreadable_manifests": [{"artifact_id": a, "why": why} for a, why in self.unreadable],
                 "skipped_records": [{"key": k, "why": why} for k, why in self.skipped],
-                "compacted_history": self.compacted_history}
+                "compacted_history": self.compacted_history, "history_examined": self.history_examined}
 
     @property
     def removed_artifacts(self) -> list[str]:
@@ -229,12 +230,12 @@ def gc(store: Store, *, keep: int = DEFAULT_KEEP, keep_history: int = DEFAULT_KE
             d.error = _remove_artifact(store, d.artifact_id, m, result)
             d.removed = d.error is None
     _sweep_blobs(store, result, grace, window, clock, wall, dry_run, {d.artifact_id for d, _ in doomed}, scanned)
-    if compact_history and not dry_run:
-        _compact_history(store, keep_history, result)
+    if compact_history:
+        _compact_history(store, keep_history, result, dry_run=dry_run)
     return result
 
 
-def _compact_history(store: Store, keep_history: int, result: GcResult) -> None:
+def _compact_history(store: Store, keep_history: int, result: GcResult, *, dry_run: bool = False) -> None:
     """Remove the re-sign records older than each ref's newest ``max(keep_history, 1)`` records.
     A re-sign repeats the record before it with a new expiry and one signature, so nothing reads it
     once a newer record exists:
@@ -245,9 +246,11 @@ def _compact_history(store: Store, keep_history: int, result: GcResult) -> None:
       promote, rollback, rollout and migrate records, which are never compacted.
 
     Each record is read once: a mark (``index/history-compacted/<ref>/<seq>``) says how far this
-    ref was examined, and the next run starts above it. A real run only: a dry run reports none
-    (deciding would read every record of a store gc never compacted). A malformed record is kept
-    (the protections report it); a ref whose removal the store refused is examined again."""
+    ref was examined, and the next run starts above it. A dry run LISTs the same keys and counts
+    the records a real run would read (``history_examined``) without reading them: which of them
+    are re-signs is known only from their bytes, and reading every record of a store gc never
+    compacted would make a dry run cost a GET per record. A malformed record is kept (the
+    protections report it); a ref whose removal the store refused is examined again."""
     marks: dict[str, tuple[int, list[str]]] = {}
     for key in store.list(COMPACTED_INDEX):
         ref, seq = parse_compacted_key(key)
@@ -259,7 +262,8 @@ def _compact_history(store: Store, keep_history: int, result: GcResult) -> None:
     for ref, keys in by_ref.items():
         done, old_marks = marks.get(ref, (0, []))
         todo = [k for k in sorted(keys)[:-max(keep_history, 1)] if _seq_of(k) > done]
-        if not todo:
+        result.history_examined += len(todo)
+        if not todo or dry_run:
             continue
         refused = False
         for key in todo:

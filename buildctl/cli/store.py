@@ -546,9 +546,13 @@ def _print_gc(ctx: typer.Context, res, dry_run: bool) -> None:
             if d.protected_by:
                 out().print(f"  keep {d.artifact_id} ({d.profile} [{short_id(d.compat_key)}]): "
                             + "; ".join(d.protected_by), highlight=False)
-    if res.compacted_history:
-        out().print(f"{'would compact' if dry_run else 'compacted'} {len(res.compacted_history)} superseded re-sign "
-                    "record(s) from channel history", highlight=False)
+    if dry_run and res.history_examined:
+        out().print(f"would examine {res.history_examined} channel history record(s) older than each ref's last "
+                    "--keep-history records and remove the re-sign records among them (a dry run does not read them)",
+                    highlight=False)
+    elif res.compacted_history:
+        out().print(f"compacted {len(res.compacted_history)} superseded re-sign record(s) from channel history "
+                    f"(examined {res.history_examined})", highlight=False)
     if res.kept_blobs:
         out().print(f"kept {res.kept_blobs} unreferenced blobs a publish touched within the grace period", highlight=False)
     for key, why in res.not_removed:

@@ -237,18 +237,29 @@ def test_history_compaction_keeps_decisions_and_the_replay_protection(signed_env
     set_channel(store, b, m, "prod", auth=two)  # #8: and b
     resigns(6)  # #9-#14
     replay = store.get_bytes(history_key(P, "prod", key, 3))
-    plan = ops.gc(store, keep=100, keep_history=2, grace_s=0, delete_window_s=0, dry_run=True)
-    assert plan.compacted_history == [] and len(history(store, P, "prod", key)) == 14  # a dry run removes nothing
     reads = counting_gets(store)
+    ops.gc(store, keep=100, keep_history=2, grace_s=0, delete_window_s=0, dry_run=True, compact_history=False)
+    without = list(reads)
+    reads.clear()
+    plan = ops.gc(store, keep=100, keep_history=2, grace_s=0, delete_window_s=0, dry_run=True)
+    # it says how many records a real run would examine (#1-#12), from LISTs: it reads no record
+    # more than a dry run without compaction does
+    assert reads == without and plan.history_examined == 12 and plan.to_json()["history_examined"] == 12
+    assert plan.compacted_history == [] and len(history(store, P, "prod", key)) == 14  # a dry run removes nothing
+    code, out, err = cli("--store", store.uri, "gc", "--keep", "100", "--keep-history", "2", "--grace", "0s", "--dry-run")
+    assert code == 0 and "would examine 12 channel history record(s)" in out, (out, err)
+    reads.clear()
     done = ops.gc(store, keep=100, keep_history=2, grace_s=0, delete_window_s=0)
     assert done.compacted_history == [history_key(P, "prod", key, s) for s in (*range(2, 8), *range(9, 13))]
+    assert done.history_examined == 12
     assert not done.not_removed
     assert [(r.seq, r.action) for r in history(store, P, "prod", key)] == [
         (1, "promote"), (8, "promote"), (13, "resign"), (14, "resign")]
     resigns(3)  # #15-#17: the next gc reads only the records past its mark (#13-#15), not #1 or #8 again
     reads.clear()
-    assert ops.gc(store, keep=100, keep_history=2, grace_s=0, delete_window_s=0).compacted_history == [
-        history_key(P, "prod", key, s) for s in (13, 14, 15)]
+    again = ops.gc(store, keep=100, keep_history=2, grace_s=0, delete_window_s=0)
+    assert again.compacted_history == [history_key(P, "prod", key, s) for s in (13, 14, 15)]
+    assert again.history_examined == 3
     assert sorted(k for k in reads if k.startswith("history/")) == [history_key(P, "prod", key, s) for s in (13, 14, 15, 16, 17)]
     assert len(list(store.list("index/history-compacted/"))) == 1  # one mark per ref: the older one is removed
 
