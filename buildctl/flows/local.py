@@ -16,12 +16,13 @@ from buildctl.settings import load_settings
 from buildctl.flows.setup import ensure_build_limit
 
 
-def wait_for_api(timeout_s: float, *, interval_s: float = 0.2) -> None:
-    """Until the configured API answers ``/health``; a one-line error after ``timeout_s``."""
+def wait_for_api(timeout_s: float, *, url: str | None = None, interval_s: float = 0.2) -> None:
+    """Until the API (``url``, else the configured ``PREFECT_API_URL``) answers ``/health``; a
+    one-line error after ``timeout_s``."""
     import httpx
     from prefect.settings import PREFECT_API_URL
 
-    url = PREFECT_API_URL.value()
+    url = url or PREFECT_API_URL.value()
     if not url:
         raise SystemExit("error: --wait-for-api needs PREFECT_API_URL")
     deadline = time.monotonic() + timeout_s
