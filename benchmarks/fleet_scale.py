@@ -2,6 +2,7 @@
 read from every node record (a store before the node index) and from the node index.
 
     python -m benchmarks.fleet_scale [--nodes 1000,10000,100000] [--stores local,s3] [--reps 3]
+        [--s3-max-nodes 10000] [--modes records,index] [--name fleet_scale]
 
 The store is seeded with 1 profile on 24 compat keys, one base and one target artifact per key
 (48), a rollout in progress on every prod ref (waves 1, 10, 50, 100; a day's bake, so the tick
@@ -15,7 +16,10 @@ through ``benchmarks.counting.CountingStore`` (S3's list pages of 1,000). "s3" i
 127.0.0.1 (``weed mini``), up to ``--s3-max-nodes`` (default 10,000: seeding 100,000 nodes there
 writes about a million objects, a record and about 9 markers per node, over an hour on 2
 cores). Requests are exact; seconds are medians with min-max. The growth order is the exponent of requests between the smallest and the largest N. "at 10-30 ms" extrapolates
-the request count to real S3 latencies, one request at a time.
+the request count to real S3 latencies, one request at a time. ``--modes index`` measures the
+index alone (the records' request counts are exact on any store: take them from a local run), and
+``--name`` writes the results under another name: the SeaweedFS run at 100,000 nodes is
+``--nodes 100000 --stores s3 --s3-max-nodes 100000 --modes index --name fleet_scale_s3_100k``.
 """
 
 from __future__ import annotations
@@ -105,17 +109,20 @@ def operations(ctx, profiles, keys):
     }
 
 
-def measure(store, ops: dict, reps: int) -> dict[str, dict[str, dict]]:
+MODES = ("records", "index")
+
+
+def measure(store, ops: dict, reps: int, modes: tuple[str, ...] = MODES) -> dict[str, dict[str, dict]]:
     """Per operation and mode: requests (exact) and seconds per repetition, interleaved."""
     import time
 
     from buildctl.artifact_store.layout import NODE_INDEX_META
 
     meta = store.get_bytes(NODE_INDEX_META)
-    out: dict[str, dict[str, dict]] = {op: {m: {"requests": None, "seconds": []} for m in ("records", "index")}
+    out: dict[str, dict[str, dict]] = {op: {m: {"requests": None, "seconds": []} for m in MODES}
                                        for op in ops}
     for r in range(reps):
-        for mode in (("records", "index") if r % 2 == 0 else ("index", "records")):
+        for mode in (modes if r % 2 == 0 else tuple(reversed(modes))):
             if mode == "records":
                 store.delete(NODE_INDEX_META)
             elif store.stat(NODE_INDEX_META) is None:
@@ -147,7 +154,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--s3-max-nodes", type=int, default=10_000, help="Larger N run on the local store only.")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--keep", action="store_true", help="Keep the seeded stores (removed by default).")
+    ap.add_argument("--modes", default="records,index",
+                    help="records, index or both; 'index' alone skips reading every node record "
+                         "(100,000 nodes on SeaweedFS: about 6 minutes a call from the records)")
+    ap.add_argument("--name", default="fleet_scale", help="the results' file name under benchmarks/results/")
     args = ap.parse_args(argv)
+    modes = tuple(m for m in MODES if m in args.modes.split(","))
 
     from buildctl.artifact_store.backend import open_store
 
@@ -174,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
                 profiles, keys, ctx = seed(store, work / f"seed-{kind}-{n}", n)
                 seeded = time.perf_counter() - t0
                 print(f"{kind} {n}: seeded in {seeded:.0f} s", flush=True)
-                res = measure(store, operations(ctx, profiles, keys), args.reps)
+                res = measure(store, operations(ctx, profiles, keys), args.reps, modes)
                 results.setdefault(kind, {})[n] = {"seed_s": round(seeded, 1), "ops": res}
     finally:
         if server is not None:
@@ -195,21 +207,28 @@ def main(argv: list[str] | None = None) -> int:
             req = {m: {n: by_n[n]["ops"][op][m]["requests"] for n in ns} for m in ("records", "index")}
             for n in ns:
                 rec, idx = by_n[n]["ops"][op]["records"], by_n[n]["ops"][op]["index"]
+                if not idx["seconds"]:
+                    continue
                 share = idx["requests"] / rec["requests"] if rec["requests"] else float("nan")
-                rows.append([op, f"{n:,}", f"{rec['requests']:,}", fmt_spread(rec["seconds"], 2),
-                             f"{idx['requests']:,}", fmt_spread(idx["seconds"], 3), f"{100 * share:.2f}%",
+                rows.append([op, f"{n:,}", f"{rec['requests']:,}" if rec["seconds"] else "not run",
+                             fmt_spread(rec["seconds"], 2) if rec["seconds"] else "-",
+                             f"{idx['requests']:,}", fmt_spread(idx["seconds"], 3), f"{100 * share:.2f}%" if rec["seconds"] else "-",
                              f"{spread(idx['seconds'])[0] / n * 1e6:.2f}",
                              f"{idx['requests'] * 0.01:.1f}-{idx['requests'] * 0.03:.1f} s"])
-            rows.append([f"{op}: growth", "", growth(req["records"]), "", growth(req["index"]), "", "", "", ""])
+            if len(ns) > 1:
+                rows.append([f"{op}: growth", "", growth({n: r for n, r in req["records"].items() if r}), "",
+                             growth(req["index"]), "", "", "", ""])
         text.append(table(f"{'SeaweedFS (127.0.0.1)' if kind == 's3' else 'local directory'}",
                           ["operation", "nodes", "requests, records", "seconds, records", "requests, index",
                            "seconds, index", "index/records", "µs per node, index", "index at 10-30 ms/request"],
                           rows))
         summary["stores"][kind] = {str(n): {"seed_s": by_n[n]["seed_s"], **{
             op: {m: {"requests": by_n[n]["ops"][op][m]["requests"], "seconds_median": spread(by_n[n]["ops"][op][m]["seconds"])[0],
-                     "seconds": [round(x, 4) for x in by_n[n]["ops"][op][m]["seconds"]]} for m in ("records", "index")}
+                     "seconds": [round(x, 4) for x in by_n[n]["ops"][op][m]["seconds"]]}
+                 for m in modes}
             for op in OPERATIONS}} for n in ns}
-    finish("fleet_scale", "\n\n".join(text), summary)
+    summary["modes"] = list(modes)
+    finish(args.name, "\n\n".join(text), summary)
     return 0
 
 
