@@ -14,8 +14,7 @@ time (a node report would write the same keys one node at a time).
 Each operation runs ``--reps`` times per mode, interleaved (records, index, index, records, ...),
 through ``benchmarks.counting.CountingStore`` (S3's list pages of 1,000). "s3" is SeaweedFS on
 127.0.0.1 (``weed mini``), up to ``--s3-max-nodes`` (default 10,000: seeding 100,000 nodes there
-writes about a million objects, a record and about 9 markers per node, over an hour on 2
-cores). Requests are exact; seconds are medians with min-max. The growth order is the exponent of requests between the smallest and the largest N. "at 10-30 ms" extrapolates
+writes about a million objects, a record and about 9 markers per node: 53 minutes on 2 cores). Requests are exact; seconds are medians with min-max. The growth order is the exponent of requests between the smallest and the largest N. "at 10-30 ms" extrapolates
 the request count to real S3 latencies, one request at a time. ``--modes index`` measures the
 index alone (the records' request counts are exact on any store: take them from a local run), and
 ``--name`` writes the results under another name: the SeaweedFS run at 100,000 nodes is
