@@ -1,13 +1,12 @@
 """A Store that counts the requests it makes of the store under it, as S3 would bill them.
 
 Every call is one request, except ``list``: S3's ListObjectsV2 returns at most 1,000 keys a page,
-so a listing costs ``max(1, ceil(keys / 1000))`` requests. Used by the fleet-scale benchmark and by
+so a listing costs ``max(1, ceil(keys read / 1000))`` requests, counted as the caller reads them. Used by the fleet-scale benchmark and by
 the tests that bound a poll's requests.
 """
 
 from __future__ import annotations
 
-import math
 import threading
 from collections import Counter
 from typing import Any, Iterator
@@ -41,9 +40,13 @@ class CountingStore:
             self.by_area[(name, area.split("/", 1)[0])] += n
 
     def list(self, prefix: str, start_after: str | None = None) -> Iterator[str]:
-        keys = list(self.inner.list(prefix, start_after=start_after))
-        self._count("list", max(1, math.ceil(len(keys) / LIST_PAGE)), prefix)
-        return iter(keys)
+        """Counted as S3 pages the caller reads: the first when it starts reading, then one more
+        each time it reads past 1,000 keys (a caller that stops early pays only its pages)."""
+        self._count("list", 1, prefix)
+        for i, key in enumerate(self.inner.list(prefix, start_after=start_after)):
+            if i and i % LIST_PAGE == 0:
+                self._count("list", 1, prefix)
+            yield key
 
     def total(self) -> int:
         return sum(self.counts.values())

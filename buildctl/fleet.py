@@ -35,6 +35,8 @@ from buildctl.artifact_store.inventory import (
 )
 from buildctl.times import parse_utc, utc_now
 from buildctl.artifact_store.attestations import latest_attestation
+from buildctl.artifact_store.listing import map_bounded
+from buildctl.artifact_store.manifest import Manifest
 from buildctl.artifact_store.quarantine import active_quarantine
 from buildctl.artifact_store.verify import artifacts_built_from, list_artifacts
 from buildctl.node_index import demand_counts, index_built, node_compat_keys, node_fingerprint, node_markers
@@ -211,24 +213,33 @@ def existing_pairs(store: Store, profile_hashes: dict[str, str], *, now: datetim
     that key (or, without a verdict yet, published within :data:`VALIDATION_PENDING_S`). A failed
     or inconclusive one is built again by the next reconcile."""
     now = now or datetime.now(timezone.utc)
-    out = set()
     if index_built(store):  # only the current hashes' artifacts, from the pair index
-        arts = sorted((am for p, h in profile_hashes.items() for am in artifacts_built_from(store, p, h)),
-                      key=lambda am: am[1].created_at, reverse=True)
+        arts = sorted((am for part in map_bounded(lambda ph: artifacts_built_from(store, *ph), profile_hashes.items())
+                       for am in part), key=lambda am: am[1].created_at, reverse=True)
     else:
         arts = list_artifacts(store)
+    candidates: dict[tuple[str, str], list[tuple[str, Manifest]]] = {}  # pair -> its artifacts, newest first
     for aid, m in arts:
-        if profile_hashes.get(m.profile_name) != m.profile_hash:
-            continue
-        pair = (m.profile_name, serving_key(m))
-        if pair in out or active_quarantine(store, aid, skipped) is not None:
-            continue
-        stored = latest_attestation(store, aid, {m.compat_key, pair[1]})
-        if stored is not None and stored.attestation.passed:
-            out.add(pair)
-        elif stored is None and (now - parse_utc(m.created_at)).total_seconds() < VALIDATION_PENDING_S:
-            out.add(pair)
-    return out
+        if profile_hashes.get(m.profile_name) == m.profile_hash:
+            candidates.setdefault((m.profile_name, serving_key(m)), []).append((aid, m))
+    local_skips: list[list[tuple[str, str]]] = [[] for _ in candidates]
+
+    def usable(i: int, pair: tuple[str, str]) -> bool:  # the pair's artifacts in order, until one is usable
+        for aid, m in candidates[pair]:
+            if active_quarantine(store, aid, None if skipped is None else local_skips[i]) is not None:
+                continue
+            stored = latest_attestation(store, aid, {m.compat_key, pair[1]})
+            if stored is not None and stored.attestation.passed:
+                return True
+            if stored is None and (now - parse_utc(m.created_at)).total_seconds() < VALIDATION_PENDING_S:
+                return True
+        return False
+
+    found = map_bounded(lambda ip: usable(*ip), list(enumerate(candidates)))  # the pairs checked at once
+    if skipped is not None:
+        for part in local_skips:
+            skipped.extend(part)
+    return {pair for pair, ok in zip(candidates, found) if ok}
 
 
 def work_queue_for(compat_key: str) -> str:

@@ -61,6 +61,7 @@ from buildctl.artifact_store.layout import (
     scope_prefix,
     status_prefix,
 )
+from buildctl.artifact_store.listing import hex_bounds, list_ranges
 from buildctl.artifact_store.verify import list_artifacts
 from buildctl.digest import canonical_json
 from buildctl.engines.errors import FingerprintError
@@ -160,7 +161,8 @@ def demand_counts(store: Store, profile: str, backend: str) -> dict[str, int]:
     """compat key -> nodes serving ``profile`` on it (the reconcile plan's demand)."""
     prefix = demand_prefix(profile, backend)
     counts: dict[str, int] = {}
-    for key in store.list(prefix):
+    # One marker per node: on S3, 16 ranges of compat keys (``<backend>-<hex>``) listed at once.
+    for key in list_ranges(store, prefix, hex_bounds(f"{prefix}{backend}-")):
         compat_key = key[len(prefix):].split("/", 1)[0]
         counts[compat_key] = counts.get(compat_key, 0) + 1
     return counts

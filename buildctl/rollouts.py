@@ -53,6 +53,7 @@ from buildctl.artifact_store.errors import (
     RolloutStateError,
     StoreArgumentError,
 )
+from buildctl.artifact_store.listing import map_bounded
 from buildctl.artifact_store.rollout import WaveSummary, in_wave
 from buildctl.artifact_store.verify import get_manifest
 
@@ -235,15 +236,20 @@ def _records(store: Store, profile: str | None, channel: str, compat_key: str | 
         recs = [r for r in all_channel_records(store, skipped) if r.channel == channel]
     else:  # only this profile's refs: no need to read the whole store's channels
         recs = []
-        for k in [compat_key] if compat_key else channel_compat_keys(store, profile, channel):
+
+        def read(k: str) -> tuple[ChannelRecord, str] | CorruptObjectError | None:
             try:
-                got = read_channel(store, profile, channel, k)
+                return read_channel(store, profile, channel, k)
             except CorruptObjectError as err:
+                return err
+
+        keys = [compat_key] if compat_key else channel_compat_keys(store, profile, channel)
+        for k, got in zip(keys, map_bounded(read, keys)):  # the refs read at once
+            if isinstance(got, CorruptObjectError):
                 if skipped is None:
-                    raise
-                skipped.append((channel_key(profile, channel, k), err.detail))
-                continue
-            if got is not None:
+                    raise got
+                skipped.append((channel_key(profile, channel, k), got.detail))
+            elif got is not None:
                 recs.append(got[0])
     if not recs and profile is not None and not skipped:
         raise ChannelNotFoundError(profile, channel, [compat_key or "<any>"])
@@ -288,18 +294,16 @@ def _view_from_index(store: Store, rec: ChannelRecord, backend: str, now: dateti
         else:
             status[node_id] = got
 
-    def from_record(node_id: str) -> None:
-        got = read_node(store, node_id)
-        status.pop(node_id, None)
-        if got is not None and nodes_in_scope([got[0]], rec.profile, rec.channel, backend, rec.compat_key):
-            status[node_id] = node_status(got[0], rec.profile, rec.channel, r.target)
+    def from_records(node_ids: list[str]) -> None:  # the records read at once
+        for node_id, got in zip(node_ids, map_bounded(lambda n: read_node(store, n), node_ids)):
+            status.pop(node_id, None)
+            if got is not None and nodes_in_scope([got[0]], rec.profile, rec.channel, backend, rec.compat_key):
+                status[node_id] = node_status(got[0], rec.profile, rec.channel, r.target)
 
-    for node_id in unsure:
-        from_record(node_id)
+    from_records(unsure)
     v = decide_statuses(rec, status, now)
     if v.decision == "halt":
-        for node_id in v.waves[r.wave].failed_nodes:
-            from_record(node_id)
+        from_records(list(v.waves[r.wave].failed_nodes))
         v = decide_statuses(rec, status, now)
     return v
 
@@ -310,7 +314,7 @@ def status(store: Store, profile: str, channel: str, compat_key: str | None = No
     ``skipped``, malformed channel refs and node records are listed there and left out of the view
     (``tick``, which moves waves, never passes over a node it cannot read)."""
     nodes = _inventory(store, skipped)
-    return [_view(store, r, nodes, None) for r in _records(store, profile, channel, compat_key, skipped)]
+    return map_bounded(lambda r: _view(store, r, nodes, None), _records(store, profile, channel, compat_key, skipped))
 
 
 def tick(ctx: Context, *, channel: str, profile: str | None = None, now: datetime | None = None) -> list[RolloutView]:
@@ -318,11 +322,10 @@ def tick(ctx: Context, *, channel: str, profile: str | None = None, now: datetim
     decisions; returns the views, each with the record written (``applied``), if any."""
     store = ctx.store
     nodes = _inventory(store)
+    live = [rec for rec in _records(store, profile, channel, None) if rec.rollout is not None and rec.rollout.live]
     out = []
-    for rec in _records(store, profile, channel, None):
-        if rec.rollout is None or not rec.rollout.live:
-            continue
-        v = _view(store, rec, nodes, now)
+    # The refs' views are counted at once (each LISTs its own markers); the decisions are applied in order.
+    for rec, v in zip(live, map_bounded(lambda rec: _view(store, rec, nodes, now), live)):
         if v.decision in ("advance", "complete", "halt"):
             cur = v.waves[rec.rollout.wave]
             failed = cur.failed_nodes if v.decision == "halt" else ()

@@ -45,6 +45,10 @@ class Store(Protocol):
     # Whether large objects read faster as parallel ranges than as one stream (S3, where one
     # connection is capped); a local directory reads one stream at disk speed.
     ranged_reads: bool
+    # Whether one large prefix lists faster as key ranges at once (S3: each LIST page waits on the
+    # network; ``listing.list_ranges``); a local directory is walked once. Read with a default of
+    # False, so a wrapper or test store without it lists plainly.
+    ranged_lists: bool
     # The full-object checksum the server stores with every object it accepts ("CRC64NVME" on
     # S3), or None. Publish computes it over each local file in its hashing pass, so a blob that
     # is already stored is confirmed by comparing checksums instead of reading it back.

@@ -18,6 +18,7 @@ from buildctl.digest import canonical_json, is_crypto_digest, is_digest
 from buildctl.artifact_store.authority import Authority
 from buildctl.artifact_store.backend import Store
 from buildctl.artifact_store.binding import manifest_blake3
+from buildctl.artifact_store.listing import map_bounded
 from buildctl.artifact_store.errors import (
     CasConflictError,
     ChannelNotFoundError,
@@ -385,9 +386,9 @@ def resign(store: Store, rec: ChannelRecord, *, auth: Authority) -> ChannelRecor
 def all_channel_records(store: Store, skipped: list[tuple[str, str]] | None = None) -> list[ChannelRecord]:
     """Every channel ref's current record. With ``skipped``, a malformed one is appended there as
     ``(key, why)`` and passed over (store-wide maintenance goes on); without, it raises."""
+    keys = list(store.list(CHANNELS))
     out = []
-    for key in store.list(CHANNELS):
-        got = store.get_ref(key)
+    for key, got in zip(keys, map_bounded(store.get_ref, keys)):  # the refs read at once, kept in key order
         if got is None:
             continue
         try:

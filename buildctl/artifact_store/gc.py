@@ -33,7 +33,7 @@ from typing import Callable, Iterable
 from buildctl.errors import BuildctlError
 from buildctl.artifact_store import grace as grace_mod
 from buildctl.artifact_store.backend import Store
-from buildctl.artifact_store.channels import _parse_record, all_channel_records
+from buildctl.artifact_store.channels import ChannelRecord, _parse_record, all_channel_records
 from buildctl.times import parse_utc
 from buildctl.artifact_store.layout import (
     BLOBS,
@@ -57,6 +57,7 @@ from buildctl.artifact_store.layout import (
     verification_prefix,
 )
 from buildctl.artifact_store.inventory import index_built, node_protections, read_held, read_inventory
+from buildctl.artifact_store.listing import map_bounded
 from buildctl.artifact_store.manifest import Manifest
 from buildctl.artifact_store.publish import build_key_owners
 from buildctl.artifact_store.quarantine import quarantine_records_by_artifact
@@ -157,15 +158,19 @@ def protections(store: Store, arts: list[tuple[str, Manifest]], *, keep: int, ke
         by_ref: dict[str, list[str]] = {}
         for key in store.list(HISTORY):
             by_ref.setdefault(key.rsplit("/", 1)[0], []).append(key)
-        for ref, keys in by_ref.items():
-            for key in sorted(keys)[-keep_history:]:
-                try:
-                    rec = _parse_record(store.get_bytes(key), key)
-                except CorruptObjectError as err:
-                    guard_profile_of(key, err.detail)
-                    continue
-                add(rec.artifact_id, f"history {rec.channel} #{rec.seq} (last {keep_history}) "
-                                     f"[{rec.compat_key[:20]}]: a rollback target")
+        def read(key: str) -> ChannelRecord | CorruptObjectError:
+            try:
+                return _parse_record(store.get_bytes(key), key)
+            except CorruptObjectError as err:
+                return err
+
+        last = [key for keys in by_ref.values() for key in sorted(keys)[-keep_history:]]
+        for key, rec in zip(last, map_bounded(read, last)):  # the records read at once
+            if isinstance(rec, CorruptObjectError):
+                guard_profile_of(key, rec.detail)
+                continue
+            add(rec.artifact_id, f"history {rec.channel} #{rec.seq} (last {keep_history}) "
+                                 f"[{rec.compat_key[:20]}]: a rollback target")
     for artifact, why in also:
         add(artifact, why)
     quarantined = quarantine_records_by_artifact(store, skipped)  # one listing for the whole store

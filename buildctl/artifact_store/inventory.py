@@ -20,6 +20,7 @@ from buildctl.digest import canonical_json
 from buildctl.artifact_store.backend import Store
 from buildctl.errors import BuildctlError
 from buildctl.artifact_store.errors import CasConflictError, CorruptObjectError, StoreArgumentError
+from buildctl.artifact_store.listing import hex_bounds, list_ranges
 from buildctl.artifact_store.layout import (
     HELD_INDEX,
     NODE_INDEX_META,
@@ -195,9 +196,10 @@ def index_built(store: Store) -> bool:
 
 
 def read_held(store: Store) -> dict[str, dict[str, set[str]]]:
-    """artifact -> how -> node ids, from the node index's held markers (one LIST per 1,000)."""
+    """artifact -> how -> node ids, from the node index's held markers (one LIST per 1,000; on S3,
+    16 ranges of artifact ids at once)."""
     held: dict[str, dict[str, set[str]]] = {}
-    for key in store.list(HELD_INDEX):
+    for key in list_ranges(store, HELD_INDEX, hex_bounds(HELD_INDEX)):
         try:
             artifact, node_id, how = parse_held_key(key)
         except ValueError:

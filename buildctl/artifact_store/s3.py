@@ -19,13 +19,16 @@ import re
 import threading
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from contextlib import contextmanager
+from datetime import datetime
 from pathlib import Path
 from typing import Any, BinaryIO, Iterator
 
 import boto3
+import botocore.session
 from awscrt import checksums
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError, EndpointConnectionError, NoCredentialsError
+from botocore.utils import parse_timestamp
 
 from buildctl.digest import Crc64Nvme
 from buildctl.artifact_store.errors import KeyNotFoundError, StoreUnavailableError, StoreUriError
@@ -105,10 +108,38 @@ class _Body:
         self._body.close()
 
 
+def _timestamp(value: str) -> datetime:
+    """botocore's timestamp parser, fast for ISO 8601. A LIST page carries 1,000 ``LastModified``
+    values, and botocore's default (dateutil) spent about 0.4 ms on each: two thirds of the client's
+    time per page, which bounded fleet-wide operations at 100,000 nodes. The value is the same
+    aware datetime; any other form (an HTTP date in a header) goes to the default parser."""
+    try:
+        return datetime.fromisoformat(value)
+    except (TypeError, ValueError):
+        return parse_timestamp(value)
+
+
+_session_lock = threading.Lock()
+_session: boto3.session.Session | None = None
+
+
+def _boto_session() -> boto3.session.Session:
+    """One boto3 session for every store in the process (the default one's credentials chain),
+    whose responses parse timestamps with :func:`_timestamp`."""
+    global _session
+    with _session_lock:
+        if _session is None:
+            core = botocore.session.get_session()
+            core.get_component("response_parser_factory").set_parser_defaults(timestamp_parser=_timestamp)
+            _session = boto3.session.Session(botocore_session=core)
+        return _session
+
+
 class S3Store:
     """A store in an S3 bucket under a prefix."""
 
     ranged_reads = True  # one GET stream is capped; parallel ranges reach line rate
+    ranged_lists = True  # a LIST page waits on the network: a large prefix is listed in ranges at once
     checksum_algorithm = "CRC64NVME"  # every put carries one (full-object, multipart included)
 
     def __init__(self, uri: str, *, endpoint_url: str | None = None, client: Any = None) -> None:
@@ -122,7 +153,7 @@ class S3Store:
         self.prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
         # Parts in flight across all uploads of this store: bounds memory to MAX_CONCURRENCY parts.
         self._part_slots = threading.BoundedSemaphore(MAX_CONCURRENCY)
-        self.client = client or boto3.client(
+        self.client = client or _boto_session().client(
             "s3",
             endpoint_url=endpoint_url,
             config=Config(
@@ -327,15 +358,16 @@ class S3Store:
             pass
 
     def list(self, prefix: str, start_after: str | None = None) -> Iterator[str]:
-        keys = []
+        """Page by page, as the caller reads: a caller that stops early (a ranged listing,
+        ``listing.list_ranges``) requests no further pages. S3 returns keys in UTF-8 binary order,
+        which is Python's order of the strings."""
         after = {"StartAfter": self._k(start_after)} if start_after is not None else {}
+        pages = self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=self._k(prefix), **after)
         try:
-            for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=self._k(prefix),
-                                                                             **after):
-                keys += [o["Key"][len(self.prefix):] for o in page.get("Contents", [])]
+            for page in pages:
+                yield from sorted(o["Key"][len(self.prefix):] for o in page.get("Contents", []))
         except (ClientError, BotoCoreError) as err:
             raise self._fail(err, f"list {prefix}") from None
-        return iter(sorted(keys))
 
     def delete(self, key: str) -> None:
         try:

@@ -18,6 +18,7 @@ from buildctl.artifact_store.errors import (
     ManifestError,
     VerificationError,
 )
+from buildctl.artifact_store.listing import map_bounded
 from buildctl.artifact_store.ranged import RangedReader, ShortRangeError
 from buildctl.artifact_store.layout import (
     MANIFESTS,
@@ -76,32 +77,32 @@ def get_manifest_and_bytes(store: Store, artifact_id: str) -> tuple[Manifest, by
 
 def list_artifacts(store: Store, profile: str | None = None) -> list[tuple[str, Manifest]]:
     """Every artifact (optionally of one profile), newest first."""
-    out = []
-    for key in store.list(MANIFESTS):
-        artifact = artifact_of_manifest_key(key)
-        try:
-            m = get_manifest(store, artifact)
-        except (ArtifactNotFoundError, ManifestError, CorruptObjectError):
-            continue
-        if profile is None or m.profile_name == profile:
-            out.append((artifact, m))
+    out = [(a, m) for a, m in _manifests(store, [artifact_of_manifest_key(k) for k in store.list(MANIFESTS)])
+           if profile is None or m.profile_name == profile]
     out.sort(key=lambda am: am[1].created_at, reverse=True)
     return out
+
+
+def _manifest_or_none(store: Store, artifact: str) -> Manifest | None:
+    try:
+        return get_manifest(store, artifact)
+    except (ArtifactNotFoundError, ManifestError, CorruptObjectError):
+        return None
+
+
+def _manifests(store: Store, artifacts: list[str]) -> list[tuple[str, Manifest]]:
+    """(artifact, manifest) of those whose manifest reads and verifies, read at once, in order."""
+    got = map_bounded(lambda a: _manifest_or_none(store, a), artifacts)
+    return [(a, m) for a, m in zip(artifacts, got) if m is not None]
 
 
 def artifacts_built_from(store: Store, profile: str, profile_hash: str) -> list[tuple[str, Manifest]]:
     """The artifacts of ``profile`` built from ``profile_hash``, newest first, from the pair
     index (``index/pairs/``: one LIST, then each of those manifests). Only a store whose index
     is built has a marker for every manifest (``buildctl index rebuild``)."""
-    out = []
-    for key in store.list(pair_prefix(profile, profile_hash)):
-        artifact = artifact_of_pair_key(key)
-        try:
-            m = get_manifest(store, artifact)
-        except (ArtifactNotFoundError, ManifestError, CorruptObjectError):
-            continue  # a publish that died between its marker and its manifest, or a damaged manifest
-        if m.profile_name == profile and m.profile_hash == profile_hash:
-            out.append((artifact, m))
+    # A manifest that is missing (a publish died between its marker and its manifest) or damaged is passed over.
+    out = [(a, m) for a, m in _manifests(store, [artifact_of_pair_key(k) for k in store.list(pair_prefix(profile, profile_hash))])
+           if m.profile_name == profile and m.profile_hash == profile_hash]
     out.sort(key=lambda am: am[1].created_at, reverse=True)
     return out
 
@@ -111,22 +112,25 @@ def scan_manifests(store: Store, known: dict[str, tuple[Manifest | None, str, se
     """Every manifest in the store: ``(artifact, manifest, "", None)`` when it verifies, else
     ``(artifact, None, why, digests)`` with the blob digests its bytes still name (None: none).
     ``known``: what an earlier scan of this store found, by artifact; a manifest listed again that
-    verified then is not read again (its key is its digest)."""
-    for key in store.list(MANIFESTS):
+    verified then is not read again (its key is its digest). The manifests are read
+    :data:`~buildctl.artifact_store.listing.LIST_WORKERS` at once."""
+
+    def one(key: str) -> tuple[str, Manifest | None, str, set[str] | None]:
         artifact = artifact_of_manifest_key(key)
         seen = (known or {}).get(artifact)
         if seen is not None and seen[0] is not None:
-            yield artifact, *seen
-            continue
+            return artifact, *seen
         try:
-            yield artifact, get_manifest(store, artifact), "", None
+            return artifact, get_manifest(store, artifact), "", None
         except (ArtifactNotFoundError, ManifestError, CorruptObjectError) as err:
             try:
                 named = set(re.findall(r"xxh3-128:[0-9a-f]{32}", store.get_bytes(key).decode("utf-8", "replace")))
             except (BuildctlError, OSError):
                 named = set()
             named.discard(artifact)
-            yield artifact, None, str(err).splitlines()[0], named or None
+            return artifact, None, str(err).splitlines()[0], named or None
+
+    yield from map_bounded(one, list(store.list(MANIFESTS)))
 
 
 def blob_entries(store: Store, manifest: Manifest) -> list[FileEntry]:

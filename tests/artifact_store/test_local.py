@@ -159,3 +159,26 @@ def test_read_only_commands_never_create_a_store(cli, tmp_path):
     store = LocalStore(missing)
     assert not missing.exists() and store.stat("blobs/x") is None and list(store.list("")) == []
     assert store.put_bytes("blobs/x", b"x") and store.get_bytes("blobs/x") == b"x"  # the first write creates it
+
+
+def test_list_walks_only_folders_that_can_hold_a_listed_key(store, monkeypatch):
+    """The walk skips folders outside the prefix and wholly before ``start_after``, and still lists
+    exactly the keys a filter of every key gives, for prefixes and bounds of every shape."""
+    import random
+
+    rng = random.Random(3)
+    keys = sorted({"/".join(rng.choice(["a", "ab", "b", "b0", "c"]) for _ in range(rng.randint(1, 4))) + ".k"
+                   for _ in range(300)})
+    for k in keys:
+        store.put_bytes(k, b"")
+    cuts = ["", "a", "a/", "ab", "ab/", "b/b0", "b0/", "c/a/", "zz"] + rng.sample(keys, 10)
+    for prefix in cuts:
+        for after in [None] + cuts:
+            want = [k for k in keys if k.startswith(prefix) and (after is None or k > after)]
+            assert list(store.list(prefix, start_after=after)) == want, (prefix, after)
+    walked = []
+    real = os.walk
+    monkeypatch.setattr(os, "walk", lambda top: ((d, n, f) for d, n, f in real(top) if walked.append(d) or True))
+    assert list(store.list("b/", start_after="b/b0/")) == [k for k in keys if k.startswith("b/") and k > "b/b0/"]
+    assert not any(p.endswith(("/b/a", "/b/ab")) for p in walked)  # before the bound: not walked
+    assert not any(p.endswith("/a") for p in walked)  # outside the prefix

@@ -167,3 +167,34 @@ def test_publish_confirms_reused_blobs_by_their_stored_crc64nvme(s3store, tmp_pa
     fixed = ops.publish_tree(s3store, tree, draft)
     assert fixed.reused_repaired == [small.digest]
     assert s3store.get_bytes(blob_key(small.digest)) == b"{}"
+
+
+def test_list_requests_pages_only_as_the_caller_reads(s3store):
+    """``list`` is lazy page by page: a ranged listing (listing.list_ranges) stops each range at
+    its bound, and must not pay for the pages after it. 1,001 keys are two pages."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    keys = [f"m/{i:05d}" for i in range(1001)]
+    with ThreadPoolExecutor(16) as pool:
+        assert all(pool.map(lambda k: s3store.put_bytes(k, b""), keys))
+    pages = []
+    s3store.client.meta.events.register("before-call.s3.ListObjectsV2", lambda **_: pages.append(1))
+    listed = s3store.list("m/")
+    assert pages == []  # nothing requested before the caller reads
+    assert next(listed) == keys[0] and len(pages) == 1
+    assert [next(listed) for _ in range(999)] == keys[1:1000] and len(pages) == 1
+    assert list(listed) == [keys[1000]] and len(pages) == 2
+    pages.clear()
+    assert list(s3store.list("m/", start_after=keys[999])) == [keys[1000]] and len(pages) == 1
+
+
+def test_list_pages_parse_timestamps_fast_and_the_same():
+    """The client's timestamp parser (``_timestamp``): botocore's default's value for the ISO
+    8601 of a LIST page (dateutil spent two thirds of a page's client time) and for an HTTP date."""
+    from botocore.utils import parse_timestamp
+
+    for text in ("2026-12-04T18:53:57.000Z", "2026-12-04T18:53:57Z", "2026-12-04T18:53:57.123456+00:00",
+                 "Fri, 04 Dec 2026 18:53:57 GMT"):
+        assert s3mod._timestamp(text) == parse_timestamp(text), text
+    factory = s3mod._boto_session()._session.get_component("response_parser_factory")
+    assert factory._defaults["timestamp_parser"] is s3mod._timestamp

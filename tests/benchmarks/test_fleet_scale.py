@@ -31,3 +31,34 @@ def test_the_seeded_store_answers_both_modes_alike_and_the_index_makes_fewer_req
         assert len(res[op]["index"]["seconds"]) == 2
     assert fleet_scale.growth({1000: 1000.0, 10000: 10000.0}) == "N^1.00"
     assert fleet_scale.growth({1000: 6.0, 100000: 6.0}) == "N^0.00"
+
+
+def test_counting_store_bills_the_pages_a_caller_reads(tmp_path):
+    """As S3 would: one page when reading starts, one more past each 1,000 keys; a caller that
+    stops early (a ranged listing) pays only what it read."""
+    from benchmarks.counting import CountingStore
+
+    store = open_store(str(tmp_path / "store"))
+    for i in range(2001):
+        store.put_bytes(f"m/{i:05d}", b"")
+    counted = CountingStore(store)
+    listed = counted.list("m/")
+    assert counted.total() == 0
+    assert [next(listed) for _ in range(1000)][-1] == "m/00999" and counted.total() == 1
+    next(listed)
+    assert counted.total() == 2
+    counted.reset()
+    assert len(list(counted.list("m/"))) == 2001 and counted.total() == 3
+    counted.reset()
+    assert list(counted.list("none/")) == [] and counted.total() == 1
+
+
+def test_a_seeded_store_in_the_work_folder_is_measured_again_without_seeding(tmp_path, monkeypatch):
+    calls = []
+    real = fleet_scale.seed
+    monkeypatch.setattr(fleet_scale, "seed", lambda *a: calls.append(a) or real(*a))
+    first = fleet_scale.seeded_store(tmp_path, "local", 30, None)
+    again = fleet_scale.seeded_store(tmp_path, "local", 30, None)
+    assert len(calls) == 1
+    assert again[1] == first[1] and again[3].uri == first[3].uri and again[4] == first[4]
+    assert len(list(again[3].list(NODES))) == 30
