@@ -110,9 +110,10 @@ class _Body:
 
 def _timestamp(value: str) -> datetime:
     """botocore's timestamp parser, fast for ISO 8601. A LIST page carries 1,000 ``LastModified``
-    values, and botocore's default (dateutil) spent about 0.4 ms on each: two thirds of the client's
-    time per page, which bounded fleet-wide operations at 100,000 nodes. The value is the same
-    aware datetime; any other form (an HTTP date in a header) goes to the default parser."""
+    values, and botocore's default (dateutil) took about two thirds of the client's time per page
+    (profiled: 0.83 of 1.34 s for three pages), which bounded fleet-wide operations at 100,000
+    nodes. The value is the same aware datetime; any other form (an HTTP date in a header) goes to
+    the default parser."""
     try:
         return datetime.fromisoformat(value)
     except (TypeError, ValueError):
