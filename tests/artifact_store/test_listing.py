@@ -95,3 +95,22 @@ def test_map_bounded_keeps_order_overlaps_calls_and_raises_the_first_error():
 
     with pytest.raises(ValueError, match="five"):
         map_bounded(boom, range(20), workers=3)
+
+
+def test_each_range_stops_reading_at_its_bound(ranged):
+    """A range reads at most one key past its bound (the one that ends it): the ranges together
+    read about the prefix once, not once per range (on S3 each page read past a bound is a request)."""
+    prefix = "inventory/index/held/"
+    keys = [f"{prefix}{c}{i:031x}/n.current" for c in "0123456789abcdef" for i in range(3)]
+    _put_all(ranged, keys)
+    read = []
+    real = ranged.list
+
+    def counting(p, start_after=None):
+        for key in real(p, start_after=start_after):
+            read.append(key)
+            yield key
+
+    ranged.list = counting
+    assert list_ranges(ranged, prefix, hex_bounds(prefix)) == sorted(keys)
+    assert len(read) <= len(keys) + 16, len(read)

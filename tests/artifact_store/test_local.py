@@ -182,3 +182,7 @@ def test_list_walks_only_folders_that_can_hold_a_listed_key(store, monkeypatch):
     assert list(store.list("b/", start_after="b/b0/")) == [k for k in keys if k.startswith("b/") and k > "b/b0/"]
     assert not any(p.endswith(("/b/a", "/b/ab")) for p in walked)  # before the bound: not walked
     assert not any(p.endswith("/a") for p in walked)  # outside the prefix
+    walked.clear()
+    assert list(store.list("b/b")) == [k for k in keys if k.startswith("b/b")]
+    rel = {os.path.relpath(p, store.root) for p in walked}
+    assert {"b", "b/b", "b/b0"} <= rel and not rel & {"b/a", "b/ab", "b/c"}  # siblings outside the prefix: not walked
