@@ -146,3 +146,23 @@ def test_the_build_log_is_checked_for_presence_and_bytes_not_size(local, tmp_pat
     with pytest.raises(VerificationError) as exc:
         verify(local, aid)
     assert [(p.path, p.kind) for p in exc.value.problems] == [(BUILD_LOG_PATH, "missing")]
+
+
+def test_artifacts_built_from_takes_only_its_hash_newest_first_whatever_a_pair_marker_says(tmp_path, draft):
+    """The pair index is a hint: a marker under one build hash that names an artifact built from
+    another (a misplaced or planted marker) is passed over, and the list is newest first."""
+    import dataclasses
+
+    from buildctl.artifact_store.layout import pair_key
+    from buildctl.artifact_store.verify import artifacts_built_from
+
+    store = open_store(str(tmp_path / "store"))
+    h1, h2 = "xxh3-128:" + "1" * 32, "xxh3-128:" + "2" * 32
+    old, new = (publish_files(store, tmp_path / f"t{i}", dataclasses.replace(draft, profile_hash=h1),
+                              {"config.json": f"{i}".encode()}, seed=i) for i in range(2))
+    other = publish_files(store, tmp_path / "t2", dataclasses.replace(draft, profile_hash=h2),
+                          {"config.json": b"2"}, seed=2)
+    assert store.put_bytes(pair_key(draft.profile_name, h1, other), b"")
+    got = artifacts_built_from(store, draft.profile_name, h1)
+    assert [a for a, _ in got] == [new, old]
+    assert [a for a, _ in artifacts_built_from(store, draft.profile_name, h2)] == [other]
