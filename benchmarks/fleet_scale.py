@@ -50,14 +50,12 @@ def seed(store, work: Path, n: int):
     from buildctl.artifact_store.layout import node_key
     from buildctl.artifact_store.promotion import promote
     from buildctl.artifact_store.rollout import RolloutPlan, in_wave, parse_waves
-    from buildctl.context import Context
     from buildctl.digest import canonical_json
     from buildctl.engines.fingerprint import detect
     from buildctl.engines.profile import load_profile
     from buildctl.engines.registry import backend_names
     from buildctl.node_index import node_markers, rebuild
     from buildctl.pipeline import manifest_draft
-    from buildctl.settings import load_settings
     from buildctl.times import utc_now
     from tests.support.helpers import publish_files, staged
 
@@ -94,8 +92,15 @@ def seed(store, work: Path, n: int):
     with ThreadPoolExecutor(32) as pool:
         list(pool.map(write, range(n)))
     rebuild(store)  # writes the index's meta marker (every marker is already there)
-    settings = load_settings(cache_dir=work / "cache", store=store.uri)
-    return {PROFILE: profile}, keys, Context.from_settings(settings, store=store)
+    return {PROFILE: profile}, keys, _context(store, work)
+
+
+def _context(store, work: Path):
+    """The operations' context on ``store``, its cache under ``work``."""
+    from buildctl.context import Context
+    from buildctl.settings import load_settings
+
+    return Context.from_settings(load_settings(cache_dir=work / "cache", store=store.uri), store=store)
 
 
 def seeded_store(work: Path, kind: str, n: int, server):
@@ -105,18 +110,15 @@ def seeded_store(work: Path, kind: str, n: int, server):
     import time
 
     from buildctl.artifact_store.backend import open_store
-    from buildctl.context import Context
     from buildctl.engines.profile import load_profile
-    from buildctl.settings import load_settings
 
     done = work / f"seeded-{kind}-{n}.json"
     if done.exists():
         got = json.loads(done.read_text())
         store = open_store(got["uri"])
-        settings = load_settings(cache_dir=work / "cache", store=store.uri)
         print(f"{kind} {n}: reusing the store seeded in {got['seed_s']:.0f} s", flush=True)
         return ({PROFILE: load_profile(REPO / "build_profiles" / f"{PROFILE}.yaml")}, got["keys"],
-                Context.from_settings(settings, store=store), store, got["seed_s"])
+                _context(store, work / f"seed-{kind}-{n}"), store, got["seed_s"])
     uri = str(work / f"store-{n}") if kind == "local" else f"s3://{server.new_bucket()}/fleet"
     store = open_store(uri)
     t0 = time.perf_counter()
@@ -194,8 +196,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--name", default="fleet_scale", help="the results' file name under benchmarks/results/")
     args = ap.parse_args(argv)
     modes = tuple(m for m in MODES if m in args.modes.split(","))
-
-    from buildctl.artifact_store.backend import open_store
 
     sizes = [int(x) for x in args.nodes.split(",")]
     kinds = [x.strip() for x in args.stores.split(",") if x.strip()]
