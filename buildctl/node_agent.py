@@ -24,14 +24,14 @@ from typing import Callable
 from buildctl.coverage import Coverage, coverage
 from buildctl.engines.fingerprint import Fingerprint, UpgradeTarget, host_fingerprint
 from buildctl.engines.registry import backend_names
-from buildctl.errors import BuildctlError
+from buildctl.errors import BuildctlError, UnavailableError
 from buildctl.fleet import record_engine_state
 from buildctl.artifact_store.inventory import EngineState, HealthStatus
 from buildctl.context import Context
 from buildctl.pipeline import host_compat_keys, preflight_for
 from buildctl.settings import Settings
 from buildctl.times import utc_now
-from buildctl.artifact_store.backend import ProgressFn, Store
+from buildctl.artifact_store.backend import ProgressFn, Store, fail_fast
 from buildctl.artifact_store.channels import ChannelRecord
 from buildctl.artifact_store.errors import EngineUnhealthyError, NotCoveredError
 from buildctl.artifact_store.install_dir import (
@@ -51,6 +51,7 @@ from buildctl.artifact_store.install_dir import (
 from buildctl.artifact_store.manifest import Manifest
 from buildctl.artifact_store.pull import pull as store_pull
 from buildctl.artifact_store.pull import resolve_channel
+from buildctl.artifact_store.quarantine import check_not_quarantined
 from buildctl.artifact_store.trust import check_fresh, check_trust
 from buildctl.artifact_store.verify import get_manifest
 
@@ -214,34 +215,58 @@ def stage(ctx: Context, profile: str, channel: str, dest: str | Path, target: Up
 
 @dataclass
 class Activation:
-    """What ``node activate`` did: a staged engine swapped in offline, or a pull."""
+    """What ``node activate`` did: a staged engine swapped in offline, or a pull.
+    ``quarantine_checked``: whether the store answered the quarantine look-up of a staged engine
+    (``None`` for a pull, which checks it as every pull does); ``quarantine_note`` says why not."""
 
     result: PullResult
     staged: StagedEngine | None
     seconds: float
+    quarantine_checked: bool | None = None
+    quarantine_note: str | None = None
 
     def to_json(self) -> dict:
         return {"artifact_id": self.result.artifact_id, "activated": self.result.installed,
                 "from_staged": self.staged is not None, "previous": self.result.previous,
                 "compat_key": self.result.record.compat_key if self.result.record else None,
-                "seq": self.result.record.seq if self.result.record else None, "seconds": round(self.seconds, 3)}
+                "seq": self.result.record.seq if self.result.record else None, "seconds": round(self.seconds, 3),
+                "quarantine_checked": self.quarantine_checked, "quarantine_note": self.quarantine_note}
+
+
+DEFAULT_CHANNEL = "prod"
+
+
+def _quarantine_check(store: Store, artifact_id: str) -> tuple[bool, str | None]:
+    """Refuse a staged engine quarantined since it was staged (exit 5) when the store answers at
+    once; ``(False, why)`` when it does not (activation is offline by design, so it goes on)."""
+    try:
+        check_not_quarantined(fail_fast(store), artifact_id, "not activating it; the current engine stays")
+    except UnavailableError as err:
+        return False, f"could not check the store's quarantine records ({err})"
+    return True, None
 
 
 def activate(ctx: Context, profile: str, dest: str | Path, *, channel: str | None = None,
-             node_id: str | None = None, fingerprint: Fingerprint | None = None) -> Activation:
-    """After an upgrade: fingerprint this host and swap ``current`` to the engine staged for its
-    compat key, reading nothing from the store (:func:`activate_staged`). With nothing staged for
-    it, pull from ``channel`` (default prod) as ``buildctl pull`` does; an unreachable store then
-    fails with ``current`` as it was."""
+             node_id: str | None = None, fingerprint: Fingerprint | None = None,
+             skip_preflight: bool = False) -> Activation:
+    """After an upgrade: fingerprint this host and swap ``current`` to the engine staged from
+    ``channel`` (default prod) for its compat key (:func:`activate_staged`: the tree checked
+    against the manifest, changed files re-hashed, then preflighted). Before the swap the store's
+    quarantine records are read when the store answers at once, and the result says when it did
+    not. With nothing staged for it, pull from ``channel`` as ``buildctl pull`` does; an
+    unreachable store then fails with ``current`` as it was."""
     t0 = time.monotonic()
+    channel = channel or DEFAULT_CHANNEL
     fp = fingerprint or host_fingerprint(ctx.settings)
     keys = host_compat_keys(fp)
     found = sorted((e for e in staged_engines(dest) if e.record.profile == profile and e.compat_key in keys
-                    and (channel is None or e.record.channel == channel)),
+                    and e.record.channel == channel),
                    key=lambda e: (keys.index(e.compat_key), -e.record.seq))
     if found:
+        checked, note = _quarantine_check(ctx.store, found[0].artifact_id)
         res = activate_staged(dest, found[0], trusted=ctx.auth.trusted, now=datetime.now(timezone.utc),
-                              verify_window_s=ctx.auth.verify_window_s, require_crypto=ctx.settings.require_crypto)
-        return Activation(res, found[0], time.monotonic() - t0)
-    got = pull(ctx, profile, channel or "prod", dest, node_id=node_id, fingerprint=fp)
+                              verify_window_s=ctx.auth.verify_window_s, require_crypto=ctx.settings.require_crypto,
+                              preflight=None if skip_preflight else preflight_for(ctx.settings))
+        return Activation(res, found[0], time.monotonic() - t0, checked, note)
+    got = pull(ctx, profile, channel, dest, node_id=node_id, fingerprint=fp, skip_preflight=skip_preflight)
     return Activation(got.result, None, time.monotonic() - t0)

@@ -92,7 +92,7 @@ def test_stage_only_leaves_current_untouched_and_activate_swaps_offline_in_under
     unreachable(monkeypatch)
     ctx = Context.from_settings(settings())
     t0 = time.monotonic()
-    got = node_agent.activate(ctx, PROFILE, f["dest"])
+    got = node_agent.activate(ctx, PROFILE, f["dest"], skip_preflight=True)
     took = time.monotonic() - t0
     assert got.staged is not None and got.result.installed and took < 1.0, took
     assert current_artifact(f["dest"]) == f["b"] and got.result.previous == f["a"]
@@ -155,15 +155,15 @@ def test_a_signed_staging_activates_offline_and_a_tampered_one_does_not(fleet_st
     entry["record"]["artifact_id"] = f["a"]  # point the signed record elsewhere
     entry_file.write_text(json.dumps(entry))
     with pytest.raises(SignatureError):
-        node_agent.activate(ctx, PROFILE, f["dest"], fingerprint=AFTER)
+        node_agent.activate(ctx, PROFILE, f["dest"], fingerprint=AFTER, skip_preflight=True)
     assert current_artifact(f["dest"]) == f["a"]
     unsigned = json.loads(good)
     unsigned["manifest_signatures"] = []  # the manifest's builder signature stripped
     entry_file.write_text(json.dumps(unsigned))
     with pytest.raises(SignatureError, match="unsigned"):
-        node_agent.activate(ctx, PROFILE, f["dest"], fingerprint=AFTER)
+        node_agent.activate(ctx, PROFILE, f["dest"], fingerprint=AFTER, skip_preflight=True)
     entry_file.write_text(good)
-    got = node_agent.activate(ctx, PROFILE, f["dest"], fingerprint=AFTER)
+    got = node_agent.activate(ctx, PROFILE, f["dest"], fingerprint=AFTER, skip_preflight=True)
     assert got.staged is not None and current_artifact(f["dest"]) == f["b"]
 
 
@@ -206,3 +206,157 @@ def test_a_node_that_staged_an_engine_restores_its_rotted_manifest(fleet_store, 
     code, out, err = cli("--json", "repair", f["b"], "--from", f["dest"])
     assert code == 0, err
     assert verify(store, f["b"], deep=True)
+
+
+# --- #48 items 1-3: activate verifies what it swaps in ------------------------------------------
+
+TARGET = UpgradeTarget(tensorrt_llm_version="1.2.2", tensorrt_version="10.14.1.48")
+
+
+def _damage(engine_dir: Path, kind: str, tmp_path: Path) -> None:
+    """Damage a staged engine on the node's disk, as a flaky disk or a careless operator would."""
+    import shutil
+
+    for root, dirs, files in os.walk(engine_dir):
+        os.chmod(root, 0o755)
+        for n in files:
+            os.chmod(os.path.join(root, n), 0o644)
+    big = engine_dir / "rank0.engine"
+    if kind in ("flip", "flip-keep-mtime"):
+        st = big.stat()
+        data = bytearray(big.read_bytes())
+        data[len(data) // 2] ^= 0x40
+        big.write_bytes(bytes(data))
+        if kind == "flip-keep-mtime":
+            os.utime(big, ns=(st.st_atime_ns, st.st_mtime_ns))
+    elif kind == "truncate":
+        os.truncate(big, big.stat().st_size // 2)
+    elif kind == "delete":
+        big.unlink()
+    elif kind == "empty-dir":
+        for p in engine_dir.iterdir():
+            shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
+    elif kind == "add-file":
+        (engine_dir / "extra.bin").write_bytes(b"not in the manifest")
+    elif kind == "file-symlink":  # the same bytes, but through a link out of the tree
+        copy = tmp_path / "elsewhere.engine"
+        shutil.copyfile(big, copy)
+        big.unlink()
+        os.symlink(copy, big)
+    elif kind == "dir-symlink":
+        copy = tmp_path / "elsewhere-lora"
+        shutil.copytree(engine_dir / "lora", copy)
+        shutil.rmtree(engine_dir / "lora")
+        os.symlink(copy, engine_dir / "lora")
+    else:
+        raise AssertionError(kind)
+
+
+@pytest.fixture
+def staged_b(tmp_path, monkeypatch):
+    """A node with A current and B (with a nested folder) staged for after the upgrade."""
+    store = open_store(f"file://{tmp_path / 'store'}")
+    a = publish_for(store, tmp_path, BEFORE, 1)
+    draft = ManifestDraft(profile_name=PROFILE, profile_hash="xxh3-128:" + "0" * 32, backend="trtllm",
+                          compat_key=AFTER.compat_key("trtllm"), fingerprint=AFTER.model_dump(mode="json"),
+                          tool_versions={"backend": AFTER.tool_version("trtllm")}, model_digest=None, build_key=None)
+    b = publish_files(store, tmp_path / "treeb", draft, {"config.json": b"{}", "rank0.engine": 256 * 1024,
+                                                          "lora/adapter.bin": 4096}, seed=7, verdict=None)
+    write_attestation(store, b, AFTER.compat_key("trtllm"), "pass", validator=AFTER)
+    for aid in (a, b):
+        promote(store, staged(store, aid), "prod")
+    fp_file = tmp_path / "fp.json"
+    fp_file.write_text(json.dumps(AFTER.model_dump(mode="json")))
+    monkeypatch.setenv("BUILDCTL_FINGERPRINT_FILE", str(fp_file))
+    monkeypatch.setenv("BUILDCTL_STORE", store.uri)
+    dest = tmp_path / "node"
+    ctx = Context.from_settings(settings(), store=store)
+    node_agent.pull(ctx, PROFILE, "prod", dest, fingerprint=BEFORE, skip_preflight=True, health_check=False)
+    node_agent.stage(ctx, PROFILE, "prod", dest, TARGET, fingerprint=BEFORE)
+    return {"store": store, "a": a, "b": b, "dest": dest, "ctx": ctx,
+            "engine": dest / "versions" / b.split(":")[1]}
+
+
+DAMAGE = ["flip", "flip-keep-mtime", "truncate", "delete", "empty-dir", "add-file", "file-symlink", "dir-symlink"]
+
+
+@pytest.mark.parametrize("window", [3600.0, 0.0])
+@pytest.mark.parametrize("kind", DAMAGE)
+def test_activate_refuses_every_kind_of_damage_to_the_staged_engine(staged_b, tmp_path, kind, window):
+    """#48 item 1: inside the verify window and past it, a damaged staged tree never reaches current."""
+    f = staged_b
+    _damage(f["engine"], kind, tmp_path)
+    c = f["ctx"]
+    ctx = Context(c.settings, c.store, c.auth.but(verify_window_s=window))
+    before = os.readlink(f["dest"] / "current")
+    with pytest.raises(VerificationError):
+        node_agent.activate(ctx, PROFILE, f["dest"], fingerprint=AFTER, skip_preflight=True)
+    assert os.readlink(f["dest"] / "current") == before and current_artifact(f["dest"]) == f["a"]
+
+
+def test_activate_of_a_damaged_staging_exits_4_on_the_cli(staged_b, tmp_path, cli):
+    f = staged_b
+    _damage(f["engine"], "add-file", tmp_path)
+    code, _, err = cli("node", "activate", "--profile", PROFILE, "--dest", f["dest"], "--skip-preflight")
+    assert code == 4 and "extra.bin" in err, err
+    assert current_artifact(f["dest"]) == f["a"]
+
+
+def test_activate_preflights_before_the_swap(staged_b, monkeypatch):
+    """#48 item 1: the staged engine is test-loaded before current moves, as pull does."""
+    from buildctl.artifact_store.errors import PreflightError
+
+    f = staged_b
+    with pytest.raises(PreflightError):  # trtllm cannot load on this CPU host: refused, current kept
+        node_agent.activate(f["ctx"], PROFILE, f["dest"], fingerprint=AFTER)
+    assert current_artifact(f["dest"]) == f["a"]
+    seen = []
+    monkeypatch.setattr(node_agent, "preflight_for", lambda st: lambda m, p: seen.append(p))
+    got = node_agent.activate(f["ctx"], PROFILE, f["dest"], fingerprint=AFTER)
+    assert seen == [f["engine"]] and current_artifact(f["dest"]) == f["b"] and got.result.installed
+
+
+def test_activate_refuses_an_engine_quarantined_after_staging(staged_b, cli, monkeypatch):
+    """#48 item 2: a quarantine recorded after staging is honoured when the store answers, and an
+    unreachable store is said, not hidden."""
+    from buildctl.artifact_store.quarantine import quarantine
+
+    f = staged_b
+    quarantine(f["store"], f["b"], "bad on another node", auth=Authority())
+    code, _, err = cli("node", "activate", "--profile", PROFILE, "--dest", f["dest"], "--skip-preflight")
+    assert code == 5 and "quarantined" in err, err
+    assert current_artifact(f["dest"]) == f["a"]
+    unreachable(monkeypatch)
+    code, out, err = cli("--json", "node", "activate", "--profile", PROFILE, "--dest", f["dest"], "--skip-preflight")
+    assert code == 0, err
+    got = json.loads(out)
+    assert got["activated"] and got["quarantine_checked"] is False
+    assert "could not check" in err and "quarantine" in err
+
+
+def test_activate_without_channel_takes_only_a_prod_staging(staged_b, tmp_path, cli):
+    """#48 item 3: an engine staged from staging never reaches a node that activates prod (the default)."""
+    f = staged_b
+    store = f["store"]
+    draft = ManifestDraft(profile_name=PROFILE, profile_hash="xxh3-128:" + "0" * 32, backend="trtllm",
+                          compat_key=AFTER.compat_key("trtllm"), fingerprint=AFTER.model_dump(mode="json"),
+                          tool_versions={"backend": AFTER.tool_version("trtllm")}, model_digest=None, build_key=None)
+    c = publish_files(store, tmp_path / "treec", draft, {"config.json": b"{\"c\": 1}", "rank0.engine": 1024},
+                      seed=9, verdict=None)
+    staged(store, c)  # on staging only, newer seq than anything on prod
+    # drop the prod staging so that only the staging one is on disk
+    for p in (f["dest"] / ".buildctl-staged").glob("*--prod--*.json"):
+        p.unlink()
+    code, out, err = cli("pull", "--profile", PROFILE, "--channel", "staging", "--dest", f["dest"],
+                         "--for-upgrade", _target_file(tmp_path), "--stage-only")
+    assert code == 0, err
+    assert "--channel staging" in out  # the hint names the channel it staged from
+    got = node_agent.activate(f["ctx"], PROFILE, f["dest"], fingerprint=AFTER, skip_preflight=True)
+    assert got.result.artifact_id != c and current_artifact(f["dest"]) == f["b"]  # pulled prod instead
+    assert got.staged is None
+
+
+def _target_file(tmp_path: Path) -> Path:
+    t = tmp_path / "target.yaml"
+    t.write_text('tensorrt_llm_version: "1.2.2"\ntensorrt_version: "10.14.1.48"\n')
+    return t

@@ -112,6 +112,13 @@ class Store(Protocol):
         ...
 
 
+def fail_fast(store: Store) -> Store:
+    """``store`` without retries and with short timeouts, where the backend has them (S3); a local
+    store answers at once as it is."""
+    quick = getattr(store, "fail_fast", None)
+    return quick() if callable(quick) else store
+
+
 # --- opening -------------------------------------------------------------------------------
 
 

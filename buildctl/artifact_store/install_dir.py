@@ -374,6 +374,7 @@ class StagedEngine:
     manifest_signatures: list[dict]
     verified_at: str
     staged_at: str
+    stats: dict[str, list[int]] | None = None  # per file at the deep verify: size, mtime_ns, inode, ctime_ns
 
     @property
     def path_name(self) -> str:
@@ -396,10 +397,12 @@ def staged_engines(dest: str | Path) -> list[StagedEngine]:
     for f in sorted((Path(dest) / STAGED_DIR).glob("*.json")):
         try:
             d = json.loads(f.read_text())
+            stats = d.get("stats")
             out.append(StagedEngine(d["artifact_id"], d["compat_key"], ChannelRecord.model_validate(d["record"]),
                                     d["manifest"].encode(), list(d.get("manifest_signatures") or []), d["verified_at"],
-                                    d["staged_at"]))
-        except (OSError, ValueError, KeyError, TypeError):
+                                    d["staged_at"],
+                                    {str(k): [int(x) for x in v] for k, v in stats.items()} if isinstance(stats, dict) else None))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
             continue
     return out
 
@@ -440,25 +443,83 @@ def stage_artifact(store: Store, record: ChannelRecord, artifact_id: str, dest: 
                 _make_writable(staging)
                 shutil.rmtree(staging, ignore_errors=True)
                 raise
-        entry = StagedEngine(artifact_id, record.compat_key, record, body, sigs, when, when)
+        stats = file_stats(manifest, final)
+        entry = StagedEngine(artifact_id, record.compat_key, record, body, sigs, when, when, stats)
         f = _staged_file(dest, record)
         f.parent.mkdir(exist_ok=True)
         tmp = f.parent / f".{f.name}.{uuid.uuid4().hex}"
         tmp.write_text(json.dumps({"artifact_id": artifact_id, "compat_key": record.compat_key,
                                    "record": json.loads(record.to_bytes()), "manifest": body.decode(),
-                                   "manifest_signatures": sigs, "verified_at": when, "staged_at": when}, sort_keys=True))
+                                   "manifest_signatures": sigs, "verified_at": when, "staged_at": when,
+                                   "stats": stats}, sort_keys=True))
         os.replace(tmp, f)
         fsync_dir(f.parent)
         return entry, downloaded
 
 
-def local_problems(manifest: Manifest, root: Path) -> list[FileProblem]:
-    """Every file of ``root`` that does not match the manifest (re-hashed)."""
-    problems = []
+def _stat_key(st: os.stat_result) -> list[int]:
+    return [st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns]
+
+
+def file_stats(manifest: Manifest, root: Path) -> dict[str, list[int]]:
+    """Each manifest file's size, mtime_ns, inode and ctime_ns under ``root``, taken right after its
+    bytes were verified: a later write changes the ctime even when the mtime is put back."""
+    return {e.path: _stat_key(os.lstat(root / e.path)) for e in manifest.files}
+
+
+def tree_problems(manifest: Manifest, root: Path) -> list[FileProblem]:
+    """What ``root`` holds beside, or instead of, the manifest's files, by ``lstat`` alone (no
+    link is followed): an extra file or folder, a symlink, a special file, a missing file, a size
+    that differs. The tree must be exactly the manifest's files (and the folders that hold them)."""
+    want = {e.path: e for e in manifest.files}
+    folders = {str(Path(p).parent) for p in want} | {"."}
+    folders |= {str(parent) for p in want for parent in Path(p).parents}
+    problems: list[FileProblem] = []
+    seen: set[str] = set()
+
+    def walk(d: Path, rel: str) -> None:
+        try:
+            entries = list(os.scandir(d))
+        except OSError as err:
+            problems.append(FileProblem(rel, "unreadable", actual=err.strerror))
+            return
+        for ent in sorted(entries, key=lambda x: x.name):
+            r = ent.name if rel == "." else f"{rel}/{ent.name}"
+            if ent.is_symlink():
+                problems.append(FileProblem(r, "symlink", actual=os.readlink(ent.path)))
+            elif ent.is_dir(follow_symlinks=False):
+                if r in folders:
+                    walk(Path(ent.path), r)
+                else:
+                    problems.append(FileProblem(r, "extra", actual="a folder not in the manifest"))
+            elif not ent.is_file(follow_symlinks=False):
+                problems.append(FileProblem(r, "extra", actual="not a regular file"))
+            elif r not in want:
+                problems.append(FileProblem(r, "extra", actual="not in the manifest"))
+            else:
+                seen.add(r)
+                size = ent.stat(follow_symlinks=False).st_size
+                if size != want[r].size:
+                    problems.append(FileProblem(r, "size", want[r].size, size))
+
+    if root.is_symlink() or not root.is_dir():
+        return [FileProblem(".", "missing" if not root.is_symlink() else "symlink")]
+    walk(root, ".")
+    problems += [FileProblem(p, "missing") for p in sorted(set(want) - seen)
+                 if not any(q.path == p or p.startswith(q.path + "/") for q in problems)]
+    return problems
+
+
+def local_problems(manifest: Manifest, root: Path, *, unchanged: dict[str, list[int]] | None = None) -> list[FileProblem]:
+    """Every file of ``root`` that does not match the manifest: the tree's shape by ``lstat``
+    (:func:`tree_problems`), then each file's bytes re-hashed, except those whose size, mtime,
+    inode and ctime still equal ``unchanged`` (their stat at a deep verify inside the window)."""
+    problems = tree_problems(manifest, root)
+    if problems:
+        return problems
     for e in manifest.files:
         p = root / e.path
-        if not p.is_file():
-            problems.append(FileProblem(e.path, "missing"))
+        if unchanged is not None and unchanged.get(e.path) == _stat_key(os.lstat(p)):
             continue
         if problem := entry_problem(e, file_hasher(p, crypto=e.blake3 is not None)):
             problems.append(problem)
@@ -466,12 +527,16 @@ def local_problems(manifest: Manifest, root: Path) -> list[FileProblem]:
 
 
 def activate_staged(dest: str | Path, entry: StagedEngine, *, trusted: TrustedKeys | None, now: datetime,
-                    verify_window_s: float, require_crypto: bool = False) -> PullResult:
+                    verify_window_s: float, require_crypto: bool = False,
+                    preflight: Preflight | None = None) -> PullResult:
     """Swap ``current`` to a staged engine, reading nothing from the store: the staged manifest
     must hash to the artifact id and, with ``trusted`` keys, carry a trusted builder signature
     under a record signed by a trusted promoter key (revocations are those the keys file holds);
-    the record must be fresh; the files are re-hashed only when the staging's verify is older than
-    ``verify_window_s``. The staged entry is removed once it is current."""
+    the record must be fresh. The staged tree must be exactly the manifest's files (no extra,
+    missing or linked entry, every size equal: :func:`tree_problems`); a file is re-hashed when its
+    stat changed since the staging's deep verify, and every file when that verify is older than
+    ``verify_window_s``. Then ``preflight`` loads it, and only then does ``current`` move. The
+    staged entry is removed once it is current."""
     dest = Path(dest)
     aid = entry.artifact_id
     manifest = parse_verified_manifest(entry.manifest_body, aid, f"staged manifest of {aid}")
@@ -486,10 +551,15 @@ def activate_staged(dest: str | Path, entry: StagedEngine, *, trusted: TrustedKe
             raise RollbackError(entry.record.channel, entry.record.seq, seen)
     final = dest / "versions" / entry.path_name
     with _locked(dest):
-        if (now - parse_utc(entry.verified_at)).total_seconds() > verify_window_s or not final.is_dir():
-            problems = local_problems(manifest, final) if final.is_dir() else [FileProblem(".", "missing")]
-            if problems:
-                raise VerificationError(aid, problems)
+        fresh = (now - parse_utc(entry.verified_at)).total_seconds() <= verify_window_s
+        problems = local_problems(manifest, final, unchanged=entry.stats if fresh else None)
+        if problems:
+            raise VerificationError(aid, problems)
+        if preflight is not None:
+            try:
+                preflight(manifest, final)
+            except Exception as err:  # any failure to load means: do not activate
+                raise PreflightError(aid, f"{type(err).__name__}: {err}") from None
         previous = current_artifact(dest)
         rel = os.path.join("versions", final.name)
         old_target = _link_target(dest / "current")

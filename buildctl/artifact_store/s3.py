@@ -165,6 +165,17 @@ class S3Store:
             ),
         )
 
+    def fail_fast(self) -> "S3Store":
+        """The same bucket through a client that tries once and waits at most 2 s to connect: for a
+        check that may be skipped when the store does not answer (``node activate``'s quarantine
+        look-up, offline by design), so that a store that is gone costs no retries."""
+        client = _boto_session().client(
+            "s3", endpoint_url=self.client.meta.endpoint_url,
+            config=Config(retries={"max_attempts": 1, "mode": "standard"}, connect_timeout=2, read_timeout=5,
+                          request_checksum_calculation="when_required",
+                          response_checksum_validation="when_required"))
+        return S3Store(self.uri, client=client)
+
     # -- helpers --------------------------------------------------------------------------
 
     def _k(self, key: str) -> str:

@@ -118,8 +118,10 @@ def activate_cmd(
     ctx: typer.Context,
     profile: str = typer.Option(..., "--profile", help="Profile name."),
     dest: Path = typer.Option(..., "--dest", help="Install directory (as given to pull)."),
-    channel: Optional[str] = typer.Option(None, "--channel", help="Only an engine staged from this channel; and the "
-                                          "channel to pull from when none is staged (default prod)."),
+    channel: str = typer.Option("prod", "--channel", help="Only an engine staged from this channel; and the "
+                                "channel to pull from when none is staged."),
+    skip_preflight: bool = typer.Option(False, "--skip-preflight", help="Swap in after the tree and byte checks only, "
+                                        "without a test load (as pull --skip-preflight)."),
     node_id: Optional[str] = typer.Option(None, "--node-id", help="This node's id, for a pull when nothing is staged."),
     require_crypto: bool = REQUIRE_CRYPTO_OPT,
     json_out: bool = typer.Option(False, "--json", help="JSON output."),
@@ -129,7 +131,10 @@ def activate_cmd(
     from buildctl import node_agent
 
     got = node_agent.activate(context(ctx, require_crypto=require_crypto), profile, dest, channel=channel,
-                              node_id=node_id)
+                              node_id=node_id, skip_preflight=skip_preflight)
+    if got.quarantine_note:
+        typer.echo(f"warning: {got.quarantine_note}; activated from the staged copy as verified on this disk",
+                   err=True)
     if want_json(ctx, json_out):
         emit_json(got.to_json())
         return

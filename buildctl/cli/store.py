@@ -501,7 +501,8 @@ def _stage(c, profile: str, channel: str, dest: Path, for_upgrade: Path | None, 
                 highlight=False)
     if not got.coverage.covered:
         out().print(f"note: {got.coverage.describe()}", highlight=False)
-    out().print(f"after the upgrade: buildctl node activate --profile {profile} --dest {dest}", highlight=False)
+    out().print(f"after the upgrade: buildctl node activate --profile {profile} --channel {channel} --dest {dest}",
+                highlight=False)
 
 
 def gc_cmd(
