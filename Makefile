@@ -127,6 +127,7 @@ bench: install
 	$(PY) -m benchmarks.reconcile
 	$(PY) -m benchmarks.stage_times
 	$(PY) -m benchmarks.deep_verify
+	$(PY) -m benchmarks.activate
 	$(PY) -m benchmarks.crypto_digest
 	$(PY) -m benchmarks.install_sizes
 	$(PY) -m benchmarks.speedgate --runs $(BENCH_SPEEDGATE_RUNS)
