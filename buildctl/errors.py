@@ -76,6 +76,19 @@ class DestinationError(BuildctlError):
     directory belongs); what was installed there stays as it was."""
 
 
+# The errno values of a host's disk that cannot take a write: exit 12 wherever they surface.
+DISK_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS})
+
+
+def as_disk_error(err: BaseException) -> "DestinationError | None":
+    """``err`` as a :class:`DestinationError` when it is an OSError of a disk that cannot take a
+    write (full, over quota, read-only), wherever a command met it."""
+    if isinstance(err, OSError) and err.errno in DISK_ERRNOS:
+        where = f": {err.filename}" if err.filename is not None else ""
+        return DestinationError(f"{err.strerror}{where}")
+    return None
+
+
 class EventNotDeliveredError(BuildctlError):
     """The work was done and recorded, but a Prefect event it owes could not be delivered; the
     record keeps it pending and the next run re-sends it."""

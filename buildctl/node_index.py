@@ -136,19 +136,35 @@ def scope_nodes(store: Store, profile: str, channel: str, backend: str, compat_k
     return out
 
 
-def status_states(store: Store, profile: str, channel: str, artifact_id: str) -> dict[str, set[str]]:
-    """node id -> the states its markers give it with the artifact on the channel."""
+STATUS_STATES = frozenset({"installed", "healthy", "failed", "refused"})
+MALFORMED_MARKER = "malformed status marker (not <node>.<installed|healthy|failed|refused>)"
+UNREADABLE = "?"  # a node named by a malformed marker: its own record decides (``state_of`` is unsure)
+
+
+def status_states(store: Store, profile: str, channel: str, artifact_id: str,
+                  skipped: list[tuple[str, str]] | None = None) -> dict[str, set[str]]:
+    """node id -> the states its markers give it with the artifact on the channel. A malformed
+    marker (any node role can write one) is passed over and listed in ``skipped``; when it still
+    names a node, that node's state is unsure, so its record is read (:func:`state_of`)."""
     prefix = status_prefix(profile, channel, artifact_id)
     out: dict[str, set[str]] = {}
     for key in store.list(prefix):
-        node_id, state = key[len(prefix):].rsplit(".", 1)
+        node_id, dot, state = key[len(prefix):].rpartition(".")
+        if not dot or not node_id or "/" in node_id or state not in STATUS_STATES:
+            if skipped is not None:
+                skipped.append((key, MALFORMED_MARKER))
+            if node_id and "/" not in node_id:
+                out.setdefault(node_id, set()).add(UNREADABLE)
+            continue
         out.setdefault(node_id, set()).add(state)
     return out
 
 
 def state_of(states: set[str]) -> str | None:
     """A node's rollout status from its markers (``rollouts.node_status``'s rule), or None when
-    they disagree (an interrupted update left two engine states): read its record."""
+    they disagree (an interrupted update left two engine states) or one is malformed: read its record."""
+    if UNREADABLE in states:
+        return None
     engine = states - {"refused"}
     if len(engine) > 1:
         return None

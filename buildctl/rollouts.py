@@ -268,23 +268,26 @@ def _inventory(store: Store, skipped: list[tuple[str, str]] | None = None) -> li
     return None if index_built(store) else read_inventory(store, skipped)
 
 
-def _view(store: Store, rec: ChannelRecord, nodes: list[NodeRecord] | None, now: datetime | None) -> RolloutView:
-    """:func:`view` on ``nodes`` (None: from the node index)."""
+def _view(store: Store, rec: ChannelRecord, nodes: list[NodeRecord] | None, now: datetime | None,
+          skipped: list[tuple[str, str]] | None = None) -> RolloutView:
+    """:func:`view` on ``nodes`` (None: from the node index; malformed markers go to ``skipped``)."""
     now = now or datetime.now(timezone.utc)
     if rec.rollout is None:
         return decide(rec, [], now)
     backend = get_manifest(store, rec.rollout.target).backend
     if nodes is None:
-        return _view_from_index(store, rec, backend, now)
+        return _view_from_index(store, rec, backend, now, skipped)
     return decide(rec, nodes_in_scope(nodes, rec.profile, rec.channel, backend, rec.compat_key), now)
 
 
-def _view_from_index(store: Store, rec: ChannelRecord, backend: str, now: datetime) -> RolloutView:
+def _view_from_index(store: Store, rec: ChannelRecord, backend: str, now: datetime,
+                     skipped: list[tuple[str, str]] | None = None) -> RolloutView:
     """The view from the node index's scope and status markers. The index may hold extra markers
     (an update interrupted between its markers and its record), so a node whose markers disagree
-    is read, and a halt is decided only on failures its nodes' own records confirm."""
+    or are malformed is read (a malformed marker is listed in ``skipped``, never fatal), and a
+    halt is decided only on failures its nodes' own records confirm."""
     r = rec.rollout
-    states = status_states(store, rec.profile, rec.channel, r.target)
+    states = status_states(store, rec.profile, rec.channel, r.target, skipped)
     status: dict[str, str] = {}
     unsure = []
     for node_id in scope_nodes(store, rec.profile, rec.channel, backend, rec.compat_key):
@@ -314,7 +317,12 @@ def status(store: Store, profile: str, channel: str, compat_key: str | None = No
     ``skipped``, malformed channel refs and node records are listed there and left out of the view
     (``tick``, which moves waves, never passes over a node it cannot read)."""
     nodes = _inventory(store, skipped)
-    return map_bounded(lambda r: _view(store, r, nodes, None), _records(store, profile, channel, compat_key, skipped))
+    recs = _records(store, profile, channel, compat_key, skipped)
+    per_ref: list[list[tuple[str, str]]] = [[] for _ in recs]
+    views = map_bounded(lambda i: _view(store, recs[i], nodes, None, per_ref[i]), list(range(len(recs))))
+    if skipped is not None:
+        skipped.extend(s for lst in per_ref for s in lst)
+    return views
 
 
 def tick(ctx: Context, *, channel: str, profile: str | None = None, now: datetime | None = None) -> list[RolloutView]:
@@ -324,8 +332,13 @@ def tick(ctx: Context, *, channel: str, profile: str | None = None, now: datetim
     nodes = _inventory(store)
     live = [rec for rec in _records(store, profile, channel, None) if rec.rollout is not None and rec.rollout.live]
     out = []
+    malformed: list[list[tuple[str, str]]] = [[] for _ in live]  # passed over: the nodes' records decided
     # The refs' views are counted at once (each LISTs its own markers); the decisions are applied in order.
-    for rec, v in zip(live, map_bounded(lambda rec: _view(store, rec, nodes, now), live)):
+    views = map_bounded(lambda i: _view(store, live[i], nodes, now, malformed[i]), list(range(len(live))))
+    for rec, v, bad in zip(live, views, malformed):
+        if bad:
+            v.why += f" ({len(bad)} malformed status marker(s) passed over, their nodes' records read: {bad[0][0]}" \
+                     + (", ..." if len(bad) > 1 else "") + ")"
         if v.decision in ("advance", "complete", "halt"):
             cur = v.waves[rec.rollout.wave]
             failed = cur.failed_nodes if v.decision == "halt" else ()

@@ -69,6 +69,11 @@ def _isolated_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     for var in ("BUILDCTL_STORE", "BUILDCTL_FINGERPRINT_FILE", "BUILDCTL_DEBUG", "BUILDCTL_SIGNING_KEY",
                 "BUILDCTL_TRUSTED_KEYS"):
         monkeypatch.delenv(var, raising=False)
+    # boto3's session caches the credentials it resolved first: a test that points them at a
+    # store that is gone (AWS_ACCESS_KEY_ID=x) must not hand them to the next test's S3 store.
+    from buildctl.artifact_store import s3
+
+    monkeypatch.setattr(s3, "_session", None)
 
 
 @pytest.fixture(autouse=True)

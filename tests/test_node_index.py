@@ -289,3 +289,23 @@ def test_fleet_commands_overlap_their_requests_and_answer_as_one_at_a_time(tmp_p
         assert wrapped.most >= 4, name
     assert run(_InFlight(store)) == sequential
     assert sum(sequential["demand"].values()) == 300 and len(sequential["tick"]) == fleet_scale.KEYS
+
+
+@pytest.mark.parametrize("leaf", ["garbage", "{node}.bogus", "{node}.", ".failed"])
+def test_a_malformed_status_marker_is_skipped_and_reported_and_a_failed_canary_still_halts(store, tmp_path, draft,
+                                                                                         cli, leaf):
+    """#48 item 5: any node role can write a status marker; a malformed one is passed over and
+    listed (rollout status exits 10), never fatal, and a real failure still halts the rollout."""
+    node_index.rebuild(store)
+    nodes, rec, late = rollout_in_flight(store, tmp_path, draft, n=40)
+    canaries = [x for x in nodes.ids if x not in late]
+    bad = f"{status_prefix(PROFILE, 'prod', rec.artifact_id)}{leaf.format(node=canaries[0])}"
+    store.put_bytes(bad, b"")
+    state = read_node(store, canaries[1])[0].engine(PROFILE, "prod")  # a canary whose smoke check fails
+    fleet.record_engine_state(store, canaries[1], detect(), state.model_copy(update={"status": "failed"}))
+    code, out, err = cli("--store", store.uri, "--json", "rollout", "status", "--profile", PROFILE, "--channel", "prod")
+    assert code == 10, err
+    assert bad in err and json.loads(out)[0]["waves"][0]["failed_nodes"] == [canaries[1]]
+    later = datetime.now(timezone.utc) + timedelta(seconds=601)
+    (v,) = rollouts.tick(Context.from_settings(settings(), store=store), channel="prod", now=later)
+    assert v.decision == "halt" and v.applied is not None and "malformed" in v.why

@@ -22,6 +22,7 @@ import errno
 import fcntl
 import json
 import os
+import re
 import shutil
 import uuid
 from contextlib import contextmanager
@@ -86,6 +87,8 @@ def _prepare(dest: Path) -> None:
 
 @contextmanager
 def _locked(dest: Path) -> Iterator[None]:
+    """One install, stage or activation at a time per ``DIR``; what a killed one left behind (a
+    staging folder, a half-made link, a temporary file) is removed first."""
     try:
         fd = os.open(dest / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as err:
@@ -94,9 +97,29 @@ def _locked(dest: Path) -> Iterator[None]:
         raise InstallError(str(dest), f"{os.strerror(err.errno)}: {dest / '.lock'}") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
+        _remove_leftovers(dest)
         yield
     finally:
         os.close(fd)
+
+
+_LEFTOVER_LINK = re.compile(r"^\.(current|previous)-[0-9a-f]{32}$")
+_LEFTOVER_TMP = re.compile(r"^\..*\.[0-9a-f]{32}\.tmp$")
+
+
+def _remove_leftovers(dest: Path) -> None:
+    """Under the lock: remove what an install killed mid-way left (nothing else holds the lock)."""
+    for d in (dest, dest / MANIFESTS_DIR, dest / STAGED_DIR):
+        try:
+            names = os.listdir(d)
+        except OSError:
+            continue
+        for name in names:
+            if d == dest and name.startswith(".staging-"):
+                _make_writable(dest / name)
+                shutil.rmtree(dest / name, ignore_errors=True)
+            elif (d == dest and _LEFTOVER_LINK.match(name)) or _LEFTOVER_TMP.match(name):
+                _unlink_quietly(d / name)
 
 
 def _link_target(link: Path) -> str | None:
@@ -125,7 +148,72 @@ def previous_artifact(dest: Path) -> str | None:
 def _swap_link(dest: Path, name: str, target: str) -> None:
     tmp = dest / f".{name}-{uuid.uuid4().hex}"
     os.symlink(target, tmp)
-    os.replace(tmp, dest / name)
+    try:
+        os.replace(tmp, dest / name)
+    except BaseException:
+        _unlink_quietly(tmp)
+        raise
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    """Replace ``path`` with ``data`` through a temporary file beside it, removed on any failure
+    (a full disk leaves the old file, never a partial one or a stray temporary)."""
+    tmp = path.parent / f".{path.name}.{uuid.uuid4().hex}.tmp"
+    try:
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    except BaseException:
+        _unlink_quietly(tmp)
+        raise
+
+
+def _unlink_quietly(path: Path) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def _dest_error(dest: Path, err: OSError, what: str) -> InstallError | None:
+    """``err`` as an :class:`InstallError` (exit 12) when it is this host's disk's, else None."""
+    if err.errno not in _DEST_ERRNOS:
+        return None
+    return InstallError(str(dest), f"{os.strerror(err.errno)} while {what} {err.filename or ''}".rstrip())
+
+
+def _commit_links(dest: Path, rel: str) -> tuple[str | None, str | None]:
+    """Make ``current`` point at ``rel`` and ``previous`` at what ``current`` was: ``previous``
+    first, then ``current``, so that an interruption between the two leaves ``current`` as it
+    was (with ``previous`` equal to it, or put back) and a re-run swaps both again; never a new
+    ``current`` beside a stale ``previous``. Returns what ``current`` and ``previous`` were."""
+    old_target = _link_target(dest / "current")
+    old_previous = _link_target(dest / "previous")
+    if old_target == rel:
+        return old_target, old_previous
+    if old_target:
+        _swap_link(dest, "previous", old_target)
+    try:
+        _swap_link(dest, "current", rel)
+    except BaseException:
+        if _link_target(dest / "current") != rel and old_target:  # current did not move: previous back
+            try:
+                if old_previous:
+                    _swap_link(dest, "previous", old_previous)
+                else:
+                    os.unlink(dest / "previous")
+            except OSError:
+                pass  # previous equals current: still a complete engine, and a re-run swaps both again
+        raise
+    return old_target, old_previous
+
+
+def _sync_quietly(dest: Path) -> None:
+    """fsync ``dest`` after the links moved: they are in place whatever it says, so a failure is
+    not reported as a failed install (the rename is atomic; only its durability is at stake)."""
+    try:
+        fsync_dir(dest)
+    except OSError:
+        pass
 
 
 def install_artifact(
@@ -140,67 +228,77 @@ def install_artifact(
     on_bytes: ProgressFn | None = None,
     bound: str | None = None,
     require_crypto: bool = False,
+    record: ChannelRecord | None = None,
 ) -> PullResult:
     """Download, verify and atomically install one artifact as ``DIR/current``. ``workers`` files
     at once; large files as parallel ranged reads, ``range_slots`` in flight over all of them.
     ``bound``: the BLAKE3 of the manifest bytes the channel record signed (the bytes must have it);
     ``require_crypto``: refuse a manifest without per-file BLAKE3, or no ``bound`` (the engine
-    already current is checked too, from the manifest bytes kept beside it)."""
+    already current is checked too, from the manifest bytes kept beside it). ``record``: the
+    channel record installed, whose seq this node remembers (:func:`record_installed`) before
+    ``current`` moves. A full or read-only disk anywhere before the swap is an
+    :class:`InstallError` (exit 12) with ``current`` as it was."""
     dest = Path(dest)
     _prepare(dest)
     with _locked(dest):
-        previous = current_artifact(dest)
-        final = dest / "versions" / hex_of(artifact_id)
-        if previous == artifact_id:
-            if bound is not None or require_crypto:
-                body = _kept_manifest(dest, artifact_id)
-                if body is None:
-                    body = get_manifest_and_bytes(store, artifact_id)[1]
-                check_bound(artifact_id, body, parse_manifest(body, f"kept manifest of {artifact_id}"), bound,
-                            require_crypto=require_crypto)
-            return PullResult(artifact_id, installed=False, path=final, previous=previous)
-        for stale in dest.glob(".staging-*"):  # left by a crashed pull
-            shutil.rmtree(stale, ignore_errors=True)
-        check_not_quarantined(store, artifact_id, "not installing it; the current engine stays")
-        manifest, body = get_manifest_and_bytes(store, artifact_id)
-        check_bound(artifact_id, body, manifest, bound, require_crypto=require_crypto)
-        staging = dest / f".staging-{uuid.uuid4().hex}"
-        staging.mkdir()
         try:
-            try:
-                problems = download_verified(store, manifest, staging, workers=workers, range_slots=range_slots,
-                                             on_bytes=on_bytes)
-            except OSError as err:
-                if err.errno in _DEST_ERRNOS:
-                    raise InstallError(str(dest), f"{os.strerror(err.errno)} while writing {err.filename or 'staging'}") from None
+            return _install_locked(store, artifact_id, dest, preflight=preflight, keep=keep, workers=workers,
+                                   range_slots=range_slots, on_bytes=on_bytes, bound=bound,
+                                   require_crypto=require_crypto, record=record)
+        except OSError as err:
+            if (mapped := _dest_error(dest, err, "writing")) is None:
                 raise
-            if problems:
-                raise VerificationError(artifact_id, problems)
-            if preflight is not None:
-                try:
-                    preflight(manifest, staging)
-                except Exception as err:  # any failure to load means: do not install
-                    raise PreflightError(artifact_id, f"{type(err).__name__}: {err}") from None
-            if final.exists():  # an older install of the same artifact (e.g. 'previous'): replace it
-                _make_writable(final)
-                shutil.rmtree(final)
-            os.rename(staging, final)
-            fsync_dir(final.parent)
-            _keep_manifest(dest, artifact_id, body)
-        except BaseException:
-            _make_writable(staging)
-            shutil.rmtree(staging, ignore_errors=True)
-            raise
-        rel = os.path.join("versions", final.name)
-        old_target = _link_target(dest / "current")
-        old_previous = _link_target(dest / "previous")
-        _swap_link(dest, "current", rel)
-        if old_target and old_target != rel:
-            _swap_link(dest, "previous", old_target)
-        fsync_dir(dest)
-        _prune(dest, keep)
-        return PullResult(artifact_id, installed=True, path=final, previous=previous, bytes=manifest.total_size,
-                          previous_link=old_previous)
+            raise mapped from None
+
+
+def _install_locked(store: Store, artifact_id: str, dest: Path, *, preflight: Preflight | None, keep: int,
+                    workers: int, range_slots: int | None, on_bytes: ProgressFn | None, bound: str | None,
+                    require_crypto: bool, record: ChannelRecord | None) -> PullResult:
+    previous = current_artifact(dest)
+    final = dest / "versions" / hex_of(artifact_id)
+    if previous == artifact_id:
+        if bound is not None or require_crypto:
+            body = _kept_manifest(dest, artifact_id)
+            if body is None:
+                body = get_manifest_and_bytes(store, artifact_id)[1]
+            check_bound(artifact_id, body, parse_manifest(body, f"kept manifest of {artifact_id}"), bound,
+                        require_crypto=require_crypto)
+        if record is not None:
+            record_installed(dest, record)
+        return PullResult(artifact_id, installed=False, path=final, previous=previous)
+    check_not_quarantined(store, artifact_id, "not installing it; the current engine stays")
+    manifest, body = get_manifest_and_bytes(store, artifact_id)
+    check_bound(artifact_id, body, manifest, bound, require_crypto=require_crypto)
+    staging = dest / f".staging-{uuid.uuid4().hex}"
+    staging.mkdir()
+    try:
+        problems = download_verified(store, manifest, staging, workers=workers, range_slots=range_slots,
+                                     on_bytes=on_bytes)
+        if problems:
+            raise VerificationError(artifact_id, problems)
+        if preflight is not None:
+            try:
+                preflight(manifest, staging)
+            except Exception as err:  # any failure to load means: do not install
+                raise PreflightError(artifact_id, f"{type(err).__name__}: {err}") from None
+        if final.exists():  # an older install of the same artifact (e.g. 'previous'): replace it
+            _make_writable(final)
+            shutil.rmtree(final)
+        os.rename(staging, final)
+        fsync_dir(final.parent)
+    except BaseException:
+        _make_writable(staging)
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    # What the node remembers is written before current moves: a full disk stops the install here.
+    _keep_manifest(dest, artifact_id, body)
+    if record is not None:
+        record_installed(dest, record)
+    _, old_previous = _commit_links(dest, os.path.join("versions", final.name))
+    _sync_quietly(dest)
+    _prune_quietly(dest, keep)
+    return PullResult(artifact_id, installed=True, path=final, previous=previous, bytes=manifest.total_size,
+                      previous_link=old_previous)
 
 
 def switch_back(dest: str | Path, result: PullResult) -> str | None:
@@ -246,9 +344,7 @@ def _keep_manifest(dest: Path, artifact_id: str, body: bytes) -> None:
     manifest from them, and the id proves them."""
     d = dest / MANIFESTS_DIR
     d.mkdir(exist_ok=True)
-    tmp = d / f".{hex_of(artifact_id)}.{uuid.uuid4().hex}.tmp"
-    tmp.write_bytes(body)
-    os.replace(tmp, d / f"{hex_of(artifact_id)}.json")
+    _write_atomic(d / f"{hex_of(artifact_id)}.json", body)
 
 
 def _kept_manifest(dest: Path, artifact_id: str) -> bytes | None:
@@ -268,6 +364,14 @@ def installed_manifests(dest: str | Path) -> Iterator[bytes]:
             yield f.read_bytes()
         except OSError:
             continue
+
+
+def _prune_quietly(dest: Path, keep: int) -> None:
+    """Prune after the swap: a disk error here leaves an extra version, never a failed install."""
+    try:
+        _prune(dest, keep)
+    except OSError:
+        pass
 
 
 def _prune(dest: Path, keep: int) -> None:
@@ -308,9 +412,7 @@ def record_installed(dest: Path, record: ChannelRecord) -> None:
     state = installed_seqs(dest)
     k = channel_ref(record)
     state[k] = max(state.get(k, 0), record.seq)
-    tmp = Path(dest) / f".{STATE_FILE}.{uuid.uuid4().hex}"
-    tmp.write_text(json.dumps(state, sort_keys=True))
-    os.replace(tmp, Path(dest) / STATE_FILE)
+    _write_atomic(Path(dest) / STATE_FILE, json.dumps(state, sort_keys=True).encode())
 
 
 TRUST_FILE = ".buildctl-trusted.json"
@@ -330,9 +432,8 @@ def record_verified(dest: Path, proof: VerifiedRef) -> None:
     """Keep ``proof`` for ``proof.ref`` once what it covered is installed here."""
     refs = verified_refs(dest)
     refs[proof.ref] = proof
-    tmp = Path(dest) / f".{TRUST_FILE}.{uuid.uuid4().hex}"
-    tmp.write_text(json.dumps({k: v.model_dump(mode="json") for k, v in refs.items()}, sort_keys=True))
-    os.replace(tmp, Path(dest) / TRUST_FILE)
+    _write_atomic(Path(dest) / TRUST_FILE,
+                  json.dumps({k: v.model_dump(mode="json") for k, v in refs.items()}, sort_keys=True).encode())
 
 
 HEALTH_FILE = ".buildctl-health.json"
@@ -351,9 +452,7 @@ def mark_health(dest: str | Path, artifact_id: str, status: str, when: str, deta
     """Record this node's smoke-check verdict for an artifact (atomically replaced)."""
     marks = health_marks(dest)
     marks[artifact_id] = {"status": status, "when": when, "detail": detail or ""}
-    tmp = Path(dest) / f".{HEALTH_FILE}.{uuid.uuid4().hex}"
-    tmp.write_text(json.dumps(marks, sort_keys=True))
-    os.replace(tmp, Path(dest) / HEALTH_FILE)
+    _write_atomic(Path(dest) / HEALTH_FILE, json.dumps(marks, sort_keys=True).encode())
 
 
 # --- staged engines: downloaded before an upgrade, activated after it, offline ------------------
@@ -417,44 +516,53 @@ def stage_artifact(store: Store, record: ChannelRecord, artifact_id: str, dest: 
     dest = Path(dest)
     _prepare(dest)
     with _locked(dest):
-        check_not_quarantined(store, artifact_id, "not staging it")
-        body = store.get_bytes(manifest_key(artifact_id))
-        manifest = parse_verified_manifest(body, artifact_id, manifest_key(artifact_id))
-        check_bound(artifact_id, body, manifest, record.bound(artifact_id), require_crypto=require_crypto)
-        sigs = manifest_signatures(store, artifact_id)[0]
-        final = dest / "versions" / hex_of(artifact_id)
-        downloaded = False
-        if final.is_dir() and not local_problems(manifest, final):
-            pass  # already here (installed before, or staged): re-hashed just now
-        else:
-            staging = dest / f".staging-{uuid.uuid4().hex}"
-            staging.mkdir()
-            try:
-                problems = download_verified(store, manifest, staging, workers=workers, on_bytes=on_bytes)
-                if problems:
-                    raise VerificationError(artifact_id, problems)
-                if final.exists():
-                    _make_writable(final)
-                    shutil.rmtree(final)
-                os.rename(staging, final)
-                fsync_dir(final.parent)
-                downloaded = True
-            except BaseException:
-                _make_writable(staging)
-                shutil.rmtree(staging, ignore_errors=True)
+        try:
+            return _stage_locked(store, record, artifact_id, dest, when=when, workers=workers, on_bytes=on_bytes,
+                                 require_crypto=require_crypto)
+        except OSError as err:
+            if (mapped := _dest_error(dest, err, "staging")) is None:
                 raise
-        stats = file_stats(manifest, final)
-        entry = StagedEngine(artifact_id, record.compat_key, record, body, sigs, when, when, stats)
-        f = _staged_file(dest, record)
-        f.parent.mkdir(exist_ok=True)
-        tmp = f.parent / f".{f.name}.{uuid.uuid4().hex}"
-        tmp.write_text(json.dumps({"artifact_id": artifact_id, "compat_key": record.compat_key,
-                                   "record": json.loads(record.to_bytes()), "manifest": body.decode(),
-                                   "manifest_signatures": sigs, "verified_at": when, "staged_at": when,
-                                   "stats": stats}, sort_keys=True))
-        os.replace(tmp, f)
-        fsync_dir(f.parent)
-        return entry, downloaded
+            raise mapped from None
+
+
+def _stage_locked(store: Store, record: ChannelRecord, artifact_id: str, dest: Path, *, when: str, workers: int,
+                  on_bytes: ProgressFn | None, require_crypto: bool) -> tuple[StagedEngine, bool]:
+    check_not_quarantined(store, artifact_id, "not staging it")
+    body = store.get_bytes(manifest_key(artifact_id))
+    manifest = parse_verified_manifest(body, artifact_id, manifest_key(artifact_id))
+    check_bound(artifact_id, body, manifest, record.bound(artifact_id), require_crypto=require_crypto)
+    sigs = manifest_signatures(store, artifact_id)[0]
+    final = dest / "versions" / hex_of(artifact_id)
+    downloaded = False
+    if final.is_dir() and not local_problems(manifest, final):
+        pass  # already here (installed before, or staged): re-hashed just now
+    else:
+        staging = dest / f".staging-{uuid.uuid4().hex}"
+        staging.mkdir()
+        try:
+            problems = download_verified(store, manifest, staging, workers=workers, on_bytes=on_bytes)
+            if problems:
+                raise VerificationError(artifact_id, problems)
+            if final.exists():
+                _make_writable(final)
+                shutil.rmtree(final)
+            os.rename(staging, final)
+            fsync_dir(final.parent)
+            downloaded = True
+        except BaseException:
+            _make_writable(staging)
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+    stats = file_stats(manifest, final)
+    entry = StagedEngine(artifact_id, record.compat_key, record, body, sigs, when, when, stats)
+    f = _staged_file(dest, record)
+    f.parent.mkdir(exist_ok=True)
+    _write_atomic(f, json.dumps({"artifact_id": artifact_id, "compat_key": record.compat_key,
+                                 "record": json.loads(record.to_bytes()), "manifest": body.decode(),
+                                 "manifest_signatures": sigs, "verified_at": when, "staged_at": when,
+                                 "stats": stats}, sort_keys=True).encode())
+    fsync_dir(f.parent)
+    return entry, downloaded
 
 
 def _stat_key(st: os.stat_result) -> list[int]:
@@ -561,17 +669,17 @@ def activate_staged(dest: str | Path, entry: StagedEngine, *, trusted: TrustedKe
             except Exception as err:  # any failure to load means: do not activate
                 raise PreflightError(aid, f"{type(err).__name__}: {err}") from None
         previous = current_artifact(dest)
-        rel = os.path.join("versions", final.name)
-        old_target = _link_target(dest / "current")
-        old_previous = _link_target(dest / "previous")
-        if previous != aid:
-            _swap_link(dest, "current", rel)
-            if old_target and old_target != rel:
-                _swap_link(dest, "previous", old_target)
-            fsync_dir(dest)
-        record_installed(dest, entry.record)
-        _keep_manifest(dest, aid, entry.manifest_body)  # the staged entry that kept it goes next
-        _staged_file(dest, entry.record).unlink(missing_ok=True)
+        try:
+            # What the node remembers is written before current moves: a full disk stops it here.
+            _keep_manifest(dest, aid, entry.manifest_body)
+            record_installed(dest, entry.record)
+            _, old_previous = _commit_links(dest, os.path.join("versions", final.name))
+        except OSError as err:
+            if (mapped := _dest_error(dest, err, "activating")) is None:
+                raise
+            raise mapped from None
+        _sync_quietly(dest)
+        _unlink_quietly(_staged_file(dest, entry.record))  # a leftover entry activates as 'already current'
         return PullResult(aid, installed=previous != aid, path=final, previous=previous, record=entry.record,
                           bytes=manifest.total_size, previous_link=old_previous)
 

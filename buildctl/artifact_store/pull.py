@@ -69,9 +69,11 @@ def pull(
         proof = check_trust(store, record, trusted, seen=installed_seqs(dest).get(ref, 0), artifact_id=artifact_id,
                             known=verified_refs(dest).get(ref) if current_artifact(dest) == artifact_id else None)
     result = install_artifact(store, artifact_id, dest, preflight=preflight, keep=keep, on_bytes=on_bytes,
-                              bound=record.bound(artifact_id), require_crypto=require_crypto)
+                              bound=record.bound(artifact_id), require_crypto=require_crypto, record=record)
     result.record = record
-    record_installed(dest, record)
     if proof is not None:
-        record_verified(dest, proof)
+        try:
+            record_verified(dest, proof)
+        except OSError:
+            pass  # a proof not kept costs the next pull a full trust check, nothing else
     return result

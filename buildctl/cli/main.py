@@ -34,6 +34,7 @@ from buildctl.errors import (
     NotFoundError,
     PreflightRefusedError,
     UnavailableError,
+    as_disk_error,
     as_path_error,
 )
 from buildctl.artifact_store.errors import SkippedRecordsError
@@ -187,8 +188,17 @@ def run(argv: list[str] | None = None) -> int:
                 signal.signal(sig, handler)  # type: ignore[arg-type]
 
 
+def _say(message: str, **style) -> None:
+    """The one line of an error, on stderr; a stderr that cannot be written (a full disk under
+    a redirect) loses the line, never the exit code."""
+    try:
+        _err.print(message, highlight=False, markup=False, **style)
+    except OSError:
+        pass
+
+
 def _interrupted(e: BaseException) -> int:
-    _err.print("terminated" if isinstance(e, Terminated) else "interrupted", style="red")
+    _say("terminated" if isinstance(e, Terminated) else "interrupted", style="red")
     return exit_code_for(e)
 
 
@@ -211,16 +221,15 @@ def _run(argv: list[str] | None) -> int:
     except BuildctlError as e:
         if _debug():
             traceback.print_exc()
-        _err.print(f"error: {e}", style="red", highlight=False, markup=False)
+        _say(f"error: {e}", style="red")
         return exit_code_for(e)
     except Exception as e:  # noqa: BLE001 - the CLI's last resort
         if _debug():
             traceback.print_exc()
-        path_err = as_path_error(e)
-        if path_err is not None:  # a path the user gave that cannot name a file: bad input, not a bug
-            _err.print(f"error: {path_err}", style="red", highlight=False, markup=False)
-            return exit_code_for(path_err)
+        known = as_path_error(e) or as_disk_error(e)
+        if known is not None:  # a path that cannot name a file (bad input), or a disk that takes no write
+            _say(f"error: {known}", style="red")
+            return exit_code_for(known)
         if not _debug():
-            _err.print(f"unexpected error: {type(e).__name__}: {e} (set BUILDCTL_DEBUG=1 for a traceback)",
-                       style="red", highlight=False, markup=False)
+            _say(f"unexpected error: {type(e).__name__}: {e} (set BUILDCTL_DEBUG=1 for a traceback)", style="red")
         return exit_code_for(e)
