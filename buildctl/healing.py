@@ -202,6 +202,15 @@ def scrub(ctx: Context, *, sample: float = 1.0, channels_only: bool = False,
             row.profile = get_manifest(store, aid).profile_name
         rows.append(row)
     artifacts = list_artifacts(store)
+    known = {a for a, _ in artifacts} | {r.artifact_id for r in rows}
+    for aid in sorted(set(referenced) - known):  # a channel points at an artifact with no manifest at all
+        row = ScrubRow(aid, "?", sorted(referenced[aid]), 0, "corrupt",
+                       ["manifest: missing; every node pulling " + ", ".join(sorted(referenced[aid])) + " fails"])
+        restored = restore_manifest(store, aid)
+        if restored is not None:
+            row.status, row.problems = "repaired", [f"manifest: missing; restored from {restored}"]
+            row.profile = get_manifest(store, aid).profile_name
+        rows.append(row)
     first = [(a, m) for a, m in artifacts if a in referenced]
     rest = [(a, m) for a, m in artifacts if a not in referenced]
     rng = random.Random(seed)

@@ -323,3 +323,23 @@ def test_heal_and_repair_restore_a_rotted_manifest_from_another_store_or_a_node(
     rot_manifest(store, aid)
     code, _, err = cli("--store", store_uri, "--json", "repair", aid, "--from", mirror.uri)
     assert code == 0 and ops.verify(store, aid, deep=True), err
+
+
+@pytest.mark.parametrize("channels_only", [False, True])
+def test_scrub_fails_when_a_channel_points_at_an_artifact_whose_manifest_is_gone(store, store_uri, draft, tmp_path,
+                                                                                cli, s3_env_if_needed, channels_only):
+    """#48 item 7: every node fails to pull such a channel; scrub says so (exit 4) and names the
+    channel, and restores the manifest when a copy that hashes to the id is left."""
+    from buildctl.artifact_store.layout import IDENTITY_INDEX, manifest_key
+
+    aid = published(store, tmp_path / "a", draft, seed=1)
+    ops.promote(store, staged(store, aid), "prod")
+    store.delete(manifest_key(aid))
+    for key in list(store.list(IDENTITY_INDEX)):
+        store.delete(key)  # no copy left to restore it from
+    args = ["--store", store_uri, "--json", "scrub"] + (["--channels-only"] if channels_only else [])
+    code, out, err = cli(*args)
+    assert code == 4, (code, err)
+    (row,) = [r for r in json.loads(out)["artifacts"] if r["artifact_id"] == aid]
+    assert row["status"] == "corrupt" and "manifest: missing" in row["problems"][0]
+    assert any("prod" in c for c in row["channels"]), row
