@@ -81,6 +81,20 @@ def bucket_name_problem(bucket: str) -> str | None:
     return None
 
 
+def endpoint_url_problem(url: str) -> str | None:
+    """Why ``url`` cannot be an S3 endpoint (None: it can): an http(s) URL with a host."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(url)
+        parts.port  # a port that is not a number raises here
+    except ValueError as err:
+        return f"not a URL ({err})"
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return "not an http:// or https:// URL with a host (e.g. https://s3.us-east-1.amazonaws.com)"
+    return None
+
+
 def _code(err: ClientError) -> str:
     return str(err.response.get("Error", {}).get("Code", ""))
 
@@ -149,6 +163,8 @@ class S3Store:
         why = bucket_name_problem(bucket)
         if why is not None:
             raise StoreUriError(uri, why)
+        if endpoint_url is not None and (why := endpoint_url_problem(endpoint_url)) is not None:
+            raise StoreUriError(uri, f"--endpoint-url {endpoint_url!r} (BUILDCTL_ENDPOINT_URL): {why}")
         self.uri = uri.rstrip("/")
         self.bucket = bucket
         self.prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""

@@ -95,6 +95,9 @@ def write_key_pair(out_dir: str | Path, name: str, private: PrivateKeyTypes) -> 
     """Write ``private`` as ``NAME.key`` (PKCS8 PEM, 0600, never over an existing key) and its
     public key as ``NAME.pub`` into ``out_dir``."""
     out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise StoreArgumentError(f"--out {out}: a file, not a directory (key pairs are written as NAME.key and "
+                                 "NAME.pub into a directory)")
     out.mkdir(parents=True, exist_ok=True)
     key_path, pub_path = out / f"{name}.key", out / f"{name}.pub"
     if key_path.exists() or pub_path.exists():

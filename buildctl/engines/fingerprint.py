@@ -344,7 +344,14 @@ class UpgradeTarget(_Frozen):
                 data["cpu"] = {**data["cpu"], **(value or {})}
             else:
                 data[name] = value
-        return Fingerprint.model_validate(data)
+        try:
+            return Fingerprint.model_validate(data)
+        except ValidationError as err:  # e.g. null for a field every fingerprint has
+            detail = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or '<root>'}: {e['msg']}" for e in err.errors())
+            raise UpgradeTargetError("the upgrade target", f"its fields do not make a fingerprint: {detail}") from None
+
+
+TARGET_MAX_BYTES = 1 << 20  # a target names a handful of fields; anything larger is not one
 
 
 def load_target(path: str | Path) -> UpgradeTarget:
@@ -353,13 +360,21 @@ def load_target(path: str | Path) -> UpgradeTarget:
     import yaml
 
     try:
-        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+        with open(path, "rb") as f:
+            raw = f.read(TARGET_MAX_BYTES + 1)
+        if len(raw) > TARGET_MAX_BYTES:
+            raise UpgradeTargetError(str(path), f"larger than {TARGET_MAX_BYTES} bytes: not a target file")
+        data = yaml.safe_load(raw.decode("utf-8"))
     except FileNotFoundError:
         raise UpgradeTargetError(str(path), "file not found") from None
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as err:
         raise UpgradeTargetError(str(path), f"not readable YAML: {str(err).splitlines()[0]}") from None
     if not isinstance(data, dict) or not data:
         raise UpgradeTargetError(str(path), "not a mapping of fingerprint fields to their values after the upgrade")
+    required = [k for k, v in data.items() if v is None and k in Fingerprint.model_fields
+                and Fingerprint.model_fields[k].is_required()]
+    if required:
+        raise UpgradeTargetError(str(path), ", ".join(f"{k}: null, but every fingerprint has one" for k in required))
     try:
         return UpgradeTarget.model_validate(data)
     except ValidationError as err:

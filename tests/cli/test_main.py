@@ -139,3 +139,63 @@ def test_generate_reads_a_plain_tokenizer_json_without_transformers_and_gets_the
     config = json.loads((bos / "tokenizer_config.json").read_text())
     (bos / "tokenizer_config.json").write_text(json.dumps({**config, "add_bos_token": True}))
     assert not isinstance(_load_tokenizer(bos), _FastTokenizer)
+
+
+# --- #48 items 10 and 11: bad inputs that exited 1 ----------------------------------------------
+
+@pytest.mark.parametrize("body", ["platform: null\n", "cpu:\n  machine: x86_64\nplatform: null\n"])
+def test_a_target_with_null_for_a_required_field_is_bad_input(tmp_path, cli, body):
+    target = tmp_path / "t.yaml"
+    target.write_text(body)
+    code, _, err = cli("pull", "--profile", "p", "--channel", "prod", "--dest", tmp_path / "n",
+                       "--for-upgrade", target, "--stage-only")
+    assert code == 2 and "platform: null" in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_an_upgrade_target_that_applies_to_no_fingerprint_is_bad_input():
+    from buildctl.engines.fingerprint import UpgradeTarget, detect
+    from buildctl.engines.errors import UpgradeTargetError
+
+    with pytest.raises(UpgradeTargetError):
+        UpgradeTarget.model_construct(platform=None, _fields_set={"platform"}).apply(detect())
+
+
+def test_a_target_file_without_end_is_refused_at_a_cap(cli, tmp_path):
+    code, _, err = cli("upgrade", "plan", "--to", "/dev/zero")
+    assert code == 2 and "larger than" in err, err
+
+
+@pytest.mark.parametrize("url", ["notaurl", "http://[::1", "http://host:port", "ftp://host"])
+def test_a_malformed_endpoint_url_is_bad_input_and_named(cli, url, monkeypatch):
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "x")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "y")
+    code, _, err = cli("--store", "s3://bucket-x/p", "--endpoint-url", url, "ls")
+    assert code == 2 and url in err and "--endpoint-url" in err, err
+
+
+def test_key_generate_onto_a_file_is_bad_input(cli, tmp_path):
+    f = tmp_path / "exists.key"
+    f.write_text("")
+    code, _, err = cli("key", "generate", "--role", "builder", "--out", f)
+    assert code == 2 and "not a directory" in err, err
+
+
+@pytest.fixture
+def read_only_dir(tmp_path):
+    """A read-only filesystem (root mounts one); skipped where mounting is not allowed."""
+    import subprocess
+
+    d = tmp_path / "ro"
+    d.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(d)],
+                                           capture_output=True).returncode != 0:
+        pytest.skip("mounting a read-only tmpfs needs root")
+    yield d
+    subprocess.run(["umount", str(d)], capture_output=True)
+
+
+@pytest.mark.parametrize("args", [["key", "generate", "--role", "builder", "--out", "{ro}/keys"],
+                                  ["model", "make-tiny", "{ro}/model"]])
+def test_writing_onto_a_read_only_path_exits_12(cli, read_only_dir, args):
+    code, _, err = cli(*[a.format(ro=read_only_dir) for a in args])
+    assert code == 12 and "Read-only file system" in err and len(err.strip().splitlines()) == 1, err
