@@ -18,7 +18,7 @@ from buildctl.context import Context
 from buildctl.node_index import IndexReport, index_built, rebuild as rebuild_index
 from buildctl.pipeline import PROTECTED_CHANNELS, passing_attestation
 from buildctl.artifact_store.backend import Store
-from buildctl.artifact_store.channels import all_channel_records, channels_pointing_at, history
+from buildctl.artifact_store.channels import all_channel_records, channels_pointing_at, checked_history, history
 from buildctl.artifact_store.promotion import rollback
 from buildctl.artifact_store.errors import ArtifactNotFoundError, QuarantinedError, StoreArgumentError, VerificationError
 from buildctl.artifact_store.integrity import verify_recent_or_quarantine, verify_deep_or_quarantine
@@ -162,10 +162,17 @@ class ScrubReport:
     skipped: list[tuple[str, str]] = field(default_factory=list)  # (key, why): malformed records passed over
     checked_records: int = 0
     node_index: IndexReport | None = None  # the node index checked and repaired (None: not built yet)
+    history: list[tuple[str, str]] = field(default_factory=list)  # (key, why): forged or broken history records
+
+    @property
+    def failed(self) -> bool:
+        """Whether scrub found what no reader may act on: corrupt artifacts or broken history."""
+        return bool(self.corrupt or self.history)
 
     def to_json(self) -> dict:
         return {"checked_bytes": self.checked_bytes, "checked_records": self.checked_records,
                 "artifacts": [r.to_json() for r in self.rows],
+                "history": [{"key": k, "why": why} for k, why in self.history],
                 "skipped_records": [{"key": k, "why": why} for k, why in self.skipped],
                 "node_index": self.node_index.to_json() if self.node_index else None}
 
@@ -233,6 +240,10 @@ def scrub(ctx: Context, *, sample: float = 1.0, channels_only: bool = False,
         except VerificationError as err:
             row.status, row.problems, row.quarantine_key = "corrupt", [p.render() for p in err.problems], err.quarantine_key
     report = ScrubReport(rows, skipped, check_records(store, skipped))  # then every small record, of every kind
+    refs = sorted({(r.profile, r.channel, r.compat_key) for r in all_channel_records(store, [])})
+    for profile, channel, compat in refs:  # and every ref's history chain, as rollback reads it
+        report.history += [(e.key, e.problem) for e in checked_history(store, profile, channel, compat,
+                                                                       ctx.auth.trusted) if e.problem]
     if index_built(store):  # and the node index against the node records: missing markers written, stale deleted
         report.node_index = rebuild_index(store, repair=True)
     return report

@@ -49,8 +49,8 @@ from buildctl.artifact_store.backend import ProgressFn, Store, open_store
 from buildctl.artifact_store.channels import ChannelRecord
 from buildctl.artifact_store.promotion import PROTECTED_CHANNELS, promote
 from buildctl.artifact_store.checkpoints import download_checkpoint
-from buildctl.artifact_store.errors import StoreArgumentError, VerificationError
-from buildctl.artifact_store.layout import provenance_key
+from buildctl.artifact_store.errors import StoreArgumentError, UnknownChannelError, VerificationError
+from buildctl.artifact_store.layout import CHANNELS, provenance_key
 from buildctl.artifact_store.manifest import Manifest, tree_digest, tree_digests
 from buildctl.artifact_store.provenance import BuildFacts, ExpectedInputs, TreeRef, write_provenance
 from buildctl.times import utc_now
@@ -518,11 +518,14 @@ def check_automatic_promotion(channel: str) -> None:
 
 def promote_artifact(ctx: Context, artifact_ref: str, channel: str, *, force: bool = False,
                      reason: str | None = None, rollout: RolloutPlan | None = None,
-                     trust_verify_within_s: float = 0.0) -> ChannelRecord:
+                     trust_verify_within_s: float = 0.0, new_channel: bool = False) -> ChannelRecord:
     """Promote through the gates, signed and attributed as the settings say; with ``rollout``,
     in waves (the rollout-channel flow moves it on). The gate re-hashes every blob unless
-    ``trust_verify_within_s`` trusts a deep verify that recent."""
+    ``trust_verify_within_s`` trusts a deep verify that recent. A channel outside the settings'
+    ``channels`` that the store does not have yet is refused unless ``new_channel``
+    (:class:`UnknownChannelError`, exit 2): a typo never creates a channel."""
     manifest = get_manifest(ctx.store, resolve_artifact(ctx.store, artifact_ref))
+    check_channel_name(ctx, manifest.profile_name, channel, new_channel=new_channel)
     key = serving_key(manifest)
     # Artifacts published before provenance (schema 1 manifests, and their rehashed successors) have no
     # build to describe: they are exempt, as they were promoted before (docs/provenance.md).
@@ -533,6 +536,15 @@ def promote_artifact(ctx: Context, artifact_ref: str, channel: str, *, force: bo
     return promote(ctx.store, artifact_ref, channel, auth=ctx.auth, force=force, reason=reason, rollout=rollout,
                    compat_key=key if key != manifest.compat_key else None, trust_verify_within_s=trust_verify_within_s,
                    provenance=wanted)
+
+
+def check_channel_name(ctx: Context, profile: str, channel: str, *, new_channel: bool = False) -> None:
+    """A channel is known when the settings name it or the store has it for ``profile``."""
+    if new_channel or channel in ctx.settings.channels:
+        return
+    if next(iter(ctx.store.list(f"{CHANNELS}{profile}/{channel}/")), None) is not None:
+        return
+    raise UnknownChannelError(channel, list(ctx.settings.channels))
 
 
 def _schema_of(store: Store, artifact_id: str) -> int:

@@ -252,7 +252,9 @@ def _records(store: Store, profile: str | None, channel: str, compat_key: str | 
             elif got is not None:
                 recs.append(got[0])
     if not recs and profile is not None and not skipped:
-        raise ChannelNotFoundError(profile, channel, [compat_key or "<any>"])
+        from buildctl.artifact_store.pull import unknown_name
+
+        raise ChannelNotFoundError(profile, channel, [compat_key or "<any>"], unknown_name(store, profile, channel))
     return sorted(recs, key=lambda r: (r.profile, r.compat_key))
 
 

@@ -72,6 +72,7 @@ class Settings(BaseSettings):
     require_crypto: bool = Field(False, description="Refuse engines bound by xxh3-128 only: a manifest without per-file BLAKE3 (schema 1) or a channel record without its manifest's BLAKE3 (pull, stage, activate, node agent, verify).")
     require_provenance: bool = Field(True, description="Promote to a production channel (prod, production) only an artifact with build provenance: signed by a trusted builder key (when keys are trusted), bound to its manifest bytes, with the inputs of the promoter's profile. 0 lets imported engines through without --force (docs/provenance.md).")
     profile_dir: Path = Field(Path("build_profiles"), description="Where profiles are found by name.")
+    channels: tuple[str, ...] = Field(("staging", "prod"), description="The channels promote knows (JSON list, e.g. [\"staging\", \"canary\", \"prod\"]): a name outside them, not yet in the store, needs `promote --new-channel`, so a typo never creates a channel.")
     cache_dir: Path = Field(default_factory=default_cache_dir, description="Cache for tiny models and downloaded checkpoints.")
     fingerprint_file: Path | None = Field(None, description="Use this fingerprint JSON instead of detecting the host.")
     fingerprint_python: str | None = Field(None, description="Detect the runtime's versions in this interpreter (a command: /opt/serve/bin/python, or docker exec -i serving python3) when the node agent runs outside the serving environment.")

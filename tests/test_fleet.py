@@ -63,6 +63,8 @@ def test_node_report_cli(cli, tmp_path, monkeypatch):
     import json
 
     store = tmp_path / "store"
+    (tmp_path / "no-profiles").mkdir()  # a node without the profile directory records the names as given
+    monkeypatch.setenv("BUILDCTL_PROFILE_DIR", str(tmp_path / "no-profiles"))
     code, out, err = cli("--store", store, "--json", "node", "report", "--node-id", "n1", "--profiles", "a,b",
                          "--profiles", "c")
     assert code == 0, err

@@ -491,9 +491,15 @@ def test_status_of_a_channel_with_no_refs_names_it_and_wave_counts_are_values(tm
     from buildctl.artifact_store.backend import open_store
     from buildctl.artifact_store.errors import ChannelNotFoundError
 
+    from buildctl.artifact_store.errors import StoreNotFoundError
+
     store = open_store(f"file://{tmp_path / 'store'}")
-    with pytest.raises(ChannelNotFoundError, match="<any>"):
+    with pytest.raises(StoreNotFoundError):  # nothing at all there: the store is what is wrong
         rollouts.status(store, PROFILE, "prod")
+    store.put_bytes("keys/revocations/x.json", b"{}")
+    with pytest.raises(ChannelNotFoundError, match=f"{PROFILE}' has no channel in store") as err:
+        rollouts.status(store, PROFILE, "prod")
+    assert err.value.compat_keys == ["<any>"]
     w = rollouts.WaveCount(0, 10.0, "0", 0, 1, 1, 0, 0, 0, (), "current")
     with pytest.raises(dataclasses.FrozenInstanceError):
         w.failed = 3  # type: ignore[misc]

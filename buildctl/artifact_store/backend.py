@@ -119,6 +119,17 @@ def fail_fast(store: Store) -> Store:
     return quick() if callable(quick) else store
 
 
+def require_store(store: Store) -> Store:
+    """``store`` when it exists; :class:`StoreNotFoundError` (exit 3) for a local folder that is not
+    there (reading never creates a store: only a write does)."""
+    root = getattr(store, "root", None)
+    if isinstance(root, Path) and not root.is_dir():
+        from buildctl.artifact_store.errors import StoreNotFoundError
+
+        raise StoreNotFoundError(store.uri)
+    return store
+
+
 # --- opening -------------------------------------------------------------------------------
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import random
 import re
 import time
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Callable, Iterator
 
@@ -23,6 +24,7 @@ from buildctl.artifact_store.errors import (
     CasConflictError,
     ChannelNotFoundError,
     CorruptObjectError,
+    HistoryConflictError,
     RolloutInProgressError,
     SignerNotTrustedError,
     StoreArgumentError,
@@ -141,9 +143,16 @@ def read_channel(store: Store, profile: str, channel: str, compat_key: str) -> t
     return _parse_record(got[0], key), got[1]
 
 
-def _settle_history(store: Store, rec: ChannelRecord) -> None:
-    """Make sure the current ref's record is in the history (a promoter may have died in between)."""
-    store.put_bytes(history_key(rec.profile, rec.channel, rec.compat_key, rec.seq), rec.to_bytes())
+def _settle_history(store: Store, rec: ChannelRecord, *, own: bool = True) -> None:
+    """Make sure the current ref's record is in the history (a promoter may have died in between).
+    The slot is create-only: when it already holds other bytes, another principal wrote it. A
+    writer settling its ``own`` record says so (:class:`HistoryConflictError`: the ref moved, its
+    record is not in the history); settling another's, it goes on (readers mark the stranger and
+    take the ref's own record: :func:`checked_history`), so a squatter cannot stop every move."""
+    key = history_key(rec.profile, rec.channel, rec.compat_key, rec.seq)
+    body = rec.to_bytes()
+    if not store.put_bytes(key, body) and own and store.get_bytes(key) != body:
+        raise HistoryConflictError(key, moved=True)
 
 
 # What a move makes of the current record: the new record's fields (seq, previous, who, when and
@@ -185,8 +194,16 @@ def move_channel(store: Store, profile: str, channel: str, compat: str, make: Mo
     for attempt in range(attempts):
         current = read_channel(store, profile, channel, compat)
         if current is not None:
-            _settle_history(store, current[0])
+            _settle_history(store, current[0], own=False)
         fields = make(current[0] if current else None)
+        nxt = history_key(profile, channel, compat, (current[0].seq + 1) if current else 1)
+        # A slot taken before the ref reached it: nobody but a squatter writes ahead. A promotion fails
+        # before moving; a rollback (a halt, an abort) still moves, and then says its record is not there.
+        if fields is not None and fields.get("action") != "rollback" and store.stat(nxt) is not None:
+            again = read_channel(store, profile, channel, compat)
+            if (again[1] if again else None) != (current[1] if current else None):
+                continue  # another promoter moved the ref and wrote that slot meanwhile: decide again
+            raise HistoryConflictError(nxt, moved=False)
         if fields is None:
             if current is None:
                 raise ChannelNotFoundError(profile, channel, [compat])
@@ -340,16 +357,113 @@ def history(store: Store, profile: str, channel: str, compat_key: str | None = N
         except CorruptObjectError as err:
             skip(channel_key(profile, channel, key), err)
             continue
-        if got and got[0].seq > since_seq and (got[0].compat_key, got[0].seq) not in out:
-            out[(got[0].compat_key, got[0].seq)] = got[0]
-            try:
-                _settle_history(store, got[0])
-            except StoreUnavailableError:
-                pass  # a read-only caller (a node): the record is still reported
+        if got and got[0].seq > since_seq and out.get((got[0].compat_key, got[0].seq)) != got[0]:
+            unsettled = (got[0].compat_key, got[0].seq) not in out
+            out[(got[0].compat_key, got[0].seq)] = got[0]  # the ref's own record, over a stranger in its slot
+            if unsettled:
+                try:
+                    _settle_history(store, got[0], own=False)
+                except StoreUnavailableError:
+                    pass  # a read-only caller (a node): the record is still reported
     recs = sorted(out.values(), key=lambda r: (r.compat_key, r.seq))
     if limit:
         recs = [r for r in recs if sum(1 for q in recs if q.compat_key == r.compat_key and q.seq > r.seq) < limit]
     return recs
+
+
+@dataclass(frozen=True)
+class CheckedRecord:
+    """One history record with what its reader found wrong with it (``problem``; None: it is the
+    ref's own record, or signed as required and linked to the record after it)."""
+
+    record: ChannelRecord
+    key: str
+    problem: str | None
+
+
+def checked_history(store: Store, profile: str, channel: str, compat: str,
+                    trusted: TrustedKeys | None = None) -> list[CheckedRecord]:
+    """The ref's history, oldest first, each record checked as every reader that acts on history
+    must (rollback, ``history``, scrub):
+
+    * it is where it says it is (its profile, channel, compat key and seq are its slot's);
+    * it is not ahead of the ref, and at the ref's seq it is the ref's own record (the ref is
+      written by compare-and-swap; a history slot by whoever writes it first);
+    * with ``trusted`` keys, on a channel whose ref a trusted promoter key signed, such a key
+      signed it too;
+    * it is linked: the next good record's ``previous`` is its artifact.
+
+    A record that fails is returned with its ``problem``; the ref's record stands in for a
+    stranger in its slot."""
+    got = read_channel(store, profile, channel, compat)
+    ref = got[0] if got else None
+    signed_channel = trusted is not None and ref is not None and bool(ref.signers(trusted))
+    entries: dict[int, CheckedRecord] = {}
+    strangers: list[CheckedRecord] = []
+    for key in store.list(history_prefix(profile, channel, compat)):
+        try:
+            rec = read_history_record(store, key)
+        except CorruptObjectError as err:
+            strangers.append(CheckedRecord(ChannelRecord(seq=1, profile=profile, channel=channel, compat_key=compat,
+                                                         artifact_id="xxh3-128:" + "0" * 32, who="?", when=utc_now()),
+                                           key, err.detail))
+            continue
+        problem = None
+        if history_key(rec.profile, rec.channel, rec.compat_key, rec.seq) != key:
+            problem = f"misplaced: it claims {rec.profile}/{rec.channel}/{rec.compat_key} #{rec.seq}"
+        elif ref is None or rec.seq > ref.seq:
+            problem = f"ahead of the ref (#{ref.seq if ref else 0}): written before the ref reached it"
+        elif rec.seq == ref.seq and rec != ref:
+            problem = f"not the ref's record #{ref.seq}: written into its slot by another principal"
+        elif signed_channel and rec.seq != ref.seq and not rec.signers(trusted):
+            problem = "not signed by a trusted promoter key"
+        if problem is None:
+            entries[rec.seq] = CheckedRecord(rec, key, None)
+        else:
+            strangers.append(CheckedRecord(rec, key, problem))
+    if ref is not None and ref.seq not in entries:
+        entries[ref.seq] = CheckedRecord(ref, channel_key(profile, channel, compat), None)
+    good: dict[int, CheckedRecord] = {}
+    successor: ChannelRecord | None = None
+    for seq in sorted(entries, reverse=True):  # links, from the ref down
+        e = entries[seq]
+        if successor is not None and successor.seq == seq + 1 and successor.previous != e.record.artifact_id:
+            strangers.append(CheckedRecord(e.record, e.key, f"broken link: #{seq + 1} names {successor.previous} "
+                                                            f"as the artifact before it, not {e.record.artifact_id}"))
+            successor = None
+            continue
+        good[seq] = e
+        successor = e.record
+    return sorted([*good.values(), *strangers], key=lambda e: (e.record.seq, e.problem is not None, e.key))
+
+
+def record_problems(store: Store, records: list[ChannelRecord],
+                    trusted: TrustedKeys | None = None) -> dict[tuple[str, int], str]:
+    """What :func:`checked_history` would say of the records ``history`` returned, by (compat key,
+    seq), from them and their refs alone (``--limit`` reads no more): ahead of the ref, unsigned on
+    a signed channel, or not linked to the good record after it."""
+    out: dict[tuple[str, int], str] = {}
+    by_key: dict[str, list[ChannelRecord]] = {}
+    for r in records:
+        by_key.setdefault(r.compat_key, []).append(r)
+    for compat, recs in by_key.items():
+        got = read_channel(store, recs[0].profile, recs[0].channel, compat)
+        ref = got[0] if got else None
+        signed_channel = trusted is not None and ref is not None and bool(ref.signers(trusted))
+        successor = None
+        for r in sorted(recs, key=lambda r: r.seq, reverse=True):
+            problem = None
+            if ref is None or r.seq > ref.seq:
+                problem = f"ahead of the ref (#{ref.seq if ref else 0}): written before the ref reached it"
+            elif signed_channel and r != ref and not r.signers(trusted):
+                problem = "not signed by a trusted promoter key"
+            elif successor is not None and successor.seq == r.seq + 1 and successor.previous != r.artifact_id:
+                problem = f"broken link: #{r.seq + 1} names {successor.previous} as the artifact before it"
+            if problem:
+                out[(compat, r.seq)] = problem
+            else:
+                successor = r
+    return out
 
 
 def history_after(store: Store, record: ChannelRecord) -> Iterator[ChannelRecord]:

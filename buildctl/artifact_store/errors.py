@@ -79,16 +79,53 @@ class ProvenanceNotFoundError(NotFoundError):
 
 
 class ChannelNotFoundError(NotFoundError):
-    """A channel has no ref for the requested profile and compat key(s)."""
+    """A channel has no ref for the requested profile and compat key(s). ``unknown``: which name
+    is wrong when it is not the fingerprint (the store, the profile or the channel), and the known
+    ones; ``None`` for a real miss of this host's compat keys."""
 
-    def __init__(self, profile: str, channel: str, compat_keys: list[str]) -> None:
+    def __init__(self, profile: str, channel: str, compat_keys: list[str], unknown: str | None = None) -> None:
         self.profile = profile
         self.channel = channel
         self.compat_keys = list(compat_keys)
-        super().__init__(
+        self.unknown = unknown
+        super().__init__(unknown if unknown is not None else (
             f"channel {channel!r} of profile {profile!r} has no engine for this fingerprint "
-            f"(compat keys tried: {', '.join(compat_keys)})"
-        )
+            f"(compat keys tried: {', '.join(compat_keys)})"))
+
+
+class HistoryConflictError(IntegrityError):
+    """A channel's history slot holds a record this writer did not write: another principal wrote
+    it first (the history is create-only). ``moved``: whether the ref had already moved."""
+
+    def __init__(self, key: str, moved: bool) -> None:
+        self.key = key
+        self.moved = moved
+        if moved:
+            msg = (f"history record {key} holds another principal's record: the ref moved, but its own history "
+                   "record could not be written there; `buildctl history` marks the stranger and `buildctl scrub` "
+                   "reports it (remove it with the repair role, then re-run to write the record)")
+        else:
+            msg = (f"history record {key} already exists before the ref reached it: written by another principal; "
+                   "not moving the ref (`buildctl history` marks it; remove it with the repair role after looking at it)")
+        super().__init__(msg)
+
+
+class StoreNotFoundError(NotFoundError):
+    """The store named does not exist (a local folder that is not there, an S3 bucket that is not)."""
+
+    def __init__(self, uri: str) -> None:
+        self.uri = uri
+        super().__init__(f"store {uri} does not exist (check --store / BUILDCTL_STORE; commands that write an "
+                         "artifact create a local store)")
+
+
+class UnknownChannelError(BadInputError):
+    """A channel name outside the configured set and not yet in the store (a typo, most likely)."""
+
+    def __init__(self, channel: str, known: list[str]) -> None:
+        self.channel = channel
+        super().__init__(f"unknown channel {channel!r}: known channels are {', '.join(known)} (BUILDCTL_CHANNELS); "
+                         "pass --new-channel to create it")
 
 
 @dataclass(frozen=True)
@@ -312,9 +349,16 @@ class QuarantinedError(GateRefusedError):
 class ScrubFoundCorruptionError(IntegrityError):
     """A scrub found artifacts whose stored bytes are wrong (each now quarantined)."""
 
-    def __init__(self, artifacts: list[str]) -> None:
+    def __init__(self, artifacts: list[str], history: list[tuple[str, str]] | None = None) -> None:
         self.artifacts = list(artifacts)
-        super().__init__(f"scrub found {len(artifacts)} corrupt artifact(s), quarantined: {', '.join(artifacts)}")
+        self.history = list(history or [])
+        parts = []
+        if artifacts:
+            parts.append(f"{len(artifacts)} corrupt artifact(s), quarantined: {', '.join(artifacts)}")
+        if self.history:
+            parts.append(f"{len(self.history)} channel history record(s) no reader may act on: "
+                         + "; ".join(f"{k} ({why})" for k, why in self.history))
+        super().__init__("scrub found " + " and ".join(parts))
 
 
 class IndexMismatchError(IntegrityError):

@@ -16,7 +16,14 @@ from buildctl.artifact_store.binding import manifest_blake3
 from buildctl.artifact_store.authority import Authority
 from buildctl.artifact_store.backend import Store
 from buildctl.errors import BuildctlError
-from buildctl.artifact_store.channels import ChannelRecord, channel_compat_keys, history, read_channel, set_channel
+from buildctl.artifact_store.channels import (
+    ChannelRecord,
+    channel_compat_keys,
+    checked_history,
+    history,
+    read_channel,
+    set_channel,
+)
 from buildctl.artifact_store.errors import (
     ArtifactNotFoundError,
     ChannelNotFoundError,
@@ -28,7 +35,7 @@ from buildctl.artifact_store.integrity import verify_recent_or_quarantine
 from buildctl.artifact_store.manifest import Manifest
 from buildctl.artifact_store.revocation import with_revocations
 from buildctl.artifact_store.rollout import RolloutPlan
-from buildctl.artifact_store.signing import verify_signature
+from buildctl.artifact_store.signing import TrustedKeys, verify_signature
 from buildctl.artifact_store.provenance import ExpectedInputs, provenance_refusals
 from buildctl.artifact_store.verify import get_manifest, resolve_artifact
 
@@ -93,14 +100,16 @@ def next_channel(current: str | None) -> str | None:
 
 
 def staging_refusal(store: Store, artifact_id: str, manifest: Manifest, channel: str,
-                    compat_key: str | None = None) -> str | None:
+                    compat_key: str | None = None, trusted: "TrustedKeys | None" = None) -> str | None:
     """Why ``channel`` refuses an artifact that was never on the channel before it (None: it was,
-    or the channel has none)."""
+    or the channel has none). Only checked history records count (:func:`checked_history`): a
+    record another principal wrote into ``history/`` is no proof."""
     before = STAGED_BEFORE.get(channel)
     if before is None:
         return None
     for key in {manifest.compat_key, compat_key or manifest.compat_key}:
-        if any(r.artifact_id == artifact_id for r in history(store, manifest.profile_name, before, key)):
+        if any(e.problem is None and e.record.artifact_id == artifact_id
+               for e in checked_history(store, manifest.profile_name, before, key, trusted)):
             return None
     return f"it was never on {before!r}: promote it there first (or --force --reason)"
 
@@ -123,13 +132,19 @@ def promote(store: Store, artifact_ref: str, channel: str, *, auth: Authority = 
     verified_at = verify_recent_or_quarantine(store, artifact_id, detector=f"promote to {channel}", auth=auth)
     manifest = get_manifest(store, artifact_id)
     reasons = promotion_refusals(store, artifact_id, manifest, auth, compat_key)
-    reasons += [r for r in [staging_refusal(store, artifact_id, manifest, channel, compat_key)] if r]
+    reasons += [r for r in [staging_refusal(store, artifact_id, manifest, channel, compat_key, auth.trusted)] if r]
     if provenance is not None:
         reasons += provenance_refusals(store, artifact_id, manifest, auth, provenance)
     if reasons and not force:
         raise PromotionRefusedError(artifact_id, channel, reasons)
     return set_channel(store, artifact_id, manifest, channel, auth=auth, reason=reason, forced=bool(reasons) and force,
                        verified_at=verified_at, attempts=attempts, rollout=rollout, compat_key=compat_key)
+
+
+def _same_key(store: Store, artifact_id: str, compat: str, served: list[ChannelRecord]) -> bool:
+    """Whether ``artifact_id`` may serve ``compat``: built for it, or served under it by a checked
+    record (an artifact kept across the hard/soft key change, migrate-keys)."""
+    return get_manifest(store, artifact_id).compat_key == compat or any(r.artifact_id == artifact_id for r in served)
 
 
 def rollback(store: Store, profile: str, channel: str, *, auth: Authority = Authority(), to: str | None = None,
@@ -140,26 +155,31 @@ def rollback(store: Store, profile: str, channel: str, *, auth: Authority = Auth
     auth = auth.but(verify_window_s=trust_verify_within_s)
     keys = [compat_key] if compat_key else channel_compat_keys(store, profile, channel)
     if not keys or (compat_key and read_channel(store, profile, channel, compat_key) is None):
-        raise ChannelNotFoundError(profile, channel, keys or ["<none>"])
+        from buildctl.artifact_store.pull import unknown_name
+
+        raise ChannelNotFoundError(profile, channel, keys or ["<none>"], unknown_name(store, profile, channel))
     if len(keys) > 1:
         raise StoreArgumentError(f"channel {channel!r} of {profile!r} has refs for {len(keys)} compat keys; pass --compat-key")
     compat = keys[0]
     current = read_channel(store, profile, channel, compat)
     if current is None:
         raise ChannelNotFoundError(profile, channel, [compat])
+    # Only records a reader can stand behind: the ref's own, or signed (with trusted keys) and linked
+    # (checked_history); a record another principal wrote into history/ picks nothing.
+    served = [e.record for e in checked_history(store, profile, channel, compat, auth.trusted) if e.problem is None]
     if to is not None:
         target = resolve_artifact(store, to)
     else:
         target = None
-        for rec in reversed(history(store, profile, channel, compat)):
-            if rec.artifact_id != current[0].artifact_id:
-                target = rec.artifact_id
+        # the ref's own (signed) word for the artifact before it first, then the checked records, newest first
+        for aid in [current[0].previous] + [r.artifact_id for r in reversed(served)]:
+            if aid and aid != current[0].artifact_id and _same_key(store, aid, compat, served):
+                target = aid
                 break
         if target is None:
             raise ArtifactNotFoundError("<previous>", f"channel {channel!r} has no earlier artifact to roll back to")
     manifest = get_manifest(store, target)
-    served_here = any(r.artifact_id == target for r in history(store, profile, channel, compat))
-    if manifest.profile_name != profile or (manifest.compat_key != compat and not served_here):
+    if manifest.profile_name != profile or not _same_key(store, target, compat, served):
         raise StoreArgumentError(f"artifact {target} is for {manifest.profile_name}/{manifest.compat_key}, not {profile}/{compat}")
     verified_at = verify_recent_or_quarantine(store, target, detector=f"rollback of {channel}", auth=auth)
     return set_channel(store, target, manifest, channel, auth=auth, reason=reason or "rollback", action="rollback",

@@ -10,7 +10,8 @@ from pathlib import Path
 
 from buildctl.artifact_store.backend import ProgressFn, Store
 from buildctl.artifact_store.channels import ChannelRecord, read_channel
-from buildctl.artifact_store.errors import ChannelNotFoundError
+from buildctl.artifact_store.errors import ChannelNotFoundError, StoreNotFoundError
+from buildctl.artifact_store.layout import CHANNELS
 from buildctl.artifact_store.install_dir import (
     Preflight,
     PullResult,
@@ -18,7 +19,6 @@ from buildctl.artifact_store.install_dir import (
     current_artifact,
     install_artifact,
     installed_seqs,
-    record_installed,
     record_verified,
     verified_refs,
 )
@@ -27,12 +27,30 @@ from buildctl.artifact_store.trust import check_fresh, check_trust
 
 
 def resolve_channel(store: Store, profile: str, channel: str, compat_keys: list[str]) -> ChannelRecord:
-    """The channel record for the first compat key that has one."""
+    """The channel record for the first compat key that has one. A miss says which name is wrong
+    (:func:`unknown_name`): the store, the profile, the channel, or else this host's keys."""
     for key in compat_keys:
         got = read_channel(store, profile, channel, key)
         if got is not None:
             return got[0]
-    raise ChannelNotFoundError(profile, channel, compat_keys)
+    raise ChannelNotFoundError(profile, channel, compat_keys, unknown_name(store, profile, channel))
+
+
+def unknown_name(store: Store, profile: str, channel: str) -> str | None:
+    """Why ``profile``'s ``channel`` has no ref at all, naming the wrong name and the known ones;
+    None when the channel exists and only this host's compat keys are missing from it. An empty
+    store, or one that does not exist, is :class:`StoreNotFoundError`."""
+    mine = {k[len(CHANNELS) + len(profile) + 1:].split("/", 1)[0] for k in store.list(f"{CHANNELS}{profile}/")}
+    if channel in mine:
+        return None
+    if mine:
+        return (f"profile {profile!r} has no channel {channel!r} in store {store.uri}; "
+                f"its channels: {', '.join(sorted(mine))}")
+    profiles = sorted({k[len(CHANNELS):].split("/", 1)[0] for k in store.list(CHANNELS)})
+    if not profiles and next(iter(store.list("")), None) is None:
+        raise StoreNotFoundError(store.uri)
+    return (f"profile {profile!r} has no channel in store {store.uri}; "
+            + (f"profiles with channels: {', '.join(profiles)}" if profiles else "no profile has a channel there yet"))
 
 
 def pull(

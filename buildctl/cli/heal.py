@@ -79,8 +79,10 @@ def scrub_cmd(
         if ix is not None:
             out().print(f"node index: {ix.markers} marker(s) of {ix.nodes} node(s); "
                         f"{len(ix.missing)} missing written, {len(ix.stale)} stale deleted")
-    if report.corrupt:
-        raise ScrubFoundCorruptionError([r.artifact_id for r in report.corrupt])
+        for key, why in report.history:
+            out().print(f"history: {key}: {why}", highlight=False)
+    if report.failed:
+        raise ScrubFoundCorruptionError([r.artifact_id for r in report.corrupt], report.history)
     fail_on_skipped("scrub", report.skipped)
 
 

@@ -29,6 +29,7 @@ def report_cmd(
     from buildctl.engines.fingerprint import host_fingerprint
 
     names = sorted({p.strip() for item in profiles for p in item.split(",") if p.strip()})
+    _check_profile_names(settings(ctx), names)
     store = context(ctx).store
     res = fleet.report_node(store, node_id, host_fingerprint(settings(ctx)), names)
     backends = _backends_of(settings(ctx), names)
@@ -96,6 +97,22 @@ def report_cmd(
                 out().print(f"  {b} {name}: {then} -> {now}")
     else:
         out().print(f"{node_id}: unchanged since the last report")
+
+
+def _check_profile_names(st, names: list[str]) -> None:
+    """Refuse (exit 3) a profile name the profile directory does not have, listing those it has;
+    a node without the profile directory records the names as given."""
+    from buildctl.engines.errors import ProfileNotFoundError
+    from buildctl.errors import BuildctlError
+    from buildctl.pipeline import load_profiles
+
+    try:
+        known = load_profiles(st)
+    except BuildctlError:
+        return
+    unknown = [n for n in names if n not in known]
+    if known and unknown:
+        raise ProfileNotFoundError(f"--profiles {', '.join(unknown)} (in {st.profile_dir})", tuple(sorted(known)))
 
 
 def _backends_of(st, names: list[str]) -> set[str]:

@@ -65,7 +65,9 @@ def ls_cmd(
     from buildctl.artifact_store.quarantine import active_quarantine
     from buildctl.artifact_store.verify import list_artifacts
 
-    store = context(ctx).store
+    from buildctl.artifact_store.backend import require_store
+
+    store = require_store(context(ctx).store)
     skipped: list[tuple[str, str]] = []
     arts = [(a, m, active_quarantine(store, a, skipped)) for a, m in list_artifacts(store, profile)]
     if _quiet(ctx, json_out):
@@ -281,6 +283,7 @@ def promote_cmd(
     bake: Optional[str] = typer.Option(None, "--bake", help="With --rollout: how long each wave runs before the next (30m, 2h, 0; default 30m)."),
     max_failures: Optional[str] = typer.Option(None, "--max-failures", help="With --rollout: failed nodes each wave tolerates, a count or a share, one for all or one per wave (e.g. 0,1%,2%,2%; default 0)."),
     trust_verify_within: Optional[str] = TRUST_OPT,
+    new_channel: bool = typer.Option(False, "--new-channel", help="Create a channel outside BUILDCTL_CHANNELS (default staging, prod) that the store does not have yet; without it such a name is refused as a typo."),
     json_out: bool = JSON_OPT,
 ) -> None:
     """Move a channel to an artifact that verifies and passed validation (with --rollout: in waves).
@@ -301,7 +304,8 @@ def promote_cmd(
 
     c = context(ctx)
     rec = promote_artifact(c, artifact, channel, force=force, reason=reason, rollout=plan,
-                           trust_verify_within_s=parse_duration(trust_verify_within) if trust_verify_within else 0.0)
+                           trust_verify_within_s=parse_duration(trust_verify_within) if trust_verify_within else 0.0,
+                           new_channel=new_channel)
     store, trusted = c.store, c.auth.trusted
     pend = pending_promotion(store, rec.profile, rec.channel, rec.compat_key)
     if pend is not None and (pend.seq, pend.artifact_id) == (rec.seq, rec.artifact_id):  # waiting for more signatures
@@ -337,12 +341,15 @@ def _verified(r) -> str:
     return f"trusted a verify within {format_duration(r.verify_window_s)} ({r.verified_at})"
 
 
-def _history_table(records) -> Table:
+def _history_table(records, problems: dict | None = None) -> Table:
+    problems = problems or {}
     t = Table()
     for c in ("seq", "compat key", "action", "artifact", "previous", "who", "when", "bytes checked", "reason"):
         t.add_column(c)
     for r in records:
-        t.add_row(str(r.seq), r.compat_key, r.action + (" (forced)" if r.forced else ""), short_id(r.artifact_id),
+        bad = problems.get((r.compat_key, r.seq))
+        t.add_row(str(r.seq), r.compat_key, (f"FORGED? {bad}: " if bad else "") + r.action
+                  + (" (forced)" if r.forced else ""), short_id(r.artifact_id),
                   short_id(r.previous), r.who, r.when, _verified(r), r.reason or "")
     return t
 
@@ -356,18 +363,26 @@ def history_cmd(
     since_seq: int = typer.Option(0, "--since-seq", min=0, help="Only records after this sequence number."),
     json_out: bool = JSON_OPT,
 ) -> None:
-    """The channel's promotion history, oldest first; only the records shown are read."""
+    """The channel's promotion history, oldest first; only the records shown are read. A record no
+    reader may act on (ahead of the ref, unsigned on a signed channel, not linked to the record
+    after it) is marked FORGED? with why (`problem` in --json)."""
     from buildctl.artifact_store.errors import ChannelNotFoundError
-    from buildctl.artifact_store.channels import history
+    from buildctl.artifact_store.channels import history, record_problems
 
     skipped: list[tuple[str, str]] = []
-    recs = history(context(ctx).store, profile, channel, compat_key, skipped, since_seq=since_seq, limit=limit)
+    c = context(ctx)
+    recs = history(c.store, profile, channel, compat_key, skipped, since_seq=since_seq, limit=limit)
     if not recs and not skipped and not since_seq:  # after --since-seq, nothing newer is an empty answer
-        raise ChannelNotFoundError(profile, channel, [compat_key or "<any>"])
+        from buildctl.artifact_store.pull import unknown_name
+
+        raise ChannelNotFoundError(profile, channel, [compat_key or "<any>"],
+                                   unknown_name(context(ctx).store, profile, channel))
+    problems = record_problems(c.store, recs, c.auth.trusted)
     if _quiet(ctx, json_out):
-        emit_json([_record_json(r) for r in recs])
+        emit_json([{**_record_json(r), **({"problem": problems[(r.compat_key, r.seq)]}
+                                          if (r.compat_key, r.seq) in problems else {})} for r in recs])
     else:
-        out().print(_history_table(recs))
+        out().print(_history_table(recs, problems))
     fail_on_skipped("history", skipped)
 
 

@@ -271,7 +271,9 @@ def detect(*, cxx: str | None = None, python: str | None = None) -> Fingerprint:
     src.update({"gpus": "NVML" if gpus else "NVML: no GPU (or no driver)", "driver_version": "NVML" if driver else "NVML: none",
                 "cpu": "/proc/cpuinfo"})
     if not gpus:
-        src["cuda_version"] = "no GPU: not recorded (" + src.get("cuda_version", "") + ")"
+        # Not the probe's detail: which libcudart answered changes within one process (by name
+        # first, then by the path it was loaded from), and the sources go into every manifest.
+        src["cuda_version"] = "no GPU: not recorded"
     return Fingerprint(
         gpus=gpus,
         driver_version=driver,

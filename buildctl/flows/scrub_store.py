@@ -54,11 +54,11 @@ def scrub_store(sample: float = 1.0, channels_only: bool = False, budget_gib: fl
              "status": r.status, "problems": "; ".join(r.problems)} for r in report.rows]
     if rows:
         create_table_artifact(key="scrub-store", table=rows, description="scrub: every artifact checked")
-    if report.corrupt:  # after the whole scrub: every artifact checked, every event sent
+    if report.failed:  # after the whole scrub: every artifact checked, every event sent
         # A Failed state, not a raise: the run fails with the one-line cause and no traceback in
         # its log (a found corruption is the scrub's finding, not a crash); a caller of the flow
         # still gets the error raised.
-        err = ScrubFoundCorruptionError([r.artifact_id for r in report.corrupt])
+        err = ScrubFoundCorruptionError([r.artifact_id for r in report.corrupt], report.history)
         get_run_logger().error(str(err))
         return Failed(message=str(err), data=err)
     return {"checked_bytes": report.checked_bytes, "corrupt": [], "rows": rows, "events": events,

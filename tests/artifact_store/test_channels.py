@@ -5,6 +5,7 @@ re-signing. Fast; `make mutants` runs these first for the module."""
 from __future__ import annotations
 
 import dataclasses
+import json
 from datetime import timedelta
 
 import pytest
@@ -13,6 +14,7 @@ import buildctl.artifact_store as ops
 from buildctl.artifact_store.backend import open_store
 from buildctl.artifact_store.channels import (
     ChannelRecord,
+    checked_history,
     move_channel,
     pending_promotion,
     read_channel,
@@ -26,6 +28,7 @@ from buildctl.artifact_store.errors import (
     ArtifactNotFoundError,
     CasConflictError,
     ChannelNotFoundError,
+    HistoryConflictError,
     RolloutInProgressError,
     RolloutStateError,
     StoreArgumentError,
@@ -469,3 +472,99 @@ def test_a_malformed_channel_ref_is_a_corrupt_object(env):
     store.cas(channel_key(P, "prod", compat), b'{"seq": 0}', None)
     with pytest.raises(CorruptObjectError, match="malformed channel record: "):
         read_channel(store, P, "prod", compat)
+
+
+# --- #48 item 4: history that readers verify and writers confirm ---------------------------------
+
+@pytest.fixture
+def two_keys(store, tmp_path, draft):
+    """Three artifacts of key A and one of key B in one store (local or S3)."""
+    a_ids, b_id = [], None
+    for i in range(3):
+        aid = ops.publish_tree(store, make_tree(tmp_path / f"a{i}", {"config.json": f"a{i}".encode()}), draft).artifact_id
+        write_attestation(store, aid, draft.compat_key, "pass")
+        a_ids.append(aid)
+    other = dataclasses.replace(draft, compat_key="aoti-" + "b" * 32)
+    b_id = ops.publish_tree(store, make_tree(tmp_path / "b", {"config.json": b"b"}), other).artifact_id
+    write_attestation(store, b_id, other.compat_key, "pass")
+    return store, a_ids, b_id, draft.compat_key
+
+
+def _forged(ref: ChannelRecord, seq: int, artifact_id: str, previous: str | None) -> bytes:
+    """A record as a principal that may write history/ but holds no promoter key would write it."""
+    return ref.model_copy(update={"seq": seq, "artifact_id": artifact_id, "previous": previous, "who": "mallory",
+                                  "signature": None, "cosignatures": None, "manifest_blake3": None,
+                                  "reason": "forged"}).to_bytes()
+
+
+def test_a_promote_whose_history_slot_was_squatted_fails_before_moving_the_ref(two_keys, cli):
+    store, (a0, a1, _), b, compat = two_keys
+    r1 = set_channel(store, a0, ops.get_manifest(store, a0), "prod", auth=Authority(who="ci"))
+    store.put_bytes(history_key(P, "prod", compat, 2), _forged(r1, 2, b, a0))
+    with pytest.raises(HistoryConflictError) as err:
+        set_channel(store, a1, ops.get_manifest(store, a1), "prod", auth=Authority(who="ci"))
+    assert history_key(P, "prod", compat, 2) in str(err.value)
+    assert read_channel(store, P, "prod", compat)[0] == r1  # the ref did not move
+    code, out, err = cli("--store", store.uri, "--json", "scrub", "--channels-only")
+    assert code == 4 and history_key(P, "prod", compat, 2) in out + err, (out, err)
+
+
+def test_a_writer_whose_history_put_lost_after_its_swap_says_so(two_keys, monkeypatch):
+    """The squatter writes between the writer's check and its create-only put: the ref moved, and
+    the writer fails loudly naming the key instead of exiting 0."""
+    from buildctl.artifact_store import channels
+
+    store, (a0, a1, _), b, compat = two_keys
+    r1 = set_channel(store, a0, ops.get_manifest(store, a0), "prod", auth=Authority(who="ci"))
+    real_cas = store.cas
+
+    def cas_then_squat(key, data, expected):
+        ok = real_cas(key, data, expected)
+        if ok and key == channel_key(P, "prod", compat):
+            store.put_bytes(history_key(P, "prod", compat, 2), _forged(r1, 2, b, a0))
+        return ok
+
+    monkeypatch.setattr(store, "cas", cas_then_squat)
+    with pytest.raises(HistoryConflictError, match="moved"):
+        set_channel(store, a1, ops.get_manifest(store, a1), "prod", auth=Authority(who="ci"))
+
+
+def test_rollback_skips_a_forged_record_and_history_marks_it(two_keys, cli):
+    """A store written before the writers checked: the real #2 was lost to a squatter's record of
+    key B. Rollback picks the last signed, linked record of key A; `history` marks the forged one."""
+    store, (a0, a1, a2), b, compat = two_keys
+    k = make_signer()
+    trusted = TrustedKeys({"promoter": {k.key_id: k.private.public_key()}})
+    auth = Authority(who="ci", signer=k, trusted=trusted)
+    r1 = set_channel(store, a0, ops.get_manifest(store, a0), "prod", auth=auth)
+    store.put_bytes(history_key(P, "prod", compat, 2), _forged(r1, 2, b, a0))
+    ref = ChannelRecord(**{**r1.model_dump(), "seq": 2, "artifact_id": a1, "previous": a0, "signature": None})
+    ref = ref.model_copy(update={"signature": k.sign(ref.signed_bytes())})
+    assert store.cas(channel_key(P, "prod", compat), ref.to_bytes(), store.get_ref(channel_key(P, "prod", compat))[1])
+    set_channel(store, a2, ops.get_manifest(store, a2), "prod", auth=auth)  # #3 (its #2 is the ref's record)
+    rec = rollback(store, P, "prod", auth=auth)
+    assert rec.artifact_id == a1 and rec.compat_key == compat  # not B
+    shown = [r for r in checked_history(store, P, "prod", compat, trusted)]
+    bad = [e for e in shown if e.problem]
+    assert [e.key for e in bad] == [history_key(P, "prod", compat, 2)] and "signed" in bad[0].problem
+    code, out, err = cli("--store", store.uri, "--json", "history", "--profile", P, "--channel", "prod")
+    rows = json.loads(out)
+    assert any(r.get("problem") and r["artifact_id"] == b for r in rows), rows
+
+
+def test_rollback_never_picks_an_artifact_of_another_compat_key_from_history(two_keys):
+    """Without trusted keys a forged record cannot be told by its signature: its compat key and
+    its link still give it away."""
+    store, (a0, a1, _), b, compat = two_keys
+    set_channel(store, a0, ops.get_manifest(store, a0), "prod", auth=Authority(who="ci"))
+    r2 = set_channel(store, a1, ops.get_manifest(store, a1), "prod", auth=Authority(who="ci"))
+    # a squatter's record ahead of the ref, naming B
+    store.put_bytes(history_key(P, "prod", compat, 3), _forged(r2, 3, b, a1))
+    with pytest.raises(StoreArgumentError):
+        rollback(store, P, "prod", auth=Authority(who="ci"), to=b)
+    # a rollback is never blocked by a squatter: it moves, to A's previous, and says its record is not there
+    with pytest.raises(HistoryConflictError, match="the ref moved"):
+        rollback(store, P, "prod", auth=Authority(who="ci"), to=None)
+    assert read_channel(store, P, "prod", compat)[0].artifact_id == a0
+    shown = checked_history(store, P, "prod", compat)
+    assert [e.record.artifact_id for e in shown if e.problem is None] == [a0, a1, a0]  # the ref's own #3

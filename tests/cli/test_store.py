@@ -73,7 +73,7 @@ def test_walkthrough(cli, store, store_uri, engine_tree, tmp_path):
     code, _, _ = cli(*S, "history", "--profile", "tiny-llama-cpu", "--channel", "nope")
     assert code == 3
     code, _, err = cli(*S, "pull", "--profile", "tiny-llama-cpu", "--channel", "prod", "--dest", dest)
-    assert code == 3 and "no engine for this fingerprint" in err
+    assert code == 3 and "has no channel 'prod'" in err and "its channels: staging" in err  # names the wrong name
 
     # gc: `second` is no channel's now, but staging's history names it (a rollback target): kept by default
     dry = j(cli, *S, "--json", "gc", "--dry-run")
@@ -140,3 +140,66 @@ def test_unknown_artifact_and_bad_store(cli, tmp_path):
     assert code == 2 and "unsupported scheme" in err
     code, _, err = cli("--store", tmp_path / "s", "promote", "0123456789abcdef", "--channel", "Bad Name")
     assert code == 3  # the artifact is looked up first
+
+
+# --- #48 item 12: names that are not checked -------------------------------------------------------
+
+def _one_promoted(store_uri, tmp_path, draft):
+    from buildctl.artifact_store.backend import open_store
+
+    from ..support.helpers import publish_files, staged
+
+    store = open_store(store_uri)
+    aid = publish_files(store, tmp_path / "t", draft, {"config.json": b"{}", "rank0.engine": 1024}, seed=3)
+    staged(store, aid)
+    return store, aid
+
+
+def test_promote_to_a_channel_outside_the_known_set_needs_new_channel(store_uri, tmp_path, draft, cli,
+                                                                      s3_env_if_needed, monkeypatch):
+    store, aid = _one_promoted(store_uri, tmp_path, draft)
+    monkeypatch.setenv("BUILDCTL_REQUIRE_PROVENANCE", "0")
+    code, _, err = cli("--store", store_uri, "promote", aid, "--channel", "prdo")
+    assert code == 2 and "'prdo'" in err and "staging, prod" in err and "--new-channel" in err, err
+    assert not list(store.list("channels/" + draft.profile_name + "/prdo/"))
+    code, _, err = cli("--store", store_uri, "promote", aid, "--channel", "canary", "--new-channel")
+    assert code == 0, err
+    code, _, err = cli("--store", store_uri, "promote", aid, "--channel", "canary")  # it exists now
+    assert code == 0, err
+    monkeypatch.setenv("BUILDCTL_CHANNELS", '["staging", "canary2", "prod"]')
+    code, _, err = cli("--store", store_uri, "promote", aid, "--channel", "canary2")
+    assert code == 0, err
+
+
+def test_a_pull_miss_names_the_wrong_name(store_uri, tmp_path, draft, cli, s3_env_if_needed):
+    store, aid = _one_promoted(store_uri, tmp_path, draft)
+    dest = tmp_path / "node"
+    code, _, err = cli("--store", store_uri, "pull", "--profile", draft.profile_name, "--channel", "stagin",
+                       "--dest", dest, "--skip-preflight")
+    assert code == 3 and "no channel 'stagin'" in err and "its channels: staging" in err, err
+    code, _, err = cli("--store", store_uri, "pull", "--profile", "tiny-lama-cpu", "--channel", "staging",
+                       "--dest", dest, "--skip-preflight")
+    assert code == 3 and "'tiny-lama-cpu' has no channel" in err and draft.profile_name in err, err
+    code, _, err = cli("--store", store_uri, "history", "--profile", draft.profile_name, "--channel", "stagin")
+    assert code == 3 and "its channels: staging" in err, err
+
+
+@pytest.mark.parametrize("command", [["ls"], ["pull", "--profile", "p", "--channel", "prod", "--dest", "{tmp}/n",
+                                              "--skip-preflight"]])
+def test_a_store_that_does_not_exist_is_an_error(tmp_path, cli, command):
+    for store in (tmp_path / "missing", tmp_path / "empty"):
+        (tmp_path / "empty").mkdir(exist_ok=True)
+        code, _, err = cli("--store", f"file://{store}", *[a.format(tmp=tmp_path) for a in command])
+        if command == ["ls"] and store.name == "empty":
+            assert code == 0, err  # an existing store with nothing in it lists nothing
+            continue
+        assert code == 3 and "does not exist" in err, (store, err)
+
+
+def test_node_report_refuses_an_unknown_profile_and_lists_the_known(tmp_path, cli, monkeypatch):
+    from ..support.helpers import PROFILES
+
+    monkeypatch.setenv("BUILDCTL_PROFILE_DIR", str(PROFILES))
+    code, _, err = cli("--store", f"file://{tmp_path / 'store'}", "node", "report", "--node-id", "n1",
+                       "--profiles", "tiny-lama-cpu", "--no-event")
+    assert code == 3 and "tiny-lama-cpu" in err and "tiny-llama-cpu" in err, err
