@@ -38,9 +38,11 @@ def settings(ctx: typer.Context) -> Settings:
     return state(ctx).settings
 
 
-def context(ctx: typer.Context, *, require_crypto: bool = False) -> "Context":
+def context(ctx: typer.Context, *, require_crypto: bool = False, existing: bool = False) -> "Context":
     """The command's context (store opened, keys read), made on first use and then reused;
-    ``require_crypto``: the command's ``--require-crypto`` flag, on top of the settings."""
+    ``require_crypto``: the command's ``--require-crypto`` flag, on top of the settings;
+    ``existing``: the command only reads or maintains a store, so one that does not exist is an
+    error (exit 3) rather than an empty answer."""
     from dataclasses import replace
 
     from buildctl.context import Context
@@ -51,6 +53,10 @@ def context(ctx: typer.Context, *, require_crypto: bool = False) -> "Context":
     if require_crypto and not st.made["context"].settings.require_crypto:
         made = st.made["context"]
         st.made["context"] = replace(made, settings=made.settings.with_flags(require_crypto=True))
+    if existing:
+        from buildctl.artifact_store.backend import require_store
+
+        require_store(st.made["context"].store)
     return st.made["context"]
 
 

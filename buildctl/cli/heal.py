@@ -63,7 +63,7 @@ def scrub_cmd(
     from buildctl.healing import scrub
     from buildctl.artifact_store.errors import ScrubFoundCorruptionError
 
-    report = scrub(context(ctx), sample=sample, channels_only=channels_only,
+    report = scrub(context(ctx, existing=True), sample=sample, channels_only=channels_only,
                    budget_bytes=int(budget_gib * GIB) if budget_gib is not None else None, seed=seed)
     if want_json(ctx, json_out):
         emit_json(report.to_json())

@@ -65,9 +65,7 @@ def ls_cmd(
     from buildctl.artifact_store.quarantine import active_quarantine
     from buildctl.artifact_store.verify import list_artifacts
 
-    from buildctl.artifact_store.backend import require_store
-
-    store = require_store(context(ctx).store)
+    store = context(ctx, existing=True).store
     skipped: list[tuple[str, str]] = []
     arts = [(a, m, active_quarantine(store, a, skipped)) for a, m in list_artifacts(store, profile)]
     if _quiet(ctx, json_out):
@@ -540,7 +538,7 @@ def gc_cmd(
             "quarantine_retention_s": parse_duration(quarantine_retention)}
     if grace is not None:
         opts["grace_s"] = parse_duration(grace)
-    res = fleet.gc(context(ctx), **opts)
+    res = fleet.gc(context(ctx, existing=True), **opts)
     if _quiet(ctx, json_out):
         emit_json(res.to_json())
     else:
@@ -666,7 +664,7 @@ def _index_report(ctx: typer.Context, json_out: bool, repair: bool) -> None:
     from buildctl.artifact_store.errors import IndexMismatchError
     from buildctl.node_index import rebuild
 
-    report = rebuild(context(ctx).store, repair=repair)
+    report = rebuild(context(ctx, existing=True).store, repair=repair)
     if _quiet(ctx, json_out):
         emit_json(report.to_json())
     else:

@@ -51,7 +51,7 @@ def plan_cmd(
     from buildctl.pipeline import load_profiles
     from buildctl.upgrade import plan
 
-    p = plan(context(ctx), load_target(to), load_profiles(settings(ctx)), channel=channel, nodes_glob=nodes,
+    p = plan(context(ctx, existing=True), load_target(to), load_profiles(settings(ctx)), channel=channel, nodes_glob=nodes,
              served=set(served_queue) or None)
     if want_json(ctx, json_out):
         emit_json(p.to_json())
@@ -78,7 +78,7 @@ def prepare_cmd(
 
     quiet = want_json(ctx, json_out)
     say = (lambda m: None) if quiet else (lambda m: typer.echo(f"[prepare] {m}", err=True))
-    done, after = prepare(context(ctx), load_target(to), load_profiles(settings(ctx)), channel=channel,
+    done, after = prepare(context(ctx, existing=True), load_target(to), load_profiles(settings(ctx)), channel=channel,
                           nodes_glob=nodes, say=say)
     if quiet:
         emit_json({"done": [d.to_json() for d in done], "plan": after.to_json()})
@@ -109,7 +109,7 @@ def ready_cmd(
     from buildctl.upgrade import NotReadyError, ready
 
     try:
-        p = ready(context(ctx), node, load_target(to), load_profiles(settings(ctx)), channel=channel)
+        p = ready(context(ctx, existing=True), node, load_target(to), load_profiles(settings(ctx)), channel=channel)
     except NotReadyError as err:
         if want_json(ctx, json_out):
             emit_json({"node_id": node, "ready": False, "missing": err.missing})
@@ -130,7 +130,7 @@ def migrate_keys_cmd(
     history record; the old ref stays. Dry run unless --apply."""
     from buildctl.upgrade import migrate_keys
 
-    moves = migrate_keys(context(ctx), apply=apply)
+    moves = migrate_keys(context(ctx, existing=True), apply=apply)
     if want_json(ctx, json_out):
         emit_json({"applied": apply, "moves": [m.to_json() for m in moves]})
         return

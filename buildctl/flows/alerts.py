@@ -25,7 +25,9 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from buildctl.errors import BadInputError, NotFoundError
+import httpx
+
+from buildctl.errors import BadInputError, NotFoundError, UnavailableError
 from buildctl.flows.events import ARTIFACT_CORRUPTED, ROLLOUT_HALTED
 
 #: The buildctl flows (one per deployment in prefect.yaml; tests/flows/test_alerts.py checks it).
@@ -118,13 +120,22 @@ def _block_id(block: str, webhook_url: str | None) -> Any:
 def install_alerts(block: str = DEFAULT_BLOCK, webhook_url: str | None = None, late_minutes: float = 30,
                    resign_hours: float = 24) -> list[tuple[str, str]]:
     """Create or update (by name) every automation of :func:`alerts`, sending through ``block``.
-    Returns (name, "created" | "updated") each."""
+    Returns (name, "created" | "updated") each; an unreachable server is :class:`UnavailableError`."""
+    if not 0 < late_minutes <= 7 * 24 * 60 or not 0 < resign_hours <= 24 * 365:
+        raise BadInputError("--late-minutes in (0, 10080], --resign-hours in (0, 8760]")
+    try:
+        return _install(block, webhook_url, late_minutes, resign_hours)
+    except httpx.TransportError as err:  # connection refused, DNS, timeout: the server is not there
+        from prefect.settings import PREFECT_API_URL
+
+        raise UnavailableError(f"Prefect API {PREFECT_API_URL.value()} unreachable: {err}") from None
+
+
+def _install(block: str, webhook_url: str | None, late_minutes: float, resign_hours: float) -> list[tuple[str, str]]:
     from prefect.automations import Automation
     from prefect.events.actions import SendNotification
     from prefect.events.schemas.automations import EventTrigger
 
-    if not 0 < late_minutes <= 7 * 24 * 60 or not 0 < resign_hours <= 24 * 365:
-        raise BadInputError("--late-minutes in (0, 10080], --resign-hours in (0, 8760]")
     block_id = _block_id(block, webhook_url)
     done = []
     for a in alerts(late_minutes, resign_hours):
