@@ -215,7 +215,8 @@ def rebuild(store: Store, *, repair: bool = True) -> IndexReport:
     write the missing ones, delete the stale ones and mark the index built (the migration of a
     store written before it). The index is listed before the records are read, so a marker a node
     writes meanwhile is never taken for stale; a stale one is deleted only after its node's
-    record, read again, still does not imply it. A malformed record's markers are kept."""
+    record, read again, still does not imply it, and put back when the record read after the
+    delete implies it (an update swapped in meanwhile). A malformed record's markers are kept."""
     from buildctl.artifact_store.pools import interruptible_pool
 
     listed = {k for k in store.list(NODE_INDEX) if k != NODE_INDEX_META} | set(store.list(PAIR_INDEX))
@@ -236,11 +237,22 @@ def rebuild(store: Store, *, repair: bool = True) -> IndexReport:
             got = read_node(store, node_of_marker(key))
             return got is None or key not in node_markers(got[0])
 
+        def implied_again(key: str) -> bool:  # a node swapped its record while this key was deleted
+            if key.startswith(PAIR_INDEX):
+                return store.stat(manifest_key(artifact_of_pair_key(key))) is not None
+            got = read_node(store, node_of_marker(key))
+            return got is not None and key in node_markers(got[0])
+
         with interruptible_pool(INDEX_WRITERS, "index") as (pool, _):
             list(pool.map(lambda k: store.put_bytes(k, b""), report.missing))
             confirmed = [k for k, stale in zip(report.stale, pool.map(still_stale, report.stale)) if stale]
             list(pool.map(store.delete, confirmed))
-        report.stale = confirmed
+            # A node whose update was in flight (markers written, record not yet swapped) swaps it
+            # now or later: after the delete, each node read once more; what its record implies is
+            # put back (and the node's own update puts its markers again after its swap).
+            back = [k for k, yes in zip(confirmed, pool.map(implied_again, confirmed)) if yes]
+            list(pool.map(lambda k: store.put_bytes(k, b""), back))
+        report.stale = [k for k in confirmed if k not in set(back)]
         if not index_built(store):
             store.put_bytes(NODE_INDEX_META, canonical_json({"format": INDEX_FORMAT, "built_at": utc_now(),
                                                              "nodes": report.nodes}))

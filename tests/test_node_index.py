@@ -13,6 +13,7 @@ import pytest
 from benchmarks.counting import CountingStore
 import buildctl.artifact_store as ops
 from buildctl import fleet, node_index, rollouts
+from buildctl.artifact_store.channels import read_channel
 from buildctl.artifact_store.gc import gc
 from buildctl.artifact_store.inventory import EngineState, read_node
 from buildctl.artifact_store.layout import NODE_INDEX, NODE_INDEX_META, NODES, PAIR_INDEX, scope_prefix, status_prefix
@@ -309,3 +310,36 @@ def test_a_malformed_status_marker_is_skipped_and_reported_and_a_failed_canary_s
     later = datetime.now(timezone.utc) + timedelta(seconds=601)
     (v,) = rollouts.tick(Context.from_settings(settings(), store=store), channel="prod", now=later)
     assert v.decision == "halt" and v.applied is not None and "malformed" in v.why
+
+
+@pytest.mark.parametrize("state", ["failed", "healthy"])
+def test_a_rebuild_between_a_nodes_marker_writes_and_its_record_swap_loses_no_marker(store, tmp_path, draft, state):
+    """#48 item 6: `index rebuild` (and so scrub) running while a node updates its record: the
+    markers of the update in flight were taken for stale and deleted, and the update never wrote
+    them again (gc then removed a current engine; the tick advanced past a failed node)."""
+    node_index.rebuild(store)
+    nodes, rec, late = rollout_in_flight(store, tmp_path, draft, n=40)
+    canary = next(x for x in nodes.ids if x not in late)
+    before = read_node(store, canary)[0].engine(PROFILE, "prod")
+    real_cas = store.cas
+    raced = []
+
+    def cas_after_a_rebuild(key, data, expected):
+        if key.startswith(NODES) and not raced:
+            raced.append(node_index.rebuild(store))  # between the marker writes and the swap
+        return real_cas(key, data, expected)
+
+    store.cas = cas_after_a_rebuild
+    try:
+        fleet.record_engine_state(store, canary, detect(), before.model_copy(update={"status": state}))
+    finally:
+        store.cas = real_cas
+    assert raced
+    after = read_node(store, canary)[0]
+    listed = set(store.list(NODE_INDEX))
+    assert node_index.node_markers(after) <= listed, node_index.node_markers(after) - listed
+    assert node_index.rebuild(store, repair=False).ok
+    if state == "failed":
+        later = datetime.now(timezone.utc) + timedelta(seconds=601)
+        v = rollouts.view(store, read_channel(store, PROFILE, "prod", draft.compat_key)[0], now=later)
+        assert v.decision == "halt" and canary in v.waves[0].failed_nodes

@@ -135,9 +135,10 @@ def update_node(store: Store, node_id: str, change: Callable[[NodeRecord | None]
     compare-and-swap, retried; returns the new record and the one it replaced.
 
     ``markers``: the node-index keys a record implies (``buildctl.node_index.node_markers``). The
-    ones the new record adds are written before it and the ones it drops are deleted after it, so
-    an interrupted update leaves extra markers (which readers confirm against the record, and a
-    check finds), never a committed record without its markers."""
+    ones the new record adds are written before it, and again after it (a concurrent ``index
+    rebuild`` may have deleted them in between), and the ones it drops are deleted after it, so an
+    interrupted update leaves extra markers (which readers confirm against the record, and a check
+    finds), never a committed record without its markers."""
     check_node_id(node_id)
     for _ in range(attempts):
         current = _read_node_at(store, node_id)
@@ -150,6 +151,10 @@ def update_node(store: Store, node_id: str, change: Callable[[NodeRecord | None]
         # loses the swap and reads it from the shard next time); the legacy copy is then shadowed.
         token = current[1] if current and current[2] == node_key(node_id) else None
         if store.cas(node_key(node_id), canonical_json(rec.model_dump(mode="json")), token):
+            # Again after the swap: an `index rebuild` that read the record before it may have taken
+            # them for stale and deleted them (create-only puts: a marker still there is left as is).
+            for key in sorted(after - before):
+                store.put_bytes(key, b"")
             for key in sorted(before - after):
                 store.delete(key)
             if current is not None and current[2] != node_key(node_id):
