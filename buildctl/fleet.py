@@ -247,6 +247,15 @@ def work_queue_for(compat_key: str) -> str:
     return compat_key
 
 
+def recheck_queue_for(compat_key: str, soft: dict[str, Any]) -> str:
+    """The work queue of re-checks on one set of soft values under a compat key: any worker of the
+    key builds, but only one with the node's soft values (driver, compiler, ...) can say the
+    engine runs on them. ``<compat key>-soft-<12 hex of the soft values>``."""
+    from buildctl.digest import canonical_json, digest_bytes
+
+    return f"{compat_key}-soft-{digest_bytes(canonical_json(soft)).split(':', 1)[1][:12]}"
+
+
 #: Kubernetes node labels (``buildctl node labels``): the pod of a build for compat key K of
 #: backend B is pinned to nodes labelled ``buildctl.io/compat-B=K`` (docker/k8s/base-job-template.json).
 LABEL_PREFIX = "buildctl.io/"
@@ -289,6 +298,13 @@ def serving_queues(settings: Settings, fingerprint: Fingerprint) -> dict[str, st
         if get_backend(name, settings).tool_version(fingerprint) is not None:
             out[name] = work_queue_for(fingerprint.compat_key(name))
     return out
+
+
+def recheck_queues(settings: Settings, fingerprint: Fingerprint) -> dict[str, str]:
+    """The re-check queues a worker on this host serves, by backend: its compat key and its own
+    soft values (:func:`recheck_queue_for`), for each backend it can build."""
+    return {b: recheck_queue_for(fingerprint.compat_key(b), fingerprint.soft_fields(b))
+            for b in serving_queues(settings, fingerprint)}
 
 
 def fleet_plan(store: Store, profiles: dict[str, BuildProfile], only_profiles: Iterable[str] | None = None,

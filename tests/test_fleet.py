@@ -89,7 +89,8 @@ def test_worker_start_serves_exactly_this_hosts_compat_keys(cli, tmp_path, monke
     assert code == 0, err
     got = json.loads(out)
     assert got["by_backend"] == {"aoti": fp.compat_key("aoti")}  # no tensorrt_llm here: no trtllm queue
-    assert got["queues"] == sorted([fp.compat_key("aoti"), "default"])
+    recheck = got["rechecks_by_backend"]["aoti"]
+    assert got["queues"] == [fp.compat_key("aoti"), recheck, "default"] and recheck.startswith(fp.compat_key("aoti"))
     assert got["command"][1:] == ["-m", "prefect", "worker", "start", "--pool", "gpu-pool",
                                   *[x for q in got["queues"] for x in ("--work-queue", q)], "--name", got["name"]]
     assert got["name"].endswith(fp.compat_key("aoti")[:24])  # named after the host and its key
@@ -97,7 +98,8 @@ def test_worker_start_serves_exactly_this_hosts_compat_keys(cli, tmp_path, monke
     other = fp.model_copy(update={"torch_version": "9.8.0"})  # a hard aoti field
     f.write_text(json.dumps(other.model_dump(mode="json")))
     code, out, _ = cli("--json", "worker", "start", "--pool", "gpu-pool", "--dry-run", "--builds-only")
-    assert json.loads(out)["queues"] == [other.compat_key("aoti")] != [fp.compat_key("aoti")]
+    assert json.loads(out)["queues"][0] == other.compat_key("aoti") != fp.compat_key("aoti")
+    assert json.loads(out)["queues"][1:] == [json.loads(out)["rechecks_by_backend"]["aoti"]]
     monkeypatch.delenv("PREFECT_API_URL", raising=False)
     code, _, err = cli("worker", "queues", "--pool", "gpu-pool")
     assert code == 2 and "PREFECT_API_URL" in err
@@ -234,3 +236,23 @@ def test_node_labels_are_valid_kubernetes_labels_naming_the_compat_key(cli, tmp_
     assert labels["buildctl.io/aoti.torch_version"] == "2.13.0-cpu--a-local-build"
     code, out, _ = cli("node", "labels", "--node", "gpu-7")
     assert code == 0 and out.startswith("kubectl label node gpu-7 --overwrite buildctl.io/")
+
+
+def test_a_worker_polls_the_recheck_queue_of_its_own_soft_values(cli, tmp_path, monkeypatch):
+    """#48 item 13: re-checks of a driver upgrade go to ``<key>-soft-<hash of the soft values>``;
+    a worker polls its own, so two workers of one key with different drivers take different ones."""
+    import json
+
+    from buildctl.engines.fingerprint import detect
+
+    queues = {}
+    for name, compiler in (("old", "gcc 12.2.0"), ("new", "gcc 13.2.0")):
+        f = tmp_path / f"{name}.json"
+        f.write_text(json.dumps(detect().model_copy(update={"compiler_version": compiler}).model_dump(mode="json")))
+        monkeypatch.setenv("BUILDCTL_FINGERPRINT_FILE", str(f))
+        code, out, err = cli("--json", "worker", "start", "--pool", "p", "--dry-run")
+        assert code == 0, err
+        got = json.loads(out)
+        queues[name] = got["rechecks_by_backend"]["aoti"]
+        assert got["by_backend"]["aoti"] in got["queues"] and queues[name] in got["queues"]
+    assert queues["old"] != queues["new"] and queues["old"].split("-soft-")[0] == queues["new"].split("-soft-")[0]

@@ -58,14 +58,19 @@ def start_cmd(
     if not served:
         raise BadInputError("this host has no backend's build tool (torch for aoti, tensorrt_llm for trtllm): "
                             "it can serve no build queue")
+    rechecks = fleet.recheck_queues(st, fp)  # re-checks of a driver upgrade on exactly this host's soft values
     build_queues = sorted(set(served.values()))
-    queues = build_queues + ([] if builds_only else [CONTROL_QUEUE])
+    queues = build_queues + sorted(set(rechecks.values())) + ([] if builds_only else [CONTROL_QUEUE])
     name = name or worker_name(build_queues)
     cmd = worker_command(pool, queues, name, healthcheck)
     specs = [QueueSpec(q, describe_queue(b, fp.compat_key(b), fp.compat_fields(b))) for b, q in sorted(served.items())]
+    specs += [QueueSpec(q, f"re-checks on {b} {fp.compat_key(b)} with soft values "
+                           + ", ".join(f"{k}={v}" for k, v in fp.soft_fields(b).items()))
+              for b, q in sorted(rechecks.items())]
     if dry_run:
         if want_json(ctx, json_out):
-            emit_json({"pool": pool, "queues": queues, "by_backend": served, "command": cmd, "name": name,
+            emit_json({"pool": pool, "queues": queues, "by_backend": served, "rechecks_by_backend": rechecks,
+                       "command": cmd, "name": name,
                        "descriptions": {s.name: s.description for s in specs}})
         else:
             for backend, q in sorted(served.items()):

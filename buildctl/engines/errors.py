@@ -74,6 +74,16 @@ class IncompatibleTargetError(BadInputError):
         super().__init__(f"{what}: {detail}")
 
 
+class WrongRecheckWorkerError(BadInputError):
+    """A re-check landed on a worker whose soft values are not the node's: it refuses at once
+    rather than validate on values that are not the ones to be vouched for."""
+
+    def __init__(self, wanted: str, have: str, queue: str) -> None:
+        self.wanted, self.have, self.queue = wanted, have, queue
+        super().__init__(f"this re-check is for {wanted}; this worker has {have}: it belongs on queue {queue}, "
+                         "which a worker with those values polls (buildctl worker start)")
+
+
 class HostRequirementsError(BadInputError):
     """This host cannot build a profile: every unmet requirement is listed, found before any
     download or build starts."""

@@ -177,6 +177,22 @@ def _log_artifact(plan: pipeline.BuildPlan, where: str, log_path: Path) -> None:
                              description=f"{plan.profile.name}: the build's log")
 
 
+def check_recheck_worker(settings: Settings, plan: pipeline.BuildPlan, trigger: dict[str, Any] | None) -> None:
+    """A driver upgrade's re-check names the node's soft values (``trigger["soft"]``): a worker
+    whose own differ refuses it (:class:`WrongRecheckWorkerError`), so it never ends green on
+    values nobody checked."""
+    from buildctl import fleet
+    from buildctl.engines.errors import WrongRecheckWorkerError
+
+    wanted = (trigger or {}).get("soft")
+    if not (trigger or {}).get("recheck") or wanted is None:
+        return
+    have = host_fingerprint(settings).soft_fields(plan.profile.engine.backend)
+    if have != wanted:
+        raise WrongRecheckWorkerError(describe_soft(wanted), describe_soft(have),
+                                      fleet.recheck_queue_for(plan.compat_key, wanted))
+
+
 def _bvp_key(profile: str, compat_key: str | None) -> str:
     """The prefix of a build run's artifact keys: its profile and compat key."""
     return artifact_key("bvp", profile, (compat_key or "this-host")[:24])
@@ -191,6 +207,7 @@ def _build_validate_publish(report: RunReport, profile: str, model: str | None,
     settings = run_settings(store)
     plan = plan_task(settings, profile, model, target_compat_key)
     report.compat_key = plan.compat_key
+    check_recheck_worker(settings, plan, trigger)
     report.title = f"{profile} on `{plan.compat_key}`"
     report.add("compat key", f"`{plan.compat_key}`")
     report.add("build key", f"`{plan.build_key}`")

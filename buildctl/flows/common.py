@@ -138,20 +138,23 @@ def has_work_pool(deployment: str) -> bool:
 
 
 def start_builds(settings: Settings, pairs: list[tuple[str, str, int]], trigger: dict[str, Any],
-                  promote_to: str | None) -> list[dict[str, Any]]:
+                  promote_to: str | None, queues: list[str | None] | None = None,
+                  triggers: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
     """Start build-validate-publish for each (profile, compat key, nodes) as a subflow run, on the
-    work queue of its compat key when the deployment has a work pool."""
+    work queue of its compat key when the deployment has a work pool (``queues``: another queue
+    for a pair, e.g. a re-check's soft-values queue; ``triggers``: a trigger per pair)."""
     pool_type = work_pool_type(BVP_DEPLOYMENT)
     pooled = pool_type is not None
     profiles = pipeline.load_profiles(settings) if pool_type == "kubernetes" else {}
     logger = get_run_logger()
     started = []
-    for profile, compat_key, nodes in pairs:
+    for i, (profile, compat_key, nodes) in enumerate(pairs):
         # With a work pool, each compat key has its own queue, served by workers on matching hosts
         # (`buildctl worker start`); a served deployment (flows.serve) has no pool.
-        queue = fleet.work_queue_for(compat_key) if pooled else None
+        wanted = queues[i] if queues is not None and queues[i] else fleet.work_queue_for(compat_key)
+        queue = wanted if pooled else None
         params = {"profile": profile, "target_compat_key": compat_key, "store": settings.store,
-                  "trigger": {**trigger, "nodes": nodes}}
+                  "trigger": {**(triggers[i] if triggers is not None else trigger), "nodes": nodes}}
         if promote_to:
             params["promote_to"] = promote_to
         # A Kubernetes pool's job takes the profile's GPUs and is pinned to nodes labelled with the key.

@@ -10,12 +10,23 @@ from prefect import flow, get_run_logger
 
 from buildctl import fleet, pipeline
 from buildctl.context import open_store_of
-from buildctl.coverage import recheck_needs, recheck_outcome
+from buildctl.coverage import describe_soft, recheck_needs, recheck_outcome
+from buildctl.errors import BuildctlError
 from buildctl.engines.fingerprint import parse_fingerprint
 from buildctl.flows.common import (ChildRunsFailedError, ProfileName, artifact_key, published_summary, run_settings,
                                    start_builds, wait_for_children)
 from buildctl.flows.reconcile_fleet import reconcile_fleet
 from buildctl.flows.summary import RunReport
+
+
+class RecheckNotCoveredError(BuildctlError):
+    """A driver upgrade's re-check did not cover the node's soft values: no worker with them ran it
+    (or one refused it), so nothing vouches for the engine on that node."""
+
+    def __init__(self, node_id: str, needs: list[str], runs: list[str]) -> None:
+        self.node_id, self.needs, self.runs = node_id, list(needs), list(runs)
+        super().__init__(f"{node_id}: re-check did not cover its soft values: " + "; ".join(needs)
+                         + (f" (runs: {'; '.join(runs)})" if runs else ""))
 
 
 def run_seconds(flow_run_id: str) -> float | None:
@@ -81,16 +92,32 @@ def _on_driver_upgrade(report: RunReport, node_id: str, fingerprint: dict[str, A
                "compat_keys": {b: list(v) for b, v in keys.items()}}
     report.step = "re-check"
     rechecks = recheck_needs(s, fp, known)
-    started = start_builds(settings, [(p, k, 1) for p, k, _ in rechecks], {**trigger, "recheck": True}, None) if rechecks else []
-    for (p, k, aid), run in zip(rechecks, started):
-        logger.info(f"{p}: {aid} is not validated on {node_id}'s soft values: re-checking on {k} (run {run['flow_run_id']})")
+    # A re-check must run where the node's soft values are: any worker of the compat key builds, but
+    # only one with the node's driver (compiler, ...) can validate on it. Each goes to the queue of
+    # its key and those soft values (`buildctl worker start` polls its own), and carries them, so a
+    # worker with other values refuses it at once instead of vouching for values nobody checked.
+    softs = [fp.soft_fields(known[p].engine.backend) for p, _, _ in rechecks]
+    queues = [fleet.recheck_queue_for(k, soft) for (_, k, _), soft in zip(rechecks, softs)]
+    started = start_builds(settings, [(p, k, 1) for p, k, _ in rechecks], trigger, None, queues=queues,
+                           triggers=[{**trigger, "recheck": True, "soft": soft} for soft in softs]) if rechecks else []
+    for (p, k, aid), run, q in zip(rechecks, started, queues):
+        logger.info(f"{p}: {aid} is not validated on {node_id}'s soft values: re-checking on {k}, queue {q} "
+                    f"(run {run['flow_run_id']})")
     bad = wait_for_children(started, wait_s) if started else []
-    for (p, _, aid), c in zip(rechecks, started):
+    uncovered = []
+    for (p, _, aid), c, q, soft in zip(rechecks, started, queues, softs):
         c["outcome"] = recheck_outcome(s, known[p], aid, fp, run_seconds(c["flow_run_id"]))
         report.add(f"re-check {p}", f"on `{c['compat_key']}`: {c['outcome']} (run `{c['flow_run_id']}`, {c['state']})")
         logger.info(f"{node_id} {p}: {c['outcome']}")
+        if c["outcome"].startswith("re-check did not cover"):
+            uncovered.append(f"{p}: needs a worker with {describe_soft(soft)} on compat key {c['compat_key']} "
+                             f"(it polls queue {q})")
     if not rechecks:
         report.add("re-checks", "none needed: every engine of its profiles is validated on its soft values or has none")
+    if uncovered:  # nobody checked the node's values: a state that pages, never a recommendation to promote
+        report.next_steps = [f"start `buildctl worker start --pool POOL` on a host with the node's soft values; {u}"
+                             for u in uncovered]
+        raise RecheckNotCoveredError(node_id, uncovered, bad)
     if bad:
         raise ChildRunsFailedError(bad)
     report.step = "reconcile"

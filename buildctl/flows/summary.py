@@ -49,6 +49,9 @@ def advice(err: BaseException, *, compat_key: str | None) -> list[str]:
         return [f"buildctl show {err.artifact_id}   # the failing attestation {err.attestation_id}"]
     if isinstance(err, HostRequirementsError):
         return [f"fix on the worker {socket.gethostname()}: {u}" for u in err.unmet]
+    needs = getattr(err, "needs", None)
+    if needs:  # a re-check that no worker with the node's soft values ran (RecheckNotCoveredError)
+        return [f"buildctl worker start --pool POOL   # on a host with the node's soft values; {n}" for n in needs]
     if isinstance(err, IncompatibleTargetError):
         return [f"buildctl worker start --pool POOL   # on a host whose compat key is {compat_key or 'the target'}"]
     if isinstance(err, ProfileNotFoundError):

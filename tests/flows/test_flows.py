@@ -471,3 +471,90 @@ def test_a_cache_hit_on_new_soft_values_is_rechecked_not_rebuilt(prefect_api, in
     assert "| re-check | re-checked on " in md and "compiler_version=gcc 13.2.0" in md and ", no rebuild (" in md
     again = build_validate_publish(profile="tiny-llama-cpu", store=store.uri)  # now covered: reused
     assert again["attestation_reused"] and not again["rechecked"]
+
+
+# --- #48 item 13: a re-check that nobody with the node's soft values ran never ends green ----------
+
+def test_a_recheck_on_a_worker_with_other_soft_values_refuses_at_once(prefect_api, in_repo, quick_profiles,
+                                                                      tiny_build, tmp_path, monkeypatch):
+    """Any worker of the compat key may take a build, but a re-check carries the node's soft values:
+    a worker whose own differ refuses it (no attestation written, nothing reused), naming the queue
+    it belongs on; on a worker with those values it validates there and covers the node."""
+    import json
+
+    from buildctl import fleet, pipeline
+    from buildctl.artifact_store.attestations import list_attestations
+    from buildctl.artifact_store.backend import open_store
+    from buildctl.context import Context
+    from buildctl.coverage import coverage
+    from buildctl.engines.errors import WrongRecheckWorkerError
+    from buildctl.engines.fingerprint import detect
+    from buildctl.flows.build_validate_publish import build_validate_publish
+    from buildctl.artifact_store.verify import get_manifest
+
+    from ..support.helpers import write_attestation
+
+    monkeypatch.setenv("BUILDCTL_PROFILE_DIR", str(quick_profiles))
+    monkeypatch.setenv("BUILDCTL_BUILD_LIMIT", "test-builds")
+    ensure_limit("test-builds", 1)
+    store = open_store("file://" + str(tmp_path / "store"))
+    worker = detect()
+    res = pipeline.import_engine(Context.from_settings(settings(), store=store), tiny_build["engine"],
+                                 tiny_build["profile"], worker, model_digest=tiny_build["outcome"].model_digest)
+    write_attestation(store, res.artifact_id, worker.compat_key("aoti"), "pass", validator=worker)  # the worker's own
+    node = worker.model_copy(update={"compiler_version": "gcc 13.2.0"})  # soft for aoti: same compat key
+    assert node.compat_key("aoti") == worker.compat_key("aoti")
+    before = len(list_attestations(store, res.artifact_id))
+    trigger = {"kind": "driver-upgrade", "node_id": "n1", "recheck": True, "soft": node.soft_fields("aoti")}
+    with pytest.raises(WrongRecheckWorkerError) as err:  # this worker is still on the old compiler
+        build_validate_publish(profile="tiny-llama-cpu", store=store.uri, trigger=trigger)
+    assert fleet.recheck_queue_for(node.compat_key("aoti"), node.soft_fields("aoti")) in str(err.value)
+    assert "compiler_version=gcc 13.2.0" in str(err.value)
+    assert len(list_attestations(store, res.artifact_id)) == before  # it vouched for nothing
+    f = tmp_path / "node.json"
+    f.write_text(json.dumps(node.model_dump(mode="json")))
+    monkeypatch.setenv("BUILDCTL_FINGERPRINT_FILE", str(f))  # a worker that has the node's values
+    out = build_validate_publish(profile="tiny-llama-cpu", store=store.uri, trigger=trigger)
+    assert out["rechecked"] and out["recheck_passed"]
+    assert coverage(store, res.artifact_id, get_manifest(store, res.artifact_id), node).covered
+
+
+def test_a_driver_upgrade_whose_recheck_did_not_cover_the_node_fails_naming_the_worker_it_needs(
+        prefect_api, in_repo, quick_profiles, tmp_path, monkeypatch):
+    """The re-check ran, but not on the node's soft values: the driver-upgrade run ends Failed (the
+    run-failed alert pages), says which worker and queue it needs, and recommends no promotion."""
+    import json
+
+    from prefect.artifacts import Artifact
+
+    from buildctl import fleet
+    from buildctl.engines.fingerprint import detect
+    from buildctl.flows import on_driver_upgrade as odu
+    from buildctl.flows.common import artifact_key
+
+    monkeypatch.setenv("BUILDCTL_PROFILE_DIR", str(quick_profiles))
+    node = detect().model_copy(update={"compiler_version": "gcc 13.2.0"})
+    key = node.compat_key("aoti")
+    started = []
+    monkeypatch.setattr(odu, "recheck_needs", lambda s, fp, known: [("tiny-llama-cpu", key, "xxh3-128:" + "a" * 32)])
+
+    def start(settings, pairs, trigger, promote_to, queues=None, triggers=None):
+        started.append((queues, triggers))
+        return [{"profile": p, "compat_key": k, "flow_run_id": "00000000-0000-0000-0000-000000000000",
+                 "work_queue": q, "state": "Completed"} for (p, k, _), q in zip(pairs, queues)]
+
+    monkeypatch.setattr(odu, "start_builds", start)
+    monkeypatch.setattr(odu, "wait_for_children", lambda started, wait_s: [])
+    monkeypatch.setattr(odu, "run_seconds", lambda run_id: 12.0)
+    monkeypatch.setattr(odu, "recheck_outcome", lambda *a, **k: "re-check did not cover compiler_version=gcc 13.2.0 "
+                                                                 "(12 s): it did not pass here")
+    monkeypatch.setattr(odu, "reconcile_fleet", lambda **kw: pytest.fail("no reconcile after an uncovered re-check"))
+    state = odu.on_driver_upgrade(node_id="n1", fingerprint=node.model_dump(mode="json"), profiles=["tiny-llama-cpu"],
+                                  store="file://" + str(tmp_path / "store"), return_state=True)
+    assert state.is_failed(), state
+    queue = fleet.recheck_queue_for(key, node.soft_fields("aoti"))
+    (queues, triggers), = started
+    assert queues == [queue] and triggers[0]["soft"] == node.soft_fields("aoti") and triggers[0]["recheck"]
+    assert queue in state.message and "compiler_version=gcc 13.2.0" in state.message
+    md = Artifact.get(artifact_key("driver-upgrade", "n1")).data
+    assert "FAILED" in md and queue in md and "buildctl worker start" in md and "promote" not in md.split("**Next:**")[1]
