@@ -20,7 +20,8 @@ from buildctl.pipeline import PROTECTED_CHANNELS, passing_attestation
 from buildctl.artifact_store.backend import Store
 from buildctl.artifact_store.channels import all_channel_records, channels_pointing_at, checked_history, history
 from buildctl.artifact_store.promotion import rollback
-from buildctl.artifact_store.errors import ArtifactNotFoundError, QuarantinedError, StoreArgumentError, VerificationError
+from buildctl.artifact_store.errors import (ArtifactNotFoundError, CorruptObjectError, QuarantinedError, StoreArgumentError,
+                                           VerificationError)
 from buildctl.artifact_store.integrity import verify_recent_or_quarantine, verify_deep_or_quarantine
 from buildctl.artifact_store.quarantine import active_quarantine, quarantine
 from buildctl.artifact_store.records import check_records
@@ -242,8 +243,11 @@ def scrub(ctx: Context, *, sample: float = 1.0, channels_only: bool = False,
     report = ScrubReport(rows, skipped, check_records(store, skipped))  # then every small record, of every kind
     refs = sorted({(r.profile, r.channel, r.compat_key) for r in all_channel_records(store, [])})
     for profile, channel, compat in refs:  # and every ref's history chain, as rollback reads it
-        report.history += [(e.key, e.problem) for e in checked_history(store, profile, channel, compat,
-                                                                       ctx.auth.trusted) if e.problem]
+        try:  # malformed records are already listed by check_records (exit 10); broken chains are exit 4
+            chain = checked_history(store, profile, channel, compat, ctx.auth.trusted, skipped=[])
+        except CorruptObjectError:
+            continue  # the ref turned malformed since it was listed: check_records names it
+        report.history += [(e.key, e.problem) for e in chain if e.problem]
     if index_built(store):  # and the node index against the node records: missing markers written, stale deleted
         report.node_index = rebuild_index(store, repair=True)
     return report

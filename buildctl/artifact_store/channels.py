@@ -382,7 +382,8 @@ class CheckedRecord:
 
 
 def checked_history(store: Store, profile: str, channel: str, compat: str,
-                    trusted: TrustedKeys | None = None) -> list[CheckedRecord]:
+                    trusted: TrustedKeys | None = None,
+                    skipped: list[tuple[str, str]] | None = None) -> list[CheckedRecord]:
     """The ref's history, oldest first, each record checked as every reader that acts on history
     must (rollback, ``history``, scrub):
 
@@ -394,7 +395,8 @@ def checked_history(store: Store, profile: str, channel: str, compat: str,
     * it is linked: the next good record's ``previous`` is its artifact.
 
     A record that fails is returned with its ``problem``; the ref's record stands in for a
-    stranger in its slot."""
+    stranger in its slot. A malformed record raises, or with ``skipped`` is listed there (as
+    :func:`history` does) and passed over."""
     got = read_channel(store, profile, channel, compat)
     ref = got[0] if got else None
     signed_channel = trusted is not None and ref is not None and bool(ref.signers(trusted))
@@ -404,9 +406,9 @@ def checked_history(store: Store, profile: str, channel: str, compat: str,
         try:
             rec = read_history_record(store, key)
         except CorruptObjectError as err:
-            strangers.append(CheckedRecord(ChannelRecord(seq=1, profile=profile, channel=channel, compat_key=compat,
-                                                         artifact_id="xxh3-128:" + "0" * 32, who="?", when=utc_now()),
-                                           key, err.detail))
+            if skipped is None:
+                raise
+            skipped.append((key, err.detail))
             continue
         problem = None
         if history_key(rec.profile, rec.channel, rec.compat_key, rec.seq) != key:
@@ -447,13 +449,16 @@ def record_problems(store: Store, records: list[ChannelRecord],
     for r in records:
         by_key.setdefault(r.compat_key, []).append(r)
     for compat, recs in by_key.items():
-        got = read_channel(store, recs[0].profile, recs[0].channel, compat)
+        try:
+            got = read_channel(store, recs[0].profile, recs[0].channel, compat)
+        except CorruptObjectError:
+            got = False  # a malformed ref (history lists it as skipped): only the links can be checked
         ref = got[0] if got else None
         signed_channel = trusted is not None and ref is not None and bool(ref.signers(trusted))
         successor = None
         for r in sorted(recs, key=lambda r: r.seq, reverse=True):
             problem = None
-            if ref is None or r.seq > ref.seq:
+            if got is not False and (ref is None or r.seq > ref.seq):
                 problem = f"ahead of the ref (#{ref.seq if ref else 0}): written before the ref reached it"
             elif signed_channel and r != ref and not r.signers(trusted):
                 problem = "not signed by a trusted promoter key"

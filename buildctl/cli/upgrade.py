@@ -51,7 +51,8 @@ def plan_cmd(
     from buildctl.pipeline import load_profiles
     from buildctl.upgrade import plan
 
-    p = plan(context(ctx, existing=True), load_target(to), load_profiles(settings(ctx)), channel=channel, nodes_glob=nodes,
+    target = load_target(to)  # bad input first, before the store is looked at
+    p = plan(context(ctx, existing=True), target, load_profiles(settings(ctx)), channel=channel, nodes_glob=nodes,
              served=set(served_queue) or None)
     if want_json(ctx, json_out):
         emit_json(p.to_json())
@@ -78,7 +79,8 @@ def prepare_cmd(
 
     quiet = want_json(ctx, json_out)
     say = (lambda m: None) if quiet else (lambda m: typer.echo(f"[prepare] {m}", err=True))
-    done, after = prepare(context(ctx, existing=True), load_target(to), load_profiles(settings(ctx)), channel=channel,
+    target = load_target(to)  # bad input first, before the store is looked at
+    done, after = prepare(context(ctx, existing=True), target, load_profiles(settings(ctx)), channel=channel,
                           nodes_glob=nodes, say=say)
     if quiet:
         emit_json({"done": [d.to_json() for d in done], "plan": after.to_json()})
@@ -109,7 +111,8 @@ def ready_cmd(
     from buildctl.upgrade import NotReadyError, ready
 
     try:
-        p = ready(context(ctx, existing=True), node, load_target(to), load_profiles(settings(ctx)), channel=channel)
+        target = load_target(to)  # bad input first, before the store is looked at
+        p = ready(context(ctx, existing=True), node, target, load_profiles(settings(ctx)), channel=channel)
     except NotReadyError as err:
         if want_json(ctx, json_out):
             emit_json({"node_id": node, "ready": False, "missing": err.missing})
