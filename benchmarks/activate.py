@@ -34,6 +34,16 @@ from benchmarks.common import GIB, finish, fmt_spread, interleaved, make_engine_
 KINDS = ("flip", "flip-keep-mtime", "truncate", "delete", "empty-dir", "add-file", "file-symlink", "dir-symlink")
 
 
+def _flip(path: Path) -> None:
+    """Flip one bit of the byte in the middle of ``path``, in place (twice puts it back)."""
+    mid = path.stat().st_size // 2
+    with open(path, "r+b") as f:
+        f.seek(mid)
+        b = f.read(1)
+        f.seek(mid)
+        f.write(bytes([b[0] ^ 0x40]))
+
+
 def _damage(engine: Path, kind: str, spare: Path) -> None:
     """Damage the staged copy in place; :func:`_undo` puts it back (the sizes stay 4 GiB)."""
     small = engine / "lora" / "adapter000.bin"
@@ -42,11 +52,7 @@ def _damage(engine: Path, kind: str, spare: Path) -> None:
         os.chmod(p, 0o755 if p.is_dir() else 0o644)
     if kind in ("flip", "flip-keep-mtime"):
         st = big.stat()
-        with open(big, "r+b") as f:
-            f.seek(st.st_size // 2)
-            b = f.read(1)
-            f.seek(st.st_size // 2)
-            f.write(bytes([b[0] ^ 0x40]))
+        _flip(big)
         if kind == "flip-keep-mtime":
             os.utime(big, ns=(st.st_atime_ns, st.st_mtime_ns))
     elif kind == "truncate":
@@ -71,12 +77,7 @@ def _undo(engine: Path, kind: str, spare: Path) -> None:
     small = engine / "lora" / "adapter000.bin"
     big = engine / "rank0.engine"
     if kind in ("flip", "flip-keep-mtime"):
-        st = big.stat()
-        with open(big, "r+b") as f:
-            f.seek(st.st_size // 2)
-            b = f.read(1)
-            f.seek(st.st_size // 2)
-            f.write(bytes([b[0] ^ 0x40]))
+        _flip(big)  # flipped back
     elif kind in ("truncate", "delete", "file-symlink"):
         small.unlink(missing_ok=True)
         os.rename(spare / "small", small)

@@ -272,15 +272,9 @@ def _install_locked(store: Store, artifact_id: str, dest: Path, *, preflight: Pr
     staging = dest / f".staging-{uuid.uuid4().hex}"
     staging.mkdir()
     try:
-        problems = download_verified(store, manifest, staging, workers=workers, range_slots=range_slots,
-                                     on_bytes=on_bytes)
-        if problems:
-            raise VerificationError(artifact_id, problems)
-        if preflight is not None:
-            try:
-                preflight(manifest, staging)
-            except Exception as err:  # any failure to load means: do not install
-                raise PreflightError(artifact_id, f"{type(err).__name__}: {err}") from None
+        _verified_and_loaded(artifact_id, manifest, staging, preflight,
+                             download_verified(store, manifest, staging, workers=workers, range_slots=range_slots,
+                                               on_bytes=on_bytes))
         if final.exists():  # an older install of the same artifact (e.g. 'previous'): replace it
             _make_writable(final)
             shutil.rmtree(final)
@@ -299,6 +293,19 @@ def _install_locked(store: Store, artifact_id: str, dest: Path, *, preflight: Pr
     _prune_quietly(dest, keep)
     return PullResult(artifact_id, installed=True, path=final, previous=previous, bytes=manifest.total_size,
                       previous_link=old_previous)
+
+
+def _verified_and_loaded(artifact_id: str, manifest: Manifest, root: Path, preflight: Preflight | None,
+                         problems: list[FileProblem]) -> None:
+    """Refuse ``root`` unless its bytes matched (``problems`` empty) and, with ``preflight``, the
+    backend loads it: the two checks before ``current`` may move, for a pull and an activation."""
+    if problems:
+        raise VerificationError(artifact_id, problems)
+    if preflight is not None:
+        try:
+            preflight(manifest, root)
+        except Exception as err:  # any failure to load means: do not install
+            raise PreflightError(artifact_id, f"{type(err).__name__}: {err}") from None
 
 
 def switch_back(dest: str | Path, result: PullResult) -> str | None:
@@ -660,14 +667,8 @@ def activate_staged(dest: str | Path, entry: StagedEngine, *, trusted: TrustedKe
     final = dest / "versions" / entry.path_name
     with _locked(dest):
         fresh = (now - parse_utc(entry.verified_at)).total_seconds() <= verify_window_s
-        problems = local_problems(manifest, final, unchanged=entry.stats if fresh else None)
-        if problems:
-            raise VerificationError(aid, problems)
-        if preflight is not None:
-            try:
-                preflight(manifest, final)
-            except Exception as err:  # any failure to load means: do not activate
-                raise PreflightError(aid, f"{type(err).__name__}: {err}") from None
+        _verified_and_loaded(aid, manifest, final, preflight,
+                             local_problems(manifest, final, unchanged=entry.stats if fresh else None))
         previous = current_artifact(dest)
         try:
             # What the node remembers is written before current moves: a full disk stops it here.
