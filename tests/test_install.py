@@ -86,7 +86,7 @@ def test_slim_install_pulls_from_seaweedfs_without_prefect(slim_venv, seaweed, s
     assert r.returncode == 0 and "re-hashed" in r.stdout, r.stderr
     r = run_in(slim_venv, exe, "--store", uri, "pull", "--profile", "no-such-profile", "--channel", "prod",
                "--dest", node, cwd=tmp_path)
-    assert r.returncode == 3 and "no engine for this fingerprint" in r.stderr
+    assert r.returncode == 3 and "'no-such-profile' has no channel" in r.stderr  # names the wrong name
 
     # node report: recorded in the store's inventory; with no Prefect, no event, and no error
     fp = json.loads(run_in(slim_venv, exe, "--json", "fingerprint", cwd=tmp_path).stdout)

@@ -542,3 +542,94 @@ def test_the_work_pool_quick_start_completes_as_written(tmp_path):
     assert f"polls {key}" in worker_log and "(created)" in worker_log, worker_log[-2000:]
     assert re.search(r"Flow run .* entered state 'Completed'|Completed", out), out[-2000:]
     assert f"tiny-llama-cpu@{key[:13]}" in worker_log, worker_log[-3000:]  # the build ran on this worker
+
+
+@pytest.mark.slow
+def test_a_driver_upgrade_recheck_goes_to_the_worker_with_the_nodes_soft_values(tmp_path, tiny_build, quick_profiles):
+    """#48 item 13, on a real server: two workers of one compat key, on gcc 12 and gcc 13 (soft for
+    aoti). A node upgraded to gcc 13 reports: its re-check lands on the gcc 13 worker's re-check
+    queue, is validated there, and covers the node. A node upgraded to a compiler no worker has
+    gets a run that pages: its re-check waits on its queue and the driver-upgrade run ends Failed
+    naming that queue."""
+    from buildctl import fleet, pipeline
+    from buildctl.artifact_store.attestations import list_attestations
+    from buildctl.artifact_store.backend import open_store
+
+    from ..support.helpers import settings, write_attestation
+
+    (port,) = free_ports(1)
+    url = f"http://127.0.0.1:{port}/api"
+    store_uri = "file://" + str(tmp_path / "store")
+    store = open_store(store_uri)
+    base = detect()
+    fps = {"old": base.model_copy(update={"compiler_version": "gcc 12.9.0"}),
+           "new": base.model_copy(update={"compiler_version": "gcc 13.2.0"})}
+    key = base.compat_key("aoti")
+    assert {fp.compat_key("aoti") for fp in fps.values()} == {key}
+    res = pipeline.import_engine(Context.from_settings(settings(), store=store), tiny_build["engine"],
+                                 tiny_build["profile"], fps["old"], model_digest=tiny_build["outcome"].model_digest)
+    write_attestation(store, res.artifact_id, key, "pass", validator=fps["old"])
+    env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect-home"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+           "PREFECT_API_URL": url, "PREFECT_WORKER_QUERY_SECONDS": "1", "PREFECT_WORKER_PREFETCH_SECONDS": "1",
+           "BUILDCTL_STORE": store_uri, "BUILDCTL_REPO": str(REPO), "PYTHONUNBUFFERED": "1",
+           "BUILDCTL_PROFILE_DIR": str(quick_profiles)}
+    server = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port",
+                               str(port)], env=env, cwd=REPO, stdout=open(tmp_path / "server.log", "wb"),
+                              stderr=subprocess.STDOUT, start_new_session=True)
+    workers = []
+    try:
+        wait_healthy(url, server)
+        prefect = [sys.executable, "-m", "prefect"]
+        subprocess.run([*prefect, "work-pool", "create", "buildctl-local", "--type", "process"], env=env, cwd=REPO,
+                       check=True, capture_output=True)
+        subprocess.run([*prefect, "gcl", "create", "buildctl-builds", "--limit", "1"], env=env, cwd=REPO,
+                       check=True, capture_output=True)
+        r = subprocess.run([*prefect, "--no-prompt", "deploy", "--all"], env=env, cwd=REPO, capture_output=True,
+                           text=True, stdin=subprocess.DEVNULL, timeout=300)
+        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+        for name, fp in fps.items():
+            f = tmp_path / f"{name}.json"
+            f.write_text(json.dumps(fp.model_dump(mode="json")))
+            only = ["--builds-only"] if name == "new" else []  # old also serves 'default' (the control flows)
+            workers.append(subprocess.Popen(
+                [sys.executable, "-m", "buildctl", "worker", "start", "--pool", "buildctl-local", *only,
+                 "--name", f"worker-{name}"], env={**env, "BUILDCTL_FINGERPRINT_FILE": str(f)}, cwd=REPO,
+                stdout=open(tmp_path / f"worker-{name}.log", "wb"), stderr=subprocess.STDOUT, start_new_session=True))
+
+        def upgrade(node_id: str, after, wait_s: float) -> tuple[dict, list[dict]]:
+            rid = create_run(url, "on-driver-upgrade/on-driver-upgrade",
+                             {"node_id": node_id, "fingerprint": after.model_dump(mode="json"),
+                              "old_fingerprint": fps["old"].model_dump(mode="json"), "profiles": ["tiny-llama-cpu"],
+                              "store": store_uri, "wait_s": wait_s})
+            deadline = time.monotonic() + 420
+            st = {}
+            while time.monotonic() < deadline:
+                st = run_state(url, rid)
+                if st["state_type"] in ("COMPLETED", "FAILED", "CRASHED"):
+                    break
+                time.sleep(2)
+            children = [x for x in api(url, "/flow_runs/filter", {}) if x["parameters"].get("trigger", {}).get("node_id")
+                        == node_id and x["parameters"]["trigger"].get("recheck")]
+            return st, children
+
+        st, children = upgrade("node-gcc13", fps["new"], 300)
+        logs = "".join((tmp_path / f"worker-{n}.log").read_text()[-1500:] for n in fps)
+        assert st["state_type"] == "COMPLETED", (st, logs)
+        (child,) = children
+        assert child["work_queue_name"] == fleet.recheck_queue_for(key, fps["new"].soft_fields("aoti")) != key
+        assert child["state_type"] == "COMPLETED"
+        on = [a.attestation.validator_fingerprint["compiler_version"] for a in list_attestations(store, res.artifact_id)]
+        assert "gcc 13.2.0" in on  # validated on the worker with the node's compiler
+
+        nobody = base.model_copy(update={"compiler_version": "gcc 14.1.0"})
+        st, children = upgrade("node-gcc14", nobody, 30)
+        queue = fleet.recheck_queue_for(key, nobody.soft_fields("aoti"))
+        assert st["state_type"] == "FAILED" and queue in st["state"], st
+        (child,) = children
+        assert child["work_queue_name"] == queue and child["state_type"] == "SCHEDULED"  # waits, Late: pages too
+    finally:
+        for w in workers:
+            if w.poll() is None:
+                os.killpg(w.pid, signal.SIGKILL)
+                w.wait(timeout=10)
+        stop(server)
