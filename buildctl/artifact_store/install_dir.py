@@ -174,11 +174,16 @@ def _unlink_quietly(path: Path) -> None:
         pass
 
 
-def _dest_error(dest: Path, err: OSError, what: str) -> InstallError | None:
-    """``err`` as an :class:`InstallError` (exit 12) when it is this host's disk's, else None."""
-    if err.errno not in _DEST_ERRNOS:
-        return None
-    return InstallError(str(dest), f"{os.strerror(err.errno)} while {what} {err.filename or ''}".rstrip())
+@contextmanager
+def _dest_errors(dest: Path, what: str) -> Iterator[None]:
+    """An OSError of this host's disk (full, read-only, permissions) inside the block is an
+    :class:`InstallError` (exit 12); any other propagates as it is."""
+    try:
+        yield
+    except OSError as err:
+        if err.errno not in _DEST_ERRNOS:
+            raise
+        raise InstallError(str(dest), f"{os.strerror(err.errno)} while {what} {err.filename or ''}".rstrip()) from None
 
 
 def _commit_links(dest: Path, rel: str) -> tuple[str | None, str | None]:
@@ -240,15 +245,10 @@ def install_artifact(
     :class:`InstallError` (exit 12) with ``current`` as it was."""
     dest = Path(dest)
     _prepare(dest)
-    with _locked(dest):
-        try:
-            return _install_locked(store, artifact_id, dest, preflight=preflight, keep=keep, workers=workers,
-                                   range_slots=range_slots, on_bytes=on_bytes, bound=bound,
-                                   require_crypto=require_crypto, record=record)
-        except OSError as err:
-            if (mapped := _dest_error(dest, err, "writing")) is None:
-                raise
-            raise mapped from None
+    with _locked(dest), _dest_errors(dest, "writing"):
+        return _install_locked(store, artifact_id, dest, preflight=preflight, keep=keep, workers=workers,
+                               range_slots=range_slots, on_bytes=on_bytes, bound=bound,
+                               require_crypto=require_crypto, record=record)
 
 
 def _install_locked(store: Store, artifact_id: str, dest: Path, *, preflight: Preflight | None, keep: int,
@@ -269,21 +269,8 @@ def _install_locked(store: Store, artifact_id: str, dest: Path, *, preflight: Pr
     check_not_quarantined(store, artifact_id, "not installing it; the current engine stays")
     manifest, body = get_manifest_and_bytes(store, artifact_id)
     check_bound(artifact_id, body, manifest, bound, require_crypto=require_crypto)
-    staging = dest / f".staging-{uuid.uuid4().hex}"
-    staging.mkdir()
-    try:
-        _verified_and_loaded(artifact_id, manifest, staging, preflight,
-                             download_verified(store, manifest, staging, workers=workers, range_slots=range_slots,
-                                               on_bytes=on_bytes))
-        if final.exists():  # an older install of the same artifact (e.g. 'previous'): replace it
-            _make_writable(final)
-            shutil.rmtree(final)
-        os.rename(staging, final)
-        fsync_dir(final.parent)
-    except BaseException:
-        _make_writable(staging)
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
+    _download_version(store, artifact_id, manifest, dest, final, preflight=preflight, workers=workers,
+                      range_slots=range_slots, on_bytes=on_bytes)
     # What the node remembers is written before current moves: a full disk stops the install here.
     _keep_manifest(dest, artifact_id, body)
     if record is not None:
@@ -293,6 +280,29 @@ def _install_locked(store: Store, artifact_id: str, dest: Path, *, preflight: Pr
     _prune_quietly(dest, keep)
     return PullResult(artifact_id, installed=True, path=final, previous=previous, bytes=manifest.total_size,
                       previous_link=old_previous)
+
+
+def _download_version(store: Store, artifact_id: str, manifest: Manifest, dest: Path, final: Path, *,
+                      preflight: Preflight | None, workers: int, range_slots: int | None = None,
+                      on_bytes: ProgressFn | None = None) -> None:
+    """Download and verify the artifact into a staging folder of ``dest`` (and with ``preflight``,
+    load it there), then rename it to ``final`` in ``versions/``, replacing an older copy of the
+    same artifact (e.g. ``previous``); the staging folder is removed on any failure."""
+    staging = dest / f".staging-{uuid.uuid4().hex}"
+    staging.mkdir()
+    try:
+        _verified_and_loaded(artifact_id, manifest, staging, preflight,
+                             download_verified(store, manifest, staging, workers=workers, range_slots=range_slots,
+                                               on_bytes=on_bytes))
+        if final.exists():
+            _make_writable(final)
+            shutil.rmtree(final)
+        os.rename(staging, final)
+        fsync_dir(final.parent)
+    except BaseException:
+        _make_writable(staging)
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
 
 
 def _verified_and_loaded(artifact_id: str, manifest: Manifest, root: Path, preflight: Preflight | None,
@@ -522,14 +532,9 @@ def stage_artifact(store: Store, record: ChannelRecord, artifact_id: str, dest: 
     ``record`` binds (:func:`~buildctl.artifact_store.binding.check_bound`)."""
     dest = Path(dest)
     _prepare(dest)
-    with _locked(dest):
-        try:
-            return _stage_locked(store, record, artifact_id, dest, when=when, workers=workers, on_bytes=on_bytes,
-                                 require_crypto=require_crypto)
-        except OSError as err:
-            if (mapped := _dest_error(dest, err, "staging")) is None:
-                raise
-            raise mapped from None
+    with _locked(dest), _dest_errors(dest, "staging"):
+        return _stage_locked(store, record, artifact_id, dest, when=when, workers=workers, on_bytes=on_bytes,
+                             require_crypto=require_crypto)
 
 
 def _stage_locked(store: Store, record: ChannelRecord, artifact_id: str, dest: Path, *, when: str, workers: int,
@@ -540,26 +545,11 @@ def _stage_locked(store: Store, record: ChannelRecord, artifact_id: str, dest: P
     check_bound(artifact_id, body, manifest, record.bound(artifact_id), require_crypto=require_crypto)
     sigs = manifest_signatures(store, artifact_id)[0]
     final = dest / "versions" / hex_of(artifact_id)
-    downloaded = False
-    if final.is_dir() and not local_problems(manifest, final):
-        pass  # already here (installed before, or staged): re-hashed just now
-    else:
-        staging = dest / f".staging-{uuid.uuid4().hex}"
-        staging.mkdir()
-        try:
-            problems = download_verified(store, manifest, staging, workers=workers, on_bytes=on_bytes)
-            if problems:
-                raise VerificationError(artifact_id, problems)
-            if final.exists():
-                _make_writable(final)
-                shutil.rmtree(final)
-            os.rename(staging, final)
-            fsync_dir(final.parent)
-            downloaded = True
-        except BaseException:
-            _make_writable(staging)
-            shutil.rmtree(staging, ignore_errors=True)
-            raise
+    # already here (installed before, or staged) and re-hashed just now: nothing to download
+    downloaded = not (final.is_dir() and not local_problems(manifest, final))
+    if downloaded:
+        _download_version(store, artifact_id, manifest, dest, final, preflight=None, workers=workers,
+                          on_bytes=on_bytes)
     stats = file_stats(manifest, final)
     entry = StagedEngine(artifact_id, record.compat_key, record, body, sigs, when, when, stats)
     f = _staged_file(dest, record)
@@ -670,15 +660,11 @@ def activate_staged(dest: str | Path, entry: StagedEngine, *, trusted: TrustedKe
         _verified_and_loaded(aid, manifest, final, preflight,
                              local_problems(manifest, final, unchanged=entry.stats if fresh else None))
         previous = current_artifact(dest)
-        try:
+        with _dest_errors(dest, "activating"):
             # What the node remembers is written before current moves: a full disk stops it here.
             _keep_manifest(dest, aid, entry.manifest_body)
             record_installed(dest, entry.record)
             _, old_previous = _commit_links(dest, os.path.join("versions", final.name))
-        except OSError as err:
-            if (mapped := _dest_error(dest, err, "activating")) is None:
-                raise
-            raise mapped from None
         _sync_quietly(dest)
         _unlink_quietly(_staged_file(dest, entry.record))  # a leftover entry activates as 'already current'
         return PullResult(aid, installed=previous != aid, path=final, previous=previous, record=entry.record,
