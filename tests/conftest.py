@@ -109,6 +109,22 @@ def cli(capsys: pytest.CaptureFixture[str]):
     return _run
 
 
+@pytest.fixture
+def read_only_dir(tmp_path: Path):
+    """A folder on a read-only filesystem (a tmpfs mounted ``ro``), or None where this process may
+    not mount one (not root): each test says what it does then."""
+    import subprocess
+
+    d = tmp_path / "ro"
+    d.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(d)],
+                                           capture_output=True).returncode != 0:
+        yield None
+        return
+    yield d
+    subprocess.run(["umount", str(d)], capture_output=True)
+
+
 @pytest.fixture(scope="session")
 def seaweed(tmp_path_factory: pytest.TempPathFactory):
     """A real SeaweedFS S3 server on 127.0.0.1 for the whole session."""

@@ -327,22 +327,9 @@ def test_builds_are_routed_to_workers_of_their_compat_key(tmp_path, tiny_build, 
     workers = []
     try:
         wait_healthy(url, server)
-        prefect = [sys.executable, "-m", "prefect"]
-        subprocess.run([*prefect, "work-pool", "create", "buildctl-local", "--type", "process"], env=env, cwd=REPO,
-                       check=True, capture_output=True)
-        subprocess.run([*prefect, "gcl", "create", "buildctl-builds", "--limit", "1"], env=env, cwd=REPO,
-                       check=True, capture_output=True)  # the heal's rebuild takes a build slot, strictly
-        r = subprocess.run([*prefect, "--no-prompt", "deploy", "--all"], env=env, cwd=REPO, capture_output=True,
-                           text=True, stdin=subprocess.DEVNULL, timeout=300)
-        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-        for name in ("a", "b"):
-            f = tmp_path / f"{name}.json"
-            f.write_text(json.dumps(fps[name].model_dump(mode="json")))
-            only = ["--builds-only"] if name == "b" else []  # a also serves 'default' (the control flows)
-            workers.append(subprocess.Popen(
-                [sys.executable, "-m", "buildctl", "worker", "start", "--pool", "buildctl-local", *only,
-                 "--name", f"worker-{name}"], env={**env, "BUILDCTL_FINGERPRINT_FILE": str(f)}, cwd=REPO,
-                stdout=open(tmp_path / f"worker-{name}.log", "wb"), stderr=subprocess.STDOUT, start_new_session=True))
+        deploy_to_local_pool(env)  # the heal's rebuild takes a build slot, strictly
+        for name in ("a", "b"):  # a also serves 'default' (the control flows)
+            workers.append(start_worker(tmp_path, env, name, fps[name], builds_only=name == "b"))
         runs = {name: create_run(url, "build-validate-publish/build-validate-publish",
                                  {"profile": "tiny-llama-cpu", "target_compat_key": keys[name], "store": store_uri},
                                  keys[name]) for name in ("a", "b", "c")}
@@ -371,6 +358,31 @@ def test_builds_are_routed_to_workers_of_their_compat_key(tmp_path, tiny_build, 
                 os.killpg(w.pid, signal.SIGKILL)
                 w.wait(timeout=10)
         stop(server)
+
+
+def deploy_to_local_pool(env: dict) -> None:
+    """The README's pool setup on the server ``env`` names: pool ``buildctl-local``, the build limit
+    (one slot) and every deployment of prefect.yaml (`prefect deploy --all`, no prompt)."""
+    prefect = [sys.executable, "-m", "prefect"]
+    subprocess.run([*prefect, "work-pool", "create", "buildctl-local", "--type", "process"], env=env, cwd=REPO,
+                   check=True, capture_output=True)
+    subprocess.run([*prefect, "gcl", "create", "buildctl-builds", "--limit", "1"], env=env, cwd=REPO,
+                   check=True, capture_output=True)
+    r = subprocess.run([*prefect, "--no-prompt", "deploy", "--all"], env=env, cwd=REPO, capture_output=True,
+                       text=True, stdin=subprocess.DEVNULL, timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+
+
+def start_worker(tmp_path, env: dict, name: str, fp, *, builds_only: bool) -> subprocess.Popen:
+    """`buildctl worker start` on pool buildctl-local as a host with fingerprint ``fp`` (a file),
+    logging to ``worker-NAME.log``."""
+    f = tmp_path / f"{name}.json"
+    f.write_text(json.dumps(fp.model_dump(mode="json")))
+    only = ["--builds-only"] if builds_only else []
+    return subprocess.Popen([sys.executable, "-m", "buildctl", "worker", "start", "--pool", "buildctl-local", *only,
+                             "--name", f"worker-{name}"], env={**env, "BUILDCTL_FINGERPRINT_FILE": str(f)}, cwd=REPO,
+                            stdout=open(tmp_path / f"worker-{name}.log", "wb"), stderr=subprocess.STDOUT,
+                            start_new_session=True)
 
 
 def heal_rebuilds_on_the_matching_worker(url: str, store, env: dict, tmp_path, artifact_id: str, key: str) -> None:
@@ -579,22 +591,9 @@ def test_a_driver_upgrade_recheck_goes_to_the_worker_with_the_nodes_soft_values(
     workers = []
     try:
         wait_healthy(url, server)
-        prefect = [sys.executable, "-m", "prefect"]
-        subprocess.run([*prefect, "work-pool", "create", "buildctl-local", "--type", "process"], env=env, cwd=REPO,
-                       check=True, capture_output=True)
-        subprocess.run([*prefect, "gcl", "create", "buildctl-builds", "--limit", "1"], env=env, cwd=REPO,
-                       check=True, capture_output=True)
-        r = subprocess.run([*prefect, "--no-prompt", "deploy", "--all"], env=env, cwd=REPO, capture_output=True,
-                           text=True, stdin=subprocess.DEVNULL, timeout=300)
-        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-        for name, fp in fps.items():
-            f = tmp_path / f"{name}.json"
-            f.write_text(json.dumps(fp.model_dump(mode="json")))
-            only = ["--builds-only"] if name == "new" else []  # old also serves 'default' (the control flows)
-            workers.append(subprocess.Popen(
-                [sys.executable, "-m", "buildctl", "worker", "start", "--pool", "buildctl-local", *only,
-                 "--name", f"worker-{name}"], env={**env, "BUILDCTL_FINGERPRINT_FILE": str(f)}, cwd=REPO,
-                stdout=open(tmp_path / f"worker-{name}.log", "wb"), stderr=subprocess.STDOUT, start_new_session=True))
+        deploy_to_local_pool(env)
+        for name, fp in fps.items():  # old also serves 'default' (the control flows)
+            workers.append(start_worker(tmp_path, env, name, fp, builds_only=name == "new"))
 
         def upgrade(node_id: str, after, wait_s: float) -> tuple[dict, list[dict]]:
             rid = create_run(url, "on-driver-upgrade/on-driver-upgrade",
