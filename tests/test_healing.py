@@ -343,3 +343,36 @@ def test_scrub_fails_when_a_channel_points_at_an_artifact_whose_manifest_is_gone
     (row,) = [r for r in json.loads(out)["artifacts"] if r["artifact_id"] == aid]
     assert row["status"] == "corrupt" and "manifest: missing" in row["problems"][0]
     assert any("prod" in c for c in row["channels"]), row
+
+
+# --- bad arguments and dead ends, each alone (`make mutants` sees these) ---------------------------
+
+
+def test_quarantine_needs_a_reason_and_scrub_a_fraction(store, draft, tmp_path):
+    from buildctl.artifact_store.errors import StoreArgumentError
+    from buildctl.healing import quarantine_artifact, scrub
+
+    ctx = Context.from_settings(settings(), store=store)
+    aid = published(store, tmp_path / "a", draft)
+    with pytest.raises(StoreArgumentError, match="--reason must say why"):
+        quarantine_artifact(ctx, aid, "  ")
+    for bad in (0, -0.5, 1.01):
+        with pytest.raises(StoreArgumentError, match="a fraction in"):
+            scrub(ctx, sample=bad)
+    assert quarantine_artifact(ctx, aid, "bad engine")[0] == aid
+
+
+def test_recovery_with_no_earlier_artifact_that_qualifies_rolls_nothing_back(store, draft, tmp_path):
+    from buildctl.artifact_store.channels import read_channel
+    from buildctl.artifact_store.quarantine import quarantine
+    from buildctl.healing import recover_channels
+
+    unvalidated = publish_files(store, tmp_path / "u", draft, {"rank0.engine": 1000}, seed=5, verdict=None)
+    ops.promote(store, staged(store, unvalidated), "prod", force=True, reason="test: no attestation")
+    only = published(store, tmp_path / "o", draft, seed=6)
+    ops.promote(store, staged(store, only), "prod")
+    quarantine(store, only, "bad engine", auth=Authority(who="test"))
+    got = {r.channel: r for r in recover_channels(Context.from_settings(settings(), store=store), only)}
+    assert got["prod"].rolled_back_to is None and got["prod"].detail == "no earlier artifact deep-verifies and qualifies"
+    assert read_channel(store, draft.profile_name, "prod", draft.compat_key)[0].artifact_id == only
+    assert got["staging"].rolled_back_to == unvalidated  # staging takes an artifact without a passing attestation

@@ -13,7 +13,7 @@ import pytest
 
 from buildctl import node_agent
 from buildctl.artifact_store.backend import open_store
-from buildctl.artifact_store.install_dir import current_artifact, staged_engines
+from buildctl.artifact_store.install_dir import current_artifact, local_problems, staged_engines
 from buildctl.artifact_store.channels import set_channel
 from buildctl.artifact_store.promotion import promote
 from buildctl.artifact_store.verify import get_manifest
@@ -360,3 +360,14 @@ def _target_file(tmp_path: Path) -> Path:
     t = tmp_path / "target.yaml"
     t.write_text('tensorrt_llm_version: "1.2.2"\ntensorrt_version: "10.14.1.48"\n')
     return t
+
+
+def test_staging_again_rehashes_the_engine_already_there_instead_of_downloading(staged_b):
+    s = staged_b
+    again = node_agent.stage(s["ctx"], PROFILE, "prod", s["dest"], TARGET, fingerprint=BEFORE)
+    assert not again.downloaded and again.entry.artifact_id == s["b"]
+    with open(s["engine"] / "rank0.engine", "r+b") as f:  # damaged: downloaded again
+        os.chmod(s["engine"] / "rank0.engine", 0o644)
+        f.write(b"X")
+    fixed = node_agent.stage(s["ctx"], PROFILE, "prod", s["dest"], TARGET, fingerprint=BEFORE)
+    assert fixed.downloaded and not local_problems(get_manifest(s["store"], s["b"]), s["engine"])

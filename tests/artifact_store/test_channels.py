@@ -32,6 +32,7 @@ from buildctl.artifact_store.errors import (
     RolloutInProgressError,
     RolloutStateError,
     StoreArgumentError,
+    CorruptObjectError,
 )
 from buildctl.artifact_store.layout import channel_key, history_key, pending_key
 from buildctl.artifact_store.rollout import RolloutPlan, parse_waves
@@ -568,3 +569,107 @@ def test_rollback_never_picks_an_artifact_of_another_compat_key_from_history(two
     assert read_channel(store, P, "prod", compat)[0].artifact_id == a0
     shown = checked_history(store, P, "prod", compat)
     assert [e.record.artifact_id for e in shown if e.problem is None] == [a0, a1, a0]  # the ref's own #3
+
+
+# --- readers of malformed, misplaced and unlinked records (each alone; `make mutants` sees them) ---
+
+
+def test_a_record_binds_only_well_formed_manifest_hashes():
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="manifest_blake3 maps xxh3-128 artifact ids"):
+        ChannelRecord.model_validate({"profile": P, "channel": "prod", "compat_key": "aoti-" + "a" * 32, "seq": 1,
+                                      "artifact_id": "xxh3-128:" + "1" * 32, "who": "ci", "when": "2026-12-05T00:00:00Z",
+                                      "manifest_blake3": {"xxh3-128:" + "1" * 32: "md5:00"}})
+
+
+def test_history_raises_on_a_malformed_record_or_ref_or_lists_it_as_skipped(two_keys):
+    from buildctl.artifact_store.channels import all_channel_records, history
+
+    store, (a0, a1, _), _b, compat = two_keys
+    set_channel(store, a0, ops.get_manifest(store, a0), "prod", auth=Authority(who="ci"))
+    set_channel(store, a1, ops.get_manifest(store, a1), "prod", auth=Authority(who="ci"))
+    bad = history_key(P, "prod", compat, 1)
+    store.delete(bad)
+    store.put_bytes(bad, b"{not json")
+    with pytest.raises(CorruptObjectError):
+        history(store, P, "prod", compat)
+    skipped: list = []
+    assert [r.seq for r in history(store, P, "prod", compat, skipped)] == [2] and [k for k, _ in skipped] == [bad]
+    skipped = []
+    assert [e.record.seq for e in checked_history(store, P, "prod", compat, skipped=skipped)] == [2]
+    assert [k for k, _ in skipped] == [bad]
+    with pytest.raises(CorruptObjectError):
+        checked_history(store, P, "prod", compat)
+    ref = channel_key(P, "prod", compat)
+    assert store.cas(ref, b"[]", store.get_ref(ref)[1])  # a malformed ref
+    skipped = []
+    assert [r.seq for r in history(store, P, "prod", None, skipped)] == [2]
+    assert ref in [k for k, _ in skipped]
+    with pytest.raises(CorruptObjectError):
+        all_channel_records(store)
+    skipped = []
+    assert all_channel_records(store, skipped) == [] and [k for k, _ in skipped] == [ref]
+
+
+def test_a_misplaced_or_unlinked_record_is_marked_and_record_problems_agree(two_keys):
+    from buildctl.artifact_store.channels import history, record_problems
+
+    store, (a0, a1, a2), b, compat = two_keys
+    r1 = set_channel(store, a0, ops.get_manifest(store, a0), "prod", auth=Authority(who="ci"))
+    set_channel(store, a1, ops.get_manifest(store, a1), "prod", auth=Authority(who="ci"))
+    set_channel(store, a2, ops.get_manifest(store, a2), "prod", auth=Authority(who="ci"))
+    # #1 replaced by a record of another artifact: #2's previous no longer names it
+    k1 = history_key(P, "prod", compat, 1)
+    store.delete(k1)
+    store.put_bytes(k1, _forged(r1, 1, b, None))
+    checked = {e.record.seq: e.problem for e in checked_history(store, P, "prod", compat)}
+    assert checked[1] is not None and checked[1].startswith("broken link: #2 names")
+    assert checked[2] is None and checked[3] is None
+    problems = record_problems(store, history(store, P, "prod", compat))
+    assert list(problems) == [(compat, 1)] and problems[(compat, 1)].startswith("broken link")
+    # a record in another's slot: it claims seq 5
+    k2 = history_key(P, "prod", compat, 2)
+    two = store.get_bytes(k2)
+    store.delete(k2)
+    store.put_bytes(k2, _forged(ChannelRecord.model_validate_json(two), 5, a1, a0))
+    checked = {e.key: e.problem for e in checked_history(store, P, "prod", compat)}
+    assert checked[k2].startswith("misplaced: it claims")
+
+
+def test_record_problems_check_links_alone_where_the_ref_is_malformed(two_keys):
+    from buildctl.artifact_store.channels import history, record_problems
+
+    store, (a0, a1, _), b, compat = two_keys
+    set_channel(store, a0, ops.get_manifest(store, a0), "prod", auth=Authority(who="ci"))
+    r2 = set_channel(store, a1, ops.get_manifest(store, a1), "prod", auth=Authority(who="ci"))
+    records = history(store, P, "prod", compat)
+    ref = channel_key(P, "prod", compat)
+    assert store.cas(ref, b"[]", store.get_ref(ref)[1])
+    assert record_problems(store, records) == {}  # no ref to be ahead of; the links hold
+    ahead = r2.model_copy(update={"seq": 3, "previous": b})
+    got = record_problems(store, [*records, ahead])  # still no ref: not "ahead", but the links are judged
+    assert list(got) == [(compat, 2)] and got[(compat, 2)].startswith("broken link: #3 names")
+
+
+def test_record_problems_mark_an_unsigned_record_on_a_signed_channel(two_keys):
+    from buildctl.artifact_store.channels import history, record_problems
+
+    store, (a0, a1, _), b, compat = two_keys
+    k = make_signer()
+    trusted = TrustedKeys({"promoter": {k.key_id: k.private.public_key()}})
+    auth = Authority(who="ci", signer=k, trusted=trusted)
+    r1 = set_channel(store, a0, ops.get_manifest(store, a0), "prod", auth=auth)
+    set_channel(store, a1, ops.get_manifest(store, a1), "prod", auth=auth)
+    unsigned = r1.model_copy(update={"signature": None})
+    problems = record_problems(store, [unsigned, *history(store, P, "prod", compat)[1:]], trusted)
+    assert problems == {(compat, 1): "not signed by a trusted promoter key"}
+
+
+def test_resign_needs_a_signing_key(two_keys):
+    from buildctl.artifact_store.channels import resign
+
+    store, (a0, *_), _b, _compat = two_keys
+    r1 = set_channel(store, a0, ops.get_manifest(store, a0), "prod", auth=Authority(who="ci"))
+    with pytest.raises(StoreArgumentError, match="re-signing needs a signing key"):
+        resign(store, r1, auth=Authority(who="ci"))

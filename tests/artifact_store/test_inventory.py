@@ -59,3 +59,63 @@ def test_a_legacy_copy_the_writer_may_not_delete_is_shadowed(store, monkeypatch)
     fleet.report_node(store, "gpu-7", detect(), ["again"])  # later writes go to the shard only
     now = read_node(store, "gpu-7")[0]
     assert now.profiles == ("again",) and now.reports == only.reports + 1  # read back from the shard, not the copy
+
+
+# --- malformed input, each alone (`make mutants` sees these) ---------------------------------------
+
+
+def test_a_malformed_node_record_is_an_error_or_skipped_naming_its_artifacts(store):
+    import pytest
+
+    from buildctl.artifact_store.errors import CorruptObjectError
+
+    _legacy(store, "good")
+    body = b'{"node_id": "bad", "engines": [{"artifact_id": "xxh3-128:' + b"a" * 32 + b'"'
+    assert store.cas(node_key("bad"), body, None)
+    with pytest.raises(CorruptObjectError, match="malformed node record"):
+        read_node(store, "bad")
+    with pytest.raises(CorruptObjectError, match="malformed node record"):
+        read_inventory(store)
+    skipped, named = [], set()
+    assert [n.node_id for n in read_inventory(store, skipped, named)] == ["good"]
+    assert skipped == [(node_key("bad"), "malformed node record")] and named == {"xxh3-128:" + "a" * 32}
+    assert read_node(store, "nobody") is None
+
+
+def test_node_ids_are_checked():
+    import pytest
+
+    from buildctl.artifact_store.errors import StoreArgumentError
+    from buildctl.artifact_store.inventory import check_node_id
+
+    check_node_id("gpu-node_1.a")
+    for bad in ("", "-lead", "a/b", "a b", "x" * 254):
+        with pytest.raises(StoreArgumentError, match="bad node id"):
+            check_node_id(bad)
+
+
+def test_an_update_that_keeps_losing_its_compare_and_swap_gives_up(store, monkeypatch):
+    import pytest
+
+    from buildctl.artifact_store import inventory
+    from buildctl.artifact_store.errors import CasConflictError
+
+    monkeypatch.setattr(store, "cas", lambda *_a: False)
+    monkeypatch.setattr(inventory.time, "sleep", lambda _s: None)
+    rec = NodeRecord(node_id="n1", fingerprint={}, compat_keys={}, profiles=("p",), reported_at="2026-12-01T00:00:00Z")
+    with pytest.raises(CasConflictError):
+        inventory.update_node(store, "n1", lambda _cur: rec, attempts=3)
+
+
+def test_a_held_marker_that_does_not_parse_is_skipped(store):
+    from buildctl.artifact_store.inventory import held_markers, read_held
+    from buildctl.artifact_store.layout import HELD_INDEX
+
+    rec = NodeRecord(node_id="n1", fingerprint={}, compat_keys={}, profiles=("p",), reported_at="2026-12-01T00:00:00Z")
+    assert held_markers(rec) == set()
+    from buildctl.artifact_store.layout import held_key
+
+    art = "xxh3-128:00" + "1" * 30
+    store.put_bytes(f"{HELD_INDEX}00{'0' * 30}/no-dot-here", b"")  # sorts before the good marker
+    store.put_bytes(held_key(art, "n1", "current"), b"")
+    assert read_held(store) == {art: {"current": {"n1"}}}

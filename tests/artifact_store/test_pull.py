@@ -278,3 +278,33 @@ def test_any_single_byte_change_in_any_file_is_refused(tmp_path_factory, draft, 
     assert {p.path for p in exc.value.problems} == {f.path for f in m.files if f.digest == entry.digest}
     assert current_artifact(root / "node") == good
     json.dumps([p.path for p in exc.value.problems])  # the report is plain data
+
+
+# --- which name is wrong, each alone (`make mutants` sees these) ------------------------------------
+
+
+def test_a_miss_names_the_wrong_name_and_the_known_ones(tmp_path, draft):
+    from buildctl.artifact_store.backend import open_store
+    from buildctl.artifact_store.channels import set_channel
+    from buildctl.artifact_store.errors import ChannelNotFoundError, StoreNotFoundError
+    from buildctl.artifact_store.pull import resolve_channel
+
+    store = open_store(f"file://{tmp_path / 'store'}")
+    with pytest.raises(StoreNotFoundError):
+        resolve_channel(store, "p", "prod", ["k"])
+    aid = publish_files(store, tmp_path / "t", draft, {"config.json": b"{}"})
+    with pytest.raises(ChannelNotFoundError) as exc:  # objects, but no channel anywhere
+        resolve_channel(store, "p", "prod", ["k"])
+    assert "no profile has a channel there yet" in str(exc.value)
+    set_channel(store, aid, ops.get_manifest(store, aid), "staging")
+    P = draft.profile_name
+    with pytest.raises(ChannelNotFoundError) as exc:
+        resolve_channel(store, P, "stagin", [draft.compat_key])
+    assert f"profile {P!r} has no channel 'stagin'" in str(exc.value) and "its channels: staging" in str(exc.value)
+    with pytest.raises(ChannelNotFoundError) as exc:
+        resolve_channel(store, "other-profile", "staging", [draft.compat_key])
+    assert f"profiles with channels: {P}" in str(exc.value)
+    with pytest.raises(ChannelNotFoundError) as exc:  # the channel exists: only this host's key is missing
+        resolve_channel(store, P, "staging", ["aoti-" + "9" * 32])
+    assert "has no channel" not in str(exc.value)
+    assert resolve_channel(store, P, "staging", ["aoti-" + "9" * 32, draft.compat_key]).artifact_id == aid

@@ -1,0 +1,66 @@
+"""The promotion gate's edges, each alone and fast: where a passing artifact goes next, an
+attestation that says pass against its own figures, one that did not pass, a rehashed manifest
+whose predecessor is gone or holds other files, and a rollback that must be told which compat key."""
+
+from __future__ import annotations
+
+import pytest
+
+import buildctl.artifact_store as ops
+from buildctl.artifact_store.attestations import Attestation, write_attestation as write_att
+from buildctl.artifact_store.authority import Authority
+from buildctl.artifact_store.channels import set_channel
+from buildctl.artifact_store.errors import StoreArgumentError
+from buildctl.artifact_store.promotion import next_channel, promotion_refusals, rollback
+
+from ..support.helpers import attestation, publish_files
+
+
+def test_a_passing_artifact_goes_to_staging_then_prod_then_nowhere():
+    assert [next_channel(c) for c in (None, "staging", "prod", "canary")] == ["staging", "prod", None, None]
+
+
+def _one(store, tmp_path, draft, name="a", verdict="pass"):
+    return publish_files(store, tmp_path / name, draft, {"config.json": name.encode(), "w.bin": 1000}, seed=len(name),
+                         verdict=verdict)
+
+
+def test_an_attestation_whose_figures_do_not_give_its_pass_is_refused(store, tmp_path, draft):
+    aid = _one(store, tmp_path, draft, verdict=None)
+    data = attestation(aid, draft.compat_key, "pass").model_dump(mode="json")
+    data["parity"]["per_prompt"] = []  # the verdict field says pass; the figures cannot
+    write_att(store, Attestation.model_validate(data))
+    (why,) = promotion_refusals(store, aid, ops.get_manifest(store, aid), Authority())
+    assert "says pass but its recorded figures give fail" in why and "per-prompt records" in why
+
+
+def test_a_failed_attestation_is_refused_with_its_verdict(store, tmp_path, draft):
+    aid = _one(store, tmp_path, draft, verdict="fail")
+    (why,) = promotion_refusals(store, aid, ops.get_manifest(store, aid), Authority())
+    assert "did not pass: verdict 'fail'" in why
+    ok = _one(store, tmp_path, draft, name="ok")
+    assert promotion_refusals(store, ok, ops.get_manifest(store, ok), Authority()) == []
+    bare = _one(store, tmp_path, draft, name="bare", verdict=None)
+    assert promotion_refusals(store, bare, ops.get_manifest(store, bare), Authority(), compat_key="other-key") == [
+        "no validation attestation for compat key other-key"]
+
+
+def test_a_rehashed_manifest_borrows_only_its_predecessors_attestation_for_the_same_files(store, tmp_path, draft,
+                                                                                           monkeypatch):
+    old = _one(store, tmp_path, draft, name="old")
+    new = _one(store, tmp_path, draft, name="new", verdict=None)
+    m = ops.get_manifest(store, new)
+    same = m.model_copy(update={"rehashed_from": old})
+    assert promotion_refusals(store, new, same, Authority())[0].startswith("no validation attestation")  # other files
+    monkeypatch.setattr(type(m), "same_files", lambda self, other: True)
+    assert promotion_refusals(store, new, same, Authority()) == []  # the same files: the old attestation counts
+    gone = m.model_copy(update={"rehashed_from": "xxh3-128:" + "9" * 32})
+    assert promotion_refusals(store, new, gone, Authority())[0].startswith("no validation attestation")
+
+
+def test_a_rollback_on_a_channel_with_several_compat_keys_needs_one_named(store, tmp_path, draft):
+    a, b = _one(store, tmp_path, draft, name="a"), _one(store, tmp_path, draft, name="b")
+    for aid, key in ((a, draft.compat_key), (b, "trtllm-" + "1" * 32)):
+        set_channel(store, aid, ops.get_manifest(store, aid), "staging", compat_key=key)
+    with pytest.raises(StoreArgumentError, match="has refs for 2 compat keys; pass --compat-key"):
+        rollback(store, draft.profile_name, "staging")
