@@ -37,7 +37,7 @@ VIOLATIONS = {
     "prefect-in-engines": ("buildctl/engines/profile.py", "import prefect", "Prefect only in the flows"),
     "prefect-via-cli": ("buildctl/cli/store.py", "import buildctl.flows.build_validate_publish", "Prefect only in the flows"),
     "boto3-in-local-store": ("buildctl/artifact_store/local.py", "import boto3", "boto3 only in the S3 store"),
-    "vllm-in-speed": ("buildctl/validators/speed.py", "import vllm", "vllm only in the reference runner"),
+    "vllm-in-speed": ("buildctl/validators/speed.py", "import vllm", "vllm only in the vLLM runtime"),
     "torch-in-pipeline": ("buildctl/pipeline.py", "import torch", "torch only in the aoti backend"),
     "store-imports-pipeline": ("buildctl/artifact_store/verify.py", "import buildctl.pipeline", "Layers"),
     "engines-import-store": ("buildctl/engines/model_hub.py", "import buildctl.artifact_store.backend", "Layers"),
@@ -161,12 +161,12 @@ def test_unknown_backend_is_bad_input_listing_the_known_ones(cli, tmp_path):
 
     with pytest.raises(UnknownBackendError) as exc:
         get_backend("tensorrt", settings())
-    assert isinstance(exc.value, BadInputError) and exc.value.known == backend_names() == ("trtllm", "aoti")
-    assert "known: trtllm, aoti" in str(exc.value)
+    assert isinstance(exc.value, BadInputError) and exc.value.known == backend_names() == ("trtllm", "aoti", "vllm")
+    assert "known: trtllm, aoti, vllm" in str(exc.value)
     bad = tmp_path / "bad.yaml"
     bad.write_text("name: bad\nmodel: {tiny: {}}\nengine: {backend: tensorrt}\n")
     code, _, err = cli("profile", "check", bad)
-    assert code == 2 and "engine.backend" in err and "known-backend" in err and "trtllm, aoti" in err
+    assert code == 2 and "engine.backend" in err and "known-backend" in err and "trtllm, aoti, vllm" in err
 
 
 def test_every_backend_implements_the_protocol():
