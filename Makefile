@@ -19,6 +19,8 @@ UV_VERSION := 0.13.9
 # pip's configured find-links (the CPU torch wheel lies there on these machines), passed on to uv.
 FIND_LINKS = $$($(PIP) config get global.find-links 2>/dev/null | sed 's/^/--find-links /')
 DEMO_DIR ?= .demo
+# make demo PROFILE=tiny-llama-vllm-cpu: the same job on the vLLM warm-start bundle
+PROFILE ?= tiny-llama-cpu
 PYTEST_ARGS ?=
 # make test spreads the suite over this many pytest-xdist workers (one per core on the 2-core CI).
 TEST_WORKERS ?= 2
@@ -113,7 +115,7 @@ docs: install
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
 
 demo: install
-	BUILDCTL_DEMO_DIR=$(DEMO_DIR) PATH=$(CURDIR)/$(VENV)/bin:$$PATH bash scripts/demo.sh
+	BUILDCTL_DEMO_DIR=$(DEMO_DIR) BUILDCTL_DEMO_PROFILE=$(PROFILE) PATH=$(CURDIR)/$(VENV)/bin:$$PATH bash scripts/demo.sh
 
 BENCH_HASH_GIB ?= 2
 BENCH_TRANSFER_GIB ?= 1

@@ -270,3 +270,43 @@ def activate(ctx: Context, profile: str, dest: str | Path, *, channel: str | Non
         return Activation(res, found[0], time.monotonic() - t0, checked, note)
     got = pull(ctx, profile, channel, dest, node_id=node_id, fingerprint=fp, skip_preflight=skip_preflight)
     return Activation(got.result, None, time.monotonic() - t0)
+
+
+def serving_environment(dest: str | Path, *, scratch: str | Path | None = None, rehash: bool = True) -> dict:
+    """What a serving vLLM needs to use the bundle installed at ``DIR/current`` (``buildctl node
+    env``): its working directory (the installed version), environment, engine arguments and a
+    ``vllm serve`` command line. The bundle is checked first: its tree against its kept manifest by
+    ``lstat``, and every byte re-hashed unless ``rehash`` is off, so a damaged kernel file is refused
+    here, before vLLM ever loads it. ``scratch`` (default ``DIR/serve-cache/<id>``) gets a fresh
+    writable copy of the bundle's caches: vLLM writes into its cache at every start, and the
+    verified copy stays read-only."""
+    import shutil
+
+    from buildctl.artifact_store.errors import VerificationError
+    from buildctl.artifact_store.install_dir import installed_manifests, local_problems, tree_problems
+    from buildctl.artifact_store.manifest import parse_manifest
+    from buildctl.digest import digest_bytes, hex_of
+    from buildctl.engines.errors import EngineLoadError
+    from buildctl.engines.vllm_bundle import read_record, scratch_caches, serving_plan
+
+    dest = Path(dest)
+    art = current_artifact(dest)
+    if art is None:
+        raise EngineLoadError(str(dest / "current"), "nothing is installed here (buildctl pull first)")
+    body = next((b for b in installed_manifests(dest) if digest_bytes(b) == art), None)
+    if body is None:
+        raise EngineLoadError(str(dest / "current"), f"the kept manifest of {art} is missing or does not hash to its "
+                                                     "id: pull again")
+    manifest = parse_manifest(body, f"kept manifest of {art}")
+    if manifest.backend != "vllm":
+        raise EngineLoadError(str(dest / "current"), f"{art} is a {manifest.backend} engine, not a vllm bundle")
+    root = (dest / "current").resolve()
+    problems = local_problems(manifest, root) if rehash else tree_problems(manifest, root)
+    if problems:
+        raise VerificationError(art, problems)
+    record = read_record(root)
+    caches = Path(scratch) if scratch is not None else dest / "serve-cache" / hex_of(art)
+    shutil.rmtree(caches, ignore_errors=True)
+    caches.parent.mkdir(parents=True, exist_ok=True)
+    scratch_caches(root, caches)
+    return {"artifact_id": art, **serving_plan(root, record, caches), "rehashed": rehash}

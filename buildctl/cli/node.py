@@ -181,3 +181,31 @@ def labels_cmd(
         return
     out().print(f"kubectl label node {node} --overwrite " + " ".join(f"{k}={v}" for k, v in sorted(labels.items())),
                 soft_wrap=True)
+
+
+@node_app.command("env")
+def env_cmd(
+    ctx: typer.Context,
+    dest: Path = typer.Option(..., "--dest", help="Install directory (as given to pull) holding a vllm bundle."),
+    scratch: Optional[Path] = typer.Option(None, "--scratch", help="Where the writable copy of the bundle's caches "
+                                           "goes (default DIR/serve-cache/<id>; replaced on every call)."),
+    quick: bool = typer.Option(False, "--quick", help="Check the tree by lstat only, without re-hashing every byte."),
+    json_out: bool = typer.Option(False, "--json", help="JSON output."),
+) -> None:
+    """Print what a serving vLLM needs to use the bundle installed at DIR/current: working
+    directory, environment and arguments (shell lines, or --json). Verifies the bundle first and
+    makes a fresh writable copy of its caches: vLLM writes at every start, the installed copy stays
+    read-only."""
+    import shlex
+
+    from buildctl import node_agent
+
+    plan = node_agent.serving_environment(dest, scratch=scratch, rehash=not quick)
+    if want_json(ctx, json_out):
+        emit_json(plan)
+        return
+    lines = [f"# vllm bundle {plan['artifact_id']} ({'every byte re-hashed' if plan['rehashed'] else 'tree checked'})",
+             f"cd {shlex.quote(plan['cwd'])}"]
+    lines += [f"export {k}={shlex.quote(v)}" for k, v in sorted(plan["env"].items())]
+    lines.append(shlex.join(plan["command"]))
+    typer.echo("\n".join(lines))

@@ -211,6 +211,8 @@ class AotiBackend:
                              n=spec.tp_size * spec.pp_size)
         if spec.plugins is not None:
             raise rule_error("plugins", "plugins-trtllm-only", "plugins apply to backend trtllm only")
+        if spec.vllm is not None:
+            raise rule_error("vllm", "vllm-options-vllm-only", "vllm options apply to backend vllm only")
 
     def unmet_requirements(self, profile: BuildProfile, fingerprint: Fingerprint) -> list[str]:
         if profile.engine.resolved_aoti.device == "cuda" and not fingerprint.gpus:

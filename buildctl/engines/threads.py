@@ -28,3 +28,10 @@ def intra_op_threads(n: int | None) -> Iterator[None]:
         yield
     finally:
         torch._C.set_num_threads(before)
+
+
+def set_intra_op_threads(n: int) -> None:
+    """Set this process's intra-op threads for good (a child process that serves one engine)."""
+    import torch
+
+    torch._C.set_num_threads(n)

@@ -314,6 +314,8 @@ class TrtllmBackend:
         """trtllm-only rules of a profile's engine section."""
         if spec.aoti is not None:
             raise rule_error("aoti", "aoti-options-aoti-only", "aoti options apply to backend aoti only")
+        if spec.vllm is not None:
+            raise rule_error("vllm", "vllm-options-vllm-only", "vllm options apply to backend vllm only")
         if spec.kv_cache_dtype in ("fp16", "bf16"):
             raise rule_error("kv_cache_dtype", "trtllm-kv-cache-dtype",
                              "kv_cache_dtype {k!r} with quantization {q!r}: TensorRT-LLM's KV cache follows the model "

@@ -32,7 +32,7 @@ from buildctl.validators.errors import ValidatorProcessError, verdict_error
 from buildctl.engines.errors import EngineLoadError, IncompatibleTargetError
 from buildctl.errors import BuildFailedError
 from buildctl.logtail import log_tail
-from buildctl.validators.render import metric_rows
+from buildctl.validators.render import metric_rows, warm_start_line
 from buildctl.context import Context, open_store_of
 
 
@@ -262,6 +262,8 @@ def _build_validate_publish(report: RunReport, profile: str, model: str | None,
     report.add("attestation", f"`{outcome.attestation_id}` ({attestation.created_at}"
                               + (", validated earlier and reused: not re-run" if outcome.reused else "") + ")")
     report.add("verdict", f"**{attestation.verdict}**" + "".join(f"; {r}" for r in attestation.reasons))
+    if attestation.warm_start is not None:
+        report.add("warm start", warm_start_line(attestation))
     create_table_artifact(key=_bvp_key(profile, plan.compat_key) + "-validation",
                           table=metric_rows(attestation),
                           description=f"{profile}: candidate vs vLLM reference; attestation `{outcome.attestation_id}` "

@@ -25,6 +25,7 @@ def headline(att: Attestation) -> list[tuple[str, str]]:
                                          f"{st.identical} identical, {st.close} close, {st.failed} failed of {st.prompts} "
                                          f"requests joining and leaving mid-run; max |Δlogprob| {st.max_abs_logprob_diff:.2e}")
           for st in p.staggered],
+        *([("warm start", warm_start_line(att))] if att.warm_start is not None else []),
         ("prompt set", f"{ps.digest} ({', '.join(ps.sets)}" + (f"; skipped {', '.join(ps.skipped)}" if ps.skipped else "") + ")"),
         ("reference", str(att.versions.get("vllm"))),
         ("compat key", att.compat_key),
@@ -43,6 +44,19 @@ def headline(att: Attestation) -> list[tuple[str, str]]:
                                      f"{b.max_seconds:.0f} s (x{b.scale:g})" + (", exhausted" if b.exhausted else "")))
     rows += [("reason", r) for r in att.reasons]
     return rows
+
+
+def warm_start_line(att: Attestation) -> str:
+    """A vllm bundle's start-up check in one line."""
+    from statistics import median
+
+    ws = att.warm_start
+    assert ws is not None
+    ok = not ws.reasons()
+    used = "cache used" if ws.cache_used else f"cache not used: {ws.reason}"
+    return (f"{_gate(ok)}: {used}; engine ready warm {median(ws.warm_s):.1f} s vs cold {median(ws.cold_s):.1f} s "
+            f"(ratio {ws.ratio:.2f}, gate <= {ws.max_warm_cold_ratio}, {len(ws.warm_s)} pairs); installed bundle "
+            + ("unchanged" if ws.installed_unchanged else "CHANGED"))
 
 
 METRIC_COLUMNS = ("metric", "candidate", "reference", "ratio", "interval", "threshold", "gate")
@@ -103,6 +117,17 @@ def metric_rows(att: Attestation) -> list[dict[str, str]]:
                      "reference": "vLLM solo", "ratio": f"{fraction:.2f}", "interval": "",
                      "threshold": f"≥ {p.min_identical_fraction:.2f}, none outside top-k",
                      "gate": _gate(st.failed == 0 and fraction >= p.min_identical_fraction)})
+    ws = att.warm_start
+    if ws is not None:
+        from statistics import median
+
+        rows.append({"metric": "vLLM used the bundle's cache", "candidate": "yes" if ws.cache_used else "no",
+                     "reference": "", "ratio": "", "interval": "", "threshold": "no new hash folder or kernel",
+                     "gate": _gate(ws.cache_used)})
+        rows.append({"metric": "engine ready s, warm vs cold", "candidate": f"{median(ws.warm_s):.1f}",
+                     "reference": f"{median(ws.cold_s):.1f} (cold)", "ratio": f"{ws.ratio:.2f}",
+                     "interval": f"n={len(ws.warm_s)}", "threshold": f"≤ {ws.max_warm_cold_ratio}",
+                     "gate": _gate(ws.ratio <= ws.max_warm_cold_ratio)})
     for lv in att.speed.levels:
         rows += _level_rows(lv) if lv.ratios else _schema1_rows(att, lv)
         rows.append({"metric": f"tok/s CV @ c={lv.concurrency}", "candidate": f"{lv.candidate.output_tok_s_cv:.2f}",

