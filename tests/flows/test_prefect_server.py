@@ -632,3 +632,60 @@ def test_a_driver_upgrade_recheck_goes_to_the_worker_with_the_nodes_soft_values(
                 os.killpg(w.pid, signal.SIGKILL)
                 w.wait(timeout=10)
         stop(server)
+
+
+def test_build_validate_publish_of_a_vllm_bundle_completes_on_its_compat_key_worker(tmp_path):
+    """#49: the flow builds the tiny vllm profile's bundle on the worker of this host's vllm compat
+    key, validates it (the warm-start check in the summary) and publishes it; a quick speed section
+    (validation is not in the build hash) keeps this to the orchestration."""
+    import yaml
+
+    from ..support.helpers import PROFILES
+
+    import shutil
+
+    profiles = tmp_path / "profiles"  # every shipped profile: the deployments' parameter schema lists them
+    shutil.copytree(PROFILES, profiles)
+    doc = yaml.safe_load((PROFILES / "tiny-llama-vllm-cpu.yaml").read_text())
+    doc["validation"]["speed"].update({"concurrency": [1], "levels": {}, "min_throughput_ratio": 0.05,
+                                       "max_p99_ttft_ratio": None, "num_prompts": 16, "repetitions": 6,
+                                       "max_repetitions": 6, "max_seconds": 60, "warmup": 0})
+    doc["validation"]["warm_start"]["pairs"] = 1
+    (profiles / "tiny-llama-vllm-cpu.yaml").write_text(yaml.safe_dump(doc))
+    (port,) = free_ports(1)
+    url = f"http://127.0.0.1:{port}/api"
+    store_uri = "file://" + str(tmp_path / "store")
+    fp = detect()
+    key = fp.compat_key("vllm")
+    env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect-home"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+           "PREFECT_API_URL": url, "PREFECT_WORKER_QUERY_SECONDS": "1", "PREFECT_WORKER_PREFETCH_SECONDS": "1",
+           "BUILDCTL_STORE": store_uri, "BUILDCTL_REPO": str(REPO), "PYTHONUNBUFFERED": "1",
+           "BUILDCTL_PROFILE_DIR": str(profiles)}
+    server = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port",
+                               str(port)], env=env, cwd=REPO, stdout=open(tmp_path / "server.log", "wb"),
+                              stderr=subprocess.STDOUT, start_new_session=True)
+    worker = None
+    try:
+        wait_healthy(url, server)
+        deploy_to_local_pool(env)
+        worker = start_worker(tmp_path, env, "v", fp, builds_only=True)
+        run_id = create_run(url, "build-validate-publish/build-validate-publish",
+                            {"profile": "tiny-llama-vllm-cpu", "target_compat_key": key, "store": store_uri}, key)
+        deadline = time.monotonic() + 900
+        state: dict = {}
+        while time.monotonic() < deadline:
+            state = run_state(url, run_id)
+            if state["state_type"] in ("COMPLETED", "FAILED", "CRASHED"):
+                break
+            time.sleep(3)
+        log = (tmp_path / "worker-v.log").read_text()[-3000:]
+        assert state["state_type"] == "COMPLETED", (state.get("state"), log)
+        assert state["work_queue_name"] == key
+        summaries = [a["data"] for a in api(url, "/artifacts/filter", {"artifacts": {"type": {"any_": ["markdown"]}}})]
+        md = next(s for s in summaries if "tiny-llama-vllm-cpu" in s and "warm start" in s)
+        assert "pass: cache used; engine ready warm" in md, md[-2000:]
+    finally:
+        if worker is not None and worker.poll() is None:
+            os.killpg(worker.pid, signal.SIGKILL)
+            worker.wait(timeout=10)
+        stop(server)
