@@ -220,3 +220,33 @@ def test_promote_recomputes_the_warm_start_gate(ws, reason):
     assert recomputed_verdict(_warm_attestation())[0] == "fail"  # a bundle's attestation without the check
     line = dict(headline(_warm_attestation(cache_used=True)))["warm start"]
     assert line.startswith("pass: cache used; engine ready warm 8.5 s vs cold 21.0 s (ratio 0.40")
+
+
+def test_a_node_with_other_cpu_flags_shares_the_key_and_is_refused_as_not_covered(tmp_path, cli, monkeypatch):
+    """Another flag set of the same level is the same compat key, so the node finds the bundle; its
+    attestation does not cover those flags, so `pull --require-covered` refuses it (exit 5, the
+    documented gate-refused code) and names cpu.flags: re-check it before it serves."""
+    import dataclasses
+
+    from buildctl.artifact_store.backend import open_store
+    from buildctl.pipeline import manifest_draft
+
+    from ..support.helpers import publish_files, staged, write_attestation
+
+    built_on = host()
+    store = open_store(f"file://{tmp_path / 'store'}")
+    draft = dataclasses.replace(manifest_draft(PROFILE, built_on), backend="vllm")
+    aid = publish_files(store, tmp_path / "b", draft, {"bundle.json": b"{}", "model/config.json": b"{}"}, verdict=None)
+    write_attestation(store, aid, built_on.compat_key("vllm"), "pass", validator=built_on)
+    from buildctl.artifact_store.promotion import promote
+
+    promote(store, staged(store, aid), "prod")
+    node = host(cpu=CpuInfo(machine="x86_64", isa_level="x86-64-v4", flags=(*FLAGS_V4, "amx_tile")))
+    fp_file = tmp_path / "node.json"
+    fp_file.write_text(json.dumps(node.model_dump(mode="json")))
+    monkeypatch.setenv("BUILDCTL_FINGERPRINT_FILE", str(fp_file))
+    args = ("--store", store.uri, "pull", "--profile", PROFILE.name, "--channel", "prod", "--skip-preflight")
+    code, out, err = cli(*args, "--dest", tmp_path / "n1", "--require-covered")
+    assert code == 5 and "cpu.flags" in err and "not validated on this host's soft values" in err, (out, err)
+    code, out, err = cli(*args, "--dest", tmp_path / "n2")  # without the flag: installed, it is the same key
+    assert code == 0, err
