@@ -88,7 +88,17 @@ def run_module(module: str, spec: dict, exclude: list[str], cr_bin: Path, work: 
         subprocess.run([cr, "exec", str(cfg), str(db)], cwd=clone, capture_output=True, timeout=budget)
     except subprocess.TimeoutExpired:
         stopped = True
-    dump = subprocess.run([cr, "dump", str(db)], cwd=clone, capture_output=True, text=True, check=True).stdout
+    return read_clone(module, spec, clone, cr_bin, seconds=time.monotonic() - t0, stopped=stopped,
+                      baseline_s=baseline_s, timeout=timeout)
+
+
+def read_clone(module: str, spec: dict, clone: Path, cr_bin: Path, *, seconds: float, stopped: bool,
+               baseline_s: float | None, timeout: float | None) -> dict:
+    """A module's counts and survivors from its clone's cosmic-ray database (also of a run that was
+    interrupted: ``--collect``, whose pending mutants count as not run)."""
+    cr = str(cr_bin / "cosmic-ray")
+    dump = subprocess.run([cr, "dump", str(clone / "cr.sqlite")], cwd=clone, capture_output=True, text=True,
+                          check=True).stdout
     source = (clone / module).read_text().splitlines()
     counts = {"killed": 0, "survived": 0, "skipped": 0, "incompetent": 0, "pending": 0}
     survivors = []
@@ -111,8 +121,10 @@ def run_module(module: str, spec: dict, exclude: list[str], cr_bin: Path, work: 
                               "source": source[row - 1].strip() if 0 < row <= len(source) else ""})
         else:
             counts["killed"] += 1
-    return {"module": module, "tests": spec["tests"], **counts, "survivors": survivors, "seconds": round(time.monotonic() - t0, 1), "stopped_at_budget": stopped,
-            "baseline_s": round(baseline_s, 1), "timeout_s": round(timeout, 1),
+    return {"module": module, "tests": spec["tests"], **counts, "survivors": survivors, "seconds": round(seconds, 1),
+            "stopped_at_budget": stopped,
+            "baseline_s": round(baseline_s, 1) if baseline_s is not None else None,
+            "timeout_s": round(timeout, 1) if timeout is not None else None,
             "finished_at": time.strftime("%Y-%m-%d %H:%M", time.gmtime())}
 
 
@@ -187,7 +199,7 @@ def report(results: list[dict], exclude: list[str]) -> str:
         score = f"{100 * r['score']:.1f}%" if r["score"] is not None else "-"
         first = next((t for t in r.get("tests", []) if t.startswith("tests/")), "-")
         lines.append(f"| `{r['module']}` | `{first}` | {tested} | {r['killed']} | {r['survived']} | {r['equivalent']} | "
-                     f"{score} | {r['skipped']} | {r['incompetent'] + r['pending']} | {r.get('timeout_s', '-')} | "
+                     f"{score} | {r['skipped']} | {r['incompetent'] + r['pending']} | {r.get('timeout_s') or '-'} | "
                      f"{r['seconds'] / 60:.1f} | {r.get('finished_at', '-')} | "
                      + (f"{100 * r['score_since']:.1f}% |" if r.get("score_since") is not None else "- |"))
     notes = [f"- `{r['module']}`: {r['resumed']}." for r in results if r.get("resumed")]
@@ -214,6 +226,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--budget-min", type=float, default=40.0, help="minutes per module; the rest is reported as not run")
     ap.add_argument("--cosmic-ray", default=str(REPO / ".mutants-venv" / "bin"), help="directory of the cosmic-ray executables")
+    ap.add_argument("--collect", default=None, metavar="DIR",
+                    help="read the clones an interrupted run left in DIR (its buildctl-mutants-* folder; copy it "
+                         "before stopping the run) and merge them into the results: pending mutants are not run")
+    ap.add_argument("--minutes", type=float, default=None, help="with --collect: how long the run ran")
     ap.add_argument("--report-only", action="store_true",
                     help="re-render benchmarks/results/mutants.md from mutants.json with the current equivalent table")
     args = ap.parse_args(argv)
@@ -225,6 +241,17 @@ def main(argv: list[str] | None = None) -> int:
         print(report(results, conf["exclude-operators"]))
         return 0
     modules = conf["modules"]
+    if args.collect:
+        got = []
+        for clone in sorted(Path(args.collect).iterdir()):
+            module = next((m for m in modules if m.replace("/", "_") == clone.name), None)
+            if module is None or not (clone / "cr.sqlite").exists():
+                continue
+            r = read_clone(module, modules[module], clone, Path(args.cosmic_ray), seconds=60 * (args.minutes or 0),
+                           stopped=True, baseline_s=None, timeout=None)
+            r["resumed"] = f"collected from an interrupted run: {r['pending']} mutants not run"
+            got.append(r)
+        return _merge_and_report(annotate(got, conf), conf, modules)
     chosen = args.modules.split(",") if args.modules else list(modules)
     unknown = [m for m in chosen if m not in modules]
     if unknown:
@@ -244,13 +271,23 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="buildctl-mutants-") as tmp, ThreadPoolExecutor(args.jobs) as pool:
         results = list(pool.map(one, chosen))
     partial.unlink()
+    if args.modules:  # a partial run: keep the other modules' results
+        return _merge_and_report(results, conf, modules)
+    return _write(annotate(results, conf), conf)
+
+
+def _merge_and_report(results: list[dict], conf: dict, modules: dict) -> int:
     RESULTS.mkdir(parents=True, exist_ok=True)
-    if args.modules and (RESULTS / "mutants.json").exists():  # a partial run: keep the other modules' results
+    if (RESULTS / "mutants.json").exists():
         ran = {r["module"] for r in results}
         kept = [_normalise(r) for r in json.loads((RESULTS / "mutants.json").read_text()) if r["module"] not in ran]
         order = list(modules)
         results = sorted(kept + results, key=lambda r: order.index(r["module"]) if r["module"] in order else len(order))
-    results = annotate(results, conf)
+    return _write(annotate(results, conf), conf)
+
+
+def _write(results: list[dict], conf: dict) -> int:
+    RESULTS.mkdir(parents=True, exist_ok=True)
     text = report(results, conf["exclude-operators"])
     (RESULTS / "mutants.md").write_text(text)
     (RESULTS / "mutants.json").write_text(json.dumps(results, indent=2) + "\n")

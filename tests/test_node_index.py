@@ -16,7 +16,7 @@ from buildctl import fleet, node_index, rollouts
 from buildctl.artifact_store.channels import read_channel
 from buildctl.artifact_store.gc import gc
 from buildctl.artifact_store.inventory import EngineState, read_node
-from buildctl.artifact_store.layout import NODE_INDEX, NODE_INDEX_META, NODES, PAIR_INDEX, scope_prefix, status_prefix
+from buildctl.artifact_store.layout import NODE_INDEX, NODE_INDEX_META, NODES, PAIR_INDEX, node_key, scope_prefix, status_prefix
 from buildctl.artifact_store.rollout import RolloutPlan, parse_waves, wave_bucket
 from buildctl.context import Context
 from buildctl.engines.fingerprint import detect
@@ -309,7 +309,22 @@ def test_a_malformed_status_marker_is_skipped_and_reported_and_a_failed_canary_s
     assert bad in err and json.loads(out)[0]["waves"][0]["failed_nodes"] == [canaries[1]]
     later = datetime.now(timezone.utc) + timedelta(seconds=601)
     (v,) = rollouts.tick(Context.from_settings(settings(), store=store), channel="prod", now=later)
-    assert v.decision == "halt" and v.applied is not None and "malformed" in v.why
+    assert v.decision == "halt" and v.applied is not None
+    assert f"(1 malformed status marker(s) passed over, their nodes' records read: {bad})" in v.why
+
+
+def test_a_node_whose_markers_outlive_its_record_is_not_counted(store, tmp_path, draft):
+    """A node record deleted with its markers left behind (a node taken out of the fleet by hand):
+    the view reads the record, finds none and counts the node nowhere; nothing fails."""
+    node_index.rebuild(store)
+    nodes, rec, late = rollout_in_flight(store, tmp_path, draft, n=40)
+    canaries = [x for x in nodes.ids if x not in late]
+    gone = canaries[0]
+    store.delete(node_key(gone))
+    bad = f"{status_prefix(PROFILE, 'prod', rec.artifact_id)}{gone}.bogus"  # its status unsure: its record is read
+    store.put_bytes(bad, b"")
+    v = rollouts.view(store, rec)
+    assert gone not in v.waves[0].failed_nodes and v.waves[0].nodes == len(canaries) - 1, v.to_json()
 
 
 @pytest.mark.parametrize("state", ["failed", "healthy"])

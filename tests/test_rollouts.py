@@ -343,6 +343,7 @@ def test_a_views_labels_counts_and_json_are_exact(tmp_path, draft):
     started = datetime.fromisoformat(rec.rollout.wave_started_at.replace("Z", "+00:00"))
     now = started + timedelta(seconds=0.87655)  # 599.12345 s of bake left
     v = rollouts.decide(rec, nodes, now)
+    assert rollouts.view(store, rec, nodes, now).why == v.why  # the nodes given, not the store's (it has none)
     pending = len(first) - 4
     assert v.decision == "wait" and v.why == (f"wave 1 (50%): baking, 599s left; 3 healthy, 1 failed, "
                                               f"{pending} not reported of {len(first)}")
@@ -526,3 +527,24 @@ def test_status_passes_over_a_malformed_ref_and_reads_the_ones_after_it(store, t
     assert [k for k, _ in skipped] == [bad]
     with pytest.raises(CorruptObjectError):
         rollouts.status(store, draft.profile_name, "prod")
+
+
+def test_resign_due_re_signs_only_what_is_due_and_leaves_a_record_that_moved(tmp_path, draft, monkeypatch):
+    from buildctl.artifact_store.authority import Authority
+    from buildctl.artifact_store.backend import open_store
+
+    from .support.helpers import make_signer
+
+    store = open_store(f"file://{tmp_path / 'store'}")
+    signer = make_signer()
+    v1 = publish(store, tmp_path, "v1", draft)
+    ops.promote(store, staged(store, v1), "prod", auth=Authority(signer=signer, ttl_s=3600))  # fresh for an hour
+    st_rec = ops.promote(store, v1, "staging", auth=Authority(signer=signer, ttl_s=60))  # due within the margin
+    ctx = Context(settings(record_ttl_s=3600), store, Authority(signer=signer, ttl_s=3600))
+    real = rollouts.read_channel
+    monkeypatch.setattr(rollouts, "read_channel", lambda *a: (lambda got: (got[0].model_copy(update={"seq": got[0].seq + 1}),
+                                                                          got[1]) if got else got)(real(*a)))
+    assert rollouts.resign_due(ctx, margin_s=600) == []  # staging moved meanwhile: left alone
+    monkeypatch.setattr(rollouts, "read_channel", real)
+    (new,) = rollouts.resign_due(ctx, margin_s=600)  # prod (listed first) is not due; staging is
+    assert (new.channel, new.seq, new.action) == ("staging", st_rec.seq + 1, "resign")
