@@ -488,11 +488,22 @@ class BundleRunner:
         self._call({"op": "threads", "n": n})
         self._answer()
 
-    def generate(self, prompts: list[list[int]], max_tokens: int, top_logprobs: int) -> list[Generation]:
-        self._call({"op": "generate", "prompts": prompts, "max_tokens": max_tokens, "top_logprobs": top_logprobs})
+    def _generations(self) -> list[Generation]:
         return [Generation(token_ids=[int(t) for t in g["token_ids"]],
                            top_logprobs=[{int(t): float(lp) for t, lp in step} for step in g["top_logprobs"]])
                 for g in self._answer()["generations"]]
+
+    def generate(self, prompts: list[list[int]], max_tokens: int, top_logprobs: int) -> list[Generation]:
+        self._call({"op": "generate", "prompts": prompts, "max_tokens": max_tokens, "top_logprobs": top_logprobs})
+        return self._generations()
+
+    def generate_requests(self, requests: list[Any], top_logprobs: int, concurrency: int | None = None) -> list[Generation]:
+        """Requests joining and leaving mid-run (the staggered parity set), each with its own
+        ``max_tokens`` and arrival step, at most ``concurrency`` in flight."""
+        self._call({"op": "requests", "top_logprobs": top_logprobs, "concurrency": concurrency,
+                    "requests": [{"prompt": list(r.prompt), "max_tokens": r.max_tokens, "arrival": r.arrival}
+                                 for r in requests]})
+        return self._generations()
 
     def stream(self, prompts: list[list[int]], max_tokens: int, concurrency: int) -> Iterator[TokenEvent]:
         self._call({"op": "stream", "prompts": prompts, "max_tokens": max_tokens, "concurrency": concurrency})

@@ -13,7 +13,8 @@ absolute path) and the environment the bundle needs (cache roots, ISA, offline).
 ``python -m buildctl.engines.vllm_child serve SPEC``
     Serve the parent over stdin/stdout, one JSON object per line. The first line out is
     ``{"ready": ...}`` (or ``{"error": ...}``); then each request ``{"op": "generate", ...}``,
-    ``{"op": "stream", ...}``, ``{"op": "threads", "n": N}`` (intra-op threads, as the validator
+    ``{"op": "stream", ...}``, ``{"op": "requests", ...}`` (requests joining and leaving
+    mid-run: the staggered parity set), ``{"op": "threads", "n": N}`` (intra-op threads, as the validator
     sets its own for the paired speed gate) or ``{"op": "close"}`` is answered. Stream events are stamped here
     with ``time.perf_counter()`` (CLOCK_MONOTONIC: the parent's clock too), so the pipe's delay
     is not in TTFT. vLLM's own output goes to stderr (the parent's log file); stdout carries the
@@ -91,6 +92,14 @@ def serve(spec_path: str) -> int:
                 _send(proto, {"threads": int(req["n"])})
             elif op == "generate":
                 gens = engine.generate(req["prompts"], req["max_tokens"], req["top_logprobs"])
+                _send(proto, {"generations": [{"token_ids": g.token_ids,
+                                               "top_logprobs": [[[t, lp] for t, lp in step.items()] for step in g.top_logprobs]}
+                                              for g in gens]})
+            elif op == "requests":
+                from buildctl.engines.batching import Request
+
+                reqs = [Request(r["prompt"], r["max_tokens"], r["arrival"]) for r in req["requests"]]
+                gens = engine.generate_requests(reqs, req["top_logprobs"], req["concurrency"])
                 _send(proto, {"generations": [{"token_ids": g.token_ids,
                                                "top_logprobs": [[[t, lp] for t, lp in step.items()] for step in g.top_logprobs]}
                                               for g in gens]})

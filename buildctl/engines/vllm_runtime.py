@@ -141,6 +141,44 @@ class VllmEngine:
             gens.append(Generation(token_ids=[int(t) for t in o.token_ids], top_logprobs=tops))
         return gens
 
+    def generate_requests(self, requests: list[Any], top_logprobs: int, concurrency: int | None = None) -> list[Generation]:
+        """Requests joining and leaving mid-run, as a server's continuous batching sees them: each
+        (``prompt``, ``max_tokens``, ``arrival``) is added once the engine has taken ``arrival``
+        steps and fewer than ``concurrency`` are in flight, then stepped to its end; greedy, with
+        top-k logprobs per step."""
+        from vllm.inputs import TokensPrompt
+
+        out = [Generation(token_ids=[], top_logprobs=[]) for _ in requests]
+        waiting = sorted(range(len(requests)), key=lambda i: (requests[i].arrival, i))
+        in_flight: dict[str, int] = {}
+        steps = 0
+        limit = max(1, concurrency or len(requests))
+        try:
+            while waiting or in_flight:
+                while waiting and requests[waiting[0]].arrival <= steps and len(in_flight) < limit:
+                    i = waiting.pop(0)
+                    rid = f"stagger-{uuid.uuid4().hex}"
+                    in_flight[rid] = i
+                    self._engine.add_request(rid, TokensPrompt(prompt_token_ids=list(requests[i].prompt)),
+                                             self._params(requests[i].max_tokens, top_logprobs or None, delta=False))
+                if not in_flight:  # nothing admitted yet: the clock of arrivals moves on
+                    steps += 1
+                    continue
+                for o in self._engine.step():
+                    i = in_flight.get(o.request_id)
+                    if i is None or not o.finished:
+                        continue
+                    c = o.outputs[0]
+                    out[i].token_ids = [int(t) for t in c.token_ids]
+                    if top_logprobs and c.logprobs is not None:
+                        out[i].top_logprobs = [{int(t): float(lp.logprob) for t, lp in s.items()} for s in c.logprobs]
+                    del in_flight[o.request_id]
+                steps += 1
+        finally:
+            if in_flight:
+                self._engine.abort_request(list(in_flight))
+        return out
+
     def stream(self, prompts: list[list[int]], max_tokens: int, concurrency: int) -> Iterator[TokenEvent]:
         """Continuous batching as a server runs it: keep ``concurrency`` requests in the engine,
         step it, and stamp each streamed delta when the step returns it."""

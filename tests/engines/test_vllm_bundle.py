@@ -181,7 +181,7 @@ def test_warm_start_gates_and_vllm_options_belong_to_the_vllm_backend_only():
     with pytest.raises(ProfileError) as exc:
         parse_profile({**aoti, "engine": {"backend": "aoti", "vllm": {}}})
     assert "vllm-options-vllm-only" in [p.rule for p in exc.value.problems]
-    assert parse_profile(aoti).warm_start_gate is None and PROFILE.warm_start_gate.max_warm_cold_ratio == 0.7
+    assert parse_profile(aoti).warm_start_gate is None and PROFILE.warm_start_gate.max_warm_cold_ratio == 0.75
     assert "vllm" not in build_affecting_fields(load_profile(PROFILES / "tiny-llama-cpu.yaml"))["engine"]
     assert build_affecting_fields(PROFILE)["engine"]["vllm"]["cpu_isa"] == "avx2"
 

@@ -65,6 +65,8 @@ def test_a_bundle_validates_pulls_generates_and_stays_byte_identical(bundle):
     assert ws["cache_used"] is True and ws["installed_unchanged"] is True, ws
     assert max(ws["warm_s"]) < min(ws["cold_s"]), ws
     assert att["parity"]["identical"] == att["parity"]["prompts"] > 0
+    staggered = att["parity"]["staggered"]  # requests joining and leaving mid-run, in the bundle's vLLM
+    assert staggered and all(s["identical"] == s["prompts"] > 0 for s in staggered), staggered
     r = _buildctl("promote", aid, "--channel", "staging", env=env)
     assert r.returncode == 0, r.stderr[-2000:]
     dest = bundle["root"] / "node"
