@@ -133,6 +133,8 @@ bench: install
 	$(PY) -m benchmarks.crypto_digest
 	$(PY) -m benchmarks.install_sizes
 	$(PY) -m benchmarks.speedgate --runs $(BENCH_SPEEDGATE_RUNS)
+	$(PY) -m benchmarks.warm_start
+	$(PY) -m benchmarks.reference_modes
 	$(PY) -m benchmarks.rollout
 	$(PY) -m benchmarks.upgrade
 	$(PY) -m benchmarks.fleet_scale --nodes $(BENCH_FLEET_NODES)

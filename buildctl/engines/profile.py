@@ -184,6 +184,13 @@ class EngineSpec(_Frozen):
         return self.vllm or VllmOptions()
 
 
+class ReferenceBundle(_Frozen):
+    """A verified vLLM warm-start bundle of the same model to run the reference from, compiled."""
+
+    profile: str = Field(..., pattern=SLUG_PATTERN, description="The vllm profile whose bundle serves as the reference.")
+    channel: str = Field("staging", pattern=SLUG_PATTERN, description="The channel to take it from, for this host's vllm compat key.")
+
+
 class ReferenceSpec(_Frozen):
     """vLLM engine arguments for the reference side of validation (the production tuning)."""
 
@@ -197,6 +204,7 @@ class ReferenceSpec(_Frozen):
     kv_cache_dtype: KvCacheDtype = Field("auto", description="vLLM kv_cache_dtype.")
     dtype: Literal["auto", "float32", "float16", "bfloat16"] = Field("auto", description="vLLM dtype; auto follows the model.")
     cpu_kvcache_space_gib: int = Field(1, ge=1, le=65536, description="VLLM_CPU_KVCACHE_SPACE for the CPU build of vLLM.")
+    bundle: ReferenceBundle | None = Field(None, description="Run the reference compiled, from this verified vLLM bundle of the same model (its own engine arguments), instead of from the fields above.")
 
 
 class ParityRule(_Frozen):

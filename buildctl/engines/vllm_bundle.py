@@ -454,6 +454,7 @@ class BundleRunner:
                 detail = (first or {}).get("error") or f"the vLLM child exited ({self._tail()})"
                 raise EngineLoadError(str(self.bundle_dir), f"vLLM did not start from the bundle: {detail}")
             self.startup_s = float(first.get("startup_s") or (time.monotonic() - t0))
+            self.version = first.get("vllm")
             self.process_s = time.monotonic() - t0  # with interpreter and vLLM imports
             self.evidence = cache_evidence(record, caches, before)
         except BaseException:

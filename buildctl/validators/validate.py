@@ -111,7 +111,11 @@ def run_validation(
                           "checked": [*found["checked"], "the installed bundle re-hashed against its manifest after every start"]}
         if wrap_candidate is not None:
             candidate = wrap_candidate(candidate)
-        if reference is None:
+        if reference is None and profile.reference.bundle is not None:
+            b = profile.reference.bundle
+            say(f"starting the vLLM reference compiled, from {b.profile}'s bundle on {b.channel}")
+            reference = bundle_reference(settings, store, profile, fp, digest, work / "reference")
+        elif reference is None:
             say("starting the vLLM reference")
             from buildctl.validators.reference import VllmRunner
 
@@ -189,6 +193,34 @@ def run_validation(
     if not result.passed:
         raise verdict_error(artifact_id, att_id, attestation)
     return result
+
+
+def bundle_reference(settings: Settings, store: Store, profile: BuildProfile, fp: Fingerprint, model_digest: str,
+                     dest: Path) -> Runner:
+    """The reference run compiled from a verified vLLM bundle of the same model
+    (``reference.bundle``): its channel resolved for this host's vllm compat key, installed with
+    every byte verified, its model checked against the one validated, then started as a node
+    starts it. Its engine arguments are the bundle's own."""
+    from buildctl.artifact_store.pull import resolve_channel
+
+    spec = profile.reference.bundle
+    assert spec is not None
+    rec = resolve_channel(store, spec.profile, spec.channel, [fp.compat_key("vllm")])
+    bundle_manifest = get_manifest(store, rec.artifact_id)
+    if bundle_manifest.backend != "vllm":
+        from buildctl.engines.errors import EngineLoadError
+
+        raise EngineLoadError(f"{spec.profile} on {spec.channel}", f"{rec.artifact_id} is a {bundle_manifest.backend} "
+                                                                   "engine, not a vllm bundle (reference.bundle)")
+    if bundle_manifest.model_digest != model_digest:
+        raise ModelMismatchError(rec.artifact_id, bundle_manifest.model_digest, model_digest)
+    try:
+        install_artifact(store, rec.artifact_id, dest)
+    except VerificationError as err:
+        raise quarantine_on(store, err, detector="validation (reference bundle)", auth=Authority()) from None
+    runner = get_backend("vllm", settings).load(dest / "current")
+    runner.version = f"{runner.version} compiled, bundle {rec.artifact_id}"  # type: ignore[attr-defined]
+    return runner
 
 
 def _staggered(candidate: Runner, reference: list[Any], prompts: list[list[int]], max_tokens: int, top_logprobs: int,

@@ -140,3 +140,26 @@ def test_a_differing_engine_argument_is_a_miss_and_node_env_starts_vllm_with_a_h
                        env={**os.environ, **plan["env"]}, capture_output=True, text=True, timeout=600)
     assert s.returncode == 0, s.stderr[-3000:]
     assert cache_evidence(read_record(root), caches, before)["cache_used"]
+
+
+def test_the_aoti_engine_validates_against_vllm_compiled_from_the_verified_bundle(bundle, tiny_build, tmp_path):
+    """#49 item 7: `reference.bundle` runs the reference compiled, from the bundle on a channel of
+    the same store, verified and checked to be of the same model; the attestation says so."""
+    env = bundle["env"]
+    aid = bundle["artifact_id"]
+    r = _buildctl("promote", aid, "--channel", "staging", "--force", "--reason", "test: the reference bundle", env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    r = _buildctl("--json", "import", str(tiny_build["engine"]), "--profile", str(PROFILES / "tiny-llama-cpu.yaml"),
+                  "--model-digest", tiny_build["outcome"].model_digest, env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    engine = json.loads(r.stdout)["artifact_id"]
+    doc = yaml.safe_load((PROFILES / "tiny-llama-cpu.yaml").read_text())
+    doc["validation"]["speed"].update(QUICK)
+    doc["reference"]["bundle"] = {"profile": "tiny-llama-vllm-cpu", "channel": "staging"}
+    profile = tmp_path / "tiny-llama-cpu.yaml"
+    profile.write_text(yaml.safe_dump(doc))
+    r = _buildctl("--json", "validate", engine, "--profile", str(profile), env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    att = json.loads(r.stdout)
+    assert f"compiled, bundle {aid}" in att["versions"]["vllm"] and att["parity"]["identical"] == att["parity"]["prompts"]
+    assert att["reference_engine_args"]["bundle"] == {"profile": "tiny-llama-vllm-cpu", "channel": "staging"}
