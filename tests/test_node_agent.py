@@ -371,3 +371,44 @@ def test_staging_again_rehashes_the_engine_already_there_instead_of_downloading(
         f.write(b"X")
     fixed = node_agent.stage(s["ctx"], PROFILE, "prod", s["dest"], TARGET, fingerprint=BEFORE)
     assert fixed.downloaded and not local_problems(get_manifest(s["store"], s["b"]), s["engine"])
+
+
+def _flip_only(path: Path) -> None:
+    """Flip one byte of ``path`` and touch nothing else (every other file keeps its stat)."""
+    os.chmod(path, 0o644)
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x40
+    path.write_bytes(bytes(data))
+
+
+def test_a_flipped_file_after_untouched_ones_is_rehashed_inside_the_window(staged_b):
+    """Files whose stat is unchanged are skipped one by one; the damaged one after them is still
+    re-hashed and refused."""
+    f = staged_b
+    _flip_only(f["engine"] / "rank0.engine")  # config.json and lora/ sort before it, their stat unchanged
+    with pytest.raises(VerificationError, match="rank0.engine"):
+        node_agent.activate(f["ctx"], PROFILE, f["dest"], fingerprint=AFTER, skip_preflight=True)
+    assert current_artifact(f["dest"]) == f["a"]
+
+
+@pytest.mark.parametrize("window,refused", [(3600.0, False), (0.0, True)])
+def test_recorded_stats_are_trusted_inside_the_window_only(staged_b, window, refused):
+    """Damage that the stat cannot see (the staged entry's stats taken after it): inside the
+    verify window the recorded stat is trusted, as documented; past it every byte is re-hashed."""
+    from buildctl.artifact_store.install_dir import STAGED_DIR, file_stats
+
+    f = staged_b
+    _flip_only(f["engine"] / "rank0.engine")
+    (entry_file,) = (f["dest"] / STAGED_DIR).glob("*.json")
+    entry = json.loads(entry_file.read_text())
+    entry["stats"] = file_stats(get_manifest(f["store"], f["b"]), f["engine"])
+    entry_file.write_text(json.dumps(entry))
+    c = f["ctx"]
+    ctx = Context(c.settings, c.store, c.auth.but(verify_window_s=window))
+    if refused:
+        with pytest.raises(VerificationError, match="rank0.engine"):
+            node_agent.activate(ctx, PROFILE, f["dest"], fingerprint=AFTER, skip_preflight=True)
+        assert current_artifact(f["dest"]) == f["a"]
+    else:
+        node_agent.activate(ctx, PROFILE, f["dest"], fingerprint=AFTER, skip_preflight=True)
+        assert current_artifact(f["dest"]) == f["b"]

@@ -84,9 +84,12 @@ def test_leftovers_are_skipped_where_a_folder_cannot_be_listed(tmp_path):
     dest = tmp_path / "node"
     dest.mkdir()
     (dest / idir.MANIFESTS_DIR).write_bytes(b"a file, not a folder")  # listdir fails: skipped
+    (dest / idir.STAGED_DIR).mkdir()
+    (dest / idir.STAGED_DIR / f".s.{HEX}.tmp").write_bytes(b"")  # the folder after it is still cleaned
     (dest / f".x.{HEX}.tmp").write_bytes(b"")
     idir._remove_leftovers(dest)
     assert not (dest / f".x.{HEX}.tmp").exists() and (dest / idir.MANIFESTS_DIR).is_file()
+    assert not (dest / idir.STAGED_DIR / f".s.{HEX}.tmp").exists()
 
 
 def test_a_failed_link_swap_or_atomic_write_leaves_no_temporary(tmp_path, monkeypatch):
@@ -200,7 +203,7 @@ def test_kept_manifests_are_checked_against_the_id(node_env):
     (dest / idir.MANIFESTS_DIR / f"{hex_of(b)}.json").write_bytes(body)  # a's bytes under b's name
     assert idir._kept_manifest(dest, b) is None
     assert list(idir.installed_manifests(dest)).count(body) == 2
-    (dest / idir.MANIFESTS_DIR / "dir.json").mkdir()  # unreadable as a file: skipped
+    (dest / idir.MANIFESTS_DIR / "0-dir.json").mkdir()  # unreadable as a file, listed first: skipped
     assert len(list(idir.installed_manifests(dest))) == 2
 
 
