@@ -313,6 +313,18 @@ def test_a_malformed_status_marker_is_skipped_and_reported_and_a_failed_canary_s
     assert f"(1 malformed status marker(s) passed over, their nodes' records read: {bad})" in v.why
 
 
+def test_several_malformed_markers_are_named_by_the_first(store, tmp_path, draft):
+    node_index.rebuild(store)
+    nodes, rec, late = rollout_in_flight(store, tmp_path, draft, n=40)
+    prefix = status_prefix(PROFILE, "prod", rec.artifact_id)
+    bad = [f"{prefix}a-garbage", f"{prefix}b-garbage"]
+    for k in bad:
+        store.put_bytes(k, b"")
+    later = datetime.now(timezone.utc) + timedelta(seconds=601)
+    (v,) = rollouts.tick(Context.from_settings(settings(), store=store), channel="prod", now=later)
+    assert f"(2 malformed status marker(s) passed over, their nodes' records read: {bad[0]}, ...)" in v.why, v.why
+
+
 def test_a_node_whose_markers_outlive_its_record_is_not_counted(store, tmp_path, draft):
     """A node record deleted with its markers left behind (a node taken out of the fleet by hand):
     the view reads the record, finds none and counts the node nowhere; nothing fails."""

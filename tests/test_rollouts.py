@@ -354,6 +354,7 @@ def test_a_views_labels_counts_and_json_are_exact(tmp_path, draft):
     baked = rollouts.decide(rec, nodes, started + timedelta(seconds=601))
     assert baked.decision == "advance" and baked.why == f"wave 1 (50%) baked with 1 failure(s) of {len(first)} (budget 1): on to 100%"
     last = rollouts.rollout_step(store, PROFILE, "prod", key, "advance")
+    assert [w.state for w in rollouts.decide(last, nodes, now).waves] == ["done", "current"]  # wave 1 is behind it
     done = rollouts.decide(last, nodes, datetime.now(timezone.utc) + timedelta(seconds=601))
     assert done.decision == "complete" and done.why.startswith("wave 2 (100%) baked with 1 failure(s)")
     none = rollouts.decide(ops.promote(store, v1, "staging"), nodes, now)
@@ -548,3 +549,8 @@ def test_resign_due_re_signs_only_what_is_due_and_leaves_a_record_that_moved(tmp
     monkeypatch.setattr(rollouts, "read_channel", real)
     (new,) = rollouts.resign_due(ctx, margin_s=600)  # prod (listed first) is not due; staging is
     assert (new.channel, new.seq, new.action) == ("staging", st_rec.seq + 1, "resign")
+    from buildctl.times import parse_utc
+
+    prod_rec = rollouts.read_channel(store, PROFILE, "prod", draft.compat_key)[0]
+    at_edge = parse_utc(prod_rec.expires) - timedelta(seconds=600)  # prod expires exactly at the horizon: due
+    assert [r.channel for r in rollouts.resign_due(ctx, margin_s=600, now=at_edge)] == ["prod"]
