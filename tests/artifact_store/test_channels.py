@@ -586,25 +586,25 @@ def test_a_record_binds_only_well_formed_manifest_hashes():
 def test_history_raises_on_a_malformed_record_or_ref_or_lists_it_as_skipped(two_keys):
     from buildctl.artifact_store.channels import all_channel_records, history
 
-    store, (a0, a1, _), _b, compat = two_keys
-    set_channel(store, a0, ops.get_manifest(store, a0), "prod", auth=Authority(who="ci"))
-    set_channel(store, a1, ops.get_manifest(store, a1), "prod", auth=Authority(who="ci"))
+    store, (a0, a1, a2), _b, compat = two_keys
+    for a in (a0, a1, a2):
+        set_channel(store, a, ops.get_manifest(store, a), "prod", auth=Authority(who="ci"))
     bad = history_key(P, "prod", compat, 1)
     store.delete(bad)
     store.put_bytes(bad, b"{not json")
     with pytest.raises(CorruptObjectError):
         history(store, P, "prod", compat)
     skipped: list = []
-    assert [r.seq for r in history(store, P, "prod", compat, skipped)] == [2] and [k for k, _ in skipped] == [bad]
-    skipped = []
-    assert [e.record.seq for e in checked_history(store, P, "prod", compat, skipped=skipped)] == [2]
+    assert [r.seq for r in history(store, P, "prod", compat, skipped)] == [2, 3] and [k for k, _ in skipped] == [bad]
+    skipped = []  # the records after the malformed one are read too
+    assert [e.record.seq for e in checked_history(store, P, "prod", compat, skipped=skipped)] == [2, 3]
     assert [k for k, _ in skipped] == [bad]
     with pytest.raises(CorruptObjectError):
         checked_history(store, P, "prod", compat)
     ref = channel_key(P, "prod", compat)
     assert store.cas(ref, b"[]", store.get_ref(ref)[1])  # a malformed ref
     skipped = []
-    assert [r.seq for r in history(store, P, "prod", None, skipped)] == [2]
+    assert [r.seq for r in history(store, P, "prod", None, skipped)] == [2, 3]
     assert ref in [k for k, _ in skipped]
     with pytest.raises(CorruptObjectError):
         all_channel_records(store)
@@ -673,3 +673,11 @@ def test_resign_needs_a_signing_key(two_keys):
     r1 = set_channel(store, a0, ops.get_manifest(store, a0), "prod", auth=Authority(who="ci"))
     with pytest.raises(StoreArgumentError, match="re-signing needs a signing key"):
         resign(store, r1, auth=Authority(who="ci"))
+
+
+def test_history_without_its_ref_is_all_ahead_of_ref_zero(two_keys):
+    store, (a0, *_), _b, compat = two_keys
+    set_channel(store, a0, ops.get_manifest(store, a0), "prod", auth=Authority(who="ci"))
+    store.delete(channel_key(P, "prod", compat))  # the ref gone, its history left
+    (e,) = checked_history(store, P, "prod", compat)
+    assert e.problem == "ahead of the ref (#0): written before the ref reached it"
