@@ -81,7 +81,7 @@ def test_worker_start_serves_exactly_this_hosts_compat_keys(cli, tmp_path, monke
 
     from buildctl.engines.fingerprint import detect
 
-    fp = detect()
+    fp = detect().model_copy(update={"vllm_version": None})  # no vLLM either: no vllm queue (a host with it below)
     f = tmp_path / "fp.json"
     f.write_text(json.dumps(fp.model_dump(mode="json")))
     monkeypatch.setenv("BUILDCTL_FINGERPRINT_FILE", str(f))
@@ -89,6 +89,12 @@ def test_worker_start_serves_exactly_this_hosts_compat_keys(cli, tmp_path, monke
     assert code == 0, err
     got = json.loads(out)
     assert got["by_backend"] == {"aoti": fp.compat_key("aoti")}  # no tensorrt_llm here: no trtllm queue
+    with_vllm = fp.model_copy(update={"vllm_version": "0.32.0"})
+    f.write_text(json.dumps(with_vllm.model_dump(mode="json")))
+    code, out, err = cli("--json", "worker", "start", "--pool", "gpu-pool", "--dry-run")
+    assert code == 0 and json.loads(out)["by_backend"] == {"aoti": fp.compat_key("aoti"),
+                                                           "vllm": with_vllm.compat_key("vllm")}, err
+    f.write_text(json.dumps(fp.model_dump(mode="json")))
     recheck = got["rechecks_by_backend"]["aoti"]
     assert got["queues"] == [fp.compat_key("aoti"), recheck, "default"] and recheck.startswith(fp.compat_key("aoti"))
     assert got["command"][1:] == ["-m", "prefect", "worker", "start", "--pool", "gpu-pool",
