@@ -99,7 +99,9 @@ def read_clone(module: str, spec: dict, clone: Path, cr_bin: Path, *, seconds: f
     cr = str(cr_bin / "cosmic-ray")
     dump = subprocess.run([cr, "dump", str(clone / "cr.sqlite")], cwd=clone, capture_output=True, text=True,
                           check=True).stdout
-    source = (clone / module).read_text().splitlines()
+    # the committed source: an interrupted run may leave its last mutant applied to the working copy
+    source = subprocess.run(["git", "show", f"HEAD:{module}"], cwd=clone, capture_output=True, text=True,
+                            check=True).stdout.splitlines()
     counts = {"killed": 0, "survived": 0, "skipped": 0, "incompetent": 0, "pending": 0}
     survivors = []
     for line in dump.splitlines():

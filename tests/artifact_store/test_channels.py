@@ -647,6 +647,8 @@ def test_record_problems_check_links_alone_where_the_ref_is_malformed(two_keys):
     ref = channel_key(P, "prod", compat)
     assert store.cas(ref, b"[]", store.get_ref(ref)[1])
     assert record_problems(store, records) == {}  # no ref to be ahead of; the links hold
+    k = make_signer()  # with trusted keys too: no readable ref, so no signed channel to hold them to
+    assert record_problems(store, records, TrustedKeys({"promoter": {k.key_id: k.private.public_key()}})) == {}
     ahead = r2.model_copy(update={"seq": 3, "previous": b})
     got = record_problems(store, [*records, ahead])  # still no ref: not "ahead", but the links are judged
     assert list(got) == [(compat, 2)] and got[(compat, 2)].startswith("broken link: #3 names")
@@ -681,3 +683,67 @@ def test_history_without_its_ref_is_all_ahead_of_ref_zero(two_keys):
     store.delete(channel_key(P, "prod", compat))  # the ref gone, its history left
     (e,) = checked_history(store, P, "prod", compat)
     assert e.problem == "ahead of the ref (#0): written before the ref reached it"
+
+
+def test_a_first_promotion_whose_slot_one_was_squatted_fails_before_writing_the_ref(two_keys):
+    store, (a0, a1, _), b, compat = two_keys
+    r = ChannelRecord.model_validate({"profile": P, "channel": "prod", "compat_key": compat, "seq": 1, "artifact_id": b,
+                                      "who": "mallory", "when": "2026-12-05T00:00:00Z"})
+    store.put_bytes(history_key(P, "prod", compat, 1), r.to_bytes())
+    with pytest.raises(HistoryConflictError):
+        set_channel(store, a0, ops.get_manifest(store, a0), "prod", auth=Authority(who="ci"))
+    assert read_channel(store, P, "prod", compat) is None
+
+
+def test_history_reads_from_seq_one_and_limits_per_key(two_keys):
+    from buildctl.artifact_store.channels import history
+
+    store, (a0, a1, a2), _b, compat = two_keys
+    for a in (a0, a1, a2):
+        set_channel(store, a, ops.get_manifest(store, a), "prod", auth=Authority(who="ci"))
+    assert [r.seq for r in history(store, P, "prod", compat)] == [1, 2, 3]
+    assert [r.seq for r in history(store, P, "prod", compat, limit=2)] == [2, 3]
+    assert [r.seq for r in history(store, P, "prod", compat, limit=1)] == [3]
+    assert [r.seq for r in history(store, P, "prod", compat, since_seq=1)] == [2, 3]
+
+
+def test_history_reads_every_key_past_a_malformed_ref(two_keys):
+    """The ref of one compat key is malformed; the other key's ref, a record ahead of its history
+    (its promoter died before writing it), is still read."""
+    from buildctl.artifact_store.channels import history
+
+    store, (a0, a1, _), b, compat = two_keys
+    other = "aoti-" + "b" * 32
+    set_channel(store, a0, ops.get_manifest(store, a0), "prod", auth=Authority(who="ci"))
+    set_channel(store, b, ops.get_manifest(store, b), "prod", compat_key=other, auth=Authority(who="ci"))
+    set_channel(store, a1, ops.get_manifest(store, a1), "prod", auth=Authority(who="ci"))
+    keys = sorted([compat, other])
+    bad, good = keys[0], keys[1]
+    ref = channel_key(P, "prod", bad)
+    assert store.cas(ref, b"[]", store.get_ref(ref)[1])
+    last = read_channel(store, P, "prod", good)[0]
+    store.delete(history_key(P, "prod", good, last.seq))  # the good key's newest record only in its ref
+    skipped: list = []
+    got = [(r.compat_key, r.seq) for r in history(store, P, "prod", None, skipped)]
+    assert (good, last.seq) in got and [k for k, _ in skipped] == [ref]
+
+
+def test_records_ahead_of_the_ref_name_its_seq_and_the_refs_own_record_comes_first(two_keys):
+    from buildctl.artifact_store.channels import history, record_problems
+
+    store, (a0, a1, _), b, compat = two_keys
+    r1 = set_channel(store, a0, ops.get_manifest(store, a0), "prod", auth=Authority(who="ci"))
+    r2 = set_channel(store, a1, ops.get_manifest(store, a1), "prod", auth=Authority(who="ci"))
+    store.put_bytes(history_key(P, "prod", compat, 3), _forged(r2, 3, b, a1))
+    checked = checked_history(store, P, "prod", compat)
+    ahead = next(e for e in checked if e.record.seq == 3)
+    assert ahead.problem == "ahead of the ref (#2): written before the ref reached it"
+    got = record_problems(store, [*history(store, P, "prod", compat)])
+    assert got[(compat, 3)] == "ahead of the ref (#2): written before the ref reached it"
+    # a stranger in the ref's slot: the ref's own record first, the stranger after it
+    k2 = history_key(P, "prod", compat, 2)
+    store.delete(k2)
+    store.put_bytes(k2, _forged(r2, 2, b, a0))
+    same = [(e.record.artifact_id, e.problem is None) for e in checked_history(store, P, "prod", compat)
+            if e.record.seq == 2]
+    assert same == [(a1, True), (b, False)]
