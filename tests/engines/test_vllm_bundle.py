@@ -250,3 +250,55 @@ def test_a_node_with_other_cpu_flags_shares_the_key_and_is_refused_as_not_covere
     assert code == 5 and "cpu.flags" in err and "not validated on this host's soft values" in err, (out, err)
     code, out, err = cli(*args, "--dest", tmp_path / "n2")  # without the flag: installed, it is the same key
     assert code == 0, err
+
+
+def test_an_upgrade_of_a_vllm_node_rechecks_soft_changes_builds_hard_ones_and_stages_offline(tmp_path, cli, monkeypatch):
+    """#49 item 6 for the upgrade path, with a synthetic bundle (no vLLM start: --skip-preflight):
+    a soft change (other CPU flags, another compiler) is a re-check of the bundle that serves the
+    node, a hard one (another vLLM) a build; the bundle stages before the upgrade and activates
+    after it with no store."""
+    import dataclasses
+
+    from buildctl import fleet, pipeline, upgrade
+    from buildctl.artifact_store.backend import open_store
+    from buildctl.artifact_store.promotion import promote
+    from buildctl.context import Context
+    from buildctl.engines.fingerprint import UpgradeTarget
+    from buildctl.pipeline import manifest_draft
+
+    from ..support.helpers import publish_files, settings, staged, write_attestation
+
+    node = host()
+    store = open_store(f"file://{tmp_path / 'store'}")
+    draft = dataclasses.replace(manifest_draft(PROFILE, node), backend="vllm")
+    aid = publish_files(store, tmp_path / "b", draft, {"bundle.json": b"{}", "model/config.json": b"{}"}, verdict=None)
+    write_attestation(store, aid, node.compat_key("vllm"), "pass", validator=node)
+    promote(store, staged(store, aid), "prod")
+    fleet.report_node(store, "cpu-v-1", node, [PROFILE.name])
+    ctx = Context.from_settings(settings(), store=store)
+    profiles = {PROFILE.name: PROFILE}
+
+    def state(**fields):
+        p = upgrade.plan(ctx, UpgradeTarget.model_validate(fields), profiles)
+        (g,) = p.groups
+        return g.state, g.artifact_id
+
+    flags = {"cpu": {"flags": [*FLAGS_V4, "amx_tile"]}}
+    assert state(**flags) == ("re-check", aid)
+    assert state(compiler_version="gcc 13.2.0") == ("re-check", aid)
+    assert state(vllm_version="0.33.0")[0] == "build"
+    fp_file, target = tmp_path / "node.json", tmp_path / "target.yaml"
+    fp_file.write_text(json.dumps(node.model_dump(mode="json")))
+    target.write_text("cpu:\n  flags: [" + ", ".join([*FLAGS_V4, "amx_tile"]) + "]\n")
+    monkeypatch.setenv("BUILDCTL_FINGERPRINT_FILE", str(fp_file))
+    dest = tmp_path / "node"
+    base = ("--store", store.uri)
+    assert cli(*base, "pull", "--profile", PROFILE.name, "--channel", "prod", "--dest", dest, "--skip-preflight")[0] == 0
+    code, out, err = cli(*base, "pull", "--profile", PROFILE.name, "--channel", "prod", "--dest", dest,
+                         "--for-upgrade", target, "--stage-only")
+    assert code == 0, err
+    after = node.model_copy(update={"cpu": CpuInfo(machine="x86_64", isa_level="x86-64-v4", flags=(*FLAGS_V4, "amx_tile"))})
+    fp_file.write_text(json.dumps(after.model_dump(mode="json")))
+    code, out, err = cli("--store", f"file://{tmp_path / 'gone'}", "node", "activate", "--profile", PROFILE.name,
+                         "--dest", dest, "--skip-preflight")
+    assert code == 0, err  # the same key: the bundle already current, activated offline
