@@ -705,6 +705,8 @@ def test_history_reads_from_seq_one_and_limits_per_key(two_keys):
     assert [r.seq for r in history(store, P, "prod", compat, limit=2)] == [2, 3]
     assert [r.seq for r in history(store, P, "prod", compat, limit=1)] == [3]
     assert [r.seq for r in history(store, P, "prod", compat, since_seq=1)] == [2, 3]
+    store.delete(history_key(P, "prod", compat, 3))  # the newest only in the ref (its writer died before history)
+    assert [r.seq for r in history(store, P, "prod", compat, limit=1)] == [3]
 
 
 def test_history_reads_every_key_past_a_malformed_ref(two_keys):
@@ -747,3 +749,38 @@ def test_records_ahead_of_the_ref_name_its_seq_and_the_refs_own_record_comes_fir
     same = [(e.record.artifact_id, e.problem is None) for e in checked_history(store, P, "prod", compat)
             if e.record.seq == 2]
     assert same == [(a1, True), (b, False)]
+
+
+def test_a_history_limit_counts_per_compat_key(two_keys):
+    from buildctl.artifact_store.channels import history
+
+    store, (a0, a1, _), b, compat = two_keys
+    other = "aoti-" + "b" * 32
+    for a in (a0, a1):
+        set_channel(store, a, ops.get_manifest(store, a), "prod", auth=Authority(who="ci"))
+    store, (a0, a1, a2), b, compat = two_keys
+    for x in (b, a2):  # two records under the other key too (set_channel takes the key it is given)
+        set_channel(store, x, ops.get_manifest(store, x), "prod", compat_key=other, auth=Authority(who="ci"))
+    got = sorted((r.compat_key, r.seq) for r in history(store, P, "prod", None, limit=1))
+    assert got == sorted([(compat, 2), (other, 2)])
+    got = sorted((r.compat_key, r.seq) for r in history(store, P, "prod", None, limit=2))
+    assert got == sorted([(compat, 1), (compat, 2), (other, 1), (other, 2)])
+
+
+def test_a_promoter_that_finds_its_slot_taken_by_a_move_meanwhile_decides_again(two_keys, monkeypatch):
+    """Between reading the ref and checking its next history slot, another promoter moved the ref
+    and wrote that slot: this promoter reads the ref again and moves it one further."""
+    store, (a0, a1, a2), _b, compat = two_keys
+    set_channel(store, a0, ops.get_manifest(store, a0), "prod", auth=Authority(who="ci"))
+    real_stat = store.stat
+    raced = []
+
+    def stat(key):
+        if key == history_key(P, "prod", compat, 2) and not raced:
+            raced.append(None)  # the other promoter's own check of this slot passes through
+            raced[0] = set_channel(store, a1, ops.get_manifest(store, a1), "prod", auth=Authority(who="other"))
+        return real_stat(key)
+
+    monkeypatch.setattr(store, "stat", stat)
+    rec = set_channel(store, a2, ops.get_manifest(store, a2), "prod", auth=Authority(who="ci"))
+    assert raced and raced[0].seq == 2 and (rec.seq, rec.artifact_id, rec.previous) == (3, a2, a1)
