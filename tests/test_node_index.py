@@ -370,3 +370,44 @@ def test_a_rebuild_between_a_nodes_marker_writes_and_its_record_swap_loses_no_ma
         later = datetime.now(timezone.utc) + timedelta(seconds=601)
         v = rollouts.view(store, read_channel(store, PROFILE, "prod", draft.compat_key)[0], now=later)
         assert v.decision == "halt" and canary in v.waves[0].failed_nodes
+
+
+# --- each marker rule and the rebuild's dead ends alone (`make mutants` sees them) ------------------
+
+
+def test_markers_take_the_records_key_the_fingerprints_and_pulled_profiles():
+    from buildctl.artifact_store.inventory import NodeRecord
+    from buildctl.artifact_store.layout import pulled_scope_prefix
+
+    fp = detect()
+    old = "aoti-" + "0" * 32  # a key the record was written under, no longer the fingerprint's
+    engine = EngineState(profile="other-profile", channel="staging", compat_key=fp.compat_key("aoti"),
+                         artifact_id="xxh3-128:" + "1" * 32, seq=1, status="healthy", current="xxh3-128:" + "1" * 32,
+                         when="2026-12-01T00:00:00Z")
+    rec = NodeRecord(node_id="n1", fingerprint=fp.model_dump(mode="json"), compat_keys={"aoti": old},
+                     profiles=(PROFILE,), reported_at="2026-12-01T00:00:00Z", engines=(engine,))
+    got = node_index.node_markers(rec)
+    assert f"{scope_prefix(PROFILE, 'aoti', old)}n1" in got  # the record's own key
+    assert f"{scope_prefix(PROFILE, 'aoti', fp.compat_key('aoti'))}n1" in got  # and the fingerprint's
+    assert f"{pulled_scope_prefix('other-profile', 'staging', 'aoti', fp.compat_key('aoti'))}n1" in got
+    bare = NodeRecord(node_id="n2", fingerprint={}, compat_keys={"aoti": old}, profiles=(PROFILE,),
+                      reported_at="2026-12-01T00:00:00Z")  # no fingerprint: the record's keys alone
+    assert {k for k in node_index.node_markers(bare) if "/scope/" in k} == {f"{scope_prefix(PROFILE, 'aoti', old)}n2"}
+
+
+def test_an_index_report_is_ok_only_with_nothing_missing_and_nothing_stale():
+    assert node_index.IndexReport().ok
+    assert not node_index.IndexReport(missing=["a"]).ok and not node_index.IndexReport(stale=["b"]).ok
+
+
+def test_a_rebuild_drops_the_markers_of_a_node_whose_record_is_gone_and_keeps_pairs_whose_manifest_is_there(
+        store, tmp_path, draft, monkeypatch):
+    node_index.rebuild(store)
+    nodes, rec, late = rollout_in_flight(store, tmp_path, draft, n=8)
+    gone = nodes.ids[0]
+    store.delete(node_key(gone))
+    monkeypatch.setattr(node_index, "list_artifacts", lambda _store: [])  # every pair marker looks stale
+    report = node_index.rebuild(store)
+    assert report.stale and all(node_index.node_of_marker(k) == gone for k in report.stale)
+    assert not [k for k in store.list(NODE_INDEX) if k != NODE_INDEX_META and node_index.node_of_marker(k) == gone]
+    assert list(store.list(PAIR_INDEX))  # their manifests exist: confirmed not stale, kept
