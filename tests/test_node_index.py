@@ -390,6 +390,11 @@ def test_markers_take_the_records_key_the_fingerprints_and_pulled_profiles():
     assert f"{scope_prefix(PROFILE, 'aoti', old)}n1" in got  # the record's own key
     assert f"{scope_prefix(PROFILE, 'aoti', fp.compat_key('aoti'))}n1" in got  # and the fingerprint's
     assert f"{pulled_scope_prefix('other-profile', 'staging', 'aoti', fp.compat_key('aoti'))}n1" in got
+    from buildctl.artifact_store.layout import demand_prefix
+
+    assert f"{demand_prefix(PROFILE, 'aoti')}{fp.compat_key('aoti')}/n1" in got  # demand: the fingerprint's key now
+    assert f"{demand_prefix(PROFILE, 'aoti')}{old}/n1" not in got
+    assert node_index.node_of_marker(f"{status_prefix(PROFILE, 'prod', 'xxh3-128:' + '1' * 32)}gpu.node.7.failed") == "gpu.node.7"
     bare = NodeRecord(node_id="n2", fingerprint={}, compat_keys={"aoti": old}, profiles=(PROFILE,),
                       reported_at="2026-12-01T00:00:00Z")  # no fingerprint: the record's keys alone
     assert {k for k in node_index.node_markers(bare) if "/scope/" in k} == {f"{scope_prefix(PROFILE, 'aoti', old)}n2"}

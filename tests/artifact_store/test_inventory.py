@@ -119,3 +119,11 @@ def test_a_held_marker_that_does_not_parse_is_skipped(store):
     store.put_bytes(f"{HELD_INDEX}00{'0' * 30}/no-dot-here", b"")  # sorts before the good marker
     store.put_bytes(held_key(art, "n1", "current"), b"")
     assert read_held(store) == {art: {"current": {"n1"}}}
+
+
+def test_a_record_deleted_between_the_listing_and_its_read_is_passed_over(store, monkeypatch):
+    for i in range(3):
+        _legacy(store, f"n{i}")
+    real = store.get_ref
+    monkeypatch.setattr(store, "get_ref", lambda key: None if key == legacy_node_key("n0") else real(key))
+    assert sorted(n.node_id for n in read_inventory(store)) == ["n1", "n2"]
