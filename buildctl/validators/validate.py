@@ -114,7 +114,7 @@ def run_validation(
         if reference is None and profile.reference.bundle is not None:
             b = profile.reference.bundle
             say(f"starting the vLLM reference compiled, from {b.profile}'s bundle on {b.channel}")
-            reference = bundle_reference(settings, store, profile, fp, digest, work / "reference")
+            reference = bundle_reference(settings, store, profile, fp, digest, work / "reference", auth)
         elif reference is None:
             say("starting the vLLM reference")
             from buildctl.validators.reference import VllmRunner
@@ -196,7 +196,7 @@ def run_validation(
 
 
 def bundle_reference(settings: Settings, store: Store, profile: BuildProfile, fp: Fingerprint, model_digest: str,
-                     dest: Path) -> Runner:
+                     dest: Path, auth: Authority = Authority()) -> Runner:
     """The reference run compiled from a verified vLLM bundle of the same model
     (``reference.bundle``): its channel resolved for this host's vllm compat key, installed with
     every byte verified, its model checked against the one validated, then started as a node
@@ -217,7 +217,7 @@ def bundle_reference(settings: Settings, store: Store, profile: BuildProfile, fp
     try:
         install_artifact(store, rec.artifact_id, dest)
     except VerificationError as err:
-        raise quarantine_on(store, err, detector="validation (reference bundle)", auth=Authority()) from None
+        raise quarantine_on(store, err, detector="validation (reference bundle)", auth=auth) from None
     runner = get_backend("vllm", settings).load(dest / "current")
     runner.version = f"{runner.version} compiled, bundle {rec.artifact_id}"  # type: ignore[attr-defined]
     return runner
