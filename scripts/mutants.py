@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import subprocess
 import sys
@@ -31,6 +32,44 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "benchmarks" / "results"
 CONFIG = REPO / "tests" / "mutants.toml"
+SELECT = REPO / "scripts" / "mutants_tests.py"
+COVERAGE = "coverage==7.18.0"  # outside the lock: only `make mutants` needs it, installed beside cosmic-ray
+
+
+def coverage_lib(cr_bin: Path) -> Path:
+    """coverage.py for the repository's interpreter, in its own folder beside cosmic-ray's environment
+    (``pip install --target``: nothing enters .venv or the lock)."""
+    lib = cr_bin.parent / "coverage-lib"
+    if not (lib / "coverage").is_dir():
+        subprocess.run([str(REPO / ".venv" / "bin" / "python"), "-m", "pip", "install", "-q", "--target", str(lib),
+                        COVERAGE], check=True)
+    return lib
+
+
+def test_map(module: str, tests: list[str], clone: Path, lib: Path, python: str) -> Path:
+    """Which test executes which line of ``module``: the selection once under coverage.py, each test
+    its own context (subprocesses too: their coverage starts from ``sitecustomize`` and takes the
+    running test's id as its static context), turned into scripts/mutants_tests.py's map."""
+    site = clone / ".mutants-site"
+    site.mkdir(exist_ok=True)
+    (site / "sitecustomize.py").write_text(
+        "import os\nif os.getenv('COVERAGE_PROCESS_START'):\n    import coverage\n    coverage.process_startup()\n")
+    rc = clone / ".mutants-coveragerc"
+    data = clone / ".mutants-cov"
+    rc.write_text(f"[run]\nparallel = true\ndata_file = {data}\ninclude = {clone / module}\n"
+                  "context = ${MUTANTS_TEST_ID-}\n")
+    order = clone / ".mutants-order.json"
+    env = {**os.environ, "COVERAGE_PROCESS_START": str(rc), "MUTANTS_ORDER_FILE": str(order),
+           "PYTHONPATH": f"{lib}:{site}:{SELECT.parent}"}
+    subprocess.run([python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "mutants_tests", *tests], cwd=clone,
+                   env=env, capture_output=True)
+    env.pop("COVERAGE_PROCESS_START")  # the steps below are not measured
+    subprocess.run([python, "-m", "coverage", "combine", "--rcfile", str(rc), "-q"], cwd=clone, env=env, check=True,
+                   capture_output=True)
+    out = clone / ".mutants-map.json"
+    subprocess.run([python, str(SELECT), "map", str(data), module, str(order), str(out)], cwd=clone, env=env,
+                   check=True)
+    return out
 
 
 def load_config(path: Path = CONFIG) -> dict:
@@ -52,15 +91,20 @@ def number_offset(survivor: dict) -> str | None:
     return "+1" if survivor["occurrence"] % 2 == 0 else "-1"
 
 
-def config_text(module: str, tests: list[str], timeout: float, exclude: list[str], python: str) -> str:
+def config_text(module: str, tests: list[str], timeout: float, exclude: list[str], python: str,
+                test_map: Path | None = None) -> str:
     command = shlex.join([python, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests])  # -k expressions have spaces
+    if test_map is not None:  # only the tests that execute the mutated lines (scripts/mutants_tests.py)
+        command = shlex.join([python, str(SELECT), "select", str(test_map), module, "--", "-x", "-q", "-p",
+                              "no:cacheprovider", *tests])
     return "\n".join([
         "[cosmic-ray]", f'module-path = "{module}"', f"timeout = {timeout}", "excluded-modules = []",
         f"test-command = {json.dumps(command)}", "", "[cosmic-ray.distributor]", 'name = "local"', "",
         "[cosmic-ray.filters.operators-filter]", f"exclude-operators = {json.dumps(exclude)}", ""])
 
 
-def run_module(module: str, spec: dict, exclude: list[str], cr_bin: Path, work: Path, budget_min: float) -> dict:
+def run_module(module: str, spec: dict, exclude: list[str], cr_bin: Path, work: Path, budget_min: float,
+               narrow: bool = True) -> dict:
     """One module's run: counts and survivors (:func:`annotate` marks and scores them)."""
     t0 = time.monotonic()
     clone = work / module.replace("/", "_")
@@ -81,7 +125,8 @@ def run_module(module: str, spec: dict, exclude: list[str], cr_bin: Path, work: 
     # two minutes for each made hangs most of a module's run. Four times the unmutated selection's
     # own time (at least 20 s) leaves room for a busy machine.
     timeout = float(spec.get("timeout", max(20.0, 4 * baseline_s)))
-    cfg.write_text(config_text(module, spec["tests"], timeout, exclude, python))
+    mapping = test_map(module, spec["tests"], clone, coverage_lib(cr_bin), python) if narrow else None
+    cfg.write_text(config_text(module, spec["tests"], timeout, exclude, python, mapping))
     budget = float(spec.get("budget_min", budget_min)) * 60
     stopped = False
     try:  # a module's time budget: what is left is reported as not run
@@ -104,6 +149,7 @@ def read_clone(module: str, spec: dict, clone: Path, cr_bin: Path, *, seconds: f
                             check=True).stdout.splitlines()
     counts = {"killed": 0, "survived": 0, "skipped": 0, "incompetent": 0, "pending": 0}
     survivors = []
+    timeouts = 0
     for line in dump.splitlines():
         item, result = json.loads(line)
         if result is None:
@@ -123,7 +169,9 @@ def read_clone(module: str, spec: dict, clone: Path, cr_bin: Path, *, seconds: f
                               "source": source[row - 1].strip() if 0 < row <= len(source) else ""})
         else:
             counts["killed"] += 1
-    return {"module": module, "tests": spec["tests"], **counts, "survivors": survivors, "seconds": round(seconds, 1),
+            if (result.get("output") or "").strip() == "timeout":  # cosmic-ray's word for a test run it killed
+                timeouts += 1
+    return {"timeouts": timeouts, "module": module, "tests": spec["tests"], **counts, "survivors": survivors, "seconds": round(seconds, 1),
             "stopped_at_budget": stopped,
             "baseline_s": round(baseline_s, 1) if baseline_s is not None else None,
             "timeout_s": round(timeout, 1) if timeout is not None else None,
@@ -180,6 +228,11 @@ def report(results: list[dict], exclude: list[str]) -> str:
              "repository, with that module's test selection from `[modules]` in tests/mutants.toml "
              "(its own fast tests first, then the slower ones), `pytest -x`, and a per-mutant timeout of four times "
              "the unmutated selection's time (at least 20 s); two modules at a time. `make faults` runs it; CI does not.", "",
+             "Since 2026-12-05 each mutant runs only the tests of its selection that execute the lines it changed "
+             "(scripts/mutants_tests.py: the selection once under coverage.py, one context per test, subprocesses "
+             "included); a line that runs at import (outside every function body) or that no test executed runs "
+             "the whole selection. On `buildctl/validators/parity.py` both ways left the same 12 survivors "
+             "(`--whole-selection` runs the old way).", "",
              f"Operators left out as no realistic bug: `{'`, `'.join(exclude)}`. Score = killed / (killed + survived, "
              "less the survivors marked equivalent); a mutant that made the tests time out counts as killed. "
              "*Not run*: left when the module's time budget ran out. Every survivor is listed below: *equivalent* "
@@ -200,7 +253,9 @@ def report(results: list[dict], exclude: list[str]) -> str:
         tested = r["killed"] + r["survived"]
         score = f"{100 * r['score']:.1f}%" if r["score"] is not None else "-"
         first = next((t for t in r.get("tests", []) if t.startswith("tests/")), "-")
-        lines.append(f"| `{r['module']}` | `{first}` | {tested} | {r['killed']} | {r['survived']} | {r['equivalent']} | "
+        lines.append(f"| `{r['module']}` | `{first}` | {tested} | {r['killed']}"
+                     + (f" ({r['timeouts']} by timeout)" if r.get("timeouts") else "")
+                     + f" | {r['survived']} | {r['equivalent']} | "
                      f"{score} | {r['skipped']} | {r['incompetent'] + r['pending']} | {r.get('timeout_s') or '-'} | "
                      f"{r['seconds'] / 60:.1f} | {r.get('finished_at', '-')} | "
                      + (f"{100 * r['score_since']:.1f}% |" if r.get("score_since") is not None else "- |"))
@@ -232,6 +287,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="read the clones an interrupted run left in DIR (its buildctl-mutants-* folder; copy it "
                          "before stopping the run) and merge them into the results: pending mutants are not run")
     ap.add_argument("--minutes", type=float, default=None, help="with --collect: how long the run ran")
+    ap.add_argument("--whole-selection", action="store_true",
+                    help="run each mutant against the module's whole selection, not only the tests that execute its lines")
     ap.add_argument("--report-only", action="store_true",
                     help="re-render benchmarks/results/mutants.md from mutants.json with the current equivalent table")
     args = ap.parse_args(argv)
@@ -265,7 +322,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def one(m: str) -> dict:
         (r,) = annotate([run_module(m, modules[m], conf["exclude-operators"], Path(args.cosmic_ray), Path(tmp),
-                                    args.budget_min)], conf)
+                                    args.budget_min, not args.whole_selection)], conf)
         with partial.open("a") as f:
             f.write(json.dumps(r) + "\n")
         return r

@@ -68,3 +68,38 @@ def test_an_entry_with_an_offset_covers_that_number_mutant_only():
         (None, "tests/test_m.py::test_one"), ("c >= 1", None), (None, None)]
     assert r["stale_entries"] == ["NumberReplacer +1: `k = 2`"]
     assert "NumberReplacer -1: `k = 2`: open" in mutants["report"]([r], [])
+
+
+select = runpy.run_path(str(REPO / "scripts" / "mutants_tests.py"))
+
+
+def test_a_mutant_inside_a_function_runs_only_the_tests_that_executed_its_lines_in_collection_order():
+    src = "X = 1\n\n\ndef f(a=2):\n    y = a\n    return y\n\n\nclass C:\n    z = 3\n\n    def g(self):\n        return 4\n"
+    body = select["body_lines"](src)
+    assert body == {5, 6, 13}  # the default argument, the class attribute and the defs run at import
+    mapping = {"order": ["t::a", "t::b", "t::c"], "body": sorted(body),
+               "lines": {"5": ["t::c", "t::a"], "6": ["t::b"], "13": ["", "t::a"], "1": [""], "4": [""]}}
+    chosen = select["chosen_tests"]
+    assert chosen(mapping, [5]) == ["t::a", "t::c"]
+    assert chosen(mapping, [5, 6]) == ["t::a", "t::b", "t::c"]
+    # every case that cannot be narrowed runs the whole selection: import-time lines, a line also run
+    # outside any test (the "" context), a line no test executed, no changed line at all
+    for lines in ([1], [4], [10], [13], [5, 13], [99], []):
+        assert chosen(mapping, lines) is None, lines
+
+
+def test_the_changed_lines_are_read_from_the_clones_diff(tmp_path, monkeypatch):
+    import subprocess
+
+    def git(*a):
+        subprocess.run(["git", *a], cwd=tmp_path, check=True, capture_output=True)
+
+    git("init", "-q")
+    (tmp_path / "m.py").write_text("a = 1\nb = 2\nc = 3\nd = 4\n")
+    git("add", "m.py")
+    git("-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "x")
+    (tmp_path / "m.py").write_text("a = 1\nb = 2\nc = 4\nd = 4\n")
+    monkeypatch.chdir(tmp_path)
+    assert select["changed_lines"]("m.py") == [3]
+    (tmp_path / "m.py").write_text("a = 1\nb = 3\nc = 4\nd = 4\n")
+    assert select["changed_lines"]("m.py") == [2, 3]
