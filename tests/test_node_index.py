@@ -416,3 +416,60 @@ def test_a_rebuild_drops_the_markers_of_a_node_whose_record_is_gone_and_keeps_pa
     assert report.stale and all(node_index.node_of_marker(k) == gone for k in report.stale)
     assert not [k for k in store.list(NODE_INDEX) if k != NODE_INDEX_META and node_index.node_of_marker(k) == gone]
     assert list(store.list(PAIR_INDEX))  # their manifests exist: confirmed not stale, kept
+
+
+def test_a_node_with_two_engine_states_is_unsure_and_a_refusal_is_not_one():
+    assert node_index.state_of({"healthy"}) == "healthy"
+    assert node_index.state_of({"healthy", "refused"}) == "healthy"
+    assert node_index.state_of({"healthy", "failed"}) is None  # an interrupted update: read the record
+    assert node_index.state_of({"installed", "healthy", "failed"}) is None
+    assert node_index.state_of({"healthy", node_index.UNREADABLE}) is None
+
+
+def test_a_malformed_status_marker_makes_only_a_node_it_can_name_unsure(store):
+    aid = "xxh3-128:" + "a" * 32
+    prefix = status_prefix(PROFILE, "prod", aid)
+    for leaf in ("n1.bogus", ".failed", "garbage", "n3.healthy", "n4."):
+        store.put_bytes(prefix + leaf, b"")
+    skipped: list = []
+    got = node_index.status_states(store, PROFILE, "prod", aid, skipped)
+    assert got == {"n1": {node_index.UNREADABLE}, "n3": {"healthy"}, "n4": {node_index.UNREADABLE}}, got
+    assert sorted(k for k, _ in skipped) == sorted(prefix + x for x in ("n1.bogus", ".failed", "garbage", "n4."))
+
+
+def test_a_check_without_repair_repairs_nothing_and_says_so(store, tmp_path, draft):
+    node_index.rebuild(store)
+    rollout_in_flight(store, tmp_path, draft, n=4)
+    lost = next(k for k in store.list(NODE_INDEX) if k != NODE_INDEX_META)
+    store.delete(lost)
+    report = node_index.rebuild(store, repair=False)
+    assert report.missing == [lost] and not report.repaired and lost not in set(store.list(NODE_INDEX))
+    assert node_index.rebuild(store).repaired and lost in set(store.list(NODE_INDEX))
+
+
+def test_a_marker_deleted_as_stale_is_put_back_when_its_node_swaps_its_record_in_meanwhile(store, tmp_path, draft):
+    """The rebuild's last step alone: a node's record is away while the index is listed and its
+    markers confirmed stale; the node writes it again before the rebuild reads once more, so each
+    deleted marker its record implies is put back."""
+    node_index.rebuild(store)
+    nodes, _, _ = rollout_in_flight(store, tmp_path, draft, n=4)
+    node = nodes.ids[0]
+    saved = store.get_bytes(node_key(node))
+    implied = node_index.node_markers(read_node(store, node)[0])
+    store.delete(node_key(node))  # away: every marker of the node looks stale
+    real_delete = store.delete
+    back: list[str] = []
+
+    def delete_then_the_node_writes_again(key):
+        real_delete(key)
+        if key.startswith(NODE_INDEX) and not back:
+            back.append(key)
+            store.put_bytes(node_key(node), saved)
+
+    store.delete = delete_then_the_node_writes_again
+    try:
+        report = node_index.rebuild(store)
+    finally:
+        store.delete = real_delete
+    assert back and report.stale == []
+    assert implied <= set(store.list(NODE_INDEX)), implied - set(store.list(NODE_INDEX))

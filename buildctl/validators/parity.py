@@ -110,8 +110,8 @@ STAGGERED_CONCURRENCY = (5, 17)
 
 def staggered_requests(prompts: list[list[int]], max_tokens: int) -> list[Request]:
     """Each prompt with its own ``max_tokens`` (1, 2, a quarter, a half and all of ``max_tokens``,
-    in turn) and an arrival step spread over the first 13 decode steps."""
-    lengths = [1, 2, max(1, max_tokens // 4), max(1, max_tokens // 2), max_tokens]
+    in turn, none past ``max_tokens``) and an arrival step spread over the first 13 decode steps."""
+    lengths = [min(n, max_tokens) for n in (1, 2, max(1, max_tokens // 4), max(1, max_tokens // 2), max_tokens)]
     return [Request(list(p), lengths[i % len(lengths)], arrival=(i * 7) % 13) for i, p in enumerate(prompts)]
 
 

@@ -127,3 +127,61 @@ def test_a_record_deleted_between_the_listing_and_its_read_is_passed_over(store,
     real = store.get_ref
     monkeypatch.setattr(store, "get_ref", lambda key: None if key == legacy_node_key("n0") else real(key))
     assert sorted(n.node_id for n in read_inventory(store)) == ["n1", "n2"]
+
+
+# --- each rule of the records alone (`make mutants` sees them) ----------------------------------------
+
+
+def test_the_records_are_frozen():
+    import pydantic
+    import pytest
+
+    from buildctl.artifact_store.inventory import EngineState, PullFailure
+
+    failure = PullFailure(artifact_id="a", profile="p", channel="prod", compat_key="k", error="E: x", when="t")
+    state = EngineState(profile="p", channel="prod", compat_key="k", artifact_id="a", seq=1, status="healthy",
+                        current="a", when="t")
+    rec = NodeRecord(node_id="n1", fingerprint={}, compat_keys={}, reported_at="t")
+    for obj, field in ((failure, "error"), (state, "status"), (rec, "node_id")):
+        with pytest.raises(pydantic.ValidationError, match="frozen"):
+            setattr(obj, field, "changed")
+
+
+def test_a_record_written_before_the_report_count_existed_reads_as_one_report():
+    rec = NodeRecord.model_validate({"node_id": "n1", "fingerprint": {}, "compat_keys": {}, "reported_at": "t"})
+    assert rec.reports == 1
+
+
+def test_a_node_keeps_its_ten_latest_refused_pulls_newest_last(store):
+    from buildctl.artifact_store.inventory import MAX_PULL_FAILURES, PullFailure
+
+    fp = detect()
+    fleet.report_node(store, "n1", fp, ["p"])
+    for i in range(12):
+        fleet.record_pull_failure(store, "n1", fp, PullFailure(artifact_id=f"a{i}", profile="p", channel="prod",
+                                                               compat_key="k", error="E: x", when="t"))
+    kept = [f.artifact_id for f in read_node(store, "n1")[0].pull_failures]
+    assert MAX_PULL_FAILURES == 10 and kept == [f"a{i}" for i in range(2, 12)]
+
+
+def test_the_token_read_node_returns_is_the_one_a_compare_and_swap_needs(store):
+    fleet.report_node(store, "n1", detect(), ["p"])
+    rec, token = read_node(store, "n1")
+    assert isinstance(token, str)
+    changed = rec.model_copy(update={"reports": rec.reports + 1})
+    assert store.cas(node_key("n1"), canonical_json(changed.model_dump(mode="json")), token)
+    assert read_node(store, "n1")[0].reports == rec.reports + 1
+
+
+def test_a_gc_protection_names_its_holders_and_counts_only_those_past_the_examples():
+    from buildctl.artifact_store.inventory import EngineState, node_protections
+
+    def node(i):
+        e = EngineState(profile="p", channel="prod", compat_key="k", artifact_id="a", seq=1, status="healthy",
+                        current="a", when="t")
+        return NodeRecord(node_id=f"n{i}", fingerprint={}, compat_keys={}, reported_at="t", engines=(e,))
+
+    (three,) = node_protections([node(i) for i in range(3)], examples=3)
+    assert three[1].endswith(": n0, n1, n2") and "more" not in three[1], three
+    (four,) = node_protections([node(i) for i in range(4)], examples=3)
+    assert four[1].endswith(": n0, n1, n2 and 1 more"), four

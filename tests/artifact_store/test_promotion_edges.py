@@ -64,3 +64,43 @@ def test_a_rollback_on_a_channel_with_several_compat_keys_needs_one_named(store,
         set_channel(store, aid, ops.get_manifest(store, aid), "staging", compat_key=key)
     with pytest.raises(StoreArgumentError, match="has refs for 2 compat keys; pass --compat-key"):
         rollback(store, draft.profile_name, "staging")
+
+
+def test_an_attestation_under_the_key_it_is_promoted_under_counts(store, tmp_path, draft):
+    """Promoted under another compat key (a schema-1 key's refs), the attestation under that key is
+    the one that counts, not only the manifest's."""
+    aid = _one(store, tmp_path, draft, verdict=None)
+    write_att(store, attestation(aid, "other-key", "pass"))
+    m = ops.get_manifest(store, aid)
+    assert promotion_refusals(store, aid, m, Authority(), compat_key="other-key") == []
+    assert promotion_refusals(store, aid, m, Authority())[0].startswith("no validation attestation")
+
+
+def test_prod_takes_only_the_artifact_that_was_on_staging_under_either_key(store, tmp_path, draft):
+    """staging → prod: another artifact on staging is no proof for this one; a staging record under
+    the key the artifact is promoted under is."""
+    from buildctl.artifact_store.promotion import staging_refusal
+
+    x, y = _one(store, tmp_path, draft, name="x"), _one(store, tmp_path, draft, name="y")
+    mx = ops.get_manifest(store, x)
+    set_channel(store, y, ops.get_manifest(store, y), "staging")
+    assert "it was never on 'staging'" in staging_refusal(store, x, mx, "prod")
+    other = "aoti-" + "7" * 32
+    set_channel(store, x, mx, "staging", compat_key=other)
+    assert staging_refusal(store, x, mx, "prod", compat_key=other) is None
+    assert "it was never on 'staging'" in staging_refusal(store, x, mx, "prod")  # not under its own key
+
+
+def test_promote_re_hashes_by_default_even_right_after_a_deep_verify(store, tmp_path, draft):
+    """The library's default trusts no earlier verify: a byte flipped a moment after one is caught."""
+    from buildctl.artifact_store.errors import VerificationError
+    from buildctl.artifact_store.integrity import verify_deep_or_quarantine
+    from buildctl.artifact_store.promotion import promote
+
+    from ..support.helpers import rot
+
+    aid = _one(store, tmp_path, draft)
+    verify_deep_or_quarantine(store, aid, detector="validation")
+    rot(store, next(f.digest for f in ops.get_manifest(store, aid).files if f.path == "w.bin"), "flip")
+    with pytest.raises(VerificationError):
+        promote(store, aid, "staging")

@@ -316,3 +316,21 @@ def test_a_verified_ref_is_frozen(signed_env):
     proof = check_trust(store, set_channel(store, a, ops.get_manifest(store, a), "prod", auth=Authority(signer=p1)), trusted)
     with pytest.raises(ValidationError):
         proof.artifact_id = "xxh3-128:" + "0" * 32
+
+
+def test_a_trust_proof_that_cannot_be_kept_costs_nothing_but_the_next_full_check(signed_env, monkeypatch):
+    """Writing the verified-ref proof fails (a full disk, a read-only state file): the pull has
+    installed and verified, so it succeeds; the next pull checks trust in full again."""
+    import buildctl.artifact_store.pull as pull_module
+    from buildctl.artifact_store.install_dir import verified_refs
+
+    store, (a, *_), dest, trusted, p1, _ = signed_env
+    m = ops.get_manifest(store, a)
+    set_channel(store, a, m, "prod", auth=Authority(signer=p1))
+
+    def full(*_a, **_k):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(pull_module, "record_verified", full)
+    r = pull(store, P, "prod", dest, [m.compat_key], trusted=trusted)
+    assert r.installed and current_artifact(dest) == a and verified_refs(dest) == {}

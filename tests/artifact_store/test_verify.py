@@ -166,3 +166,92 @@ def test_artifacts_built_from_takes_only_its_hash_newest_first_whatever_a_pair_m
     got = artifacts_built_from(store, draft.profile_name, h1)
     assert [a for a, _ in got] == [new, old]
     assert [a for a, _ in artifacts_built_from(store, draft.profile_name, h2)] == [other]
+
+
+# --- scan_manifests and stored_hash alone (`make mutants` sees them) ----------------------------------
+
+
+def _rotted(local, tmp_path, draft, body: bytes) -> str:
+    """A published artifact whose manifest no longer hashes to its id: ``body`` replaces it."""
+    aid = publish(local, tmp_path, draft, "r")
+    (local.root / manifest_key(aid)).write_bytes(body)
+    return aid
+
+
+def test_a_scan_names_what_a_rotted_manifest_still_names_and_says_why_in_one_line(local, tmp_path, draft):
+    from buildctl.artifact_store.verify import scan_manifests
+
+    ok = publish(local, tmp_path, draft, "ok")
+    blob = "xxh3-128:" + "b" * 32
+    bad = _rotted(local, tmp_path, draft, f'{{"files": [{{"digest": "{blob}"}}]}}'.encode())
+    with pytest.raises(Exception) as exc:
+        get_manifest(local, bad)
+    got = {a: (m, why, named) for a, m, why, named in scan_manifests(local)}
+    assert got[ok][0] is not None and got[ok][1:] == ("", None)
+    assert got[bad][0] is None and got[bad][2] == {blob}
+    assert got[bad][1] == str(exc.value).splitlines()[0] and got[bad][1], got[bad]
+    nothing = _rotted(local, tmp_path / "n", draft, b"not json")
+    assert {a: n for a, _, _, n in scan_manifests(local)}[nothing] is None  # it names no blob
+
+
+def test_a_scan_reads_again_what_failed_before_and_not_what_verified(local, tmp_path, draft, monkeypatch):
+    import sys
+
+    from buildctl.artifact_store.verify import scan_manifests
+
+    verify_module = sys.modules["buildctl.artifact_store.verify"]
+
+    aid = publish(local, tmp_path, draft, "a")
+    first = {a: (m, why, named) for a, m, why, named in scan_manifests(local)}
+    failed_then = {aid: (None, "unreadable then", None)}  # a store that flaked during the earlier scan
+    assert next(scan_manifests(local, known=failed_then))[1] == first[aid][0]
+    read: list[str] = []
+    real = verify_module.get_manifest
+    monkeypatch.setattr(verify_module, "get_manifest", lambda s, a: read.append(a) or real(s, a))
+    assert next(scan_manifests(local, known=first))[1] == first[aid][0] and read == []
+
+
+@pytest.mark.parametrize("error", [OSError(5, "Input/output error"), ArtifactNotFoundError("gone meanwhile")])
+def test_a_rotted_manifest_that_cannot_be_read_again_names_nothing(local, tmp_path, draft, monkeypatch, error):
+    from buildctl.artifact_store.verify import scan_manifests
+
+    bad = _rotted(local, tmp_path, draft, b"not json")
+    real, calls = local.get_bytes, []
+
+    def flaky(key):
+        calls.append(key)
+        if key == manifest_key(bad) and len([c for c in calls if c == key]) > 1:
+            raise error
+        return real(key)
+
+    monkeypatch.setattr(local, "get_bytes", flaky)
+    (row,) = [r for r in scan_manifests(local) if r[0] == bad]
+    assert row[1] is None and row[3] is None and row[2]
+
+
+def test_stored_hash_re_hashes_by_default(local, tmp_path, draft):
+    from buildctl.artifact_store.ranged import RangedReader
+    from buildctl.artifact_store.verify import stored_hash
+
+    aid = publish(local, tmp_path, draft, "a")
+    e = next(f for f in get_manifest(local, aid).files if f.path == "rank0.engine")
+    with RangedReader(local) as ranged:
+        h, problem = stored_hash(local, ranged, e, crypto=False)
+    assert problem is None and h is not None and h.size == e.size
+
+
+def test_a_scan_keeps_a_hostile_manifests_why_to_one_line(local, tmp_path, draft):
+    """A manifest that hashes to its id but does not validate, written with a newline inside a field
+    name: the scan's reason (a one-line report row) is the error's first line."""
+    from buildctl.artifact_store.errors import ManifestError
+    from buildctl.artifact_store.verify import scan_manifests
+
+    body = b'{"schema": 2, "zz\\nforged row": 1}'
+    aid = digest_bytes(body)
+    (local.root / manifest_key(aid)).parent.mkdir(parents=True, exist_ok=True)
+    (local.root / manifest_key(aid)).write_bytes(body)
+    with pytest.raises(ManifestError) as exc:
+        get_manifest(local, aid)
+    assert "\n" in str(exc.value)
+    (why,) = [w for a, _, w, _ in scan_manifests(local) if a == aid]
+    assert why == str(exc.value).splitlines()[0] and "forged row" not in why

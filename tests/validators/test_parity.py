@@ -149,6 +149,21 @@ def test_the_staggered_set_gives_each_prompt_its_own_length_and_arrival():
     assert [r.max_tokens for r in reqs] == [1, 2, 8, 16, 32] * 2
     assert [r.arrival for r in reqs] == [(i * 7) % 13 for i in range(10)] and len({r.arrival for r in reqs}) == 10
     assert [r.prompt for r in reqs] == [[i + 1] for i in range(10)]
+    # short runs: each length at least 1 and none past max_tokens
+    assert [r.max_tokens for r in staggered_requests([[1]] * 5, 2)] == [1, 2, 1, 1, 2]
+    assert [r.max_tokens for r in staggered_requests([[1]] * 5, 1)] == [1, 1, 1, 1, 1]
+
+
+def test_the_staggered_concurrencies_are_the_ones_docs_validation_md_gives():
+    import re
+
+    from buildctl.validators.parity import STAGGERED_CONCURRENCY
+
+    from ..support.helpers import REPO
+
+    text = (REPO / "docs" / "validation.md").read_text()
+    (a, b), = re.findall(r"staggered set at concurrencies (\d+) and (\d+)", text)
+    assert STAGGERED_CONCURRENCY == (int(a), int(b))
 
 
 def test_a_staggered_output_is_compared_with_the_solo_reference_cut_to_its_length():
@@ -165,6 +180,10 @@ def test_a_staggered_output_is_compared_with_the_solo_reference_cut_to_its_lengt
     bad = check_staggered(ref, [Generation([1, 2, 3], [{1: -0.1}, {2: -0.1}, {3: -0.1}]),
                                 Generation([5, 6, 0], [{5: -0.1}, {6: -0.1}, {0: -0.1}])], reqs, 0.0)
     assert [p.status for p in bad.prompts] == ["failed", "failed"] and not bad.passed
+    # by default a close output (diverged within both top-k) passes, as check_parity's default does
+    close = check_staggered(ref, [Generation([1, 2], [{1: -0.1}, {2: -0.1}]),
+                                  Generation([5, 6, 9], [{5: -0.1}, {6: -0.1}, {9: -0.1, 7: -0.3}])], reqs)
+    assert [p.status for p in close.prompts] == ["identical", "close"] and close.passed
     rec = staggered_json(5, bad)
     assert rec["concurrency"] == 5 and rec["failed"] == 2 and rec["prompts"] == 2 and len(rec["per_prompt"]) == 2
 
