@@ -247,6 +247,25 @@ def work_queue_for(compat_key: str) -> str:
     return compat_key
 
 
+def hand_started_queues(profile: str, backend: str, pool: str, target_compat_key: str | None,
+                        queues: Iterable[tuple[str, bool]], why: str) -> list[str]:
+    """Where a build run started by hand goes when the worker that took it cannot build it
+    (``why``): its target's queue, or else each compat-key queue of the profile's backend that a
+    live worker polls (``queues``: name, polled by a live worker), as a parent flow would route it.
+    None of those: :class:`~buildctl.engines.errors.UnroutableBuildError`, naming the command."""
+    import re
+
+    from buildctl.engines.errors import UnroutableBuildError
+
+    if target_compat_key:
+        return [work_queue_for(target_compat_key)]
+    key = re.compile(rf"^{re.escape(backend)}-[0-9a-f]{{32}}$")
+    live = sorted(name for name, polled in queues if polled and key.match(name))
+    if not live:
+        raise UnroutableBuildError(profile, backend, pool, why)
+    return live
+
+
 def recheck_queue_for(compat_key: str, soft: dict[str, Any]) -> str:
     """The work queue of re-checks on one set of soft values under a compat key: any worker of the
     key builds, but only one with the node's soft values (driver, compiler, ...) can say the
@@ -282,12 +301,34 @@ def node_labels(settings: Settings, fingerprint: Fingerprint) -> dict[str, str]:
     return out
 
 
+def unlabelled_gpu_backends(settings: Settings, fingerprint: Fingerprint,
+                            profiles: dict[str, BuildProfile]) -> dict[str, list[str]]:
+    """The backends of GPU profiles (a build that takes GPUs) that this runtime cannot label: no
+    compat key for them here (:func:`node_labels`), each with the profiles that need it."""
+    served = serving_queues(settings, fingerprint)
+    out: dict[str, list[str]] = {}
+    for name, profile in sorted(profiles.items()):
+        backend = profile.engine.backend
+        if backend not in served and get_backend(backend, settings).gpus_needed(profile) > 0:
+            out.setdefault(backend, []).append(name)
+    return out
+
+
 def job_variables(settings: Settings, profile: BuildProfile, compat_key: str) -> dict[str, Any]:
-    """The Kubernetes job variables of a build run for ``profile`` on ``compat_key``: the GPUs its
-    build takes (the backend says), and the node affinity's backend and key
-    (docker/k8s/base-job-template.json)."""
+    """The Kubernetes job variables of a build run for ``profile`` on ``compat_key``
+    (docker/k8s/base-job-template.json): the GPUs its build takes (the backend says), the node
+    affinity's backend and key, and resources that grow with the GPUs: 4 CPUs and 8 GiB of
+    /dev/shm per GPU (at least one's worth), 50 GiB of ephemeral storage per GPU (the work
+    directory and the engine before publish), and memory from the profile's
+    ``build_memory_limit_mb`` when it sets one, else 16 GiB per GPU."""
     backend = profile.engine.backend
-    return {"gpus": get_backend(backend, settings).gpus_needed(profile), "backend": backend, "compat_key": compat_key}
+    gpus = get_backend(backend, settings).gpus_needed(profile)
+    n = max(1, gpus)
+    limit_mb = profile.engine.build_memory_limit_mb
+    memory = f"{limit_mb}Mi" if limit_mb else f"{16 * n}Gi"
+    return {"gpus": gpus, "backend": backend, "compat_key": compat_key, "cpu_request": str(4 * n),
+            "memory_request": memory, "memory_limit": memory, "ephemeral_storage": f"{50 * n}Gi",
+            "shm_size": f"{8 * n}Gi"}
 
 
 def serving_queues(settings: Settings, fingerprint: Fingerprint) -> dict[str, str]:

@@ -106,6 +106,11 @@ def test_worker_start_serves_exactly_this_hosts_compat_keys(cli, tmp_path, monke
     code, out, _ = cli("--json", "worker", "start", "--pool", "gpu-pool", "--dry-run", "--builds-only")
     assert json.loads(out)["queues"][0] == other.compat_key("aoti") != fp.compat_key("aoti")
     assert json.loads(out)["queues"][1:] == [json.loads(out)["rechecks_by_backend"]["aoti"]]
+    # a control worker (builds run as Kubernetes Jobs): 'default' only, never a build queue
+    code, out, _ = cli("--json", "worker", "start", "--pool", "buildctl-local", "--dry-run", "--control-only")
+    assert code == 0 and json.loads(out)["queues"] == ["default"] and json.loads(out)["by_backend"] == {}
+    code, _, err = cli("worker", "start", "--pool", "p", "--dry-run", "--control-only", "--builds-only")
+    assert code == 2 and "exclude each other" in err
     monkeypatch.delenv("PREFECT_API_URL", raising=False)
     code, _, err = cli("worker", "queues", "--pool", "gpu-pool")
     assert code == 2 and "PREFECT_API_URL" in err
@@ -230,6 +235,17 @@ def test_node_labels_are_valid_kubernetes_labels_naming_the_compat_key(cli, tmp_
     f = tmp_path / "fp.json"
     f.write_text(fp.model_dump_json())
     monkeypatch.setenv("BUILDCTL_FINGERPRINT_FILE", str(f))
+    # #50 item 3: with GPU profiles in the profile directory, a runtime with no GPU says so (exit 2)
+    code, out, err = cli("--json", "node", "labels")
+    assert code == 2 and out == "" and "no GPU or no build tool for trtllm" in err and "llama-3-8b-instruct-fp8-tp1" in err
+    import shutil
+
+    from .support.helpers import PROFILES
+
+    cpu_only = tmp_path / "profiles"
+    cpu_only.mkdir()
+    shutil.copy(PROFILES / "tiny-llama-cpu.yaml", cpu_only)
+    monkeypatch.setenv("BUILDCTL_PROFILE_DIR", str(cpu_only))
     code, out, err = cli("--json", "node", "labels")
     assert code == 0, err
     labels = json.loads(out)
@@ -242,6 +258,8 @@ def test_node_labels_are_valid_kubernetes_labels_naming_the_compat_key(cli, tmp_
     assert labels["buildctl.io/aoti.torch_version"] == "2.13.0-cpu--a-local-build"
     code, out, _ = cli("node", "labels", "--node", "gpu-7")
     assert code == 0 and out.startswith("kubectl label node gpu-7 --overwrite buildctl.io/")
+    code, out, _ = cli("node", "labels", "--nfd")  # a Node Feature Discovery feature file
+    assert code == 0 and dict(line.split("=", 1) for line in out.splitlines()) == labels
 
 
 def test_a_worker_polls_the_recheck_queue_of_its_own_soft_values(cli, tmp_path, monkeypatch):
@@ -262,3 +280,27 @@ def test_a_worker_polls_the_recheck_queue_of_its_own_soft_values(cli, tmp_path, 
         queues[name] = got["rechecks_by_backend"]["aoti"]
         assert got["by_backend"]["aoti"] in got["queues"] and queues[name] in got["queues"]
     assert queues["old"] != queues["new"] and queues["old"].split("-soft-")[0] == queues["new"].split("-soft-")[0]
+
+
+# --- where a build run started by hand goes (#50 item 4) ---------------------------------------------
+
+
+def test_a_hand_started_run_goes_to_its_targets_queue_or_to_each_live_queue_of_its_backend():
+    import pytest
+
+    from buildctl.engines.errors import UnroutableBuildError
+    from buildctl.fleet import hand_started_queues
+
+    a, b, t = "aoti-" + "a" * 32, "aoti-" + "b" * 32, "trtllm-" + "c" * 32
+    queues = [(a, True), (b, False), (f"{a}-soft-0123456789ab", True), (t, True), ("default", True),
+              ("aoti-nobody", True)]
+    assert hand_started_queues("p", "aoti", "pool", b, queues, "why") == [b]  # its target, served or not
+    assert hand_started_queues("p", "aoti", "pool", None, queues, "why") == [a]  # live compat-key queues only
+    assert hand_started_queues("p", "trtllm", "pool", None, queues, "why") == [t]
+    with pytest.raises(UnroutableBuildError) as exc:
+        hand_started_queues("llama", "vllm", "gpu", None, queues, "no GPU")
+    msg = str(exc.value)
+    assert "cannot build llama (no GPU)" in msg and "buildctl worker start --pool gpu" in msg and "\n" not in msg
+    from buildctl.cli.main import exit_code_for
+
+    assert exit_code_for(exc.value) == 2

@@ -168,16 +168,29 @@ def activate_cmd(
 def labels_cmd(
     ctx: typer.Context,
     node: str = typer.Option("NODE", "--node", help="The Kubernetes node name for the printed kubectl command."),
+    nfd: bool = typer.Option(False, "--nfd", help="One `label=value` line each: a Node Feature Discovery feature file "
+                                                  "(docker/k8s/cluster.yaml's DaemonSet writes it)."),
     json_out: bool = typer.Option(False, "--json", help="JSON output."),
 ) -> None:
     """Print this node's Kubernetes labels: its compat key per backend (what build jobs select on) and
-    each hard field. Run it in the builder image on the node, so the key covers its toolchain."""
-    from buildctl import fleet
+    each hard field. Run it in the builder image on the node, so the key covers its toolchain. Exit 2
+    when a GPU profile's backend sees no GPU (or lacks its build tool) in this runtime."""
+    from buildctl import fleet, pipeline
+    from buildctl.engines.errors import NoGpuLabelsError
     from buildctl.engines.fingerprint import host_fingerprint
 
-    labels = fleet.node_labels(settings(ctx), host_fingerprint(settings(ctx)))
+    st = settings(ctx)
+    fp = host_fingerprint(st)
+    missing = fleet.unlabelled_gpu_backends(st, fp, pipeline.load_profiles(st))
+    if missing:
+        raise NoGpuLabelsError(missing)
+    labels = fleet.node_labels(st, fp)
     if want_json(ctx, json_out):
         emit_json(labels)
+        return
+    if nfd:
+        for k, v in sorted(labels.items()):
+            typer.echo(f"{k}={v}")
         return
     out().print(f"kubectl label node {node} --overwrite " + " ".join(f"{k}={v}" for k, v in sorted(labels.items())),
                 soft_wrap=True)

@@ -42,6 +42,8 @@ def start_cmd(
     ctx: typer.Context,
     pool: str = typer.Option(..., "--pool", help="The Prefect work pool (e.g. buildctl-local); it must exist."),
     builds_only: bool = typer.Option(False, "--builds-only", help="Serve only this host's compat-key queues, not the control flows' 'default' queue."),
+    control_only: bool = typer.Option(False, "--control-only", help="Serve only the control flows' 'default' queue, "
+                                      "no build: a control worker where builds run elsewhere (Kubernetes Jobs)."),
     name: str = typer.Option(None, "--name", help="Worker name (default: this host and its compat keys)."),
     healthcheck: bool = typer.Option(False, "--healthcheck", help="Serve Prefect's worker health endpoint (--with-healthcheck, port 8080)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the queues and the command; create and start nothing."),
@@ -52,16 +54,19 @@ def start_cmd(
     from buildctl.engines.fingerprint import host_fingerprint
     from buildctl.worker_queues import PrefectApi, QueueSpec, describe_queue, ensure_queues, worker_name
 
+    if builds_only and control_only:
+        raise BadInputError("--builds-only and --control-only exclude each other")
     st = settings(ctx)
     fp = host_fingerprint(st)
-    served = fleet.serving_queues(st, fp)
-    if not served:
+    served = {} if control_only else fleet.serving_queues(st, fp)
+    if not served and not control_only:
         raise BadInputError("this host has no backend's build tool (torch for aoti, tensorrt_llm for trtllm): "
                             "it can serve no build queue")
-    rechecks = fleet.recheck_queues(st, fp)  # re-checks of a driver upgrade on exactly this host's soft values
+    # re-checks of a driver upgrade on exactly this host's soft values
+    rechecks = {} if control_only else fleet.recheck_queues(st, fp)
     build_queues = sorted(set(served.values()))
     queues = build_queues + sorted(set(rechecks.values())) + ([] if builds_only else [CONTROL_QUEUE])
-    name = name or worker_name(build_queues)
+    name = name or worker_name(build_queues or [CONTROL_QUEUE])
     cmd = worker_command(pool, queues, name, healthcheck)
     specs = [QueueSpec(q, describe_queue(b, fp.compat_key(b), fp.compat_fields(b))) for b, q in sorted(served.items())]
     specs += [QueueSpec(q, f"re-checks on {b} {fp.compat_key(b)} with soft values "

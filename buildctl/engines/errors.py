@@ -74,6 +74,29 @@ class IncompatibleTargetError(BadInputError):
         super().__init__(f"{what}: {detail}")
 
 
+class UnroutableBuildError(BadInputError):
+    """A build run started by hand (no parent flow) landed on a worker whose host cannot build its
+    profile, and no live worker polls a compat-key queue of the profile's backend to send it to."""
+
+    def __init__(self, profile: str, backend: str, pool: str, why: str) -> None:
+        self.profile, self.backend, self.pool = profile, backend, pool
+        super().__init__(f"this worker cannot build {profile} ({why}) and no live worker of pool {pool} polls a "
+                         f"{backend} compat-key queue ({backend}-<32 hex>): run `buildctl worker start --pool {pool}` "
+                         f"on a host that can build it, then start the run again")
+
+
+class NoGpuLabelsError(BadInputError):
+    """``node labels`` on a host where a GPU profile's backend sees no GPU (or lacks its build
+    tool): no compat key for it, so no build job could select this node; ``missing``: backend ->
+    the profiles that need it."""
+
+    def __init__(self, missing: dict[str, list[str]]) -> None:
+        self.missing = dict(missing)
+        what = "; ".join(f"{b} (profiles {', '.join(ps)})" for b, ps in sorted(missing.items()))
+        super().__init__(f"no GPU or no build tool for {what} in this runtime: no compat-key label for it; run "
+                         "`buildctl node labels` in the builder image on a GPU node (with the NVIDIA runtime)")
+
+
 class WrongRecheckWorkerError(BadInputError):
     """A re-check landed on a worker whose soft values are not the node's: it refuses at once
     rather than validate on values that are not the ones to be vouched for."""

@@ -22,21 +22,20 @@ from buildctl.artifact_store.promotion import next_channel
 from buildctl.artifact_store.verify import get_manifest
 from buildctl.coverage import coverage, describe_soft
 from buildctl.engines.fingerprint import host_fingerprint
-from buildctl.flows.common import (AutoChannel, ProfileName, artifact_key, bvp_run_name, published_summary, run_settings,
-                                   tool_versions_line)
+from buildctl.flows.common import (AutoChannel, ChildRunsFailedError, ProfileName, artifact_key, bvp_run_name,
+                                   published_summary, run_settings, start_builds, tool_versions_line, wait_for_children)
 from buildctl.flows.events import emit_validation_outcome
 from buildctl.flows.summary import RunReport, describe_trigger
 from buildctl.settings import Settings
 from buildctl.validate_process import ValidationOutcome, validate_in_subprocess
 from buildctl.validators.errors import ValidatorProcessError, verdict_error
-from buildctl.engines.errors import EngineLoadError, IncompatibleTargetError
+from buildctl.engines.errors import EngineLoadError, HostRequirementsError, IncompatibleTargetError
 from buildctl.errors import BuildFailedError
 from buildctl.logtail import log_tail
 from buildctl.validators.render import metric_rows, warm_start_line
 from buildctl.context import Context, open_store_of
 
 
-# Run names an on-call engineer can read in the runs list (Prefect calls these in the run).
 # Run names an on-call engineer can read in the runs list (Prefect calls these in the run).
 def _bvp_run_name() -> str:
     from prefect.runtime import flow_run
@@ -193,6 +192,59 @@ def check_recheck_worker(settings: Settings, plan: pipeline.BuildPlan, trigger: 
                                       fleet.recheck_queue_for(plan.compat_key, wanted))
 
 
+def _this_run_pool_and_queue() -> tuple[str | None, str | None]:
+    """The work pool and queue of the running flow run: (None, None) for a served or in-process run."""
+    from prefect.client.orchestration import get_client
+    from prefect.runtime import flow_run
+
+    if not flow_run.id:
+        return None, None
+    with get_client(sync_client=True) as client:
+        run = client.read_flow_run(flow_run.id)
+    return run.work_pool_name, run.work_queue_name
+
+
+HAND_STARTED_WAIT_S = 6 * 3600  # how long a hand-started run waits for the builds it routed
+
+
+def _route_hand_started(report: RunReport, settings: Settings, profile: str, target_compat_key: str | None,
+                        promote_to: str | None, trigger: dict[str, Any] | None,
+                        err: HostRequirementsError | IncompatibleTargetError) -> dict[str, Any] | None:
+    """A run started by hand or from the UI (no ``trigger``: parent flows always pass one) that
+    landed on a worker whose host cannot build it goes where a parent flow would have sent it
+    (:func:`buildctl.fleet.hand_started_queues`), and waits for those runs; it never builds here.
+    None: not such a run (served, in-process, a parent's child, or already on the queue it would
+    go to), and the error stands."""
+    from prefect.client.orchestration import get_client
+
+    from buildctl import fleet
+
+    pool, queue = _this_run_pool_and_queue()
+    if trigger or pool is None:
+        return None
+    backend = pipeline.profile_by_name(settings, profile).engine.backend
+    with get_client(sync_client=True) as client:
+        rows = [(q.name, str(getattr(q.status, "value", q.status)) == "READY" and q.name != queue)
+                for q in client.read_work_queues(work_pool_name=pool)]
+    why = "; ".join(err.unmet) if isinstance(err, HostRequirementsError) else str(err).splitlines()[0]
+    targets = [q for q in fleet.hand_started_queues(profile, backend, pool, target_compat_key, rows, why) if q != queue]
+    if not targets:
+        return None
+    report.add("routed", f"this worker cannot build {profile} ({why}): started on "
+               + ", ".join(f"`{q}`" for q in targets))
+    started = start_builds(settings, [(profile, q, 0) for q in targets],
+                           {"kind": "by-hand", "routed_from": queue or "default"}, promote_to)
+    report.step = "wait"
+    bad = wait_for_children(started, HAND_STARTED_WAIT_S)
+    report.add("routed runs", "; ".join(f"`{c['compat_key']}`: {c['state']}" for c in started))
+    if bad:
+        raise ChildRunsFailedError(bad)
+    report.step = "done"
+    report.next_steps = [f"buildctl ls --profile {profile}   # the routed runs' artifacts"]
+    return {"routed": [{"compat_key": c["compat_key"], "flow_run_id": c["flow_run_id"], "state": c["state"]}
+                       for c in started]}
+
+
 def _bvp_key(profile: str, compat_key: str | None) -> str:
     """The prefix of a build run's artifact keys: its profile and compat key."""
     return artifact_key("bvp", profile, (compat_key or "this-host")[:24])
@@ -205,7 +257,13 @@ def _build_validate_publish(report: RunReport, profile: str, model: str | None,
     if promote_to:
         pipeline.check_automatic_promotion(promote_to)
     settings = run_settings(store)
-    plan = plan_task(settings, profile, model, target_compat_key)
+    try:
+        plan = plan_task(settings, profile, model, target_compat_key)
+    except (HostRequirementsError, IncompatibleTargetError) as err:
+        routed = _route_hand_started(report, settings, profile, target_compat_key, promote_to, trigger, err)
+        if routed is None:
+            raise
+        return routed
     report.compat_key = plan.compat_key
     check_recheck_worker(settings, plan, trigger)
     report.title = f"{profile} on `{plan.compat_key}`"

@@ -31,6 +31,9 @@ def describe_trigger(trigger: dict[str, Any] | None) -> str:
         return f"driver upgrade reported by node {trigger.get('node_id')}{event}" + (f"; {change}" if change else "")
     if kind == "reconcile":
         return f"reconcile-fleet: {trigger.get('nodes', '?')} node(s) need this (profile, compat key)"
+    if kind == "by-hand":
+        return (f"started by hand on queue {trigger.get('routed_from')}, whose worker could not build it: "
+                "routed to this compat key's queue")
     if kind == "heal":
         return f"heal-artifact: rebuild of quarantined {trigger.get('artifact_id')}"
     return ", ".join(f"{k}={v}" for k, v in sorted(trigger.items()))

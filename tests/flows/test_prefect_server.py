@@ -138,6 +138,15 @@ def test_driver_upgrade_to_completed_rebuild(tmp_path, quick_profiles):
         a_failing_child_fails_its_parents(url, env, tmp_path)
         heal_through_the_automation(url, env, tmp_path, upgraded.compat_key("aoti"))
         rollout_halted_through_the_automation(url, env, tmp_path, upgraded.compat_key("aoti"))
+        stop(server)  # #50 item 6: `kill %1 %2` stops the server first; serve then ends within 10 s
+        served.send_signal(signal.SIGTERM)
+        t0 = time.monotonic()
+        served.wait(timeout=30)
+        took = time.monotonic() - t0
+        tail = (tmp_path / "serve.log").read_text()[-3000:]
+        assert took < 10 and served.returncode == 0, (took, served.returncode, tail)
+        assert "Traceback" not in tail.split("SIGTERM received", 1)[-1], tail
+        served = None
     finally:
         if served is not None:
             stop(served)
@@ -350,6 +359,7 @@ def test_builds_are_routed_to_workers_of_their_compat_key(tmp_path, tiny_build, 
                            env=env, cwd=REPO, capture_output=True, text=True, check=True)
         polled = {row["queue"]: row["last_polled"] for row in json.loads(q.stdout)}
         assert polled[keys["a"]] and polled[keys["b"]] and polled[keys["c"]] is None  # nobody polls c's queue
+        hand_started_runs_are_routed(url, tmp_path, keys)
         heal_rebuilds_on_the_matching_worker(url, store, env, tmp_path, res_a, keys["a"])
         prepare_upgrade_readies_a_two_fingerprint_fleet(url, env, tmp_path, tiny_build, fps, keys)
     finally:
@@ -358,6 +368,26 @@ def test_builds_are_routed_to_workers_of_their_compat_key(tmp_path, tiny_build, 
                 os.killpg(w.pid, signal.SIGKILL)
                 w.wait(timeout=10)
         stop(server)
+
+
+def hand_started_runs_are_routed(url: str, tmp_path, keys: dict) -> None:
+    """#50 item 4: runs started by hand land on 'default', which worker a polls. One for b's key is
+    sent to b's queue and completes there; one for a GPU profile, which no worker here can build and
+    no trtllm queue serves, fails at once on a, naming the command, and starts nothing."""
+    routed = create_run(url, "build-validate-publish/build-validate-publish",
+                        {"profile": "tiny-llama-cpu", "target_compat_key": keys["b"]})
+    gpu = create_run(url, "build-validate-publish/build-validate-publish", {"profile": "llama-3-8b-instruct-fp8-tp1"})
+    states = {rid: wait_final(url, rid, 300) for rid in (routed, gpu)}
+    logs = (tmp_path / "worker-a.log").read_text()[-3000:]
+    assert states[routed]["state_type"] == "COMPLETED" and states[routed]["work_queue_name"] == "default", (
+        states[routed], logs)
+    children = [x for x in api(url, "/flow_runs/filter", {}) if (x["parameters"].get("trigger") or {}).get("kind") == "by-hand"]
+    assert [(c["work_queue_name"], c["state_type"]) for c in children] == [(keys["b"], "COMPLETED")], children
+    assert states[gpu]["state_type"] == "FAILED", (states[gpu], logs)
+    with prefect_client(url) as c:
+        message = c.read_flow_run(gpu).state.message or ""
+    assert "cannot build llama-3-8b-instruct-fp8-tp1" in message and "buildctl worker start --pool buildctl-local" in message
+    assert "\n" not in message.strip() and "Traceback" not in message, message
 
 
 def deploy_to_local_pool(env: dict) -> None:
