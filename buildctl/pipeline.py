@@ -89,7 +89,12 @@ def profile_by_name(settings: Settings, name: str) -> BuildProfile:
 
 
 def load_profiles(settings: Settings) -> dict[str, BuildProfile]:
-    """Every profile in the profile directory, by name."""
+    """Every profile in the profile directory, by name; a directory that does not exist is an
+    error naming it (run from elsewhere, ``build_profiles`` is not found relative to it)."""
+    if not Path(settings.profile_dir).is_dir():
+        from buildctl.errors import NotFoundError
+
+        raise NotFoundError(f"profile directory {settings.profile_dir} does not exist (set BUILDCTL_PROFILE_DIR)")
     out = {}
     for f in sorted(Path(settings.profile_dir).glob("*.yaml")):
         p = load_profile(f)

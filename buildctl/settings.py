@@ -38,6 +38,19 @@ def default_cache_dir() -> Path:
     return Path(_cache_home()) / "buildctl"
 
 
+def default_profile_dir() -> Path:
+    """``build_profiles`` in the working directory when it has one (a checkout's root), else the
+    checkout buildctl runs from (an editable install, or ``BUILDCTL_REPO``): so `upgrade plan` and
+    `node report` find the profiles from any directory."""
+    here = Path("build_profiles")
+    if here.is_dir():
+        return here
+    for root in (os.environ.get("BUILDCTL_REPO"), str(Path(__file__).resolve().parents[1])):
+        if root and (Path(root) / "build_profiles").is_dir():
+            return Path(root) / "build_profiles"
+    return here
+
+
 def detect_actor() -> str:
     """Who is acting: the CI identity when in CI, else user@host."""
     env = os.environ
@@ -71,7 +84,7 @@ class Settings(BaseSettings):
     trusted_keys: Path | None = Field(None, description="Directory of trusted *.pub keys; when set, pull enforces signatures.")
     require_crypto: bool = Field(False, description="Refuse engines bound by xxh3-128 only: a manifest without per-file BLAKE3 (schema 1) or a channel record without its manifest's BLAKE3 (pull, stage, activate, node agent, verify).")
     require_provenance: bool = Field(True, description="Promote to a production channel (prod, production) only an artifact with build provenance: signed by a trusted builder key (when keys are trusted), bound to its manifest bytes, with the inputs of the promoter's profile. 0 lets imported engines through without --force (docs/provenance.md).")
-    profile_dir: Path = Field(Path("build_profiles"), description="Where profiles are found by name.")
+    profile_dir: Path = Field(default_factory=default_profile_dir, description="Where profiles are found by name (default: build_profiles here, else in the checkout buildctl runs from or BUILDCTL_REPO).")
     channels: tuple[str, ...] = Field(("staging", "prod"), description="The channels promote knows (JSON list, e.g. [\"staging\", \"canary\", \"prod\"]): a name outside them, not yet in the store, needs `promote --new-channel`, so a typo never creates a channel.")
     cache_dir: Path = Field(default_factory=default_cache_dir, description="Cache for tiny models and downloaded checkpoints.")
     fingerprint_file: Path | None = Field(None, description="Use this fingerprint JSON instead of detecting the host.")

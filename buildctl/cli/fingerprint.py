@@ -18,6 +18,10 @@ def fingerprint_cmd(
                                          "container command (/opt/serve/bin/python, 'docker exec -i serving python3'): "
                                          "where the engines are served, when this agent runs outside it "
                                          "(BUILDCTL_FINGERPRINT_PYTHON)."),
+    set_fields: list[str] = typer.Option([], "--set", metavar="FIELD=VALUE",
+                                         help="Print the fingerprint with this field changed, as after an upgrade "
+                                              "(repeat; cpu.isa_level for nested fields; VALUE is YAML): a fingerprint "
+                                              "file for --fingerprint-file, and FIELD: VALUE lines are an upgrade target."),
 ) -> None:
     """Print this host's fingerprint and its compat key per backend, with which fields are hard
     (rebuild), soft (re-check) and floors."""
@@ -26,6 +30,8 @@ def fingerprint_cmd(
 
     st = settings(ctx)
     fp = host_fingerprint(st.with_flags(fingerprint_python=python) if python else st)
+    if set_fields:
+        fp = _with_fields(fp, set_fields)
     if want_json(ctx, json_out):
         emit_json({**fp.model_dump(mode="json"), "backends": fp.backends_json()})
         return
@@ -49,3 +55,35 @@ def fingerprint_cmd(
     out().print(t)
     for field, where in sorted(fp.sources.items()):
         out().print(f"  {field}: {where}")
+
+
+def _with_fields(fp, assignments: list[str]):
+    """``fp`` with FIELD=VALUE assignments applied, checked as an upgrade target is (a field a
+    fingerprint does not have, or a value of the wrong type, names itself)."""
+    import yaml
+
+    from buildctl.engines.errors import UpgradeTargetError
+    from buildctl.engines.fingerprint import UpgradeTarget
+    from pydantic import ValidationError
+
+    data: dict = {}
+    for a in assignments:
+        field, eq, raw = a.partition("=")
+        if not eq or not field:
+            raise UpgradeTargetError("--set", f"{a!r} is not FIELD=VALUE")
+        try:
+            value = yaml.safe_load(raw) if raw else ""
+        except yaml.YAMLError:
+            value = raw
+        if field.startswith("cpu."):
+            data.setdefault("cpu", {})[field.removeprefix("cpu.")] = value
+        else:
+            data[field] = str(value) if isinstance(value, (int, float)) and field.endswith("_version") else value
+    try:
+        target = UpgradeTarget.model_validate(data)
+    except ValidationError as err:
+        detail = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: "
+                           + ("not a fingerprint field" if e["type"] == "extra_forbidden" else e["msg"])
+                           for e in err.errors())
+        raise UpgradeTargetError("--set", detail) from None
+    return target.apply(fp)

@@ -227,3 +227,22 @@ def test_compat_keys_change_with_each_hard_field_and_only_those():
     assert cpu.compat_key("aoti") != fp.compat_key("aoti") and cpu.compat_key("trtllm") == fp.compat_key("trtllm")
     gpus = fp.model_copy(update={"gpus": tuple(g.model_copy(update={"sm": "8.9"}) for g in fp.gpus)})
     assert gpus.compat_key("trtllm") != fp.compat_key("trtllm") and gpus.compat_key("aoti") == fp.compat_key("aoti")
+
+
+def test_fingerprint_set_writes_an_upgraded_hosts_file_and_names_a_wrong_field(cli, tmp_path):
+    """#50 item 6: `fingerprint --json --set FIELD=VALUE` prints the fingerprint as after an upgrade,
+    loadable as a fingerprint file; a field a fingerprint does not have names itself (exit 2)."""
+    import json
+
+    from buildctl.engines.fingerprint import detect, load_fingerprint
+
+    code, out, err = cli("--json", "fingerprint", "--set", "compiler_version=g++ 99.1", "--set", "cpu.isa_level=x86-64-v2")
+    assert code == 0, err
+    (tmp_path / "after.json").write_text(out)
+    after = load_fingerprint(tmp_path / "after.json")
+    assert after.compiler_version == "g++ 99.1" and after.cpu.isa_level == "x86-64-v2"
+    assert after.compat_key("aoti") != detect().compat_key("aoti")  # a hard field of aoti changed
+    assert json.loads(out)["backends"]["aoti"]["compat_key"] == after.compat_key("aoti")
+    for bad, named in (("driver_verison=1", "driver_verison: not a fingerprint field"), ("platform", "not FIELD=VALUE")):
+        code, _, err = cli("fingerprint", "--set", bad)
+        assert code == 2 and named in err, err
