@@ -8,9 +8,14 @@ remove the trigger: runs triggered meanwhile wait as Late until something serves
 
 from __future__ import annotations
 
+import asyncio
+import os
+import signal
 import sys
+import threading
 
-from prefect import serve
+from prefect.exceptions import TerminationSignal
+from prefect.runner import Runner
 
 from buildctl.flows.build_validate_publish import build_validate_publish
 from buildctl.flows.gc_store import gc_store
@@ -23,6 +28,49 @@ from buildctl.flows.rollout_channel import rollout_channel
 from buildctl.flows.scrub_store import scrub_store
 from buildctl.settings import load_settings
 from buildctl.flows.setup import deployment_triggers, ensure_build_limit
+
+
+#: On SIGTERM or Ctrl-C, Prefect pauses every served deployment's schedule through the API; with the
+#: server gone its client retries for minutes. Past this, the process exits anyway, and says so.
+SHUTDOWN_S = 8.0
+
+
+def _exit_after(seconds: float) -> None:
+    def give_up() -> None:
+        sys.stderr.write(f"flows.serve: the schedules were not all paused within {seconds:g} s (is the Prefect "
+                         "server reachable?); exiting: pause them with `prefect deployment pause` if needed\n")
+        sys.stderr.flush()
+        os._exit(0)
+
+    timer = threading.Timer(seconds, give_up)
+    timer.daemon = True
+    timer.start()
+
+
+class _BoundedRunner(Runner):
+    """Prefect's runner, whose graceful stop on SIGTERM takes at most :data:`SHUTDOWN_S`."""
+
+    def handle_sigterm(self, *args: object, **kwargs: object) -> None:
+        _exit_after(SHUTDOWN_S)
+        super().handle_sigterm(*args, **kwargs)
+
+
+def _on_sigint(signum: int, frame: object) -> None:
+    _exit_after(SHUTDOWN_S)
+    raise KeyboardInterrupt
+
+
+def serve(*deployments) -> None:
+    """``prefect.serve``, with a stop that ends within :data:`SHUTDOWN_S` of the signal."""
+    runner = _BoundedRunner(pause_on_shutdown=True)
+    for deployment in deployments:
+        runner.add_deployment(deployment)
+    print(f"serving {len(deployments)} deployments: " + ", ".join(d.name for d in deployments), flush=True)
+    signal.signal(signal.SIGINT, _on_sigint)
+    try:
+        asyncio.run(runner.start())
+    except (KeyboardInterrupt, TerminationSignal):
+        pass
 
 
 def main() -> int:
