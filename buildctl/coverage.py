@@ -93,9 +93,25 @@ def coverage(store: Store, artifact_id: str, manifest: Manifest, fingerprint: Fi
                     differences(soft, nearest) if nearest is not None and not covering else {})
 
 
+#: A list value longer than this (the CPU's feature flags) is shown by its length and a digest.
+SHOWN_LIST = 4
+
+
+def _soft_value(v: object) -> str:
+    if not isinstance(v, list):
+        return str(v)
+    if len(v) <= SHOWN_LIST:
+        return ",".join(map(str, v))
+    from buildctl.digest import canonical_json, digest_bytes
+
+    return f"[{len(v)} values, {digest_bytes(canonical_json(sorted(map(str, v)))).split(':', 1)[1][:8]}]"
+
+
 def describe_soft(soft: dict) -> str:
-    """A host's soft values in one line: ``driver_version=590.44.01, cuda_version=13.1``."""
-    return ", ".join(f"{k}={','.join(map(str, v)) if isinstance(v, list) else v}" for k, v in soft.items()) or "no soft fields"
+    """A host's soft values in one line: ``driver_version=590.44.01, cuda_version=13.1``. A long
+    list (21 CPU flags) is its length and a digest of its values, so two sets still read apart
+    and the line fits a summary; ``fingerprint --json`` has every value."""
+    return ", ".join(f"{k}={_soft_value(v)}" for k, v in soft.items()) or "no soft fields"
 
 
 def recheck_outcome(store: Store, profile: BuildProfile, artifact_id: str, fingerprint: Fingerprint,

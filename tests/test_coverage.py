@@ -82,3 +82,14 @@ def test_recheck_needs_lists_uncovered_artifacts_and_not_missing_ones(published)
     write_attestation(store, aid, HOST.compat_key("trtllm"), "pass", validator=HOST)
     assert recheck_needs(store, HOST, profiles) == []
     assert recheck_needs(store, NEWER_DRIVER, profiles) == [(PROFILE.name, HOST.compat_key("trtllm"), aid)]
+
+
+def test_a_long_soft_list_is_summarized_so_the_verdict_fits_a_line():
+    from buildctl.coverage import describe_soft
+
+    flags = [f"f{i}" for i in range(21)]
+    line = describe_soft({"cpu.flags": flags, "compiler_version": "gcc 12.2.0"})
+    assert line.startswith("cpu.flags=[21 values, ") and line.endswith("], compiler_version=gcc 12.2.0") and len(line) < 70
+    other = describe_soft({"cpu.flags": flags[:-1] + ["avx512f"]})
+    assert other != line.split(", compiler")[0]  # two sets read apart
+    assert describe_soft({"cpu.flags": ["a", "b"]}) == "cpu.flags=a,b" and describe_soft({}) == "no soft fields"

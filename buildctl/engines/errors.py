@@ -114,8 +114,7 @@ class HostRequirementsError(BadInputError):
     def __init__(self, profile: str, unmet: list[str]) -> None:
         self.profile = profile
         self.unmet = list(unmet)
-        super().__init__(f"this host cannot build {profile}; unmet requirements:\n"
-                         + "\n".join(f"  - {u}" for u in self.unmet))
+        super().__init__(f"this host cannot build {profile}; unmet requirements: " + "; ".join(self.unmet))
 
 
 class ModelSourceError(BadInputError):

@@ -41,7 +41,7 @@ def _bvp_run_name() -> str:
     from prefect.runtime import flow_run
 
     p = flow_run.parameters
-    return bvp_run_name(p["profile"], p.get("target_compat_key"))
+    return bvp_run_name(p["profile"], p.get("target_compat_key"), p.get("trigger"))
 
 
 @task(name="plan", task_run_name="plan {profile_name}", cache_policy=NONE)

@@ -51,10 +51,15 @@ def published_summary(report: RunReport, key: Callable[[], str], description: st
         create_markdown_artifact(key=key(), markdown=report.markdown(), description=description)
 
 
-def bvp_run_name(profile: str, compat_key: str | None) -> str:
-    """A build run's name, ``PROFILE@COMPAT-KEY…``: given when the run is created, so a child run
-    waiting on its queue is readable before it starts."""
-    return f"{profile}@{short(compat_key) or 'this-host'}"
+def bvp_run_name(profile: str, compat_key: str | None, trigger: dict[str, Any] | None = None) -> str:
+    """A build run's name, ``PROFILE@COMPAT-KEY… WHAT``: given when the run is created, so a child
+    run waiting on its queue is readable before it starts. WHAT says what the run does: ``build``,
+    ``re-check`` (a driver upgrade's, on the node's soft values), ``heal`` (a quarantined
+    artifact's rebuild), ``by hand`` (started from the UI or the CLI: no parent)."""
+    kind = (trigger or {}).get("kind")
+    what = ("re-check" if (trigger or {}).get("recheck") else "heal" if kind == "heal"
+            else "build" if trigger else "by hand")
+    return f"{profile}@{short(compat_key) or 'this-host'} {what}"
 
 
 def short(key: str | None, n: int = 13) -> str:
@@ -160,7 +165,7 @@ def start_builds(settings: Settings, pairs: list[tuple[str, str, int]], trigger:
         # A Kubernetes pool's job takes the profile's GPUs and is pinned to nodes labelled with the key.
         jobs = fleet.job_variables(settings, profiles[profile], compat_key) if profile in profiles else None
         run = run_deployment(BVP_DEPLOYMENT, parameters=params, work_queue_name=queue, timeout=0, as_subflow=True,
-                             flow_run_name=bvp_run_name(profile, compat_key), job_variables=jobs)
+                             flow_run_name=bvp_run_name(profile, compat_key, params["trigger"]), job_variables=jobs)
         logger.info(f"{profile} for {compat_key} ({nodes} nodes): flow run {run.id}"
                     + (f" on work queue {queue}" if queue else ""))
         started.append({"profile": profile, "compat_key": compat_key, "nodes": nodes, "flow_run_id": str(run.id),

@@ -25,9 +25,11 @@ from buildctl.flows.common import (
     ChildRunsFailedError,
     artifact_key,
     run_settings,
+    short,
     start_builds,
     wait_for_children,
 )
+from buildctl.upgrade import STATES
 
 
 def _prepare_run_name() -> str:
@@ -48,6 +50,25 @@ def served_queues() -> set[str] | None:
         if not pool:
             return None
         return {q.name for q in client.read_work_queues(work_pool_name=pool) if q.status == WorkQueueStatus.READY}
+
+
+def _fields(fields: dict[str, Any]) -> str:
+    return ", ".join(f"`{k}={v}`" for k, v in fields.items())
+
+
+def _next_step(counts: dict[str, int], bad: list[str], blocked: list, commands: list[str], channel: str) -> str:
+    """The one thing to do next, for the outcome: fix what failed or is blocked, promote from CI,
+    or upgrade the nodes."""
+    if bad:
+        return "open the failed runs above (their summaries say why), fix, and start prepare-upgrade again"
+    if blocked:
+        return ("start a worker for each blocked row's compat key (`buildctl worker start` on such a host), or fix "
+                "the target; then start prepare-upgrade again")
+    if commands:
+        return f"promote to {channel} from CI (the commands above), then upgrade the nodes"
+    if counts.get("re-check") or counts.get("build"):
+        return "wait for the runs still going, then start prepare-upgrade again to see the plan"
+    return f"every group is ready on {channel}: upgrade the nodes (`buildctl node activate` after each one's upgrade)"
 
 
 @flow(name="prepare-upgrade", flow_run_name=_prepare_run_name, log_prints=True)
@@ -86,17 +107,20 @@ def prepare_upgrade(target: dict[str, Any], channel: str = "prod", nodes: str | 
     create_table_artifact(key=artifact_key("prepare-upgrade", channel), table=after.table(),
                           description=f"upgrade to {tgt.fields()}: each GPU model x profile on {channel}, and its state")
     commands = sorted({g.command for g in after.groups if g.state == "promote" and g.command})
-    md = [f"# prepare-upgrade to `{tgt.fields()}` on `{channel}`", "", f"before: {before.counts()}",
-          f"after: {after.counts()}", ""]
-    md += [f"- run `{c['flow_run_id']}`: `{c['profile']}` on `{c['compat_key']}`, {c['state']}" for c in started]
+    still_blocked = [g for g in after.groups if g.state == "blocked"]
+    md = [f"# prepare-upgrade to {_fields(tgt.fields())} on `{channel}`", "",
+          "| | " + " | ".join(STATES) + " |", "|---|" + "---|" * len(STATES),
+          "| before | " + " | ".join(str(before.counts().get(s, 0)) for s in STATES) + " |",
+          "| after | " + " | ".join(str(after.counts().get(s, 0)) for s in STATES) + " |", ""]
+    md += [f"- run `{c['flow_run_id']}`: `{c['profile']}` on `{short(c['compat_key'], 24)}`, {c['state']}" for c in started]
     if commands:
         md += ["", f"{channel} is promoted from CI:", ""] + [f"    {c}" for c in commands]
+    md += ["", "**Next:** " + _next_step(after.counts(), bad, still_blocked, commands, channel)]
     create_markdown_artifact(key=artifact_key("prepare-upgrade", channel, "summary"), markdown="\n".join(md) + "\n",
                              description="what the run started and what is left")
-    logger.info(f"upgrade plan after: {after.counts()}")
+    logger.info("upgrade plan after: " + ", ".join(f"{n} {s}" for s, n in after.counts().items()))
     if bad:
         raise ChildRunsFailedError(bad)
-    still_blocked = [g for g in after.groups if g.state == "blocked"]
     if blocked or still_blocked:
         raise upgrade.UpgradeBlockedError([f"{g.profile} on {g.gpu_model}: {g.detail}" for g in (still_blocked or blocked)])
     return after.to_json()

@@ -9,7 +9,8 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import create_table_artifact
 
 from buildctl import fleet, pipeline
-from buildctl.flows.common import ChildRunsFailedError, ProfileName, run_settings, start_builds, wait_for_children
+from buildctl.flows.common import (ChildRunsFailedError, ProfileName, run_settings, short, start_builds,
+                                   wait_for_children)
 from buildctl.context import open_store_of
 
 
@@ -45,8 +46,12 @@ def reconcile_fleet(profiles: list[ProfileName] | None = None, store: str | None
     if not needs:
         logger.info("every (profile, compat key) the fleet needs has an artifact")
     bad = wait_for_children(started, wait_s) if wait and started else []
-    rows = [{"profile": c["profile"], "compat key": c["compat_key"], "nodes": c["nodes"], "work queue": c["work_queue"] or "",
-             "flow run": c["flow_run_id"], "state": c["state"]} for c in started]
+    # the state second and the long ids shortened, so the table reads at 1400 px; the run's result
+    # (and each child run's page) holds them whole
+    rows = [{"profile": c["profile"], "state": c["state"], "compat key": short(c["compat_key"], 24), "nodes": c["nodes"],
+             "flow run": c["flow_run_id"][:8],
+             **({"work queue": c["work_queue"]} if c["work_queue"] not in (None, c["compat_key"]) else {})}
+            for c in started]
     if rows:
         create_table_artifact(key="reconcile-fleet", table=rows, description="builds started for the fleet, and their states")
     if bad:

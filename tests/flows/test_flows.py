@@ -326,7 +326,7 @@ def test_a_failed_run_has_a_summary_with_the_cause_and_a_readable_name(prefect_a
         async with get_client() as c:
             return (await c.read_flow_run(state.state_details.flow_run_id)).name
 
-    assert run_async(name()) == "tiny-llama-cpu@this-host"
+    assert run_async(name()) == "tiny-llama-cpu@this-host by hand"
 
 
 def test_rollout_channel_flow_takes_a_healthy_rollout_to_100_percent(prefect_api, tmp_path, draft):

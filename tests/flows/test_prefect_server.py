@@ -128,7 +128,7 @@ def test_driver_upgrade_to_completed_rebuild(tmp_path, quick_profiles):
         assert bvp, f"no rebuild run was started: {states}\n" + (tmp_path / "serve.log").read_text()[-3000:]
         assert bvp[0]["state_type"] == "COMPLETED", (tmp_path / "serve.log").read_text()[-4000:]
         assert trigger_runs and trigger_runs[0]["state_type"] == "COMPLETED"
-        assert bvp[0]["name"] == f"tiny-llama-cpu@{upgraded.compat_key('aoti')[:13]}…"
+        assert bvp[0]["name"] == f"tiny-llama-cpu@{upgraded.compat_key('aoti')[:13]}… build"
         assert trigger_runs[0]["name"] == "driver-upgrade gpu-node-1"
         (summary,) = api(url, "/artifacts/latest/filter", {"artifacts": {"key": {"any_": ["driver-upgrade-gpu-node-1"]}}})
         md = summary["data"]  # #30: the driver-upgrade run's own summary: what it found, did, and what is next
@@ -197,7 +197,7 @@ def a_failing_child_fails_its_parents(url: str, env: dict, tmp_path) -> None:
             break
         time.sleep(2)
     key = new.compat_key("aoti")
-    bvp = runs[f"tiny-llama-cpu@{key[:13]}…"]
+    bvp = runs[f"tiny-llama-cpu@{key[:13]}… build"]
     assert bvp["state_type"] == "FAILED"
     assert sorted(x["state_type"] for x in listed if x["name"] == "reconcile tiny-llama-cpu") == ["COMPLETED", "FAILED"]
     assert upgrade["state_type"] == "FAILED", upgrade["state"]
@@ -388,6 +388,10 @@ def hand_started_runs_are_routed(url: str, tmp_path, keys: dict) -> None:
         message = c.read_flow_run(gpu).state.message or ""
     assert "cannot build llama-3-8b-instruct-fp8-tp1" in message and "buildctl worker start --pool buildctl-local" in message
     assert "\n" not in message.strip() and "Traceback" not in message, message
+    # #50 item 5: an expected failure on a worker is logged as one line, with no traceback
+    logs = [x["message"] for x in api(url, "/logs/filter", {"logs": {"flow_run_id": {"any_": [gpu]}}})]
+    assert logs and not [m for m in logs if "Traceback" in m], logs
+    assert any("UnroutableBuildError: this worker cannot build" in m for m in logs), logs
 
 
 def deploy_to_local_pool(env: dict) -> None:
@@ -489,6 +493,9 @@ def prepare_upgrade_readies_a_two_fingerprint_fleet(url: str, env: dict, tmp_pat
     assert {r["state"] for r in rows} == {"ready"} and sum(r["nodes"] for r in rows) == 2, rows
     summaries = [a["data"] for a in api(url, "/artifacts/filter", {"artifacts": {"type": {"any_": ["markdown"]}}})]
     assert any("re-check failed (it did not load here" in md and "rebuilt" in md for md in summaries)
+    (prep,) = api(url, "/artifacts/latest/filter", {"artifacts": {"key": {"any_": ["prepare-upgrade-staging-summary"]}}})
+    assert "| after | 2 |" in prep["data"] and "{'" not in prep["data"], prep["data"]  # #50: a table, no dict dump
+    assert "**Next:** every group is ready on staging: upgrade the nodes" in prep["data"], prep["data"]
 
     blocked = create_run(url, "prepare-upgrade/prepare-upgrade", {"target": {"torch_version": "2.77.0"},
                                                                  "channel": "staging", "store": store2.uri})
