@@ -21,6 +21,8 @@ temp dir. These are set before vllm is first imported. The engine itself is
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -50,6 +52,29 @@ def engine_arguments(model_dir: Path, ref: ReferenceSpec, *, cpu: bool) -> dict[
     return args
 
 
+def vllm_log_file() -> Path:
+    """Where the reference's vLLM writes its own log lines (appended): ``BUILDCTL_VLLM_LOG``, else
+    ``<cache dir>/logs/vllm.log``. They stay out of the progress lines on stderr (#50); the
+    logging variables are not in vLLM's compile-cache hash (``ignored_factors``)."""
+    from buildctl.settings import load_settings
+
+    return Path(os.environ.get("BUILDCTL_VLLM_LOG") or load_settings().cache_dir / "logs" / "vllm.log")
+
+
+def vllm_log_config(work: Path) -> Path:
+    """A logging configuration for vLLM (``VLLM_LOGGING_CONFIG_PATH``) that appends its log lines
+    to :func:`vllm_log_file` instead of stderr."""
+    log = vllm_log_file()
+    log.parent.mkdir(parents=True, exist_ok=True)
+    config = {"version": 1, "disable_existing_loggers": False,
+              "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+              "handlers": {"file": {"class": "logging.FileHandler", "filename": str(log), "formatter": "plain"}},
+              "loggers": {"vllm": {"handlers": ["file"], "level": "INFO", "propagate": False}}}
+    path = work / "vllm-logging.json"
+    path.write_text(json.dumps(config))
+    return path
+
+
 class VllmRunner:
     """The vLLM side of validation, behind the engines' Runner interface."""
 
@@ -61,7 +86,8 @@ class VllmRunner:
         self.cpu = not has_gpu()
         self._tmp = Path(tempfile.mkdtemp(prefix="buildctl-vllm-"))
         env = {**base_environment(self.cpu, ref.cpu_kvcache_space_gib),
-               "VLLM_CACHE_ROOT": str(self._tmp / "cache"), "TORCHINDUCTOR_CACHE_DIR": str(self._tmp / "inductor")}
+               "VLLM_CACHE_ROOT": str(self._tmp / "cache"), "TORCHINDUCTOR_CACHE_DIR": str(self._tmp / "inductor"),
+               "VLLM_LOGGING_CONFIG_PATH": str(vllm_log_config(self._tmp))}
         try:
             self._engine: VllmEngine | None = VllmEngine(engine_arguments(self.model_dir, ref, cpu=self.cpu), env,
                                                          cpu=self.cpu)
