@@ -261,8 +261,9 @@ def _records(store: Store, profile: str | None, channel: str, compat_key: str | 
 def view(store: Store, rec: ChannelRecord, nodes: list[NodeRecord] | None = None,
          now: datetime | None = None) -> RolloutView:
     """The rollout on one channel ref, counted from the inventory: from ``nodes``, else from the
-    node index once the store has one (two LISTs), else from every node record."""
-    return _view(store, rec, _inventory(store) if nodes is None else nodes, now)
+    node index once the store has one (two LISTs; a wave about to move on is read from its nodes'
+    records, as the tick does), else from every node record."""
+    return _view(store, rec, _inventory(store) if nodes is None else nodes, now, confirm=True)
 
 
 def _inventory(store: Store, skipped: list[tuple[str, str]] | None = None) -> list[NodeRecord] | None:
@@ -271,23 +272,25 @@ def _inventory(store: Store, skipped: list[tuple[str, str]] | None = None) -> li
 
 
 def _view(store: Store, rec: ChannelRecord, nodes: list[NodeRecord] | None, now: datetime | None,
-          skipped: list[tuple[str, str]] | None = None) -> RolloutView:
+          skipped: list[tuple[str, str]] | None = None, confirm: bool = False) -> RolloutView:
     """:func:`view` on ``nodes`` (None: from the node index; malformed markers go to ``skipped``)."""
     now = now or datetime.now(timezone.utc)
     if rec.rollout is None:
         return decide(rec, [], now)
     backend = get_manifest(store, rec.rollout.target).backend
     if nodes is None:
-        return _view_from_index(store, rec, backend, now, skipped)
+        return _view_from_index(store, rec, backend, now, skipped, confirm)
     return decide(rec, nodes_in_scope(nodes, rec.profile, rec.channel, backend, rec.compat_key), now)
 
 
 def _view_from_index(store: Store, rec: ChannelRecord, backend: str, now: datetime,
-                     skipped: list[tuple[str, str]] | None = None) -> RolloutView:
+                     skipped: list[tuple[str, str]] | None = None, confirm: bool = False) -> RolloutView:
     """The view from the node index's scope and status markers. The index may hold extra markers
     (an update interrupted between its markers and its record), so a node whose markers disagree
     or are malformed is read (a malformed marker is listed in ``skipped``, never fatal), and a
-    halt is decided only on failures its nodes' own records confirm."""
+    halt is decided only on failures its nodes' own records confirm. With ``confirm`` (the tick,
+    which acts), a wave moves on only when its members' records agree: `rollout status` shows
+    the markers' view without reading them."""
     r = rec.rollout
     states = status_states(store, rec.profile, rec.channel, r.target, skipped)
     status: dict[str, str] = {}
@@ -309,6 +312,11 @@ def _view_from_index(store: Store, rec: ChannelRecord, backend: str, now: dateti
     v = decide_statuses(rec, status, now)
     if v.decision == "halt":
         from_records(list(v.waves[r.wave].failed_nodes))
+        v = decide_statuses(rec, status, now)
+    elif confirm and v.decision in ("advance", "complete"):
+        # a marker alone never moves a wave on (any node role can write one): the current wave's
+        # members are read from their records, once per wave, before it moves
+        from_records([n for n in status if in_wave(rec.profile, rec.channel, n, r.waves[r.wave].percent)])
         v = decide_statuses(rec, status, now)
     return v
 
@@ -336,7 +344,8 @@ def tick(ctx: Context, *, channel: str, profile: str | None = None, now: datetim
     out = []
     malformed: list[list[tuple[str, str]]] = [[] for _ in live]  # passed over: the nodes' records decided
     # The refs' views are counted at once (each LISTs its own markers); the decisions are applied in order.
-    views = map_bounded(lambda i: _view(store, live[i], nodes, now, malformed[i]), list(range(len(live))))
+    views = map_bounded(lambda i: _view(store, live[i], nodes, now, malformed[i], confirm=True),
+                        list(range(len(live))))
     for rec, v, bad in zip(live, views, malformed):
         if bad:
             v.why += f" ({len(bad)} malformed status marker(s) passed over, their nodes' records read: {bad[0][0]}" \

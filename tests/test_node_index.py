@@ -473,3 +473,23 @@ def test_a_marker_deleted_as_stale_is_put_back_when_its_node_swaps_its_record_in
         store.delete = real_delete
     assert back and report.stale == []
     assert implied <= set(store.list(NODE_INDEX)), implied - set(store.list(NODE_INDEX))
+
+
+def test_a_wave_moves_on_only_when_its_nodes_records_say_so_not_its_markers(store, tmp_path, draft):
+    """#48 item 6: the tick re-reads the records of the wave it would advance: a canary whose
+    record says failed, while the index holds a healthy marker for it (written by any node role,
+    or left by an interrupted update), halts the rollout instead of advancing it."""
+    node_index.rebuild(store)
+    nodes, rec, late = rollout_in_flight(store, tmp_path, draft, n=40)
+    canary = next(x for x in nodes.ids if x not in late)
+    state = read_node(store, canary)[0].engine(PROFILE, "prod")
+    fleet.record_engine_state(store, canary, detect(), state.model_copy(update={"status": "failed"}))
+    prefix = status_prefix(PROFILE, "prod", rec.artifact_id)
+    for k in [k for k in store.list(prefix) if k.startswith(f"{prefix}{canary}.")]:
+        store.delete(k)
+    store.put_bytes(f"{prefix}{canary}.healthy", b"")  # the index says healthy; the record says failed
+    later = datetime.now(timezone.utc) + timedelta(seconds=601)
+
+    (v,) = rollouts.tick(Context.from_settings(settings(), store=store), channel="prod", now=later)
+    assert v.decision == "halt" and canary in v.waves[0].failed_nodes and v.applied is not None, (v.decision, v.why)
+    assert read_channel(store, PROFILE, "prod", draft.compat_key)[0].artifact_id == rec.rollout.base  # rolled back
