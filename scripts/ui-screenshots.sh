@@ -38,7 +38,7 @@ latest_run() {  # FLOW-NAME [STATE-TYPE]: the id of its newest run (in that stat
 shot() {  # NAME URL [HEIGHT]: let the single-page app fetch and render for 15 s of virtual time
   "$CHROMIUM" --headless --no-sandbox --disable-gpu --disable-quic --no-first-run --disable-background-networking \
     --disable-component-update --disable-sync --user-data-dir="$WORK/chrome" --hide-scrollbars \
-    --window-size=1600,${3:-1000} --virtual-time-budget=15000 --screenshot="$OUT/$1.png" "$2" > /dev/null 2>&1
+    --window-size=1400,${3:-1000} --virtual-time-budget=15000 --screenshot="$OUT/$1.png" "$2" > /dev/null 2>&1
   echo "wrote $OUT/$1.png"
 }
 artifact() {  # RUN SUFFIX: the id of the run's artifact whose key ends with SUFFIX
