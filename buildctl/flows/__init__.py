@@ -25,6 +25,6 @@ class OneLineExpectedFailures(logging.Filter):
         return True
 
 
-for _name in ("prefect.flow_runs", "prefect.task_runs", "prefect.flow_engine", "prefect.task_engine"):
+for _name in ("prefect.flow_runs", "prefect.task_runs", "prefect.flow_engine", "prefect.task_engine", "prefect.engine"):
     if not any(isinstance(f, OneLineExpectedFailures) for f in logging.getLogger(_name).filters):
         logging.getLogger(_name).addFilter(OneLineExpectedFailures())

@@ -85,7 +85,12 @@ def validate_task(settings: Settings, artifact_id: str, compat_key: str, revalid
         get_run_logger().info(f"already validated on {compat_key} with this host's soft values "
                               f"({previous.attestation.created_at}): not re-running")
         return ValidationOutcome(previous.attestation_id, previous.attestation, reused=True)
-    return validate_in_subprocess(settings, artifact_id, speed_budget=speed_budget, say=get_run_logger().info)
+    try:
+        return validate_in_subprocess(settings, artifact_id, speed_budget=speed_budget, say=get_run_logger().info)
+    except ValidatorProcessError as err:  # its one-line cause fails the run; its output's tail is in the log
+        if err.tail:
+            get_run_logger().warning("the validation process's last lines:\n" + err.tail)
+        raise
 
 
 def validate_with_retry(settings: Settings, artifact_id: str, compat_key: str, revalidate: bool) -> ValidationOutcome:

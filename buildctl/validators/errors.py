@@ -80,5 +80,7 @@ class ValidatorProcessError(BuildctlError):
         self.returncode = returncode
         self.tail = tail
         self.error = error
-        what = f": {error}" if error else ""
-        super().__init__(f"the validation process exited {returncode} without an attestation{what}\n{tail}".rstrip())
+        last = next((ln.strip() for ln in reversed(tail.splitlines()) if ln.strip()), "")
+        what = f": {error}" if error else (f"; its last line: {last}" if last else "")
+        # one line (a run's state message and the CLI's error); the whole tail stays in ``tail``
+        super().__init__(" ".join(f"the validation process exited {returncode} without an attestation{what}".split()))
