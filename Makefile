@@ -25,7 +25,7 @@ PYTEST_ARGS ?=
 # make test spreads the suite over this many pytest-xdist workers (one per core on the 2-core CI).
 TEST_WORKERS ?= 2
 
-.PHONY: help install lock lock-check docs system-deps test-deps test test-slow test-all demo bench faults mutants clean stack-up stack-down
+.PHONY: help install lock lock-check docs system-deps test-deps test test-slow test-all demo bench faults mutants clean images stack-up stack-demo stack-down test-stack
 
 help:
 	@echo "make demo     run the pipeline on the embedded defaults (local store, CPU backend, tiny model)"
@@ -35,6 +35,9 @@ help:
 	@echo "make bench    run the benchmarks; writes benchmarks/results/latest.md and a PNG chart"
 	@echo "make faults   run the fault matrix, fuzzing and mutation testing; regenerates docs/reliability.md"
 	@echo "make mutants  mutation testing of the guard modules (cosmic-ray); benchmarks/results/mutants.md"
+	@echo "make images   build the CPU, validator and builder-Python images from $(LOCK) (Docker)"
+	@echo "make stack-up / stack-demo / stack-down   the compose stack: the pipeline across containers"
+	@echo "make test-stack  the stack end to end as a test (slow; Docker)"
 	@echo "make install  create $(VENV) and install buildctl with the cpu, test and bench extras, from $(LOCK)"
 	@echo "make lock     re-resolve $(LOCK) from pyproject.toml (then commit both)"
 
@@ -81,6 +84,10 @@ lock:
 	$(VENV)/bin/uv pip compile pyproject.toml $(foreach e,$(subst $(comma), ,$(EXTRAS)),--extra $(e)) \
 	  --python $(PY) --python-platform x86_64-manylinux_2_28 --custom-compile-command "make lock" \
 	  $(FIND_LINKS) -o $(LOCK)
+	@# The GPU builder image's pins (docker/builder.Dockerfile): buildctl with orchestration and
+	@# kubernetes, for any Python the base image has, at the versions of $(LOCK).
+	$(VENV)/bin/uv pip compile pyproject.toml --extra orchestration --extra kubernetes --universal \
+	  --python-version 3.11 --constraint $(LOCK) --custom-compile-command "make lock" -o docker/builder.lock
 	$(PY) scripts/lock.py check
 
 lock-check:
@@ -101,10 +108,10 @@ test-deps:
 # The suite less the end-to-end tests marked slow (they build, validate against vLLM and run real
 # Prefect servers for minutes each); .ci/run runs `make test` and then `make test-slow`.
 test: install test-deps docs
-	$(PY) -m pytest -m "not slow" -n $(TEST_WORKERS) $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not slow and not stack" -n $(TEST_WORKERS) $(PYTEST_ARGS)
 
 test-slow: install test-deps
-	$(PY) -m pytest -m slow --durations=15 $(PYTEST_ARGS)
+	$(PY) -m pytest -m "slow and not stack" --durations=15 $(PYTEST_ARGS)
 
 test-all: test test-slow
 
@@ -158,13 +165,24 @@ faults: install test-deps
 	$(MAKE) mutants
 	$(PY) tests/faults/report.py .faults.jsonl docs/reliability.md $(FAULTS_SCALE) .speedgate-busy.xml
 
-COMPOSE := $(shell docker compose version >/dev/null 2>&1 && echo "docker compose" || echo docker-compose)
+# Every image this machine can build, from requirements.lock (scripts/images.sh: a local Debian base
+# made with debootstrap when the upstream base cannot be pulled; CA_BUNDLE for a TLS-intercepting proxy).
+images:
+	scripts/images.sh
 
+# The compose stack from those images (docker/compose.yaml, scripts/stack.sh).
 stack-up:
-	$(COMPOSE) -p buildctl -f docker/compose.yaml up -d --build
+	scripts/stack.sh up
+
+stack-demo:
+	scripts/stack.sh demo
 
 stack-down:
-	$(COMPOSE) -p buildctl -f docker/compose.yaml down
+	scripts/stack.sh down
+
+# The stack end to end in a test (slow; starts dockerd as root when none runs; skipped without Docker).
+test-stack: install
+	$(PY) -m pytest -m stack -p no:cacheprovider tests/docker/test_stack.py $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) $(DEMO_DIR) .pytest_cache
