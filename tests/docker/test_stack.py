@@ -100,7 +100,7 @@ def test_the_stack_runs_the_pipeline_across_its_containers(images, tmp_path):
         demo = subprocess.run(["scripts/stack.sh", "demo"], cwd=REPO, env=env, capture_output=True, text=True,
                               timeout=2400)
         assert demo.returncode == 0, demo.stdout[-3000:] + demo.stderr[-5000:]
-        generated = json.loads(demo.stdout.strip().splitlines()[-1])
+        generated = json.loads(demo.stdout)  # generate --json is the only thing on stdout
         assert len(generated["token_ids"]) == 8, generated
         # the artifact is in the stack's SeaweedFS (through its published port, the admin identity),
         # and the node's pull is recorded in the store's inventory
