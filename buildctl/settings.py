@@ -87,6 +87,7 @@ class Settings(BaseSettings):
     profile_dir: Path = Field(default_factory=default_profile_dir, description="Where profiles are found by name (default: build_profiles here, else in the checkout buildctl runs from or BUILDCTL_REPO).")
     channels: tuple[str, ...] = Field(("staging", "prod"), description="The channels promote knows (JSON list, e.g. [\"staging\", \"canary\", \"prod\"]): a name outside them, not yet in the store, needs `promote --new-channel`, so a typo never creates a channel.")
     cache_dir: Path = Field(default_factory=default_cache_dir, description="Cache for tiny models and downloaded checkpoints.")
+    vllm_log: Path | None = Field(None, description="Where the vLLM reference's own log lines go (appended; default <cache_dir>/logs/vllm.log), instead of stderr.")
     fingerprint_file: Path | None = Field(None, description="Use this fingerprint JSON instead of detecting the host.")
     fingerprint_python: str | None = Field(None, description="Detect the runtime's versions in this interpreter (a command: /opt/serve/bin/python, or docker exec -i serving python3) when the node agent runs outside the serving environment.")
     debug: bool = Field(False, description="Print tracebacks for errors.")

@@ -22,7 +22,6 @@ temp dir. These are set before vllm is first imported. The engine itself is
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -58,7 +57,8 @@ def vllm_log_file() -> Path:
     logging variables are not in vLLM's compile-cache hash (``ignored_factors``)."""
     from buildctl.settings import load_settings
 
-    return Path(os.environ.get("BUILDCTL_VLLM_LOG") or load_settings().cache_dir / "logs" / "vllm.log")
+    st = load_settings()
+    return st.vllm_log or st.cache_dir / "logs" / "vllm.log"
 
 
 def vllm_log_config(work: Path) -> Path:
