@@ -411,11 +411,20 @@ def test_a_rebuild_drops_the_markers_of_a_node_whose_record_is_gone_and_keeps_pa
     nodes, rec, late = rollout_in_flight(store, tmp_path, draft, n=8)
     gone = nodes.ids[0]
     store.delete(node_key(gone))
+    from buildctl.artifact_store.layout import pair_key
+
+    dead = pair_key(PROFILE, "0" * 16, "xxh3-128:" + "d" * 32)  # a publish that died before its manifest
+    store.put_bytes(dead, b"")
     monkeypatch.setattr(node_index, "list_artifacts", lambda _store: [])  # every pair marker looks stale
+    deleted: list[str] = []
+    real_delete = store.delete
+    monkeypatch.setattr(store, "delete", lambda key: deleted.append(key) or real_delete(key))
     report = node_index.rebuild(store)
-    assert report.stale and all(node_index.node_of_marker(k) == gone for k in report.stale)
+    assert report.stale and all(node_index.node_of_marker(k) == gone for k in report.stale if k != dead)
+    assert dead in report.stale and dead not in set(store.list(PAIR_INDEX))  # no manifest: deleted, not put back
     assert not [k for k in store.list(NODE_INDEX) if k != NODE_INDEX_META and node_index.node_of_marker(k) == gone]
     assert list(store.list(PAIR_INDEX))  # their manifests exist: confirmed not stale, kept
+    assert [k for k in deleted if k.startswith(PAIR_INDEX)] == [dead]  # never deleted, even for a moment
 
 
 def test_a_node_with_two_engine_states_is_unsure_and_a_refusal_is_not_one():
@@ -489,7 +498,8 @@ def test_a_wave_moves_on_only_when_its_nodes_records_say_so_not_its_markers(stor
         store.delete(k)
     store.put_bytes(f"{prefix}{canary}.healthy", b"")  # the index says healthy; the record says failed
     later = datetime.now(timezone.utc) + timedelta(seconds=601)
-
+    seen = rollouts.view(store, read_channel(store, PROFILE, "prod", draft.compat_key)[0], now=later)
+    assert seen.decision == "halt", seen.why  # the view reads the wave's records as the tick does
     (v,) = rollouts.tick(Context.from_settings(settings(), store=store), channel="prod", now=later)
     assert v.decision == "halt" and canary in v.waves[0].failed_nodes and v.applied is not None, (v.decision, v.why)
     assert read_channel(store, PROFILE, "prod", draft.compat_key)[0].artifact_id == rec.rollout.base  # rolled back
