@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 from buildctl.validators.reference import _inspect_in_process
 
 
@@ -26,6 +28,7 @@ def test_with_a_gpu_vllm_keeps_its_subprocess():
     assert registry._run_in_subprocess is original
 
 
+@pytest.mark.slow  # a vLLM start in a child process: about 40 s on 2 busy cores
 def test_the_references_vllm_log_lines_go_to_the_log_file_not_to_stderr(tiny_build, tmp_path):
     """#50 item 6: vLLM's own output (43 lines per start) stays out of the progress lines on stderr;
     it is appended to BUILDCTL_VLLM_LOG (default <cache dir>/logs/vllm.log)."""
