@@ -63,8 +63,7 @@ def _with_fields(fp, assignments: list[str]):
     import yaml
 
     from buildctl.engines.errors import UpgradeTargetError
-    from buildctl.engines.fingerprint import UpgradeTarget
-    from pydantic import ValidationError
+    from buildctl.engines.fingerprint import parse_target
 
     data: dict = {}
     for a in assignments:
@@ -79,11 +78,4 @@ def _with_fields(fp, assignments: list[str]):
             data.setdefault("cpu", {})[field.removeprefix("cpu.")] = value
         else:
             data[field] = str(value) if isinstance(value, (int, float)) and field.endswith("_version") else value
-    try:
-        target = UpgradeTarget.model_validate(data)
-    except ValidationError as err:
-        detail = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: "
-                           + ("not a fingerprint field" if e["type"] == "extra_forbidden" else e["msg"])
-                           for e in err.errors())
-        raise UpgradeTargetError("--set", detail) from None
-    return target.apply(fp)
+    return parse_target(data, "--set").apply(fp)

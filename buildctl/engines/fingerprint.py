@@ -394,17 +394,24 @@ def load_target(path: str | Path) -> UpgradeTarget:
         raise UpgradeTargetError(str(path), f"not readable YAML: {str(err).splitlines()[0]}") from None
     if not isinstance(data, dict) or not data:
         raise UpgradeTargetError(str(path), "not a mapping of fingerprint fields to their values after the upgrade")
+    return parse_target(data, str(path))
+
+
+def parse_target(data: dict[str, Any], source: str) -> UpgradeTarget:
+    """A target from its mapping (a TARGET file's, or ``fingerprint --set``'s), strictly: an
+    unknown or mistyped field, or null for a field every fingerprint has, is an
+    :class:`UpgradeTargetError` that names it."""
     required = [k for k, v in data.items() if v is None and k in Fingerprint.model_fields
                 and Fingerprint.model_fields[k].is_required()]
     if required:
-        raise UpgradeTargetError(str(path), ", ".join(f"{k}: null, but every fingerprint has one" for k in required))
+        raise UpgradeTargetError(source, ", ".join(f"{k}: null, but every fingerprint has one" for k in required))
     try:
         return UpgradeTarget.model_validate(data)
     except ValidationError as err:
         detail = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or '<root>'}: "
                            + ("not a fingerprint field" if e["type"] == "extra_forbidden" else e["msg"])
                            for e in err.errors())
-        raise UpgradeTargetError(str(path), detail) from None
+        raise UpgradeTargetError(source, detail) from None
 
 
 def load_fingerprint(path: str | Path) -> Fingerprint:
