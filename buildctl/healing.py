@@ -160,8 +160,8 @@ class ScrubRow:
 @dataclass
 class ScrubReport:
     rows: list[ScrubRow]
-    skipped: list[tuple[str, str]] = field(default_factory=list)  # (key, why): malformed records passed over
-    checked_records: int = 0
+    skipped: list[tuple[str, str]]  # (key, why): malformed records passed over
+    checked_records: int
     node_index: IndexReport | None = None  # the node index checked and repaired (None: not built yet)
     history: list[tuple[str, str]] = field(default_factory=list)  # (key, why): forged or broken history records
 

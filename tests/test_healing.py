@@ -341,7 +341,8 @@ def test_scrub_fails_when_a_channel_points_at_an_artifact_whose_manifest_is_gone
     code, out, err = cli(*args)
     assert code == 4, (code, err)
     (row,) = [r for r in json.loads(out)["artifacts"] if r["artifact_id"] == aid]
-    assert row["status"] == "corrupt" and "manifest: missing" in row["problems"][0]
+    assert row["status"] == "corrupt" and "manifest: missing" in row["problems"][0] and row["bytes"] == 0
+    assert json.loads(out)["checked_bytes"] == 0  # nothing was read to find it
     assert any("prod" in c for c in row["channels"]), row
 
 
@@ -376,3 +377,151 @@ def test_recovery_with_no_earlier_artifact_that_qualifies_rolls_nothing_back(sto
     assert got["prod"].rolled_back_to is None and got["prod"].detail == "no earlier artifact deep-verifies and qualifies"
     assert read_channel(store, draft.profile_name, "prod", draft.compat_key)[0].artifact_id == only
     assert got["staging"].rolled_back_to == unvalidated  # staging takes an artifact without a passing attestation
+
+
+# --- scrub's arithmetic and heal's branches, each alone on a local store (`make mutants` sees these) ---
+
+
+@pytest.fixture
+def local(tmp_path):
+    return ops.open_store(str(tmp_path / "store"))
+
+
+def _ctx(store) -> Context:
+    return Context.from_settings(settings(), store=store)
+
+
+def _same_size(store, ids: list[str]) -> int:
+    (size,) = {ops.get_manifest(store, a).total_size for a in ids}
+    return size
+
+
+@pytest.mark.parametrize("slack, verified", [(0, 2), (-1, 1)])
+def test_scrub_spends_its_budget_to_the_byte(local, draft, tmp_path, slack, verified):
+    """A budget of exactly two artifacts' bytes checks two; one byte less checks one."""
+    from buildctl.healing import scrub
+
+    ids = [published(local, tmp_path / f"a{i}", draft, seed=i) for i in range(3)]
+    size = _same_size(local, ids)
+    report = scrub(_ctx(local), budget_bytes=2 * size + slack, seed=0)
+    statuses = [r.status for r in report.rows]
+    assert statuses.count("ok") == verified and statuses.count("skipped") == 3 - verified, statuses
+    assert report.checked_bytes == verified * size
+
+
+@pytest.mark.parametrize("sample, checked", [(1.0, 4), (0.5, 2), (0.25, 1), (0.1, 1)])
+def test_scrub_samples_a_rounded_fraction_of_the_rest_and_at_least_one(local, draft, tmp_path, sample, checked):
+    """By default (no --channels-only) the artifacts no channel points at are sampled too."""
+    from buildctl.healing import scrub
+
+    ids = [published(local, tmp_path / f"a{i}", draft, seed=i) for i in range(4)]
+    report = scrub(_ctx(local), sample=sample, seed=7)
+    assert len(report.rows) == checked and {r.status for r in report.rows} == {"ok"}
+    assert {r.artifact_id for r in report.rows} <= set(ids)
+    assert report.checked_bytes == checked * _same_size(local, ids)
+
+
+def test_scrub_passes_over_a_quarantined_artifact_and_checks_the_rest(local, draft, tmp_path):
+    from buildctl.artifact_store.quarantine import quarantine
+    from buildctl.healing import scrub
+
+    held = published(local, tmp_path / "q", draft, seed=1)
+    ops.promote(local, staged(local, held), "prod")  # a channel points at it: checked first
+    others = [published(local, tmp_path / f"o{i}", draft, seed=2 + i) for i in range(3)]
+    quarantine(local, held, "INC-9", auth=Authority(who="test"))
+    report = scrub(_ctx(local))
+    assert report.rows[0].artifact_id == held
+    assert {r.artifact_id: r.status for r in report.rows} == {held: "quarantined"} | {o: "ok" for o in others}
+    assert report.checked_bytes == 3 * _same_size(local, others)  # a quarantined artifact is not counted
+
+
+def test_scrub_finds_a_rotted_manifest_listed_after_good_ones_and_counts_no_bytes_for_it(local, draft, tmp_path):
+    from buildctl.artifact_store.layout import IDENTITY_INDEX
+    from buildctl.healing import scrub
+
+    from .support.helpers import rot_manifest
+
+    ids = sorted(published(local, tmp_path / f"a{i}", draft, seed=i) for i in range(3))
+    bad = ids[-1]  # listed last: the good manifests come first
+    size = _same_size(local, ids)
+    for key in list(local.list(IDENTITY_INDEX)):
+        local.delete(key)  # no copy to restore it from
+    rot_manifest(local, bad)
+    report = scrub(_ctx(local))
+    (row,) = [r for r in report.rows if r.artifact_id == bad]
+    assert row.status == "corrupt" and row.bytes == 0 and row.problems[0].startswith("manifest: "), row
+    assert report.failed and report.checked_bytes == 2 * size
+
+
+def test_scrub_reports_a_forged_history_record_while_another_ref_turns_malformed(local, draft, tmp_path, monkeypatch):
+    """The prod ref is garbled by a writer between scrub's listing and its read of the chain
+    (check_records names such a ref); the staging chain after it is still checked."""
+    from buildctl import healing
+    from buildctl.artifact_store.channels import read_channel
+    from buildctl.artifact_store.layout import channel_key, history_key
+
+    from .support.helpers import forged_history_record
+
+    P, compat = draft.profile_name, draft.compat_key
+    a0 = published(local, tmp_path / "a0", draft, seed=1)
+    a1 = published(local, tmp_path / "a1", draft, seed=2)
+    ops.promote(local, staged(local, a0), "prod")
+    ref = read_channel(local, P, "staging", compat)[0]
+    squatted = history_key(P, "staging", compat, 2)
+    local.put_bytes(squatted, forged_history_record(ref, 2, a1, a0))
+    real = healing.checked_history
+
+    def garbled_meanwhile(store, profile, channel, *args, **kw):
+        if channel == "prod":
+            key = channel_key(profile, channel, compat)
+            assert store.cas(key, b'{"seq": 0}', store.get_ref(key)[1])
+        return real(store, profile, channel, *args, **kw)
+
+    monkeypatch.setattr(healing, "checked_history", garbled_meanwhile)
+    report = healing.scrub(_ctx(local), channels_only=True)
+    assert [k for k, _ in report.history] == [squatted] and report.failed
+
+
+def test_heal_of_an_already_quarantined_artifact_keeps_its_record_and_names_its_reason(local, draft, tmp_path):
+    from buildctl.artifact_store.quarantine import quarantine
+    from buildctl.healing import heal_artifact
+
+    good = published(local, tmp_path / "g", draft, seed=1)
+    ops.promote(local, staged(local, good), "prod")
+    bad = published(local, tmp_path / "b", draft, seed=2)
+    ops.promote(local, staged(local, bad), "prod")
+    key, _ = quarantine(local, bad, "segfaults (INC-9)", problems=["rank0.engine: 4 bytes differ"],
+                        auth=Authority(who="test"))
+    report = heal_artifact(_ctx(local), bad)
+    assert report.quarantine_key == key and report.problems == ["rank0.engine: 4 bytes differ"]
+    assert not report.store_copy_ok and report.rebuild == [(draft.profile_name, draft.compat_key)]
+    assert next(r for r in report.recoveries if r.channel == "prod").rolled_back_to == good
+    last = ops.history(local, draft.profile_name, "prod", draft.compat_key)[-1]
+    assert last.reason == f"quarantine of {bad}: segfaults (INC-9)"
+
+
+def test_heal_whose_repair_makes_the_artifact_whole_names_no_rebuild(local, draft, tmp_path):
+    from buildctl.healing import heal_artifact
+
+    mirror = ops.open_store(str(tmp_path / "mirror"))
+    tree = make_tree(tmp_path / "a", {"config.json": b"{}", "rank0.engine": 100_000})
+    aid = ops.publish_tree(local, tree, draft).artifact_id
+    ops.publish_tree(mirror, tree, draft)
+    rot(local, digest_of(local, aid, "rank0.engine"), "flip")
+    report = heal_artifact(_ctx(local), aid, repair_source=mirror.uri)
+    assert report.repair.healthy and report.repair.replaced == ["rank0.engine"] and report.rebuild == []
+
+
+def test_recovery_passes_over_an_unvalidated_artifact_to_an_older_validated_one(local, draft, tmp_path):
+    from buildctl.artifact_store.quarantine import quarantine
+    from buildctl.healing import recover_channels
+
+    validated = published(local, tmp_path / "v", draft, seed=1)
+    ops.promote(local, staged(local, validated), "prod")
+    unvalidated = publish_files(local, tmp_path / "u", draft, {"rank0.engine": 1000}, seed=5, verdict=None)
+    ops.promote(local, staged(local, unvalidated), "prod", force=True, reason="test: no attestation")
+    newest = published(local, tmp_path / "n", draft, seed=3)
+    ops.promote(local, staged(local, newest), "prod")
+    quarantine(local, newest, "bad engine", auth=Authority(who="test"))
+    got = {r.channel: r for r in recover_channels(_ctx(local), newest)}
+    assert got["prod"].rolled_back_to == validated  # prod needs a passing attestation for the key

@@ -39,7 +39,7 @@ from buildctl.artifact_store.rollout import RolloutPlan, parse_waves
 from buildctl.artifact_store.signing import SigningKey, TrustedKeys
 from buildctl.artifact_store.authority import Authority
 
-from ..support.helpers import make_signer, make_tree, write_attestation, staged
+from ..support.helpers import forged_history_record, make_signer, make_tree, write_attestation, staged
 
 P = "tiny-llama-cpu"
 
@@ -491,17 +491,10 @@ def two_keys(store, tmp_path, draft):
     return store, a_ids, b_id, draft.compat_key
 
 
-def _forged(ref: ChannelRecord, seq: int, artifact_id: str, previous: str | None) -> bytes:
-    """A record as a principal that may write history/ but holds no promoter key would write it."""
-    return ref.model_copy(update={"seq": seq, "artifact_id": artifact_id, "previous": previous, "who": "mallory",
-                                  "signature": None, "cosignatures": None, "manifest_blake3": None,
-                                  "reason": "forged"}).to_bytes()
-
-
 def test_a_promote_whose_history_slot_was_squatted_fails_before_moving_the_ref(two_keys, cli):
     store, (a0, a1, _), b, compat = two_keys
     r1 = set_channel(store, a0, ops.get_manifest(store, a0), "prod", auth=Authority(who="ci"))
-    store.put_bytes(history_key(P, "prod", compat, 2), _forged(r1, 2, b, a0))
+    store.put_bytes(history_key(P, "prod", compat, 2), forged_history_record(r1, 2, b, a0))
     with pytest.raises(HistoryConflictError) as err:
         set_channel(store, a1, ops.get_manifest(store, a1), "prod", auth=Authority(who="ci"))
     assert history_key(P, "prod", compat, 2) in str(err.value)
@@ -522,7 +515,7 @@ def test_a_writer_whose_history_put_lost_after_its_swap_says_so(two_keys, monkey
     def cas_then_squat(key, data, expected):
         ok = real_cas(key, data, expected)
         if ok and key == channel_key(P, "prod", compat):
-            store.put_bytes(history_key(P, "prod", compat, 2), _forged(r1, 2, b, a0))
+            store.put_bytes(history_key(P, "prod", compat, 2), forged_history_record(r1, 2, b, a0))
         return ok
 
     monkeypatch.setattr(store, "cas", cas_then_squat)
@@ -538,7 +531,7 @@ def test_rollback_skips_a_forged_record_and_history_marks_it(two_keys, cli):
     trusted = TrustedKeys({"promoter": {k.key_id: k.private.public_key()}})
     auth = Authority(who="ci", signer=k, trusted=trusted)
     r1 = set_channel(store, a0, ops.get_manifest(store, a0), "prod", auth=auth)
-    store.put_bytes(history_key(P, "prod", compat, 2), _forged(r1, 2, b, a0))
+    store.put_bytes(history_key(P, "prod", compat, 2), forged_history_record(r1, 2, b, a0))
     ref = ChannelRecord(**{**r1.model_dump(), "seq": 2, "artifact_id": a1, "previous": a0, "signature": None})
     ref = ref.model_copy(update={"signature": k.sign(ref.signed_bytes())})
     assert store.cas(channel_key(P, "prod", compat), ref.to_bytes(), store.get_ref(channel_key(P, "prod", compat))[1])
@@ -560,7 +553,7 @@ def test_rollback_never_picks_an_artifact_of_another_compat_key_from_history(two
     set_channel(store, a0, ops.get_manifest(store, a0), "prod", auth=Authority(who="ci"))
     r2 = set_channel(store, a1, ops.get_manifest(store, a1), "prod", auth=Authority(who="ci"))
     # a squatter's record ahead of the ref, naming B
-    store.put_bytes(history_key(P, "prod", compat, 3), _forged(r2, 3, b, a1))
+    store.put_bytes(history_key(P, "prod", compat, 3), forged_history_record(r2, 3, b, a1))
     with pytest.raises(StoreArgumentError):
         rollback(store, P, "prod", auth=Authority(who="ci"), to=b)
     # a rollback is never blocked by a squatter: it moves, to A's previous, and says its record is not there
@@ -622,7 +615,7 @@ def test_a_misplaced_or_unlinked_record_is_marked_and_record_problems_agree(two_
     # #1 replaced by a record of another artifact: #2's previous no longer names it
     k1 = history_key(P, "prod", compat, 1)
     store.delete(k1)
-    store.put_bytes(k1, _forged(r1, 1, b, None))
+    store.put_bytes(k1, forged_history_record(r1, 1, b, None))
     checked = {e.record.seq: e.problem for e in checked_history(store, P, "prod", compat)}
     assert checked[1] is not None and checked[1].startswith("broken link: #2 names")
     assert checked[2] is None and checked[3] is None
@@ -632,7 +625,7 @@ def test_a_misplaced_or_unlinked_record_is_marked_and_record_problems_agree(two_
     k2 = history_key(P, "prod", compat, 2)
     two = store.get_bytes(k2)
     store.delete(k2)
-    store.put_bytes(k2, _forged(ChannelRecord.model_validate_json(two), 5, a1, a0))
+    store.put_bytes(k2, forged_history_record(ChannelRecord.model_validate_json(two), 5, a1, a0))
     checked = {e.key: e.problem for e in checked_history(store, P, "prod", compat)}
     assert checked[k2].startswith("misplaced: it claims")
 
@@ -736,7 +729,7 @@ def test_records_ahead_of_the_ref_name_its_seq_and_the_refs_own_record_comes_fir
     store, (a0, a1, _), b, compat = two_keys
     r1 = set_channel(store, a0, ops.get_manifest(store, a0), "prod", auth=Authority(who="ci"))
     r2 = set_channel(store, a1, ops.get_manifest(store, a1), "prod", auth=Authority(who="ci"))
-    store.put_bytes(history_key(P, "prod", compat, 3), _forged(r2, 3, b, a1))
+    store.put_bytes(history_key(P, "prod", compat, 3), forged_history_record(r2, 3, b, a1))
     checked = checked_history(store, P, "prod", compat)
     ahead = next(e for e in checked if e.record.seq == 3)
     assert ahead.problem == "ahead of the ref (#2): written before the ref reached it"
@@ -745,7 +738,7 @@ def test_records_ahead_of_the_ref_name_its_seq_and_the_refs_own_record_comes_fir
     # a stranger in the ref's slot: the ref's own record first, the stranger after it
     k2 = history_key(P, "prod", compat, 2)
     store.delete(k2)
-    store.put_bytes(k2, _forged(r2, 2, b, a0))
+    store.put_bytes(k2, forged_history_record(r2, 2, b, a0))
     same = [(e.record.artifact_id, e.problem is None) for e in checked_history(store, P, "prod", compat)
             if e.record.seq == 2]
     assert same == [(a1, True), (b, False)]

@@ -348,3 +348,11 @@ def xxh3_collision(size: int = 4096, seed: int = 0) -> tuple[bytes, bytes]:
     struct.pack_into("<Q", b, 0, (struct.unpack_from("<Q", a, 0)[0] + c) % 2**64)
     struct.pack_into("<Q", b, 64, (struct.unpack_from("<Q", a, 64)[0] - c) % 2**64)
     return bytes(a), bytes(b)
+
+
+def forged_history_record(ref, seq: int, artifact_id: str, previous: str | None) -> bytes:
+    """A channel history record (from the ``ChannelRecord`` ``ref``) as a principal that may write
+    ``history/`` but holds no promoter key would write it: unsigned, by "mallory"."""
+    return ref.model_copy(update={"seq": seq, "artifact_id": artifact_id, "previous": previous, "who": "mallory",
+                                  "signature": None, "cosignatures": None, "manifest_blake3": None,
+                                  "reason": "forged"}).to_bytes()
