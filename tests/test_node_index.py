@@ -503,3 +503,29 @@ def test_a_wave_moves_on_only_when_its_nodes_records_say_so_not_its_markers(stor
     (v,) = rollouts.tick(Context.from_settings(settings(), store=store), channel="prod", now=later)
     assert v.decision == "halt" and canary in v.waves[0].failed_nodes and v.applied is not None, (v.decision, v.why)
     assert read_channel(store, PROFILE, "prod", draft.compat_key)[0].artifact_id == rec.rollout.base  # rolled back
+
+
+@pytest.mark.parametrize("dry_run", [True, False])
+def test_gc_reads_the_node_records_before_it_removes_what_no_held_marker_names(store, tmp_path, draft, dry_run):
+    """#48: a held marker that went missing (deleted by a principal, or lost) must not make gc
+    remove a node's rollback target: before it removes anything, gc reads the node records, keeps
+    what they hold and names the missing markers."""
+    from buildctl.artifact_store.layout import HELD_INDEX, hex_of
+
+    v1, v2 = publish(store, tmp_path, "v1", draft), publish(store, tmp_path, "v2", draft)
+    nodes = Fleet(store, tmp_path, 2)
+    ops.promote(store, staged(store, v1), "prod")
+    nodes.pull_all()
+    ops.promote(store, staged(store, v2), "prod")
+    nodes.pull_all()  # v1 is each node's previous: its rollback target
+    node_index.rebuild(store)
+    lost = [k for k in store.list(HELD_INDEX) if k.startswith(f"{HELD_INDEX}{hex_of(v1)}/")]
+    assert len(lost) == 2  # previous, on each node
+    for key in lost:
+        store.delete(key)
+    res = gc(store, keep=0, keep_history=0, grace_s=0, dry_run=dry_run, now=datetime(2030, 1, 1, tzinfo=timezone.utc))
+    kept = {d.artifact_id: d.protected_by for d in res.decisions}
+    assert v1 not in res.removed_artifacts and v2 not in res.removed_artifacts
+    assert any("held by 2 node(s)" in why and "no held marker" in why for why in kept[v1]), kept[v1]
+    assert res.index_missing == [v1] and res.to_json()["index_missing"] == [v1]
+    assert ops.get_manifest(store, v1) is not None

@@ -7,7 +7,9 @@ An artifact is **protected** (every reason is reported, by ``gc --dry-run`` too)
   (``buildctl rollback`` can go back to it);
 * a node's inventory record reports it installed, current or previous (read from the node
   index's ``held/`` markers once the index is built: one LIST per 1,000 instead of a GET per
-  node; an interrupted node update leaves extra markers, so this only ever over-protects);
+  node; an interrupted node update leaves extra markers, so this only ever over-protects; and
+  before an artifact is removed because no marker names it, every node record is read, so a
+  missing marker never removes what a node holds);
 * it has a quarantine record younger than ``quarantine_retention_s`` (kept for forensics);
 * its manifest is younger than ``grace_s`` (a publish may still be finishing around it);
 * it is among the newest ``keep`` of its (profile, compat key).
@@ -102,6 +104,7 @@ class GcResult:
     skipped: list[tuple[str, str]] = field(default_factory=list)  # (key, why): malformed records passed over
     compacted_history: list[str] = field(default_factory=list)  # superseded re-sign records removed (a real run only)
     history_examined: int = 0  # history records compaction read (a dry run: would read), older than each ref's last N
+    index_missing: list[str] = field(default_factory=list)  # artifacts a node record holds and no held marker named
 
     def to_json(self) -> dict:
         return {"dry_run": self.dry_run, "removed_artifacts": self.removed_artifacts, "removed_blobs": self.removed_blobs,
@@ -111,7 +114,8 @@ class GcResult:
                 "stopped_early": self.stopped_early,
                 "unreadable_manifests": [{"artifact_id": a, "why": why} for a, why in self.unreadable],
                 "skipped_records": [{"key": k, "why": why} for k, why in self.skipped],
-                "compacted_history": self.compacted_history, "history_examined": self.history_examined}
+                "compacted_history": self.compacted_history, "history_examined": self.history_examined,
+                "index_missing": self.index_missing}
 
     @property
     def removed_artifacts(self) -> list[str]:
@@ -214,7 +218,8 @@ def gc(store: Store, *, keep: int = DEFAULT_KEEP, keep_history: int = DEFAULT_KE
                   key=lambda am: am[1].created_at, reverse=True)  # newest first, as list_artifacts has them
     result = GcResult(dry_run=dry_run)
     named: set[str] = set()  # ids a malformed node record still names: it may run or keep them
-    if index_built(store):  # one LIST per 1,000 held markers instead of a GET per node
+    indexed = index_built(store)
+    if indexed:  # one LIST per 1,000 held markers instead of a GET per node
         nodes = node_protections((), held=read_held(store))
     else:
         nodes = node_protections(read_inventory(store, result.skipped, named))
@@ -222,6 +227,8 @@ def gc(store: Store, *, keep: int = DEFAULT_KEEP, keep_history: int = DEFAULT_KE
     keep_for = protections(store, arts, keep=keep, keep_history=keep_history, grace_s=grace,
                            quarantine_retention_s=quarantine_retention_s, now=now,
                            also=nodes, skipped=result.skipped)
+    if indexed and any(not why for why in keep_for.values()):
+        _confirm_with_node_records(store, keep_for, result)
     for artifact, m in arts:
         d = GcDecision(artifact, m.profile_name, m.compat_key, m.created_at, m.total_size, keep_for[artifact])
         if not d.protected_by:
@@ -238,6 +245,22 @@ def gc(store: Store, *, keep: int = DEFAULT_KEEP, keep_history: int = DEFAULT_KE
     if compact_history:
         _compact_history(store, keep_history, result, dry_run=dry_run)
     return result
+
+
+def _confirm_with_node_records(store: Store, keep_for: dict[str, list[str]], result: GcResult) -> None:
+    """Before anything is removed on the index's word: read every node record (one GET each, only
+    when something would go) and keep what a record holds though no ``held/`` marker said so. A
+    marker is only a hint (deleted by a principal that may write the index, or lost); the record
+    decides. Each such artifact is named in ``result.index_missing`` (``buildctl scrub`` writes the
+    markers back)."""
+    named: set[str] = set()
+    held = node_protections(read_inventory(store, result.skipped, named))
+    held += [(a, "named by a malformed node record") for a in sorted(named)]
+    for artifact, why in held:
+        if artifact in keep_for and not keep_for[artifact]:
+            keep_for[artifact].append(f"{why} (read from the node records: the node index has no held marker)")
+            result.index_missing.append(artifact)
+    result.index_missing.sort()
 
 
 def _compact_history(store: Store, keep_history: int, result: GcResult, *, dry_run: bool = False) -> None:

@@ -574,6 +574,9 @@ def _print_gc(ctx: typer.Context, res, dry_run: bool) -> None:
     for artifact, why in res.unreadable:
         typer.echo(f"warning: the manifest of {artifact} does not verify ({why}): it and every blob it names are "
                    f"kept; `buildctl heal {artifact}` repairs it", err=True)
+    for artifact in res.index_missing:
+        typer.echo(f"warning: a node record holds {artifact} and the node index has no held marker for it: kept; "
+                   "`buildctl scrub` writes the missing markers back", err=True)
     if res.stopped_early:
         typer.echo(res.stopped_early, err=True)
 
