@@ -135,6 +135,48 @@ def test_a_revoked_key_counts_only_on_records_made_before_its_revocation():
             verify_signature("r", b"record", sig, trusted, "promoter", signed_at=when)
 
 
+def test_a_signer_is_refused_from_the_moment_of_its_revocation_on(monkeypatch):
+    """signer_refusal (what a promoter checks before it signs): refused at and after the revocation
+    time, accepted before it; without ``now``, the clock decides."""
+    from datetime import datetime, timedelta, timezone
+
+    from buildctl.artifact_store.signing import signer_refusal
+
+    k = make_signer()
+    at = datetime(2026, 6, 1, 12, 0, tzinfo=timezone.utc)
+    trusted = TrustedKeys({"promoter": {k.key_id: k.private.public_key()}}, revoked={k.key_id: (at, "laptop lost")})
+    refused = "was revoked from 2026-06-01T12:00:00+00:00 (laptop lost)"
+    assert signer_refusal(trusted, k.key_id, "promoter", now=at - timedelta(microseconds=1)) is None
+    assert signer_refusal(trusted, k.key_id, "promoter", now=at) == refused
+    assert signer_refusal(trusted, k.key_id, "promoter", now=at + timedelta(days=1)) == refused
+    assert signer_refusal(trusted, k.key_id, "promoter") == refused  # the clock is past 2026-06-01
+    later = dataclasses.replace(trusted, revoked={k.key_id: (datetime.now(timezone.utc) + timedelta(hours=1), "rotation")})
+    assert signer_refusal(later, k.key_id, "promoter") is None  # a revocation that takes effect in an hour
+    assert signer_refusal(trusted, "0" * 16, "promoter") == "is not a trusted key"
+
+
+@pytest.mark.parametrize("signature", [["key_id", "sig"], "a string", {"key_id": "k", "sig": 7}])
+def test_a_signature_that_is_not_an_object_with_a_string_sig_is_malformed(signature):
+    from buildctl.artifact_store.signing import verify_signature
+
+    k = make_signer()
+    with pytest.raises(SignatureError, match="malformed signature"):
+        verify_signature("r", b"record", signature, trust(promoter=[k]), "promoter")
+
+
+def test_an_unsigned_manifest_names_its_first_three_malformed_signature_files(tmp_path, draft):
+    from buildctl.artifact_store.layout import manifest_signature_key
+
+    store = open_store(str(tmp_path / "store"))
+    aid = ops.publish_tree(store, make_tree(tmp_path / "a", {"rank0.engine": b"x"}), draft).artifact_id
+    bad = [manifest_signature_key(aid, f"{i:016x}") for i in range(5)]
+    for key in bad:
+        store.put_bytes(key, b"{}")
+    with pytest.raises(SignatureError) as err:
+        verify_manifest_signature(store, aid, trust(builder=[make_signer()]))
+    assert f"unsigned (5 malformed signature file(s), counted as none: {', '.join(bad[:3])})" in str(err.value)
+
+
 def test_generate_refuses_when_either_file_exists(tmp_path):
     (tmp_path / "k.pub").write_text("")
     with pytest.raises(StoreArgumentError, match="refusing to overwrite"):
