@@ -33,7 +33,7 @@ from buildctl.settings import Settings
 from buildctl.times import utc_now
 from buildctl.artifact_store.backend import ProgressFn, Store, fail_fast
 from buildctl.artifact_store.channels import ChannelRecord
-from buildctl.artifact_store.errors import EngineUnhealthyError, NotCoveredError
+from buildctl.artifact_store.errors import EngineUnhealthyError, NotCoveredError, StoreNotFoundError
 from buildctl.artifact_store.install_dir import (
     PullResult,
     StagedEngine,
@@ -241,7 +241,7 @@ def _quarantine_check(store: Store, artifact_id: str) -> tuple[bool, str | None]
     once; ``(False, why)`` when it does not (activation is offline by design, so it goes on)."""
     try:
         check_not_quarantined(fail_fast(store), artifact_id, "not activating it; the current engine stays")
-    except UnavailableError as err:
+    except (UnavailableError, StoreNotFoundError) as err:  # offline, or the bucket is gone: say so, go on
         return False, f"could not check the store's quarantine records ({err})"
     return True, None
 

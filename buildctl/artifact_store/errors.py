@@ -113,10 +113,11 @@ class HistoryConflictError(IntegrityError):
 class StoreNotFoundError(NotFoundError):
     """The store named does not exist (a local folder that is not there, an S3 bucket that is not)."""
 
-    def __init__(self, uri: str) -> None:
+    def __init__(self, uri: str, where: str | None = None) -> None:
         self.uri = uri
-        super().__init__(f"store {uri} does not exist (check --store / BUILDCTL_STORE; commands that write an "
-                         "artifact create a local store)")
+        hint = (f"{where}; check --store / BUILDCTL_STORE and BUILDCTL_ENDPOINT_URL" if where else
+                "check --store / BUILDCTL_STORE; commands that write an artifact create a local store")
+        super().__init__(f"store {uri} does not exist ({hint})")
 
 
 class UnknownChannelError(BadInputError):

@@ -31,7 +31,7 @@ from botocore.exceptions import BotoCoreError, ClientError, EndpointConnectionEr
 from botocore.utils import parse_timestamp
 
 from buildctl.digest import Crc64Nvme
-from buildctl.artifact_store.errors import KeyNotFoundError, StoreUnavailableError, StoreUriError
+from buildctl.artifact_store.errors import KeyNotFoundError, StoreNotFoundError, StoreUnavailableError, StoreUriError
 from buildctl.artifact_store.backend import ProgressFn
 
 PART_SIZE = 32 * 1024 * 1024
@@ -197,9 +197,11 @@ class S3Store:
     def _k(self, key: str) -> str:
         return self.prefix + key
 
-    def _fail(self, err: Exception, what: str) -> StoreUnavailableError:
+    def _fail(self, err: Exception, what: str) -> StoreUnavailableError | StoreNotFoundError:
         if isinstance(err, ClientError):
             code = _code(err)
+            if code == "NoSuchBucket":  # a store that is not there, as a missing local folder (exit 3)
+                return StoreNotFoundError(self.uri, f"no bucket {self.bucket} at {self.client.meta.endpoint_url}")
             if code in _CREDENTIAL_CODES:
                 return StoreUnavailableError(self.uri, f"{what}: credentials refused ({code}): check AWS_ACCESS_KEY_ID/"
                                              "AWS_PROFILE and the role's bucket policy")

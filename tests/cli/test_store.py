@@ -196,6 +196,20 @@ def test_a_store_that_does_not_exist_is_an_error(tmp_path, cli, command):
         assert code == 3 and "does not exist" in err, (store, err)
 
 
+@pytest.mark.parametrize("command", [["ls"], ["pull", "--profile", "p", "--channel", "prod", "--dest", "{tmp}/n",
+                                              "--skip-preflight"], ["scrub"], ["gc", "--dry-run"]])
+def test_an_s3_store_whose_bucket_does_not_exist_is_an_error(tmp_path, cli, seaweed, s3_env, command):
+    """As a local folder that is not there: exit 3 naming the store, not the S3 error code (exit 9,
+    'store unavailable', which would send the operator after credentials or the network)."""
+    args = [a.format(tmp=tmp_path) for a in command]
+    code, _, err = cli("--store", "s3://no-such-bucket-48/buildctl", *args)
+    assert code == 3 and "store s3://no-such-bucket-48/buildctl does not exist" in err, err
+    assert len(err.strip().splitlines()) == 1, err
+    empty = f"s3://{seaweed.new_bucket()}/buildctl"  # a bucket with nothing under the prefix: an empty store
+    code, _, err = cli("--store", empty, *args)
+    assert code == (3 if command[0] == "pull" else 0), err
+
+
 def test_node_report_refuses_an_unknown_profile_and_lists_the_known(tmp_path, cli, monkeypatch):
     from ..support.helpers import PROFILES
 
