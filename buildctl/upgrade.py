@@ -11,8 +11,9 @@ and for each profile it serves gets one state:
   at it yet (for ``prod``, CI's ``buildctl promote``);
 * ``re-check``: an artifact for the key exists, but is not validated on those soft values;
 * ``build``: no artifact for the key;
-* ``blocked``: no worker queue serves the projected key (the queue is named), or the projected
-  host is below one of the backend's floors.
+* ``blocked``: no worker queue serves the projected key (the queue is named; for a re-check, the
+  queue of the key and the projected soft values, which only a worker on a host with those values
+  polls), or the projected host is below one of the backend's floors.
 
 Nodes are grouped by (profile, projected key, projected soft values): each group is decided once,
 whatever its size. :func:`migrate_keys` re-points channels written under schema-1 compat keys.
@@ -40,7 +41,7 @@ from buildctl.engines.errors import EngineLoadError, IncompatibleTargetError
 from buildctl.engines.fingerprint import Fingerprint, UpgradeTarget, host_fingerprint
 from buildctl.engines.profile import BuildProfile
 from buildctl.errors import GateRefusedError, NotFoundError
-from buildctl.fleet import node_fingerprint, serving_queues, work_queue_for
+from buildctl.fleet import node_fingerprint, recheck_queue_for, recheck_queues, serving_queues, work_queue_for
 from buildctl.pipeline import (
     PROTECTED_CHANNELS,
     build,
@@ -97,9 +98,15 @@ class Group:
     detail: str = ""
     coverage: Coverage | None = None
     command: str | None = None  # for ``promote``: the command that moves the channel
+    recheck: bool = False  # its work is a re-check: only a worker with the projected soft values can do it
 
     @property
     def queue(self) -> str:
+        """The work queue of its work: the compat key's, or for a re-check the key's and projected
+        soft values' (:func:`~buildctl.fleet.recheck_queue_for`), which only a worker on a host
+        with those values polls."""
+        if self.recheck:
+            return recheck_queue_for(self.compat_key, self.projected.soft_fields(self.backend))
         return work_queue_for(self.compat_key)
 
     @property
@@ -213,12 +220,13 @@ def decide(ctx: Context, group: Group, profile: BuildProfile, channel: str, serv
         group.artifact_id = candidates[0][0]
         group.coverage = coverage(store, candidates[0][0], candidates[0][1], projected)
     if group.artifact_id is not None:
-        group.state = "re-check"
+        group.state, group.recheck = "re-check", True
         group.detail = group.coverage.describe() if group.coverage else ""
     else:
         group.state, group.detail = "build", f"no artifact of {group.profile} for {group.compat_key}"
     if served is not None and group.queue not in served:
-        group.detail = f"no worker serves queue {group.queue} (needed to {group.state})"
+        group.detail = f"no worker serves queue {group.queue} (needed to {group.state})" + (
+            f": {group.detail}" if group.recheck and group.detail else "")
         group.state = "blocked"
 
 
@@ -319,7 +327,7 @@ class Prepared:
 
     profile: str
     compat_key: str
-    action: Literal["re-checked", "rebuilt", "built", "promoted", "left"]
+    action: Literal["re-checked", "rebuilt", "built", "promoted"]
     artifact_id: str | None
     detail: str
     seconds: float = 0.0
@@ -335,11 +343,11 @@ def prepare(ctx: Context, target: UpgradeTarget, profiles: dict[str, BuildProfil
             nodes_glob: str | None = None, say: Say = lambda _: None) -> tuple[list[Prepared], UpgradePlan]:
     """Run the plan's re-checks and builds here, as a worker of this host's fingerprint: groups
     of another compat key are left to their workers, and a re-check of soft values other than this
-    host's is left to a worker that has them. New builds go to ``staging`` (and to ``channel`` when
+    host's is left to a worker that has them (both are ``blocked`` here, naming the queue). New builds go to ``staging`` (and to ``channel`` when
     it is not a protected one); a re-check only adds an attestation. For a protected channel the
     ``buildctl promote`` commands CI runs are returned. Returns what was done and the plan after."""
     host = host_fingerprint(ctx.settings)
-    served = set(serving_queues(ctx.settings, host).values())
+    served = set(serving_queues(ctx.settings, host).values()) | set(recheck_queues(ctx.settings, host).values())
     before = plan(ctx, target, profiles, channel=channel, nodes_glob=nodes_glob, served=served)
     done: list[Prepared] = []
 
@@ -367,16 +375,11 @@ def prepare(ctx: Context, target: UpgradeTarget, profiles: dict[str, BuildProfil
         if g.state in ("ready", "blocked"):
             continue
         t0 = time.monotonic()
-        same_soft = g.projected.soft_fields(g.backend) == host.soft_fields(g.backend)
         if g.state == "promote" and g.artifact_id is not None:
             cmds = promoted(g.artifact_id) if channel not in PROTECTED_CHANNELS else [
                 f"buildctl promote {g.artifact_id} --channel {channel}"]
             done.append(Prepared(g.profile, g.compat_key, "promoted", g.artifact_id,
                                  "validated earlier" + (f"; promoted to {channel}" if not cmds else ""), 0.0, cmds))
-            continue
-        if g.state == "re-check" and not same_soft:
-            done.append(Prepared(g.profile, g.compat_key, "left", g.artifact_id,
-                                 "its soft values are not this host's: a worker with them re-checks it"))
             continue
         if g.state == "re-check" and g.artifact_id is not None:
             say(f"{g.profile}: re-checking {g.artifact_id} on this host")

@@ -159,7 +159,16 @@ def test_a_mixed_fleet_gives_the_right_plan_table(legacy):
     blocked = upgrade.plan(ctx, target(driver_version="560.35.03"), profiles, served=served)
     c = next(g for g in blocked.groups if g.nodes == ["gpu-c-1"])
     assert c.state == "blocked" and f"no worker serves queue {a100.compat_key('trtllm')}" in c.detail
-    assert states(blocked)["gpu-a-1"] == {TRT: "re-check"}
+    # #48 item 13: a re-check goes to the queue of its key and the projected soft values, which only a
+    # worker that has them polls: a worker of the key alone would vouch for a driver it does not run.
+    h100_key = legacy["hosts"]["h100"].compat_key("trtllm")
+    soft_queue = fleet.recheck_queue_for(h100_key, h100.projected.soft_fields("trtllm"))
+    assert h100.queue == soft_queue and h100.to_json()["queue"] == soft_queue
+    a1 = next(g for g in blocked.groups if g.nodes == ["gpu-a-1", "gpu-a-2"])
+    assert a1.state == "blocked" and f"no worker serves queue {soft_queue} (needed to re-check)" in a1.detail
+    assert a1.queue == soft_queue and "driver_version=560.35.03" in a1.detail
+    served_soft = upgrade.plan(ctx, target(driver_version="560.35.03"), profiles, served=served | {soft_queue})
+    assert states(served_soft)["gpu-a-1"] == {TRT: "re-check"}
     # Below a floor: CUDA 12 needs a 525 driver.
     low = upgrade.plan(ctx, target(driver_version="520.61.05"), profiles, nodes_glob="gpu-a-1")
     assert low.groups[0].state == "blocked" and "CUDA 12 needs driver >= 525.60.13" in low.groups[0].detail

@@ -3,8 +3,11 @@ fleet will need after it, through the compat-key work queues, and end with the p
 
 The plan (:func:`buildctl.upgrade.plan`) knows which work queues have a live worker (a queue is
 READY when a worker polled it within the last minute): a projected key no worker serves is
-``blocked`` and fails the run, naming its queue. Each (profile, projected key) that needs a
-re-check or a build gets one ``build-validate-publish`` run on its key's queue; the worker takes
+``blocked`` and fails the run, naming its queue. Each (profile, projected key) that needs a build
+gets one ``build-validate-publish`` run on its key's queue. A re-check goes to the queue of its
+key and the projected soft values, which only a worker on a host with those values polls (for a
+driver upgrade: a host upgraded first); with none, the row is ``blocked`` and the run fails,
+naming the queue, instead of a worker vouching for a driver it does not run. The worker takes
 the cache hit and re-checks it (a failed re-check rebuilds), or builds. Results go to the
 channel, or to ``staging`` when the channel is a protected one (prod stays CI's: the table names
 the ``buildctl promote`` commands).
@@ -62,8 +65,9 @@ def _next_step(counts: dict[str, int], bad: list[str], blocked: list, commands: 
     if bad:
         return "open the failed runs above (their summaries say why), fix, and start prepare-upgrade again"
     if blocked:
-        return ("start a worker for each blocked row's compat key (`buildctl worker start` on such a host), or fix "
-                "the target; then start prepare-upgrade again")
+        return ("start a worker for each blocked row's queue (`buildctl worker start` on a host with its compat key, "
+                "and for a re-check its soft values: for a driver, a host upgraded first), or fix the target; then "
+                "start prepare-upgrade again")
     if commands:
         return f"promote to {channel} from CI (the commands above), then upgrade the nodes"
     if counts.get("re-check") or counts.get("build"):
@@ -93,11 +97,19 @@ def prepare_upgrade(target: dict[str, Any], channel: str = "prod", nodes: str | 
     before = upgrade.plan(ctx, tgt, profiles, channel=channel, nodes_glob=nodes, served=served_queues())
     publish = "staging" if channel in pipeline.PROTECTED_CHANNELS else channel
     blocked = [g for g in before.groups if g.state == "blocked"]
-    todo = sorted({(g.profile, g.compat_key): sum(len(x.nodes) for x in before.groups
-                                                  if (x.profile, x.compat_key) == (g.profile, g.compat_key))
-                   for g in before.groups if g.state in ("re-check", "build")}.items())
+    # One run per (profile, key, queue): a build on the key's queue; a re-check on the queue of the
+    # key and the projected soft values, carrying them, so that only a worker that has them takes it
+    # and any other refuses it (it never ends green on values nobody checked).
+    work: dict[tuple[str, str, str], list] = {}
+    for g in before.groups:
+        if g.state in ("re-check", "build"):
+            work.setdefault((g.profile, g.compat_key, g.queue), []).append(g)
+    todo = sorted(work.items())
     trigger = {"kind": "prepare-upgrade", "target": tgt.fields(), "channel": channel}
-    started = start_builds(settings, [(p, k, n) for (p, k), n in todo], trigger, publish) if todo else []
+    triggers = [{**trigger, "recheck": True, "soft": gs[0].projected.soft_fields(gs[0].backend)} if gs[0].recheck
+                else trigger for _, gs in todo]
+    started = start_builds(settings, [(p, k, sum(len(g.nodes) for g in gs)) for (p, k, _), gs in todo], trigger,
+                           publish, queues=[q for (_, _, q), _ in todo], triggers=triggers) if todo else []
     for g in before.groups:
         if g.state == "promote" and g.artifact_id and publish == channel:
             pipeline.promote_artifact(ctx, g.artifact_id, channel)

@@ -457,7 +457,7 @@ def prepare_upgrade_readies_a_two_fingerprint_fleet(url: str, env: dict, tmp_pat
     """A second store: nodes of fingerprints a and b on gcc 11 (the upgrade brings the workers'
     compiler), each key with an engine on staging; a's was validated on gcc 11 only, b's on the
     workers' compiler too. prepare-upgrade finds b ready and plans a re-check for a only, starts
-    one run on a's queue, worker a re-checks (the imported engine does not load for its claimed
+    one run on the queue of a's key and the target's soft values, worker a re-checks (the imported engine does not load for its claimed
     torch: the re-check fails) and rebuilds, and the run ends with every node ready and the plan
     table; a target whose key no worker serves is blocked and fails naming the queue. (One
     rebuild, not two: the first part already routes a run to each key's queue, and a second
@@ -486,7 +486,10 @@ def prepare_upgrade_readies_a_two_fingerprint_fleet(url: str, env: dict, tmp_pat
     assert state["state_type"] == "COMPLETED", (state["state"], logs)
     children = [x for x in api(url, "/flow_runs/filter", {}) if x.get("parent_task_run_id")
                 and x["parameters"].get("store") == store2.uri]
-    assert [c["work_queue_name"] for c in children] == [keys["a"]]
+    # #48 item 13: the re-check goes to a's key and the target's soft values, which worker a (on the
+    # target compiler) polls; a worker of the key on another compiler would refuse it.
+    assert [c["work_queue_name"] for c in children] == [fleet.recheck_queue_for(keys["a"], fps["a"].soft_fields("aoti"))]
+    assert children[0]["parameters"]["trigger"]["soft"] == fps["a"].soft_fields("aoti")
     assert all(c["state_type"] == "COMPLETED" for c in children)
     (table,) = api(url, "/artifacts/latest/filter", {"artifacts": {"key": {"any_": ["prepare-upgrade-staging"]}}})
     rows = json.loads(table["data"]) if isinstance(table["data"], str) else table["data"]
