@@ -166,23 +166,49 @@ def cache_files(caches: Path) -> set[str]:
     return out
 
 
-def cache_evidence(record: dict[str, Any], caches: Path, before: set[str]) -> dict[str, Any]:
+def start_differences(record: dict[str, Any], started: dict[str, Any] | None) -> list[str]:
+    """What a start (``started``: its ``engine_args`` and the ``hashed_env`` vLLM saw) had other
+    than the build recorded: each engine argument, then each environment variable of vLLM's hash
+    (the cache roots point at a scratch copy on every start, so they are not compared)."""
+    if not started:
+        return []
+    out = []
+    built_args, args = dict(record.get("engine_args") or {}), dict(started.get("engine_args") or {})
+    for k in sorted(set(built_args) | set(args)):
+        if built_args.get(k) != args.get(k):
+            out.append(f"engine argument {k}: {built_args.get(k, 'unset')} at build, {args.get(k, 'unset')} here")
+    roots = set(CACHE_ENV.values())
+    built_env, env = dict(record.get("hashed_env") or {}), dict(started.get("hashed_env") or {})
+    for k in sorted((set(built_env) | set(env)) - roots):
+        if built_env.get(k) != env.get(k):
+            out.append(f"{k}: {built_env.get(k, 'unset')} at build, {env.get(k, 'unset')} here")
+    return out
+
+
+def cache_evidence(record: dict[str, Any], caches: Path, before: set[str],
+                   started: dict[str, Any] | None = None) -> dict[str, Any]:
     """Whether the start that ran on ``caches`` (a scratch copy holding ``before``) used the
-    bundle: the hash folders vLLM chose, and the compiled files it added."""
+    bundle: the hash folders vLLM chose, and the compiled files it added. ``started``: the
+    start's engine arguments and hashed environment, so that a miss names what differs
+    (:func:`start_differences`)."""
     expected = set(record.get("hash_dirs") or [])
     chosen = set(hash_dirs(caches))
     new_dirs = sorted(chosen - expected)
     new_files = sorted(cache_files(caches) - before)
+    differs = start_differences(record, started)
     reasons = []
     if new_dirs:
+        why = ("; ".join(differs) if differs else
+               "no engine argument or hashed environment variable differs from the build's, so the model path or "
+               "vLLM's own state differs" if started else
+               "an engine argument, a hashed environment variable or the model path differs from the build's")
         reasons.append(f"vLLM hashed this start to {', '.join(d.rsplit('/', 1)[-1][:16] for d in new_dirs)}, not the "
-                       f"bundle's {', '.join(d.rsplit('/', 1)[-1][:16] for d in sorted(expected)) or 'none'}: an engine "
-                       "argument, a hashed environment variable or the model path differs from the build's")
+                       f"bundle's {', '.join(d.rsplit('/', 1)[-1][:16] for d in sorted(expected)) or 'none'}: {why}")
     if new_files:
         reasons.append(f"vLLM compiled {len(new_files)} new file(s) ({', '.join(Path(f).name for f in new_files[:3])}"
                        f"{', ...' if len(new_files) > 3 else ''})")
     return {"cache_used": not reasons, "reason": "; ".join(reasons) or None, "new_hash_dirs": new_dirs,
-            "new_files": len(new_files)}
+            "new_files": len(new_files), "differs": differs}
 
 
 def _tidy(caches: Path) -> None:
@@ -456,7 +482,8 @@ class BundleRunner:
             self.startup_s = float(first.get("startup_s") or (time.monotonic() - t0))
             self.version = first.get("vllm")
             self.process_s = time.monotonic() - t0  # with interpreter and vLLM imports
-            self.evidence = cache_evidence(record, caches, before)
+            self.evidence = cache_evidence(record, caches, before,
+                                           started={"engine_args": args, "hashed_env": first.get("hashed_env")})
         except BaseException:
             self.close()
             raise

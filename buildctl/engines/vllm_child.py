@@ -78,7 +78,7 @@ def serve(spec_path: str) -> int:
         _send(proto, {"error": f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"})
         return 3
     _send(proto, {"ready": True, "startup_s": round(engine.startup_s, 3), "cache_dir": _cache_dir(engine),
-                  "vllm": engine.version})
+                  "vllm": engine.version, "hashed_env": hashed_environment()})
     try:
         for line in sys.stdin:
             req = json.loads(line)

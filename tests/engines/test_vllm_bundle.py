@@ -98,7 +98,7 @@ def test_a_start_that_compiled_nothing_used_the_cache(tmp_path):
     (caches / "vllm" / "modelinfos").mkdir()
     (caches / "vllm" / "modelinfos" / "llama.json").write_bytes(b"{}")
     assert cache_evidence(record, caches, before) == {"cache_used": True, "reason": None, "new_hash_dirs": [],
-                                                      "new_files": 0}
+                                                      "new_files": 0, "differs": []}
 
 
 def test_a_new_hash_folder_or_a_new_kernel_is_a_miss_that_says_why(tmp_path):
@@ -113,6 +113,26 @@ def test_a_new_hash_folder_or_a_new_kernel_is_a_miss_that_says_why(tmp_path):
     ev = cache_evidence(record, caches, before)
     assert not ev["cache_used"] and ev["new_hash_dirs"] == ["vllm/torch_compile_cache/torch_aot_compile/def456"]
     assert ev["reason"].startswith("vLLM hashed this start to def456, not the bundle's abc123: an engine argument")
+
+
+def test_a_miss_names_the_engine_argument_and_the_hashed_variable_that_differ_from_the_build(tmp_path):
+    """#49: "cache not used" says which engine argument or hashed environment variable of this start
+    differs from the bundle's record (the cache roots differ on every start and are not named)."""
+    caches = _caches(tmp_path / "c")
+    record = {"hash_dirs": hash_dirs(caches), "engine_args": {"model": "model", "max_num_seqs": 4, "dtype": "float32"},
+              "hashed_env": {"VLLM_CACHE_ROOT": "/build/caches/vllm", "VLLM_USE_V1": "1"}}
+    before = cache_files(caches)
+    _caches(caches.parent / "c", hash_dir="def456")
+    started = {"engine_args": {"model": "model", "max_num_seqs": 8, "dtype": "float32"},
+               "hashed_env": {"VLLM_CACHE_ROOT": "/tmp/scratch/vllm", "VLLM_USE_V1": "1", "VLLM_FUSED_MOE_CHUNK": "64"}}
+    ev = cache_evidence(record, caches, before, started=started)
+    assert not ev["cache_used"] and ev["differs"] == ["engine argument max_num_seqs: 4 at build, 8 here",
+                                                       "VLLM_FUSED_MOE_CHUNK: unset at build, 64 here"]
+    assert ev["reason"].startswith("vLLM hashed this start to def456, not the bundle's abc123: engine argument "
+                                   "max_num_seqs: 4 at build, 8 here; VLLM_FUSED_MOE_CHUNK: unset at build, 64 here")
+    same = cache_evidence(record, caches, before, started={"engine_args": record["engine_args"],
+                                                           "hashed_env": {"VLLM_USE_V1": "1"}})
+    assert same["differs"] == [] and "the model path or vLLM's own state differs" in same["reason"]  # no arg, no var
 
 
 def test_the_serving_plan_runs_from_the_bundle_with_a_relative_model_and_the_scratch_caches(tmp_path):

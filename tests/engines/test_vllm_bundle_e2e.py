@@ -113,6 +113,7 @@ def test_a_differing_hashed_environment_variable_fails_validation_with_cache_not
                   env={**bundle["env"], "VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"})
     assert r.returncode == 5, r.stderr[-3000:]
     assert "warm start: cache not used: vLLM hashed this start to" in r.stderr, r.stderr[-3000:]
+    assert "VLLM_ALLOW_LONG_MAX_MODEL_LEN: unset at build, 1 here" in r.stderr, r.stderr[-3000:]  # names why
 
 
 def test_a_differing_engine_argument_is_a_miss_and_node_env_starts_vllm_with_a_hit(bundle, tmp_path):
@@ -126,6 +127,8 @@ def test_a_differing_engine_argument_is_a_miss_and_node_env_starts_vllm_with_a_h
     runner = BundleRunner(root, read_record(root), engine_args={"max_num_batched_tokens": 1024})
     try:
         assert not runner.evidence["cache_used"] and "hashed this start to" in runner.evidence["reason"]
+        assert runner.evidence["differs"] == [f"engine argument max_num_batched_tokens: "
+                                              f"{read_record(root)['engine_args'].get('max_num_batched_tokens', 'unset')} at build, 1024 here"]
     finally:
         runner.close()
     r = _buildctl("--json", "node", "env", "--dest", str(dest), env=bundle["env"])
