@@ -316,8 +316,15 @@ def promote_cmd(
                         f"signatures, {need - have} still missing; each other promoter runs the same command "
                         "to add theirs", highlight=False)
         return
+    told = None
+    if rec.rollout is not None:
+        # Tell the rollout-channel deployment at once (it turns its 5-minute schedule on); the one
+        # place besides pull and node report that reaches the flows package, lazily.
+        from buildctl.flows.events import emit_rollout_started
+
+        told = emit_rollout_started(rec.profile, rec.channel, rec.compat_key, rec.artifact_id, rec.seq)
     if _quiet(ctx, json_out):
-        emit_json(_record_json(rec))
+        emit_json({**_record_json(rec), **({"rollout_event": told} if rec.rollout is not None else {})})
     else:
         out().print(f"{rec.channel} #{rec.seq}: {rec.profile} [{rec.compat_key}] -> {rec.artifact_id}"
                     f" (was {rec.previous or 'none'}){' FORCED' if rec.forced else ''}", highlight=False)
@@ -326,6 +333,9 @@ def promote_cmd(
             out().print(f"rollout started: waves {waves}; bake {rec.rollout.bake_s:g}s. Nodes outside the wave keep "
                         f"{rec.rollout.base}. Follow it: buildctl rollout status --profile {rec.profile} "
                         f"--channel {rec.channel}", highlight=False)
+            if told is None:
+                out().print("no Prefect API to tell (PREFECT_API_URL): the rollout-channel deployment's hourly run "
+                            "picks it up", highlight=False)
 
 
 def _verified(r) -> str:

@@ -17,6 +17,7 @@ ARTIFACT_VALIDATION_FAILED = "buildctl.artifact.validation-failed"
 ARTIFACT_INCONCLUSIVE = "buildctl.artifact.inconclusive"
 ARTIFACT_PROMOTABLE = "buildctl.artifact.promotable"
 ROLLOUT_HALTED = "buildctl.rollout.halted"
+ROLLOUT_STARTED = "buildctl.rollout.started"
 #: The event a validation verdict emits (``promotable`` follows ``validated`` when the next
 #: channel's gates can be met).
 VERDICT_EVENTS = {"pass": ARTIFACT_VALIDATED, "fail": ARTIFACT_VALIDATION_FAILED, "inconclusive": ARTIFACT_INCONCLUSIVE}
@@ -160,6 +161,17 @@ def emit_engine_health(node_id: str, payload: dict[str, Any]) -> str | None:
                                  "buildctl.engine-health": str(payload.get("status"))},
                  {"node_id": node_id, **payload},
                  related_resources(payload.get("artifact_id"), payload.get("profile"), payload.get("compat_key")))
+
+
+def emit_rollout_started(profile: str, channel: str, compat_key: str, artifact_id: str, seq: int) -> str | None:
+    """Emit ``buildctl.rollout.started`` for a promotion that started a rollout: the
+    rollout-channel deployment's trigger runs it at once, and that run turns its 5-minute
+    schedule on for as long as a rollout is live (docs/rollouts.md)."""
+    return _emit(ROLLOUT_STARTED, {"prefect.resource.id": f"buildctl.channel.{profile}.{channel}",
+                                   "prefect.resource.name": f"{profile}/{channel}", "buildctl.channel": channel},
+                 {"profile": profile, "channel": channel, "compat_key": compat_key, "artifact_id": artifact_id,
+                  "seq": seq},
+                 related_resources(artifact_id, profile, compat_key))
 
 
 def emit_artifact_corrupted(artifact_id: str, payload: dict[str, Any]) -> str | None:

@@ -1,5 +1,9 @@
-"""``rollout-channel``: on a schedule and on ``buildctl.node.engine-health``: advances, completes
-or halts (and rolls back) the channel's rollouts, as :mod:`buildctl.rollouts` decides."""
+"""``rollout-channel``: advances, completes or halts (and rolls back) the channel's rollouts, as
+:mod:`buildctl.rollouts` decides. It runs at once when a promotion starts a rollout
+(``buildctl.rollout.started``) and when a node's engine fails (``buildctl.node.engine-health``),
+every 5 minutes while a rollout is live, and hourly otherwise: each run turns its
+``while-rolling-out`` schedule on when a rollout is live after it and off when none is, so the runs
+list stays quiet between rollouts."""
 
 from __future__ import annotations
 
@@ -14,6 +18,31 @@ from buildctl.flows.events import emit_rollout_halted
 from buildctl.context import Context
 
 
+#: The schedule (slug, in prefect.yaml and flows.serve) that runs only while a rollout is live.
+WHILE_ROLLING_OUT = "while-rolling-out"
+
+
+def switch_schedule(channel: str, live: bool) -> str | None:
+    """Turn the running deployment's :data:`WHILE_ROLLING_OUT` schedule for ``channel`` on
+    (``live``) or off; Prefect drops the runs it had scheduled when it goes off. Returns ``"on"``
+    or ``"off"`` when it changed it, ``None`` when it was already so, or outside a deployment."""
+    from prefect.client.orchestration import get_client
+    from prefect.runtime import deployment
+
+    if not deployment.id:
+        return None
+    with get_client(sync_client=True) as client:
+        dep = client.read_deployment(deployment.id)
+        for sched in dep.schedules:
+            params = {**(dep.parameters or {}), **(sched.parameters or {})}
+            if sched.slug != WHILE_ROLLING_OUT or params.get("channel", "prod") != channel:
+                continue
+            if sched.active != live:
+                client.update_deployment_schedule(dep.id, sched.id, active=live)
+                return "on" if live else "off"
+    return None
+
+
 def _rollout_run_name() -> str:
     from prefect.runtime import flow_run
 
@@ -26,8 +55,8 @@ def rollout_channel(channel: str = "prod", profile: ProfileName | None = None, s
                     node_id: str | None = None) -> list[dict[str, Any]]:
     """Move every live rollout on ``channel`` on: advance a wave whose bake time passed within its
     failure budget, complete the last, or halt and roll the channel back when a wave's failures
-    exceed its budget (the history record names the failing nodes). Runs on a schedule and on
-    ``buildctl.node.engine-health`` events.
+    exceed its budget (the history record names the failing nodes). Then turn the
+    ``while-rolling-out`` schedule on while a rollout is live, off when none is.
 
     Args:
         channel: The channel whose rollouts move on.
@@ -58,4 +87,16 @@ def rollout_channel(channel: str = "prod", profile: ProfileName | None = None, s
     else:
         create_table_artifact(key=artifact_key("rollout", channel), table=rows,
                               description=f"rollouts on {channel}: what each wave shows and what this run did")
+    # Live after this run: any rollout this run did not end (a complete or a halt it wrote).
+    live = any(not (v.decision in ("complete", "halt") and v.applied is not None) for v in views)
+    if profile is None:  # a run for one profile does not know the others'
+        try:
+            changed = switch_schedule(channel, live)
+        except Exception as err:  # noqa: BLE001 - the decisions are applied; the schedule is only pacing
+            logger.warning(f"could not turn the {WHILE_ROLLING_OUT} schedule {'on' if live else 'off'}: "
+                           f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}")
+        else:
+            if changed:
+                logger.info(f"{WHILE_ROLLING_OUT} schedule {changed}: "
+                            + ("a rollout is live on " if live else "no rollout is live on ") + channel)
     return [v.to_json() for v in views]

@@ -27,7 +27,7 @@ from buildctl.flows.resign_channels import resign_channels
 from buildctl.flows.rollout_channel import rollout_channel
 from buildctl.flows.scrub_store import scrub_store
 from buildctl.settings import load_settings
-from buildctl.flows.setup import deployment_triggers, ensure_build_limit
+from buildctl.flows.setup import deployment_schedules, deployment_triggers, ensure_build_limit
 
 
 #: On SIGTERM or Ctrl-C, Prefect pauses every served deployment's schedule through the API; with the
@@ -81,8 +81,8 @@ def main() -> int:
         on_driver_upgrade.to_deployment(name="on-driver-upgrade", triggers=deployment_triggers("on-driver-upgrade")),
         scrub_store.to_deployment(name="scrub-store", cron="30 3 * * *"),
         heal_artifact.to_deployment(name="heal-artifact", triggers=deployment_triggers("heal-artifact")),
-        rollout_channel.to_deployment(name="rollout-channel", cron="*/5 * * * *", parameters={"channel": "prod"},
-                                      triggers=deployment_triggers("rollout-channel")),
+        rollout_channel.to_deployment(name="rollout-channel", parameters={"channel": "prod"},
+                                      schedules=deployment_schedules("rollout-channel"), triggers=deployment_triggers("rollout-channel")),
         resign_channels.to_deployment(name="resign-channels", cron="15 */6 * * *"),
         gc_store.to_deployment(name="gc-store", cron="0 4 * * 0"),
         prepare_upgrade.to_deployment(name="prepare-upgrade"),

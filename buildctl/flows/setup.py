@@ -31,6 +31,19 @@ def ensure_build_limit(settings: Settings) -> str:
     return name
 
 
+def deployment_schedules(deployment: str, prefect_yaml: Path | None = None) -> list[Any]:
+    """The cron schedules declared for a deployment in prefect.yaml (with their slugs), as
+    Prefect schedules, so a served deployment has the same ones."""
+    from prefect.schedules import Cron
+
+    spec = yaml.safe_load((prefect_yaml or REPO / "prefect.yaml").read_text())
+    for d in spec.get("deployments", []):
+        if d["name"] == deployment:
+            return [Cron(s["cron"], timezone=s.get("timezone"), active=s.get("active", True), slug=s.get("slug"),
+                         parameters=s.get("parameters")) for s in d.get("schedules") or []]
+    return []
+
+
 def deployment_triggers(deployment: str, prefect_yaml: Path | None = None) -> list[Any]:
     """The triggers declared for a deployment in prefect.yaml, as DeploymentEventTrigger objects."""
     from prefect.events import DeploymentEventTrigger

@@ -375,6 +375,48 @@ def test_rollout_channel_flow_takes_a_healthy_rollout_to_100_percent(prefect_api
     assert now.artifact_id == v2 and now.action == "rollback" and list(now.rollout.failed_nodes) == canaries
 
 
+def test_rollout_channel_runs_every_five_minutes_only_while_a_rollout_is_live(prefect_api, tmp_path, draft,
+                                                                             monkeypatch):
+    """#50: a quiet rollout-channel. Deployed with prefect.yaml's schedules (as flows.serve does),
+    a run that finds no live rollout turns the 5-minute schedule off (the hourly sweep stays), a
+    run during one turns it back on, and a run for one profile leaves it alone."""
+    import buildctl.artifact_store as ops
+    from buildctl.artifact_store.backend import open_store
+    from buildctl.artifact_store.rollout import RolloutPlan, parse_waves
+    from buildctl.flows.rollout_channel import WHILE_ROLLING_OUT, rollout_channel
+    from buildctl.flows.setup import deployment_schedules
+    from buildctl.artifact_store.authority import Authority
+    from buildctl.rollouts import rollout_step
+    from prefect.client.orchestration import get_client
+
+    from ..test_rollouts import PROFILE, Fleet, publish
+
+    dep_id = rollout_channel.to_deployment(name="rollout-channel", parameters={"channel": "prod"},
+                                           schedules=deployment_schedules("rollout-channel")).apply()
+    monkeypatch.setenv("PREFECT__RUNTIME__DEPLOYMENT__ID", str(dep_id))
+
+    def active() -> dict[str, bool]:
+        with get_client(sync_client=True) as client:
+            return {s.slug: s.active for s in client.read_deployment(dep_id).schedules}
+
+    assert active() == {WHILE_ROLLING_OUT: True, "hourly-sweep": True}  # as deployed
+    store = open_store("file://" + str(tmp_path / "store"))
+    v1, v2 = publish(store, tmp_path, "v1", draft), publish(store, tmp_path, "v2", draft)
+    fleet = Fleet(store, tmp_path, 4)
+    ops.promote(store, staged(store, v1), "prod")
+    fleet.pull_all()
+    assert rollout_channel(channel="prod", store=store.uri) == []
+    assert active() == {WHILE_ROLLING_OUT: False, "hourly-sweep": True}  # nothing live: quiet
+    ops.promote(store, staged(store, v2), "prod", rollout=RolloutPlan(waves=parse_waves("50,100", "0"), bake_s=3600))
+    rollout_channel(channel="prod", store=store.uri, profile=PROFILE)
+    assert active()[WHILE_ROLLING_OUT] is False  # one profile's run does not know the others'
+    (view,) = rollout_channel(channel="prod", store=store.uri)
+    assert view["decision"] == "wait" and active()[WHILE_ROLLING_OUT] is True  # live: every 5 minutes
+    rollout_step(store, PROFILE, "prod", draft.compat_key, "abort", auth=Authority(who="test"), reason="test")
+    assert rollout_channel(channel="prod", store=store.uri) == []
+    assert active()[WHILE_ROLLING_OUT] is False
+
+
 def test_resign_channels_flow_re_signs_what_is_due(prefect_api, tmp_path, draft, monkeypatch):
     import buildctl.artifact_store as ops
     from buildctl.flows.resign_channels import resign_channels

@@ -292,7 +292,13 @@ def rollout_halted_through_the_automation(url: str, env: dict, tmp_path, compat_
     runs = [x for x in api(url, "/flow_runs/filter", {}) if x["name"].startswith("rollout ")]
     assert rec is not None and rec.action == "rollback", (runs, (tmp_path / "serve.log").read_text()[-3000:])
     assert rec.artifact_id == good and rec.rollout.state == "halted" and rec.rollout.failed_nodes == ("gpu-node-1",)
-    assert runs and runs[0]["parameters"].get("node_id") == "gpu-node-1"
+    assert any(r["parameters"].get("node_id") == "gpu-node-1" for r in runs), runs  # the engine-health trigger's
+    deadline, started = time.monotonic() + 60, []  # the server persists events in batches
+    while time.monotonic() < deadline and not started:
+        started = api(url, "/events/filter", {"filter": {"event": {"prefix": ["buildctl.rollout.started"]}},
+                                              "limit": 5})["events"]
+        time.sleep(0 if started else 2)
+    assert [e["payload"]["artifact_id"] for e in started] == [bad]  # the promote told the deployment
     deadline = time.monotonic() + 60  # the server persists events in batches
     statuses: list = []
     while time.monotonic() < deadline and "failed" not in statuses:
