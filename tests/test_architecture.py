@@ -231,3 +231,66 @@ def test_backends_type_check_against_the_protocol():
     r = subprocess.run([str(BIN / "mypy"), "--follow-imports=silent", "--ignore-missing-imports", "--no-incremental",
                         *files], capture_output=True, text=True, cwd=REPO, timeout=600)
     assert r.returncode == 0, r.stdout[-3000:]
+
+
+def _import_cycles(package: str, root: Path | None = None) -> list[list[str]]:
+    """Every import circle among ``package``'s modules (strongly connected components of more than
+    one module, Tarjan's algorithm), counting every import that runs: module-level and
+    function-level; not those under ``if TYPE_CHECKING:`` (they never run)."""
+    import grimp
+
+    if root is not None:
+        sys.path.insert(0, str(root))
+    try:
+        g = grimp.build_graph(package, exclude_type_checking_imports=True, cache_dir=None)
+    finally:
+        if root is not None:
+            sys.path.remove(str(root))
+    edges = {m: set(g.find_modules_directly_imported_by(m)) for m in g.modules}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:  # iterative depth would need a frame stack; the package is small
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in edges[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for m in sorted(edges):
+        if m not in index:
+            visit(m)
+    return out
+
+
+def test_no_import_cycle_inside_the_package():
+    """#51: two circles were broken (the store interface and its backends; the engine registry and
+    the profile and fingerprint modules); any new one fails here, naming its modules."""
+    assert _import_cycles("buildctl") == []
+
+
+def test_the_cycle_check_finds_a_circle_through_a_function_level_import(tmp_path):
+    pkg = tmp_path / "circlepkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from circlepkg.b import y\nx = 1\n")
+    (pkg / "b.py").write_text("y = 2\ndef f():\n    from circlepkg.a import x\n    return x\n")
+    (pkg / "c.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from circlepkg.a import x\n")
+    assert _import_cycles("circlepkg", tmp_path) == [["circlepkg.a", "circlepkg.b"]]

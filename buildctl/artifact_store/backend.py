@@ -139,9 +139,7 @@ def open_store(uri: str, *, endpoint_url: str | None = None) -> Store:
     if not uri:
         raise StoreUriError(str(uri), "no store given (--store or BUILDCTL_STORE)")
     if uri.startswith("s3://"):
-        from buildctl.artifact_store.s3 import S3Store  # the only boto3 importer
-
-        return S3Store(uri, endpoint_url=endpoint_url)
+        return _store_class("s3")(uri, endpoint_url=endpoint_url)  # the only boto3 importer
     if uri.startswith("file://"):
         path = uri[len("file://"):]
     elif "://" in uri:
@@ -150,6 +148,19 @@ def open_store(uri: str, *, endpoint_url: str | None = None) -> Store:
         path = uri
     if not path:
         raise StoreUriError(uri, "empty path")
-    from buildctl.artifact_store.local import LocalStore
+    return _store_class("file")(Path(path).expanduser().resolve())
 
-    return LocalStore(Path(path).expanduser().resolve())
+
+#: The store backends by URI scheme: one line per backend, each class imported on first use (the
+#: backends import this module's interface, so it imports none of them: no import circle).
+STORE_BACKENDS: dict[str, str] = {
+    "file": "buildctl.artifact_store.local:LocalStore",
+    "s3": "buildctl.artifact_store.s3:S3Store",
+}
+
+
+def _store_class(scheme: str) -> Callable[..., Store]:
+    import importlib
+
+    module, _, attr = STORE_BACKENDS[scheme].partition(":")
+    return getattr(importlib.import_module(module), attr)

@@ -31,6 +31,7 @@ from buildctl.engines.compat import (
     legacy_compat_key,
 )
 from buildctl.engines.errors import FingerprintError, UpgradeTargetError
+from buildctl.engines.registry import backend_class, backend_names
 from buildctl.settings import Settings
 
 FINGERPRINT_SCHEMA_VERSION = 1
@@ -104,8 +105,6 @@ class Fingerprint(_Frozen):
         return digest_json(data)
 
     def _rules(self, backend: str):
-        from buildctl.engines.registry import backend_class  # the registry imports this module
-
         return backend_class(backend)
 
     def compat_fields(self, backend: str) -> dict[str, Any]:
@@ -147,8 +146,6 @@ class Fingerprint(_Frozen):
     def backends_json(self) -> dict[str, Any]:
         """Per backend: the compat key, and the fingerprint paths of its hard and soft fields and
         floors, each field with its source (the ``backends`` object of ``fingerprint --json``)."""
-        from buildctl.engines.registry import backend_names
-
         out: dict[str, Any] = {}
         for name in backend_names():
             rules = self._rules(name)

@@ -17,6 +17,7 @@ from pydantic_core import PydanticCustomError
 from buildctl.digest import digest_json
 from buildctl.stats import min_samples
 from buildctl.engines.errors import FieldProblem, ProfileError, ProfileNotFoundError
+from buildctl.engines.registry import backend_class, backend_names
 
 # The largest token count or batch any field takes (2**24: 16M tokens); larger ones are typos.
 MAX_TOKENS = 2**24
@@ -137,8 +138,6 @@ class EngineSpec(_Frozen):
     @field_validator("backend")
     @classmethod
     def _known_backend(cls, v: str) -> str:
-        from buildctl.engines.registry import backend_names
-
         if v not in backend_names():
             raise rule_error("", "known-backend", "unknown backend {b!r} (known: {k})", b=v, k=", ".join(backend_names()))
         return v
@@ -149,8 +148,6 @@ class EngineSpec(_Frozen):
             raise rule_error("max_input_len", "max_input_len<=max_seq_len",
                         "max_input_len ({a}) must be <= max_seq_len ({b})", a=self.max_input_len, b=self.max_seq_len)
         uses_fp8 = self.quantization == "fp8" or self.kv_cache_dtype == "fp8"
-        from buildctl.engines.registry import backend_class  # the backends import this module
-
         backend_class(self.backend).check_engine_spec(self)
         if uses_fp8 and self.min_sm is not None and self.min_sm < FP8_MIN_SM:
             raise rule_error("min_sm", "fp8-needs-sm89", "fp8 needs SM >= {m} (Ada/Hopper); min_sm is {s}", m=FP8_MIN_SM, s=self.min_sm)

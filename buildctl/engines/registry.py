@@ -4,6 +4,10 @@ Everything a backend knows lives in its own module (its class implements
 :class:`~buildctl.engines.backend.EngineBackend`). To add a backend, write that module and add
 one line to :data:`BACKENDS`. The classes are imported on first use; importing a backend module
 imports no heavy runtime (torch, TensorRT): those load inside build, load and preflight.
+
+This module imports no backend and no engine module (only for type checking): it sits below them,
+so the profile and fingerprint modules read backend names and rules from it with no import
+circle (tests/test_architecture.py fails on any circle inside the package).
 """
 
 from __future__ import annotations
@@ -12,9 +16,11 @@ import importlib
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
-from buildctl.engines.backend import EngineBackend
 from buildctl.engines.errors import EngineLoadError, UnknownBackendError
-from buildctl.settings import Settings
+
+if TYPE_CHECKING:
+    from buildctl.engines.backend import EngineBackend
+    from buildctl.settings import Settings
 
 BACKENDS: dict[str, str] = {
     "trtllm": "buildctl.engines.trtllm:TrtllmBackend",
