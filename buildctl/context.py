@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 from buildctl.artifact_store.authority import Authority
 from buildctl.artifact_store.backend import Store, open_store
 from buildctl.artifact_store.signing import load_signing_key, load_trusted_keys
+from buildctl.artifact_store.memo import remember_manifests
 from buildctl.settings import Settings
 
 
@@ -40,8 +41,10 @@ class Context:
 
     @classmethod
     def from_settings(cls, settings: Settings, *, store: Store | None = None, auth: Authority | None = None) -> "Context":
-        """A context from ``settings``; ``store`` or ``auth`` given replace what the settings name."""
-        return cls(settings, store if store is not None else open_store_of(settings),
+        """A context from ``settings``; ``store`` or ``auth`` given replace what the settings name.
+        The store it opens itself keeps the manifests read through it (one read per manifest per
+        command or run: :mod:`~buildctl.artifact_store.memo`)."""
+        return cls(settings, store if store is not None else remember_manifests(open_store_of(settings)),
                    auth if auth is not None else authority_of(settings))
 
     def with_store(self, store: Store) -> "Context":

@@ -51,7 +51,7 @@ from buildctl.artifact_store.promotion import PROTECTED_CHANNELS, promote
 from buildctl.artifact_store.checkpoints import download_checkpoint
 from buildctl.artifact_store.errors import StoreArgumentError, UnknownChannelError, VerificationError
 from buildctl.artifact_store.layout import CHANNELS, provenance_key
-from buildctl.artifact_store.manifest import Manifest, tree_digest, tree_digests
+from buildctl.artifact_store.manifest import Manifest, tree_digests, tree_stat
 from buildctl.artifact_store.provenance import BuildFacts, ExpectedInputs, TreeRef, write_provenance
 from buildctl.times import utc_now
 from buildctl.artifact_store.publish import ManifestDraft, PublishResult, lookup_build_key, publish_tree
@@ -250,6 +250,8 @@ class BuildPlan:
     cached: str | None
     quarantined: list[str] = field(default_factory=list)  # cached artifacts the deep check took out of service
     rebuild_of: str | None = None  # the artifact whose failed re-check on these soft values this rebuilds
+    model_blake3: str | None = None  # the checkpoint's BLAKE3 tree digest, from the same read as model_digest
+    model_stat: tuple = ()  # its files' size, mtime, inode and ctime then (manifest.tree_stat): changed since?
 
 
 @dataclass
@@ -286,7 +288,8 @@ def plan_build(ctx: Context, profile: BuildProfile, *, model: str | None = None,
         raise HostRequirementsError(profile.name, unmet)
     say(f"model: resolving {model or profile.model.path or profile.model.uri or 'tiny ' + str(profile.model.tiny)}")
     model_dir = resolve_model(settings, profile, model)
-    digest = tree_digest(model_dir)
+    model_stat = tree_stat(model_dir)
+    digest, model_blake3 = tree_digests(model_dir)  # one read of the checkpoint, both digests provenance names
     key = build_key_for(profile, digest, fp, rebuild=rebuild_of is not None)
     say(f"build key {key} (model {digest}, compat {compat})" + (f", a rebuild of {rebuild_of}" if rebuild_of else ""))
     cached = lookup_build_key(store, key)
@@ -306,7 +309,8 @@ def plan_build(ctx: Context, profile: BuildProfile, *, model: str | None = None,
                 f"({err.quarantine_key}); rebuilding")
             quarantined.append(cached)
             cached = None
-    return BuildPlan(profile, fp, model_dir, digest, key, compat, cached, quarantined, rebuild_of)
+    return BuildPlan(profile, fp, model_dir, digest, key, compat, cached, quarantined, rebuild_of, model_blake3,
+                     model_stat)
 
 
 def same_inputs_artifact(store: Store, profile: BuildProfile, model_digest: str, fingerprint: Fingerprint) -> str | None:
@@ -394,14 +398,25 @@ def _input_ref(path: Path, uri: str | None, size: int | None = None) -> TreeRef:
 
 
 def build_facts(ctx: Context, built: BuiltEngine, draft: ManifestDraft) -> BuildFacts:
-    """What the provenance of ``built`` says: its inputs by digest (the checkpoint and the calibration
-    set are read once more, for their BLAKE3), the builder and what it ran."""
+    """What the provenance of ``built`` says: its inputs by digest (the checkpoint by the digests
+    the plan computed in its one read of it, after checking that no file of it changed since: size,
+    mtime, inode and ctime; the calibration set is read for its BLAKE3), the builder and what it ran."""
     plan, profile = built.plan, built.plan.profile
-    model = _input_ref(plan.model_dir, profile.model.path or profile.model.uri or
-                       (f"tiny:{profile.model.tiny.model_dump_json()}" if profile.model.tiny is not None else None))
-    if model.digest != plan.model_digest:
-        raise ModelSourceError(str(plan.model_dir), f"the checkpoint changed during the build ({plan.model_digest} "
-                               f"before, {model.digest} now): not writing provenance for inputs it cannot name")
+    uri = profile.model.path or profile.model.uri or (
+        f"tiny:{profile.model.tiny.model_dump_json()}" if profile.model.tiny is not None else None)
+    if plan.model_blake3 is not None and plan.model_stat:
+        now = tree_stat(plan.model_dir)
+        if now != plan.model_stat:
+            changed = sorted({f[0] for f in set(now) ^ set(plan.model_stat)})
+            raise ModelSourceError(str(plan.model_dir), f"the checkpoint changed during the build ({', '.join(changed[:3])}"
+                                   f"{', ...' if len(changed) > 3 else ''}): not writing provenance for inputs it "
+                                   "cannot name")
+        model = TreeRef(uri=uri, digest=plan.model_digest, blake3=plan.model_blake3)
+    else:  # a plan made without them (a caller's own): read the checkpoint for its BLAKE3
+        model = _input_ref(plan.model_dir, uri)
+        if model.digest != plan.model_digest:
+            raise ModelSourceError(str(plan.model_dir), f"the checkpoint changed during the build ({plan.model_digest} "
+                                   f"before, {model.digest} now): not writing provenance for inputs it cannot name")
     where = profile_file(ctx.settings, profile.name)
     prof = TreeRef(uri=str(where) if where.is_file() else None, digest=profile.build_hash(),
                    blake3=crypto_bytes(canonical_json(profile.model_dump(mode="json"))))

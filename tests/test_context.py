@@ -110,3 +110,48 @@ def test_a_command_reads_each_key_file_once(keys, cli, tmp_path, monkeypatch):
                          "--dest", tmp_path / "node", "--skip-preflight")
     assert code == 0, err
     assert json.loads(out)["artifact_id"] == aid and calls == {"signing": 0, "trusted": 1}
+
+
+def test_a_signed_promote_and_a_trusted_pull_read_the_manifest_once_each(keys, cli, tmp_path, monkeypatch):
+    """#51: one load per object per command. The store the command's context opens keeps each
+    manifest it verified (content-addressed: a kept copy cannot go stale); the gates, the
+    signature check and the install share it. Counted at the local store's reads."""
+    from buildctl.artifact_store.layout import manifest_key
+    from buildctl.artifact_store.local import LocalStore
+    from buildctl.artifact_store.signing import load_signing_key
+    from buildctl.artifact_store.verify import get_manifest
+    from buildctl.times import utc_now
+
+    d, trusted = keys
+    store_dir = tmp_path / "store"
+    monkeypatch.setenv("BUILDCTL_SIGNING_KEY", str(d / "builder.key"))
+    code, out, err = cli("--store", store_dir, "--json", "import", make_tree(tmp_path / "t", {"rank0.engine": b"x" * 64}),
+                         "--profile", str(PROFILES / "tiny-llama-cpu.yaml"))
+    assert code == 0, err
+    aid = json.loads(out)["artifact_id"]
+    store = open_store(f"file://{store_dir}")
+    from buildctl.engines.fingerprint import detect
+
+    write_attestation(store, aid, get_manifest(store, aid).compat_key, "pass", utc_now(),
+                      signer=load_signing_key(d / "validator.key"), validator=detect())  # covers this host
+    staged(store_dir, aid, builder=load_signing_key(d / "builder.key"))
+    monkeypatch.setenv("BUILDCTL_SIGNING_KEY", str(d / "promoter.key"))
+    monkeypatch.setenv("BUILDCTL_TRUSTED_KEYS", str(trusted))
+    reads: list[str] = []
+    real = LocalStore.get_bytes
+
+    def get_bytes(self, key):
+        if key == manifest_key(aid):
+            reads.append(key)
+        return real(self, key)
+
+    monkeypatch.setattr(LocalStore, "get_bytes", get_bytes)
+    code, _, err = cli("--store", store_dir, "--json", "promote", aid, "--channel", "prod")
+    assert code == 0, err
+    assert len(reads) == 1, reads
+    reads.clear()
+    monkeypatch.delenv("BUILDCTL_SIGNING_KEY")
+    code, out, err = cli("--store", store_dir, "--json", "pull", "--profile", "tiny-llama-cpu", "--channel", "prod",
+                         "--dest", tmp_path / "node", "--skip-preflight", "--require-covered")
+    assert code == 0 and json.loads(out)["artifact_id"] == aid, err
+    assert len(reads) == 1, reads

@@ -11,6 +11,7 @@ carry none; they still serve, by xxh3 and the signatures, unless the reader requ
 from __future__ import annotations
 
 from buildctl.digest import crypto_bytes, digest_bytes
+from buildctl.artifact_store.memo import manifest_bytes
 from buildctl.artifact_store.backend import Store
 from buildctl.artifact_store.errors import CorruptObjectError, CryptoRequiredError, KeyNotFoundError
 from buildctl.artifact_store.layout import manifest_key
@@ -21,7 +22,7 @@ def manifest_blake3(store: Store, artifact_id: str) -> str | None:
     """BLAKE3-256 of the stored manifest bytes that hash to ``artifact_id`` (one GET); None when the
     manifest is missing or its bytes do not hash to the id (nothing to bind)."""
     try:
-        body = store.get_bytes(manifest_key(artifact_id))
+        body = manifest_bytes(store, artifact_id)
     except KeyNotFoundError:
         return None
     return crypto_bytes(body) if digest_bytes(body) == artifact_id else None

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from buildctl.digest import digest_bytes, file_hasher, fsync_dir, hex_of
+from buildctl.artifact_store.memo import manifest_bytes
 from buildctl.artifact_store.backend import ProgressFn, Store
 from buildctl.artifact_store.channels import ChannelRecord
 from buildctl.artifact_store.trust import VerifiedRef
@@ -540,7 +541,7 @@ def stage_artifact(store: Store, record: ChannelRecord, artifact_id: str, dest: 
 def _stage_locked(store: Store, record: ChannelRecord, artifact_id: str, dest: Path, *, when: str, workers: int,
                   on_bytes: ProgressFn | None, require_crypto: bool) -> tuple[StagedEngine, bool]:
     check_not_quarantined(store, artifact_id, "not staging it")
-    body = store.get_bytes(manifest_key(artifact_id))
+    body = manifest_bytes(store, artifact_id)
     manifest = parse_verified_manifest(body, artifact_id, manifest_key(artifact_id))
     check_bound(artifact_id, body, manifest, record.bound(artifact_id), require_crypto=require_crypto)
     sigs = manifest_signatures(store, artifact_id)[0]

@@ -354,6 +354,19 @@ def tree_digest(root: str | Path) -> str:
     return digest_json([e.model_dump(mode="json") for e in hash_tree(scan_tree(root), crypto=False)])
 
 
+def tree_stat(root: str | Path) -> tuple[tuple[str, int, int, int, int], ...]:
+    """Every file of a tree (or a single file) by path, with its size, mtime_ns, inode and
+    ctime_ns: what changes when a file is written, replaced or touched. A build compares it before
+    and after, instead of hashing its checkpoint a second time."""
+    p = Path(root)
+    files = scan_tree(p) if p.is_dir() else [SourceFile(p.name, p, p.stat().st_size, False)]
+    out = []
+    for f in files:
+        st = os.stat(f.abspath)
+        out.append((f.path, st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns))
+    return tuple(sorted(out))
+
+
 def tree_digests(root: str | Path) -> tuple[str, str]:
     """:func:`tree_digest` and, in the same read, ``blake3:`` of the same file list with each file's
     BLAKE3 (build provenance names checkpoints and calibration sets by both). A single file is

@@ -18,6 +18,7 @@ from typing import Any, Callable
 
 from buildctl.digest import Crc64Nvme, canonical_json, digest_bytes, file_hasher, hash_file, is_digest
 from buildctl.artifact_store import grace as grace_mod
+from buildctl.artifact_store import memo
 from buildctl.artifact_store.backend import ProgressFn, Store
 from buildctl.artifact_store.errors import CorruptObjectError, KeyNotFoundError, StoreArgumentError, StoreUnavailableError
 from buildctl.artifact_store.pools import check, interruptible_pool
@@ -194,6 +195,8 @@ def publish_tree(
     result.artifact_id = artifact_id
     store.put_bytes(pair_key(manifest.profile_name, manifest.profile_hash, artifact_id), b"")  # before the manifest
     result.existed = not store.put_bytes(manifest_key(artifact_id), body)
+    if not result.existed:  # written just now: what the rest of the command reads (never re-read)
+        memo.keep(store, artifact_id, (manifest, body))
     if auth.signer is not None:
         sign_manifest(store, artifact_id, auth.signer, body)
     if result.existed and active_quarantine(store, artifact_id) is not None:

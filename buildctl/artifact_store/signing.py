@@ -35,6 +35,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 from cryptography.hazmat.primitives.asymmetric.types import PrivateKeyTypes
 
 from buildctl.digest import canonical_json, digest_bytes, hex_of
+from buildctl.artifact_store.memo import manifest_bytes
 from buildctl.artifact_store.backend import Store
 from buildctl.artifact_store.errors import SignatureError, StoreArgumentError
 from buildctl.artifact_store.layout import manifest_key, manifest_signature_key, manifest_signature_prefix
@@ -242,7 +243,7 @@ def verify_signature(what: str, data: bytes, signature: dict | None, trusted: Tr
 
 def sign_manifest(store: Store, artifact_id: str, signer: SigningKey, body: bytes | None = None) -> str:
     """Store ``signer``'s signature of the manifest (create-only); returns the key id."""
-    body = body if body is not None else store.get_bytes(manifest_key(artifact_id))
+    body = body if body is not None else manifest_bytes(store, artifact_id)
     store.put_bytes(manifest_signature_key(artifact_id, signer.key_id), canonical_json(signer.sign(body)))
     return signer.key_id
 
@@ -266,7 +267,7 @@ def manifest_signatures(store: Store, artifact_id: str) -> tuple[list[dict[str, 
 
 def verify_manifest_signature(store: Store, artifact_id: str, trusted: TrustedKeys) -> str:
     """The id of a trusted builder key whose signature of the manifest verifies, or raise SignatureError."""
-    body = store.get_bytes(manifest_key(artifact_id))
+    body = manifest_bytes(store, artifact_id)
     sigs, bad = manifest_signatures(store, artifact_id)
     if not sigs:
         raise SignatureError(f"manifest {artifact_id}", "unsigned" + (

@@ -9,6 +9,7 @@ from typing import Iterator
 
 from buildctl.digest import Hasher, digest_bytes, stream_hasher
 from buildctl.errors import BuildctlError
+from buildctl.artifact_store import memo
 from buildctl.artifact_store.backend import ProgressFn, Store
 from buildctl.artifact_store.errors import (
     ArtifactNotFoundError,
@@ -67,12 +68,17 @@ def get_manifest(store: Store, artifact_id: str) -> Manifest:
 
 def get_manifest_and_bytes(store: Store, artifact_id: str) -> tuple[Manifest, bytes]:
     """:func:`get_manifest`, with the bytes that hash to the id (a node keeps them)."""
+    got = memo.kept(store, artifact_id)
+    if got is not None:
+        return got
     key = manifest_key(artifact_id)
     try:
         body = store.get_bytes(key)
     except KeyNotFoundError:
         raise ArtifactNotFoundError(artifact_id) from None
-    return parse_verified_manifest(body, artifact_id, key), body
+    got = parse_verified_manifest(body, artifact_id, key), body
+    memo.keep(store, artifact_id, got)
+    return got
 
 
 def list_artifacts(store: Store, profile: str | None = None) -> list[tuple[str, Manifest]]:

@@ -184,6 +184,54 @@ def test_a_checkpoint_changed_during_the_build_publishes_nothing(ctx, store, tmp
     assert list(store.list("manifests/")) == []
 
 
+def test_a_build_reads_its_checkpoint_once_and_a_file_changed_since_is_caught_by_its_stat(ctx, tmp_path,
+                                                                                          monkeypatch):
+    """#51: one read of the checkpoint computes both digests the build records (the build key's
+    xxh3 tree digest and provenance's BLAKE3); after the build, a stat of every file (size, mtime,
+    inode, ctime) stands in for the second full read that proved it unchanged."""
+    import os
+
+    import buildctl.artifact_store.manifest as manifest_mod
+    from buildctl import pipeline
+    from buildctl.artifact_store.manifest import tree_digests
+    from buildctl.engines.errors import ModelSourceError
+    from buildctl.engines.fingerprint import detect
+    from buildctl.engines.profile import load_profile
+    from buildctl.times import utc_now
+
+    model = make_tree(tmp_path / "ckpt", {"config.json": b'{"model_type": "llama"}', "model.safetensors": 300_000})
+    hashed: list[int] = []
+    real = manifest_mod.file_hasher
+
+    def counted(path, *args, **kw):
+        h = real(path, *args, **kw)
+        if str(path).startswith(str(model)):
+            hashed.append(h.size)
+        return h
+
+    monkeypatch.setattr(manifest_mod, "file_hasher", counted)
+    profile, fp = load_profile(PROFILES / "tiny-llama-cpu.yaml"), detect()
+    plan = pipeline.plan_build(ctx, profile, model=str(model), fingerprint=fp)
+    run = tmp_path / "run"
+    engine = make_tree(run / "engine", {"model.pt2": 7_000, "record.json": b"{}"})
+    (run / "build.log").write_text("ok\n")
+    built = pipeline.BuiltEngine(plan, run, engine, run / "build.log", 1.0, {"torch": "2.13.0"}, (), utc_now(), utc_now())
+    draft = pipeline.manifest_draft(profile, fp)
+    facts = pipeline.build_facts(ctx, built, draft)
+    size = sum(p.stat().st_size for p in model.rglob("*") if p.is_file())
+    assert sum(hashed) == size  # each byte of the checkpoint hashed once, for both digests
+    monkeypatch.setattr(manifest_mod, "file_hasher", real)
+    assert (facts.model.digest, facts.model.blake3) == tree_digests(model) == (plan.model_digest, plan.model_blake3)
+    target = model / "model.safetensors"
+    data = bytearray(target.read_bytes())
+    data[7] ^= 1
+    st = target.stat()
+    target.write_bytes(bytes(data))  # same size, and its mtime put back: the ctime still moves
+    os.utime(target, ns=(st.st_atime_ns, st.st_mtime_ns))
+    with pytest.raises(ModelSourceError, match=r"changed during the build \(model.safetensors\)"):
+        pipeline.build_facts(ctx, built, draft)
+
+
 VALIDATOR = make_signer()
 
 
