@@ -11,7 +11,7 @@ import buildctl.artifact_store.signing as signing
 import buildctl.context as context_mod
 from buildctl.artifact_store.authority import Authority
 from buildctl.artifact_store.backend import open_store
-from buildctl.context import Context, authority_of
+from buildctl.context import Context
 from buildctl.errors import BadInputError
 
 from .support.helpers import PROFILES, make_tree, settings, write_attestation, staged
@@ -78,9 +78,14 @@ def test_an_anonymous_authority_signs_nothing_and_enforces_nothing():
     assert a.verify_window_s == 24 * 3600 and a.but(who="x").who == "x" and a.who == "unknown"
 
 
-def test_a_command_reads_each_key_file_once(keys, cli, tmp_path, monkeypatch):
-    """A signed promote and a trusted pull each read their keys once (they were read at every
-    store call, twice inside one loop, before the context)."""
+def _signed_and_staged(keys, cli, tmp_path, monkeypatch):
+    """An engine imported with the builder key, attested (covering this host) by the validator key
+    and on staging; the environment then holds the promoter key and the trusted keys."""
+    from buildctl.artifact_store.signing import load_signing_key
+    from buildctl.artifact_store.verify import get_manifest
+    from buildctl.engines.fingerprint import detect
+    from buildctl.times import utc_now
+
     d, trusted = keys
     store_dir = tmp_path / "store"
     monkeypatch.setenv("BUILDCTL_SIGNING_KEY", str(d / "builder.key"))
@@ -88,18 +93,19 @@ def test_a_command_reads_each_key_file_once(keys, cli, tmp_path, monkeypatch):
                          "--profile", str(PROFILES / "tiny-llama-cpu.yaml"))
     assert code == 0, err
     aid = json.loads(out)["artifact_id"]
-    monkeypatch.setenv("BUILDCTL_SIGNING_KEY", str(d / "validator.key"))
     store = open_store(f"file://{store_dir}")
-    from buildctl.artifact_store.verify import get_manifest
-    from buildctl.times import utc_now
-
     write_attestation(store, aid, get_manifest(store, aid).compat_key, "pass", utc_now(),
-                      signer=authority_of(settings()).signer)
+                      signer=load_signing_key(d / "validator.key"), validator=detect())
+    staged(store_dir, aid, builder=load_signing_key(d / "builder.key"))
     monkeypatch.setenv("BUILDCTL_SIGNING_KEY", str(d / "promoter.key"))
     monkeypatch.setenv("BUILDCTL_TRUSTED_KEYS", str(trusted))
-    from buildctl.artifact_store.signing import load_signing_key
+    return store_dir, aid
 
-    staged(store_dir, aid, builder=load_signing_key(d / "builder.key"))
+
+def test_a_command_reads_each_key_file_once(keys, cli, tmp_path, monkeypatch):
+    """A signed promote and a trusted pull each read their keys once (they were read at every
+    store call, twice inside one loop, before the context)."""
+    store_dir, aid = _signed_and_staged(keys, cli, tmp_path, monkeypatch)
     calls = counting(monkeypatch)
     code, _, err = cli("--store", store_dir, "--json", "promote", aid, "--channel", "prod")
     assert code == 0, err
@@ -118,25 +124,8 @@ def test_a_signed_promote_and_a_trusted_pull_read_the_manifest_once_each(keys, c
     signature check and the install share it. Counted at the local store's reads."""
     from buildctl.artifact_store.layout import manifest_key
     from buildctl.artifact_store.local import LocalStore
-    from buildctl.artifact_store.signing import load_signing_key
-    from buildctl.artifact_store.verify import get_manifest
-    from buildctl.times import utc_now
 
-    d, trusted = keys
-    store_dir = tmp_path / "store"
-    monkeypatch.setenv("BUILDCTL_SIGNING_KEY", str(d / "builder.key"))
-    code, out, err = cli("--store", store_dir, "--json", "import", make_tree(tmp_path / "t", {"rank0.engine": b"x" * 64}),
-                         "--profile", str(PROFILES / "tiny-llama-cpu.yaml"))
-    assert code == 0, err
-    aid = json.loads(out)["artifact_id"]
-    store = open_store(f"file://{store_dir}")
-    from buildctl.engines.fingerprint import detect
-
-    write_attestation(store, aid, get_manifest(store, aid).compat_key, "pass", utc_now(),
-                      signer=load_signing_key(d / "validator.key"), validator=detect())  # covers this host
-    staged(store_dir, aid, builder=load_signing_key(d / "builder.key"))
-    monkeypatch.setenv("BUILDCTL_SIGNING_KEY", str(d / "promoter.key"))
-    monkeypatch.setenv("BUILDCTL_TRUSTED_KEYS", str(trusted))
+    store_dir, aid = _signed_and_staged(keys, cli, tmp_path, monkeypatch)
     reads: list[str] = []
     real = LocalStore.get_bytes
 
