@@ -166,3 +166,99 @@ def test_the_aoti_engine_validates_against_vllm_compiled_from_the_verified_bundl
     att = json.loads(r.stdout)
     assert f"compiled, bundle {aid}" in att["versions"]["vllm"] and att["parity"]["identical"] == att["parity"]["prompts"]
     assert att["reference_engine_args"]["bundle"] == {"profile": "tiny-llama-vllm-cpu", "channel": "staging"}
+
+
+def test_a_bundle_has_provenance_rolls_out_heals_and_is_collected_like_an_engine(bundle, tmp_path, cli):
+    """#49 item 6, on a real bundle: its provenance records the compile run; a second bundle of the
+    key rolls out in waves over nodes that pull it (bake 0) to completion; a rotted file of it is
+    healed (quarantined, prod rolled back to the first bundle, the rebuild named); gc keeps what
+    the channels and the nodes hold."""
+    from buildctl.artifact_store.backend import open_store
+    from buildctl.artifact_store.quarantine import active_quarantine
+    from buildctl.artifact_store.rollout import wave_bucket
+
+    from ..support.helpers import write_attestation
+
+    store_dir = tmp_path / "store"
+    shutil.copytree(bundle["store"], store_dir)
+    uri, first = f"file://{store_dir}", bundle["artifact_id"]
+    store = open_store(uri)
+    m = get_manifest(store, first)
+    code, out, err = cli("--store", uri, "--json", "show", first, "--provenance")
+    assert code == 0, err
+    build = json.loads(out)["statement"]["predicate"]["buildDefinition"]
+    assert build["externalParameters"]["backend"] == "vllm"
+    assert any("buildctl.engines.vllm_child" in c and "warm" in c for c in build["internalParameters"]["commands"])
+    subjects = {s["name"] for s in json.loads(out)["statement"]["subject"]}
+    assert "bundle.json" in subjects and any(n.endswith(".so") for n in subjects)
+
+    # a second bundle of the key: the first one's installed tree with one more file
+    node0 = tmp_path / "seed"
+    write_attestation(store, first, m.compat_key, "pass")  # the module's store holds a failed one, newer
+    assert cli("--store", uri, "promote", first, "--channel", "staging")[0] == 0
+    code, _, err = cli("--store", uri, "promote", first, "--channel", "prod")
+    assert code == 0, err
+    assert cli("--store", uri, "pull", "--profile", m.profile_name, "--channel", "prod", "--dest", node0,
+               "--skip-preflight")[0] == 0
+    tree = tmp_path / "second"
+    shutil.copytree((node0 / "current").resolve(), tree)
+    for p in [tree, *tree.rglob("*")]:
+        p.chmod(p.stat().st_mode | 0o200)
+    (tree / "NOTES").write_text("the second bundle\n")
+    code, out, err = cli("--store", uri, "--json", "import", tree, "--profile", bundle["profile"], "--model-digest",
+                         m.model_digest or "")
+    assert code == 0, err
+    second = json.loads(out)["artifact_id"]
+    write_attestation(store, second, m.compat_key, "pass")
+    assert cli("--store", uri, "promote", second, "--channel", "staging")[0] == 0
+    code, _, err = cli("--store", uri, "promote", second, "--channel", "prod", "--rollout", "50,100", "--bake", "0",
+                       "--force", "--reason", "test: an imported bundle has no build provenance")
+    assert code == 0, err
+
+    nodes = [f"vllm-node-{i}" for i in range(6)]
+    assert {wave_bucket(m.profile_name, "prod", n) < 50 for n in nodes} == {True, False}  # both waves have nodes
+
+    def pull_all() -> dict[str, str]:
+        got = {}
+        for n in nodes:
+            code, out, err = cli("--store", uri, "--json", "pull", "--profile", m.profile_name, "--channel", "prod",
+                                 "--dest", tmp_path / n, "--node-id", n, "--skip-preflight",
+                                 "--health-cmd", 'test -f "$1/bundle.json"')  # not vLLM: 6 nodes x 3 rounds
+            assert code == 0, err
+            got[n] = json.loads(out)["artifact_id"]
+        return got
+
+    decisions = []
+    for _ in range(3):
+        pull_all()
+        code, out, err = cli("--store", uri, "--json", "rollout", "status", "--profile", m.profile_name, "--channel",
+                             "prod")
+        assert code == 0, err
+        from buildctl import rollouts
+        from buildctl.context import Context
+
+        from ..support.helpers import settings
+
+        views = rollouts.tick(Context.from_settings(settings(store=uri), store=store), channel="prod")
+        decisions += [v.decision for v in views]
+        if not views:
+            break
+    assert decisions == ["advance", "complete"], decisions
+    assert set(pull_all().values()) == {second}
+
+    # a file only the second bundle has rots (the two share every other blob, kernels included: the
+    # store is content-addressed): heal quarantines it and rolls prod back to the first
+    notes = next(f for f in get_manifest(store, second).files if f.path == "NOTES")
+    rot(store, notes.digest, "flip")
+    code, out, err = cli("--store", uri, "--json", "heal", second)
+    assert code == 0, err
+    healed = json.loads(out)
+    assert active_quarantine(store, second) is not None and "NOTES" in json.dumps(healed["problems"])
+    assert {c["channel"]: c["rolled_back_to"] for c in healed["channels"]}["prod"] == first
+    assert healed["rebuild"] == [{"profile": m.profile_name, "compat_key": m.compat_key}]
+
+    code, out, err = cli("--store", uri, "--json", "gc", "--dry-run", "--keep", "0", "--keep-history", "0",
+                         "--grace", "0")
+    assert code == 0, err
+    kept = {a["artifact_id"]: " ".join(a["protected_by"]) for a in json.loads(out)["artifacts"]}
+    assert "channel prod" in kept[first] and "held by 6 node(s)" in kept[second] and "quarantine" in kept[second]
