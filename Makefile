@@ -138,6 +138,7 @@ bench: install
 	$(PY) -m benchmarks.deep_verify
 	$(PY) -m benchmarks.activate
 	$(PY) -m benchmarks.crypto_digest
+	$(PY) -m benchmarks.verify_read
 	$(PY) -m benchmarks.install_sizes
 	$(PY) -m benchmarks.speedgate --runs $(BENCH_SPEEDGATE_RUNS)
 	$(PY) -m benchmarks.warm_start

@@ -88,11 +88,11 @@ class RangedReader:
         return data
 
     def hash_object(self, key: str, size: int, *, fd: int | None = None, on_bytes: ProgressFn | None = None,
-                    update: Callable[[bytes], None] | None = None, crypto: bool = False) -> Hasher:
+                    update: Callable[[bytes], None] | None = None, crypto: bool = False, xxh: bool = True) -> Hasher:
         """Read ``size`` bytes of ``key`` in parallel ranges (written to ``fd`` at their offsets when
-        given) and hash them in order (``crypto``: BLAKE3-256 too, in the same pass); ``update``
-        also sees each range in order (a second checksum)."""
-        h = Hasher(crypto)
+        given) and hash them in order (``crypto``: BLAKE3-256 too, in the same pass; ``xxh=False``:
+        BLAKE3 alone); ``update`` also sees each range in order (a second checksum)."""
+        h = Hasher(crypto, xxh=xxh)
         offsets = iter(range(0, size, self.range_size))
         pending: deque[Future[bytes]] = deque()
         held = 0

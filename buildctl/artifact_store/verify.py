@@ -150,10 +150,11 @@ def blob_entries(store: Store, manifest: Manifest) -> list[FileEntry]:
 
 
 def stored_hash(store: Store, ranged: RangedReader, e: FileEntry, *, crypto: bool, deep: bool = True,
-                on_bytes: ProgressFn | None = None) -> tuple[Hasher | None, FileProblem | None]:
+                on_bytes: ProgressFn | None = None, xxh: bool = True) -> tuple[Hasher | None, FileProblem | None]:
     """Check that ``e``'s blob exists with its size and, with ``deep``, re-hash it from the store
-    (parallel ranges where ``ranged`` applies, hashed in order; ``crypto``: BLAKE3 too). Returns the
-    hasher (None when not ``deep``) or what is wrong (missing, size); the caller compares digests."""
+    (parallel ranges where ``ranged`` applies, hashed in order; ``crypto``: BLAKE3 too; ``xxh=False``:
+    BLAKE3 alone). Returns the hasher (None when not ``deep``) or what is wrong (missing, size); the
+    caller compares digests."""
     key = blob_key(e.digest)
     size = store.stat(key)
     if size is None:
@@ -164,11 +165,11 @@ def stored_hash(store: Store, ranged: RangedReader, e: FileEntry, *, crypto: boo
         return None, None
     if ranged.applies(size):  # parallel ranges, hashed in order
         try:
-            return ranged.hash_object(key, size, on_bytes=on_bytes, crypto=crypto), None
+            return ranged.hash_object(key, size, on_bytes=on_bytes, crypto=crypto, xxh=xxh), None
         except ShortRangeError as err:
             return None, FileProblem(e.path, "size", e.size, err.offset + err.got)
     with store.open_read(key) as f:
-        h = stream_hasher(f, crypto=crypto)
+        h = stream_hasher(f, crypto=crypto, xxh=xxh)
     if on_bytes:
         on_bytes(h.size)
     return h, None
@@ -176,14 +177,24 @@ def stored_hash(store: Store, ranged: RangedReader, e: FileEntry, *, crypto: boo
 
 def verify(store: Store, artifact_id: str, *, deep: bool = False, workers: int = 4,
            on_bytes: ProgressFn | None = None) -> Manifest:
-    """Check every blob exists with the right size; ``deep`` re-hashes every byte, by xxh3-128 and
-    (schema 2) BLAKE3-256 in one pass. Raises :class:`VerificationError`."""
+    """Check every blob exists with the right size; ``deep`` re-hashes every byte once: by BLAKE3-256
+    alone where the manifest entry carries it (schema 2: a match pins the bytes the manifest's
+    author hashed, docs/threat-model.md), by xxh3-128 where it does not. Only a file that fails is
+    read a second time, with both, to say whether it rotted (``digest``) or was made to collide
+    (``blake3``). Raises :class:`VerificationError`."""
     manifest = get_manifest(store, artifact_id)
 
     def check(e: FileEntry) -> FileProblem | None:
-        h, problem = stored_hash(store, ranged, e, crypto=e.blake3 is not None, deep=deep, on_bytes=on_bytes)
+        crypto = e.blake3 is not None
+        h, problem = stored_hash(store, ranged, e, crypto=crypto, deep=deep, on_bytes=on_bytes, xxh=not crypto)
         if problem is not None or h is None:
             return problem
+        if crypto and h.crypto() == e.blake3:
+            return None
+        if crypto:  # a mismatch (rare): both digests, to name it
+            h, problem = stored_hash(store, ranged, e, crypto=True, deep=True)
+            if problem is not None or h is None:
+                return problem
         return content_problem(e.path, e.digest, e.blake3, h)
 
     with RangedReader(store) as ranged, ThreadPoolExecutor(max_workers=max(1, workers)) as pool:

@@ -255,3 +255,41 @@ def test_a_scan_keeps_a_hostile_manifests_why_to_one_line(local, tmp_path, draft
     assert "\n" in str(exc.value)
     (why,) = [w for a, _, w, _ in scan_manifests(local) if a == aid]
     assert why == str(exc.value).splitlines()[0] and "forged row" not in why
+
+
+@pytest.mark.parametrize("ranged", [False, True])
+def test_deep_verify_hashes_each_byte_once_by_blake3_alone_and_rereads_only_a_failure(local, tmp_path, draft,
+                                                                                   monkeypatch, ranged):
+    """#51: one read per byte. A schema-2 artifact is checked by BLAKE3-256 alone (no xxh3 pass
+    over its bytes), every blob hashed once; a rotted file is read again, with both digests, to
+    name the damage (``digest``: rot)."""
+    import buildctl.digest as digest_mod
+
+    aid = publish(local, tmp_path, draft, "a", {"config.json": b"{}", "rank0.engine": 3 * MiB + 5,
+                                                "rank1.engine": 2 * MiB, "lora/a.bin": 4096})
+    m = get_manifest(local, aid)
+    hashed: list[tuple[bool, bool, int]] = []  # (xxh, crypto, bytes) per hasher
+    real_init, real_update = digest_mod.Hasher.__init__, digest_mod.Hasher.update
+
+    def init(self, crypto=False, *, xxh=True):
+        real_init(self, crypto, xxh=xxh)
+        hashed.append([xxh, crypto, 0])
+
+    monkeypatch.setattr(digest_mod.Hasher, "__init__", init)
+    store = Ranged(local) if ranged else local
+    verify(store, aid, deep=True)
+    per_file = [h for h in hashed]
+    assert all(not xxh and crypto for xxh, crypto, _ in per_file) and len(per_file) == len(m.files)
+
+    counted: list[int] = []
+    monkeypatch.setattr(digest_mod.Hasher, "update", lambda self, data: (counted.append(len(data)),
+                                                                         real_update(self, data))[-1])
+    verify(store, aid, deep=True)
+    assert sum(counted) == m.total_size  # each byte hashed once
+    rank0 = next(f for f in m.files if f.path == "rank0.engine")
+    rot(local, rank0.digest, "flip")
+    counted.clear()
+    with pytest.raises(VerificationError) as err:
+        verify(store, aid, deep=True)
+    assert [(p.path, p.kind) for p in err.value.problems] == [("rank0.engine", "digest")]
+    assert sum(counted) == m.total_size + rank0.size  # only the failing file a second time
