@@ -359,11 +359,11 @@ def tree_stat(root: str | Path) -> tuple[tuple[str, int, int, int, int], ...]:
     ctime_ns: what changes when a file is written, replaced or touched. A build compares it before
     and after, instead of hashing its checkpoint a second time."""
     p = Path(root)
-    files = scan_tree(p) if p.is_dir() else [SourceFile(p.name, p, p.stat().st_size, False)]
+    paths = [(f.path, f.abspath) for f in scan_tree(p)] if p.is_dir() else [(p.name, p)]
     out = []
-    for f in files:
-        st = os.stat(f.abspath)
-        out.append((f.path, st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns))
+    for rel, path in paths:
+        st = os.stat(path)
+        out.append((rel, st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns))
     return tuple(sorted(out))
 
 

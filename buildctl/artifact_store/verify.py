@@ -193,7 +193,7 @@ def verify(store: Store, artifact_id: str, *, deep: bool = False, workers: int =
             return None
         if crypto:  # a mismatch (rare): both digests, to name it
             h, problem = stored_hash(store, ranged, e, crypto=True, deep=True)
-            if problem is not None or h is None:
+            if h is None:  # deep: no hasher only with a problem (gone or resized since)
                 return problem
         return content_problem(e.path, e.digest, e.blake3, h)
 

@@ -204,3 +204,91 @@ def test_a_schema_1_manifest_dumps_byte_for_byte_as_written_so_its_id_still_hold
     m = parse_manifest(body)
     assert not m.crypto and m.files[0].blake3 is None
     assert m.canonical() == body and m.artifact_id() == digest_bytes(body)
+
+
+# --- digests of files and trees, each alone (`make mutants` runs these for manifest.py) ---------------
+
+
+def test_content_problem_checks_xxh3_first_then_blake3_only_where_given():
+    from buildctl.artifact_store.manifest import content_problem
+    from buildctl.digest import Hasher, crypto_bytes
+
+    h = Hasher(crypto=True)
+    h.update(b"engine bytes")
+    ok, blake = digest_bytes(b"engine bytes"), crypto_bytes(b"engine bytes")
+    assert content_problem("f", ok, None, h) is None and content_problem("f", ok, blake, h) is None
+    rot = content_problem("f", digest_bytes(b"other"), blake, h)
+    assert (rot.kind, rot.expected, rot.actual) == ("digest", digest_bytes(b"other"), ok)
+    forged = content_problem("f", ok, crypto_bytes(b"other"), h)
+    assert (forged.kind, forged.expected, forged.actual) == ("blake3", crypto_bytes(b"other"), blake)
+
+
+def test_entry_problem_checks_the_size_before_the_digests():
+    from buildctl.artifact_store.manifest import FileEntry, entry_problem
+    from buildctl.digest import Hasher
+
+    h = Hasher()
+    h.update(b"12345")
+    entry = FileEntry(path="f", size=5, digest=digest_bytes(b"12345"), executable=False)
+    assert entry_problem(entry, h) is None
+    short = entry_problem(entry.model_copy(update={"size": 6}), h)
+    assert (short.kind, short.expected, short.actual) == ("size", 6, 5)
+
+
+def test_same_files_ignores_blake3_and_nothing_else():
+    m = parse_manifest(manifest([f("a", 3), f("b", 5)]))
+    with_blake = m.model_copy(update={"files": tuple(f.model_copy(update={"blake3": "blake3:" + "1" * 64})
+                                                     for f in m.files)})
+    assert m.same_files(with_blake) and with_blake.same_files(m)
+    bigger = m.model_copy(update={"files": tuple(f.model_copy(update={"size": f.size + 1}) for f in m.files)})
+    assert not m.same_files(bigger)
+
+
+def test_hash_tree_fills_each_files_crc64nvme_only_when_asked(tmp_path):
+    from buildctl.artifact_store.manifest import hash_tree, scan_tree
+    from buildctl.digest import Crc64Nvme
+
+    (tmp_path / "t").mkdir()
+    (tmp_path / "t" / "a.bin").write_bytes(b"a" * 5000)
+    (tmp_path / "t" / "b.bin").write_bytes(b"b" * 7000)
+    crcs: dict[str, str] = {}
+    entries = hash_tree(scan_tree(tmp_path / "t"), crc64=crcs)
+    for name, data in (("a.bin", b"a" * 5000), ("b.bin", b"b" * 7000)):
+        c = Crc64Nvme()
+        c.update(memoryview(data))
+        assert crcs[name] == c.b64
+    assert [e.path for e in hash_tree(scan_tree(tmp_path / "t"))] == [e.path for e in entries]  # none asked: fine
+
+
+def test_tree_digests_are_one_read_of_the_tree_and_a_file_is_a_tree_of_one(tmp_path):
+    from buildctl.artifact_store.manifest import hash_tree, scan_tree, tree_digest, tree_digests
+    from buildctl.digest import canonical_json, crypto_bytes
+
+    root = tmp_path / "ckpt"
+    root.mkdir()
+    (root / "config.json").write_bytes(b'{"model_type": "llama"}')
+    (root / "weights.bin").write_bytes(bytes(range(256)) * 40)
+    plain, blake = tree_digests(root)
+    assert plain == tree_digest(root)  # the build key's digest: xxh3 entries, no BLAKE3 in them
+    entries = [e.model_dump(mode="json") for e in hash_tree(scan_tree(root), crypto=True)]
+    assert all(e["blake3"] for e in entries) and blake == crypto_bytes(canonical_json(entries))
+    one = tmp_path / "single"
+    one.mkdir()
+    (one / "weights.bin").write_bytes((root / "weights.bin").read_bytes())
+    assert tree_digests(root / "weights.bin") == tree_digests(one)
+
+
+def test_tree_stat_lists_every_file_with_what_a_write_changes(tmp_path):
+    import os
+
+    from buildctl.artifact_store.manifest import tree_stat
+
+    root = tmp_path / "ckpt"
+    (root / "sub").mkdir(parents=True)
+    (root / "a.bin").write_bytes(b"a" * 10)
+    (root / "sub" / "b.bin").write_bytes(b"b" * 20)
+    got = tree_stat(root)
+    assert [(p, size) for p, size, *_ in got] == [("a.bin", 10), ("sub/b.bin", 20)]
+    st = os.stat(root / "a.bin")
+    assert got[0][2:] == (st.st_mtime_ns, st.st_ino, st.st_ctime_ns)
+    assert [p for p, *_ in tree_stat(root / "a.bin")] == ["a.bin"]  # a single file: a tree of one

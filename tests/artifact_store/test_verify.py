@@ -293,3 +293,20 @@ def test_deep_verify_hashes_each_byte_once_by_blake3_alone_and_rereads_only_a_fa
         verify(store, aid, deep=True)
     assert [(p.path, p.kind) for p in err.value.problems] == [("rank0.engine", "digest")]
     assert sum(counted) == m.total_size + rank0.size  # only the failing file a second time
+
+
+def test_deep_verify_names_a_colliding_blob_by_both_digests_it_read_again(local, tmp_path, draft):
+    """Other bytes under the same xxh3-128: BLAKE3 alone fails the file, and its second read (both
+    digests) names it as ``blake3``, with the BLAKE3 the stored bytes really have."""
+    from buildctl.digest import crypto_bytes
+
+    from ..support.helpers import overwrite, xxh3_collision
+
+    good, evil = xxh3_collision(1024 * 1024 + 512)
+    aid = publish(local, tmp_path, draft, "c", {"config.json": b"{}", "rank0.engine": good})
+    entry = next(f for f in get_manifest(local, aid).files if f.path == "rank0.engine")
+    overwrite(local, blob_key(entry.digest), evil)
+    with pytest.raises(VerificationError) as err:
+        verify(local, aid, deep=True)
+    (p,) = err.value.problems
+    assert (p.path, p.kind, p.expected, p.actual) == ("rank0.engine", "blake3", entry.blake3, crypto_bytes(evil))
