@@ -54,7 +54,16 @@ buildctl verify "$ARTIFACT" --deep
 
 echo "== 7. pull onto a local node directory"
 buildctl pull --profile "$NAME" --channel staging --dest "$NODE" --json > "$J/pull.json"
-cat "$J/pull.json"
+py "$J/pull.json" <<'PY'
+import json, sys
+p = json.load(open(sys.argv[1]))
+cov = p.get("coverage") or {}
+print(f"{p['artifact_id']} at {p.get('path')}: "
+      + (f"installed, {p['bytes']} bytes downloaded and verified" if p.get("installed") else "already current"))
+print("validated on this host's soft values: " + ("yes" if cov.get("covered") else "no")
+      + (f" ({len(cov.get('soft', {}).get('cpu.flags', []))} CPU flags, compiler {cov.get('soft', {}).get('compiler_version')})"
+         if cov.get("soft") else ""))
+PY
 
 echo "== 8. generate from the installed engine"
 MODEL=$(py "$J/model.json" <<'PY'

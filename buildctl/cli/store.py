@@ -236,7 +236,8 @@ def verify_cmd(
         emit_json({"artifact_id": aid, "ok": True, "deep": deep, "files": len(m.files), "bytes": m.total_size,
                    "crypto": m.crypto})
     else:
-        how = (" re-hashed (xxh3-128 + BLAKE3-256)" if m.crypto else " re-hashed (xxh3-128 only: schema 1 manifest)") if deep else ""
+        how = (" re-hashed (BLAKE3-256, each byte once)" if m.crypto else
+               " re-hashed (xxh3-128 only: schema 1 manifest)") if deep else ""
         out().print(f"ok {aid}: {len(m.files)} files, {m.total_size} bytes{how}", highlight=False)
 
 
