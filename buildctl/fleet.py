@@ -22,7 +22,7 @@ from buildctl.context import Context
 from buildctl.settings import Settings
 from buildctl.artifact_store.backend import Store
 from buildctl.artifact_store.errors import StoreArgumentError
-from buildctl.artifact_store.gc import GcResult, gc as store_gc
+from buildctl.artifact_store.gc import GcPolicy, GcResult, gc as store_gc
 from buildctl.artifact_store.inventory import (
     MAX_PULL_FAILURES,
     EngineState,
@@ -377,9 +377,18 @@ def event_payload(result: ReportResult) -> dict[str, Any]:
             "profiles": list(result.record.profiles)}
 
 
-def gc(ctx: Context, **options: Any) -> GcResult:
-    """``buildctl gc`` and the gc-store flow: the store's gc (which keeps what the nodes report),
-    with the grace period and delete window the publishes use."""
-    options.setdefault("grace_s", ctx.settings.gc_grace_s)
-    options.setdefault("delete_window_s", ctx.settings.gc_delete_window_s)
-    return store_gc(ctx.store, **options)
+def gc_policy(settings: Settings, *, keep: int | None = None, keep_history: int | None = None,
+              grace_s: float | None = None, quarantine_retention_s: float | None = None,
+              compact_history: bool = True) -> GcPolicy:
+    """gc's policy: the operator's choices (None: the default) over the grace period and delete
+    window of ``settings``, which the publishes use too."""
+    chosen = {"keep": keep, "keep_history": keep_history, "quarantine_retention_s": quarantine_retention_s}
+    return GcPolicy(grace_s=settings.gc_grace_s if grace_s is None else grace_s,
+                    delete_window_s=settings.gc_delete_window_s, compact_history=compact_history,
+                    **{k: v for k, v in chosen.items() if v is not None})
+
+
+def gc(ctx: Context, policy: GcPolicy, *, dry_run: bool = False, now: datetime | None = None) -> GcResult:
+    """``buildctl gc`` and the gc-store flow: the store's gc (which keeps what the nodes report)
+    under ``policy`` (:func:`gc_policy`)."""
+    return store_gc(ctx.store, **policy.model_dump(), dry_run=dry_run, now=now)

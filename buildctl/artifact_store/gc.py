@@ -32,6 +32,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Callable, Iterable
 
+from pydantic import BaseModel, ConfigDict, Field
+
 from buildctl.errors import BuildctlError
 from buildctl.artifact_store import grace as grace_mod
 from buildctl.artifact_store.backend import Store
@@ -69,6 +71,22 @@ from buildctl.artifact_store.verify import scan_manifests
 DEFAULT_KEEP = 3
 DEFAULT_KEEP_HISTORY = 5
 DEFAULT_QUARANTINE_RETENTION_S = 30 * 86400.0
+
+
+class GcPolicy(BaseModel):
+    """What a gc keeps, as one record (``buildctl gc``'s options, the gc-store flow's parameters):
+    built by :func:`buildctl.fleet.gc_policy` from the settings, which hold the grace period and
+    the delete window every publish also uses."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    grace_s: float = Field(..., ge=0, description="never remove a manifest created, or a blob a publish touched, within this")
+    delete_window_s: float = Field(..., ge=0, description="remove a blob within this of checking its touch")
+    keep: int = Field(DEFAULT_KEEP, ge=0, description="newest artifacts kept per (profile, compat key)")
+    keep_history: int = Field(DEFAULT_KEEP_HISTORY, ge=0, description="artifacts of each channel's last N records kept")
+    quarantine_retention_s: float = Field(DEFAULT_QUARANTINE_RETENTION_S, ge=0,
+                                          description="quarantined artifacts kept this long, for forensics")
+    compact_history: bool = Field(True, description="also remove superseded re-sign records from channel history")
 
 
 @dataclass

@@ -545,11 +545,12 @@ def gc_cmd(
     from buildctl import fleet
     from buildctl.times import parse_duration
 
-    opts = {"keep": keep, "keep_history": keep_history, "dry_run": dry_run, "compact_history": compact_history,
-            "quarantine_retention_s": parse_duration(quarantine_retention)}
-    if grace is not None:
-        opts["grace_s"] = parse_duration(grace)
-    res = fleet.gc(context(ctx, existing=True), **opts)
+    c = context(ctx, existing=True)
+    policy = fleet.gc_policy(c.settings, keep=keep, keep_history=keep_history,
+                             grace_s=parse_duration(grace) if grace is not None else None,
+                             quarantine_retention_s=parse_duration(quarantine_retention),
+                             compact_history=compact_history)
+    res = fleet.gc(c, policy, dry_run=dry_run)
     if _quiet(ctx, json_out):
         emit_json(res.to_json())
     else:

@@ -44,17 +44,16 @@ def gc_store(store: str | None = None, keep: int = 3, keep_history: int = 5, gra
     """
     settings = run_settings(store)
     c = Context.from_settings(settings)
-    opts: dict[str, Any] = {"keep": keep, "keep_history": keep_history, "quarantine_retention_s": quarantine_retention_s}
-    if grace_s is not None:
-        opts["grace_s"] = grace_s
-    plan = fleet.gc(c, dry_run=True, **opts)
+    policy = fleet.gc_policy(settings, keep=keep, keep_history=keep_history, grace_s=grace_s,
+                             quarantine_retention_s=quarantine_retention_s)
+    plan = fleet.gc(c, policy, dry_run=True)
     create_table_artifact(key="gc-store-plan", table=_gc_rows(plan),
                           description=f"gc dry run: would remove {len(plan.removed_artifacts)} artifacts and "
                                       f"{plan.removed_blobs} blobs ({plan.freed_bytes} bytes); keeps {plan.kept}")
     summary: dict[str, Any] = {"planned": plan.removed_artifacts, "planned_blobs": plan.removed_blobs}
     if dry_run_only:
         return summary
-    done = fleet.gc(c, **opts)
+    done = fleet.gc(c, policy)
     refused = "\n".join(f"- `{k}`: {why}" for k, why in done.not_removed) or "none"
     create_markdown_artifact(key="gc-store-result", markdown=(
         f"# gc-store\n\nremoved **{len(done.removed_artifacts)}** artifacts and **{done.removed_blobs}** blobs "

@@ -56,7 +56,8 @@ def test_ten_compat_keys_four_rounds_every_rollback_target_survives(store, tmp_p
     # The defaults (keep 3, keep-history 5), with a delete window of a minute: the tests' 50 ms
     # window (conftest) can pass between a blob's check and its delete on a busy machine, and gc
     # then rightly keeps the blob.
-    res = fleet.gc(Context.from_settings(settings(store=store.uri), store=store), now=LATER, delete_window_s=60)
+    ctx = Context.from_settings(settings(store=store.uri, gc_delete_window_s=60), store=store)
+    res = fleet.gc(ctx, fleet.gc_policy(ctx.settings), now=LATER)
     removed = set(res.removed_artifacts)
     assert removed == {a for k in keys for a in never_promoted[k]} - {kept_by_node}
     why = {d.artifact_id: d.protected_by for d in res.decisions}
