@@ -18,18 +18,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field, ValidationError
 
+from buildctl.records import Record
 from buildctl.logtail import log_tail, tailing
 from buildctl.settings import Settings
 from buildctl.artifact_store.attestations import Attestation
 from buildctl.validators.errors import ValidationFailedError, ValidatorProcessError
 
 
-class ChildRequest(BaseModel):
+class ChildRequest(Record):
     """What the child validates, with whose settings."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
     settings: dict = Field(..., description="The parent's settings, as JSON.")
     artifact_id: str = Field(..., description="The artifact to validate.")
@@ -37,10 +36,8 @@ class ChildRequest(BaseModel):
     speed_budget: float = Field(1.0, gt=0, description="Multiplier of the speed gate's budget.")
 
 
-class ChildResult(BaseModel):
+class ChildResult(Record):
     """What the child reports: an attestation (pass or fail), or the error that prevented one."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
     attestation_id: str | None = Field(None, description="The stored attestation's id.")
     attestation: Attestation | None = Field(None, description="The attestation written.")

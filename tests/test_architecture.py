@@ -294,3 +294,29 @@ def test_the_cycle_check_finds_a_circle_through_a_function_level_import(tmp_path
     (pkg / "b.py").write_text("y = 2\ndef f():\n    from circlepkg.a import x\n    return x\n")
     (pkg / "c.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from circlepkg.a import x\n")
     assert _import_cycles("circlepkg", tmp_path) == [["circlepkg.a", "circlepkg.b"]]
+
+
+def test_every_model_is_a_frozen_record_that_refuses_unknown_fields():
+    """Records are frozen pydantic v2 models with extra="forbid": every model in the package
+    derives from buildctl.records.Record (the settings: pydantic-settings' base, configured so)."""
+    import importlib
+    import pkgutil
+
+    from pydantic import BaseModel
+
+    import buildctl
+    from buildctl.records import Record
+
+    models = set()
+    for info in pkgutil.walk_packages(buildctl.__path__, "buildctl."):
+        if info.name.startswith(("buildctl.flows", "buildctl.__main__")) or info.name.endswith("vllm_child"):
+            continue  # the flows import Prefect, and vllm_child runs as a program
+        mod = importlib.import_module(info.name)
+        for obj in vars(mod).values():
+            if isinstance(obj, type) and issubclass(obj, BaseModel) and obj.__module__ == info.name:
+                models.add(obj)
+    assert len(models) > 40
+    for cls in sorted(models, key=lambda c: (c.__module__, c.__name__)):
+        cfg = cls.model_config
+        assert cfg.get("frozen") and cfg.get("extra") == "forbid", f"{cls.__module__}.{cls.__name__}"
+        assert issubclass(cls, Record) or cls.__name__ == "Settings", f"{cls.__module__}.{cls.__name__}: not a Record"

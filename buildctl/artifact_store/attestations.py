@@ -11,8 +11,9 @@ import json
 from dataclasses import dataclass
 from typing import Any, Iterable, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field, ValidationError
 
+from buildctl.records import Record
 from buildctl.digest import canonical_json, digest_bytes
 from buildctl.artifact_store.backend import Store
 from buildctl.artifact_store.binding import manifest_blake3
@@ -25,18 +26,14 @@ from buildctl.artifact_store.signing import SigningKey
 ATTESTATION_SCHEMA = 2
 
 
-class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-
-class ProfileRef(_Frozen):
+class ProfileRef(Record):
     """The profile an attestation validated against."""
 
     name: str = Field(..., description="Profile name.")
     build_hash: str = Field(..., description="The profile's build-affecting hash.")
 
 
-class PromptSetInfo(_Frozen):
+class PromptSetInfo(Record):
     """Which prompts ran."""
 
     digest: str = Field(..., description="Digest of every prompt's token ids, in order.")
@@ -45,7 +42,7 @@ class PromptSetInfo(_Frozen):
     skipped: tuple[str, ...] = Field((), description="Prompt sets skipped because they do not fit the engine's limits.")
 
 
-class PromptParityRecord(_Frozen):
+class PromptParityRecord(Record):
     """One prompt's comparison (vLLM's check_logprobs_close rule)."""
 
     index: int = Field(..., description="Prompt index.")
@@ -57,7 +54,7 @@ class PromptParityRecord(_Frozen):
     max_abs_logprob_diff: float = Field(0.0, description="Largest |logprob difference| over the common prefix.")
 
 
-class StaggeredParity(_Frozen):
+class StaggeredParity(Record):
     """Parity of one in-flight batching run: requests with their own ``max_tokens`` arriving
     mid-run, each compared with the same prompt's solo reference output (its first ``max_tokens``
     tokens: greedy decoding), by the same rule."""
@@ -71,7 +68,7 @@ class StaggeredParity(_Frozen):
     per_prompt: tuple[PromptParityRecord, ...] = Field((), description="Each request's comparison (index: the prompt's).")
 
 
-class ParitySummary(_Frozen):
+class ParitySummary(Record):
     """Output parity against the vLLM reference."""
 
     passed: bool = Field(..., description="Whether parity passed.")
@@ -87,7 +84,7 @@ class ParitySummary(_Frozen):
                                                    "flight; absent before aoti format 2).")
 
 
-class SideSpeed(_Frozen):
+class SideSpeed(Record):
     """One side's speed at one concurrency level: each figure is the median over repetitions of that
     repetition's value (schema 1: percentiles of all repetitions' requests pooled)."""
 
@@ -106,7 +103,7 @@ class SideSpeed(_Frozen):
     repetitions: int = Field(..., ge=0, description="Repetitions measured.")
 
 
-class RatioEstimate(_Frozen):
+class RatioEstimate(Record):
     """One metric's candidate/reference ratio: the median of the paired repetitions' ratios, its
     order-statistic confidence interval and, where gated, its verdict."""
 
@@ -121,7 +118,7 @@ class RatioEstimate(_Frozen):
     verdict: Literal["pass", "fail", "inconclusive", "not gated"] = Field(..., description="This metric's verdict.")
 
 
-class SpeedLevel(_Frozen):
+class SpeedLevel(Record):
     """Candidate and reference side by side at one concurrency level."""
 
     concurrency: int = Field(..., ge=1, description="Requests in flight.")
@@ -135,7 +132,7 @@ class SpeedLevel(_Frozen):
     ratios: tuple[RatioEstimate, ...] = Field((), description="Each metric's paired ratio with its interval (schema >= 2).")
 
 
-class NoiseRecord(_Frozen):
+class NoiseRecord(Record):
     """What the machine was doing while speed was measured."""
 
     cpu_count: int = Field(..., ge=1, description="Logical CPUs.")
@@ -146,7 +143,7 @@ class NoiseRecord(_Frozen):
     calibration_after_ms: float = Field(..., description="The same loop's time after measuring.")
 
 
-class SpeedBudget(_Frozen):
+class SpeedBudget(Record):
     """How much measuring the verdict took, against the profile's budget."""
 
     scale: float = Field(..., gt=0, description="Budget multiplier of this run (2 on the flow's retry).")
@@ -156,7 +153,7 @@ class SpeedBudget(_Frozen):
     exhausted: bool = Field(..., description="Whether a level stopped inconclusive because the budget ran out.")
 
 
-class SpeedGateRecord(_Frozen):
+class SpeedGateRecord(Record):
     """The speed gate as it was applied."""
 
     min_throughput_ratio: float = Field(..., description="Lowest allowed throughput ratio.")
@@ -176,7 +173,7 @@ class SpeedGateRecord(_Frozen):
     warmup: int = Field(..., description="Unmeasured warm-up requests per side and level.")
 
 
-class SpeedSummary(_Frozen):
+class SpeedSummary(Record):
     """Speed against the vLLM reference."""
 
     passed: bool = Field(..., description="Whether every level passed.")
@@ -196,7 +193,7 @@ class Thresholds(SpeedGateRecord):
     top_logprobs: int = Field(..., description="Top-k logprobs compared.")
 
 
-class WarmStartRecord(_Frozen):
+class WarmStartRecord(Record):
     """A vllm bundle's start-up check: whether vLLM used the bundle's caches, and engine-ready
     times cold (an empty cache) and warm (the bundle) in interleaved pairs."""
 
@@ -226,7 +223,7 @@ class WarmStartRecord(_Frozen):
         return out
 
 
-class Attestation(_Frozen):
+class Attestation(Record):
     """The immutable record of one validation of one artifact on one host."""
 
     schema_version: Literal[1, 2] = Field(ATTESTATION_SCHEMA, description="Attestation schema version.")

@@ -13,8 +13,9 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Callable, Iterator
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import Field, ValidationError, field_validator
 
+from buildctl.records import Record
 from buildctl.digest import canonical_json, is_crypto_digest, is_digest
 from buildctl.artifact_store.authority import Authority
 from buildctl.artifact_store.backend import Store
@@ -52,10 +53,8 @@ CHANNEL_RE = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
 OPTIONAL_SIGNED = ("rollout", "expires", "cosignatures", "migrated_from", "manifest_blake3")  # left out when unset: older records' bytes stay the same
 
 
-class ChannelRecord(BaseModel):
+class ChannelRecord(Record):
     """One channel move: the channel ref's content and its append-only history entry."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
     seq: int = Field(..., ge=1, description="Position in the channel's history, 1-based, no gaps.")
     profile: str = Field(..., description="Profile name.")

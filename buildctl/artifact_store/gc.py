@@ -32,8 +32,9 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Callable, Iterable
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
+from buildctl.records import Record
 from buildctl.errors import BuildctlError
 from buildctl.artifact_store import grace as grace_mod
 from buildctl.artifact_store.backend import Store
@@ -73,12 +74,10 @@ DEFAULT_KEEP_HISTORY = 5
 DEFAULT_QUARANTINE_RETENTION_S = 30 * 86400.0
 
 
-class GcPolicy(BaseModel):
+class GcPolicy(Record):
     """What a gc keeps, as one record (``buildctl gc``'s options, the gc-store flow's parameters):
     built by :func:`buildctl.fleet.gc_policy` from the settings, which hold the grace period and
     the delete window every publish also uses."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
     grace_s: float = Field(..., ge=0, description="never remove a manifest created, or a blob a publish touched, within this")
     delete_window_s: float = Field(..., ge=0, description="remove a blob within this of checking its touch")

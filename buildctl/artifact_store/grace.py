@@ -29,8 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 from typing import Iterable
 
-from pydantic import BaseModel, ConfigDict
-
+from buildctl.records import Record
 from buildctl.digest import canonical_json
 from buildctl.artifact_store.backend import Store
 from buildctl.artifact_store.layout import touch_key
@@ -40,10 +39,9 @@ DEFAULT_GRACE_S = 24 * 3600.0
 DEFAULT_DELETE_WINDOW_S = 5.0
 
 
-class Touch(BaseModel):
+class Touch(Record):
     """A touch record's body."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
     touched_at: str
 
 

@@ -11,8 +11,9 @@ from __future__ import annotations
 import json
 from datetime import datetime, timezone
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field, ValidationError
 
+from buildctl.records import Record
 from buildctl.digest import canonical_json, digest_bytes
 from buildctl.artifact_store.backend import ProgressFn, Store
 from buildctl.artifact_store.errors import StoreUnavailableError, VerificationError
@@ -23,10 +24,8 @@ from buildctl.artifact_store.quarantine import check_not_quarantined, try_quaran
 from buildctl.artifact_store.authority import Authority
 from buildctl.artifact_store.verify import verify
 
-class VerificationRecord(BaseModel):
+class VerificationRecord(Record):
     """A deep verify that passed: every blob re-hashed from the store matched the manifest."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
     artifact_id: str = Field(..., description="The artifact.")
     files: int = Field(..., ge=0, description="Files re-hashed.")

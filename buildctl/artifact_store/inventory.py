@@ -14,8 +14,9 @@ import re
 import time
 from typing import Any, Callable, Iterable, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field, ValidationError
 
+from buildctl.records import Record
 from buildctl.digest import canonical_json
 from buildctl.artifact_store.backend import Store
 from buildctl.errors import BuildctlError
@@ -37,10 +38,8 @@ from buildctl.artifact_store.layout import (
 NODE_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")
 
 
-class PullFailure(BaseModel):
+class PullFailure(Record):
     """A pull this node refused: the artifact stays out of ``current``, and the report says why."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
     artifact_id: str = Field(..., description="The artifact the channel pointed at.")
     profile: str = Field(..., description="Profile pulled.")
@@ -55,10 +54,8 @@ MAX_PULL_FAILURES = 10
 HealthStatus = Literal["installed", "healthy", "failed"]
 
 
-class EngineState(BaseModel):
+class EngineState(Record):
     """What a node runs for one (profile, channel), and what its smoke check said."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
     profile: str = Field(..., description="Profile pulled.")
     channel: str = Field(..., description="Channel pulled.")
@@ -72,11 +69,9 @@ class EngineState(BaseModel):
     when: str = Field(..., description="UTC ISO-8601 time.")
 
 
-class PendingEvent(BaseModel):
+class PendingEvent(Record):
     """A Prefect event a report owes and has not delivered yet (the API was down): kept in the
     node's record until it is delivered; the next report re-sends it."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
     event: str = Field(..., description="The event's name (buildctl.node.driver-upgraded).")
     payload: dict[str, Any] = Field(..., description="Its payload, as first computed.")
@@ -84,10 +79,8 @@ class PendingEvent(BaseModel):
     since: str = Field(..., description="UTC time of the report that first owed it.")
 
 
-class NodeRecord(BaseModel):
+class NodeRecord(Record):
     """What one node reported."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
     node_id: str = Field(..., description="The node's id (hostname or cloud instance id).")
     fingerprint: dict[str, Any] = Field(..., description="The node's fingerprint.")

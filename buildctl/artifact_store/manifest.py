@@ -21,8 +21,6 @@ from pathlib import Path
 from typing import Any, Callable
 
 from pydantic import (
-    BaseModel,
-    ConfigDict,
     Field,
     SerializationInfo,
     SerializerFunctionWrapHandler,
@@ -32,6 +30,7 @@ from pydantic import (
     model_validator,
 )
 
+from buildctl.records import Record
 from buildctl.digest import (
     CRYPTO_RE,
     DIGEST_RE,
@@ -94,11 +93,7 @@ def check_unique_paths(paths: list[str]) -> None:
                 raise ValueError(f"path {'/'.join(parts[:i])!r} is both a file and a directory")
 
 
-class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-
-class FileEntry(_Frozen):
+class FileEntry(Record):
     """One file of an artifact."""
 
     path: str = Field(..., description="Relative POSIX path inside the artifact.")
@@ -134,7 +129,7 @@ class FileEntry(_Frozen):
         return v
 
 
-class Manifest(_Frozen):
+class Manifest(Record):
     """The immutable description of one artifact."""
 
     schema_version: int = Field(MANIFEST_SCHEMA_VERSION, description="Manifest schema version; unknown versions are refused.")

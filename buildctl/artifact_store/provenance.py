@@ -31,8 +31,9 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field, ValidationError
 
+from buildctl.records import Record
 from buildctl.digest import canonical_json, crypto_bytes, hex_of
 from buildctl.artifact_store.authority import Authority
 from buildctl.artifact_store.backend import Store
@@ -51,11 +52,7 @@ BUILD_TYPE = "https://buildctl.dev/provenance/engine-build/v1"
 MANIFEST_MEDIA_TYPE = "application/vnd.buildctl.manifest.v2+json"
 
 
-class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-
-class TreeRef(_Frozen):
+class TreeRef(Record):
     """A build input by digest: a checkpoint, a profile or a calibration set."""
 
     uri: str | None = Field(None, description="Where it was read from (a path or s3:// URI), when it has one.")
@@ -64,7 +61,7 @@ class TreeRef(_Frozen):
     size: int | None = Field(None, description="Calibration sets: the number of samples the build used.")
 
 
-class BuildFacts(_Frozen):
+class BuildFacts(Record):
     """What the build step knows about one build, from which the statement is written."""
 
     builder_id: str = Field(..., description="The builder's identity (a URI).")
@@ -85,7 +82,7 @@ class BuildFacts(_Frozen):
     finished_on: str
 
 
-class ExpectedInputs(_Frozen):
+class ExpectedInputs(Record):
     """The inputs the promoter's profile names, which the provenance must show."""
 
     profile_name: str
@@ -94,12 +91,12 @@ class ExpectedInputs(_Frozen):
     calibration_size: int | None = None
 
 
-class DsseSignature(_Frozen):
+class DsseSignature(Record):
     keyid: str
     sig: str
 
 
-class DsseEnvelope(_Frozen):
+class DsseEnvelope(Record):
     """A DSSE envelope (secure-systems-lab/dsse protocol.md v1.0.0)."""
 
     payloadType: str

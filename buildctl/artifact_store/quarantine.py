@@ -11,8 +11,9 @@ from __future__ import annotations
 import json
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field, ValidationError
 
+from buildctl.records import Record
 from buildctl.digest import PREFIX as DIGEST_PREFIX, canonical_json, digest_bytes
 from buildctl.artifact_store.backend import Store
 from buildctl.artifact_store.binding import manifest_blake3
@@ -23,10 +24,8 @@ from buildctl.artifact_store.authority import Authority
 from buildctl.artifact_store.signing import SigningKey
 
 
-class QuarantineRecord(BaseModel):
+class QuarantineRecord(Record):
     """One quarantine or lift of an artifact."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
     artifact_id: str = Field(..., description="The artifact.")
     manifest_blake3: str | None = Field(None, description="BLAKE3-256 of the artifact's manifest bytes when they hashed to its id at the time (absent: a damaged or missing manifest, or a record written before BLAKE3).")

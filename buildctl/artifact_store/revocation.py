@@ -15,8 +15,9 @@ from __future__ import annotations
 from dataclasses import replace
 from datetime import datetime
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field, ValidationError
 
+from buildctl.records import Record
 from buildctl.digest import canonical_json, digest_bytes
 from buildctl.artifact_store.backend import Store
 from buildctl.artifact_store.errors import SignatureError, SignerNotTrustedError, StoreArgumentError
@@ -26,10 +27,8 @@ from buildctl.artifact_store.authority import Authority
 from buildctl.artifact_store.signing import TrustedKeys
 
 
-class Revocation(BaseModel):
+class Revocation(Record):
     """One key's revocation."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
     key_id: str = Field(..., description="The revoked key's id.")
     revoked_at: str = Field(..., description="UTC ISO-8601 time from which the key's signatures do not count.")

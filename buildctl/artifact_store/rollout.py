@@ -20,8 +20,9 @@ import re
 from typing import Any, Literal
 
 import xxhash
-from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer, model_validator
+from pydantic import Field, SerializerFunctionWrapHandler, model_serializer, model_validator
 
+from buildctl.records import Record
 from buildctl.artifact_store.errors import StoreArgumentError
 
 RolloutState = Literal["active", "paused", "completed", "halted", "aborted"]
@@ -30,10 +31,8 @@ BUDGET_RE = re.compile(r"^(\d+)(%)?$|^(\d+\.\d+)%$")
 BUCKETS = 10_000  # bucket resolution: 0.01 %
 
 
-class Wave(BaseModel):
+class Wave(Record):
     """One wave: the share of the fleet that has the new artifact, and how many failures it tolerates."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
     percent: float = Field(..., gt=0, le=100, description="Cumulative share of nodes (by wave bucket) in this wave.")
     max_failures: str = Field("0", description="Failed nodes tolerated: a count (\"1\") or a share of the wave's nodes (\"2%\").")
@@ -51,21 +50,17 @@ class Wave(BaseModel):
         return int(self.max_failures)
 
 
-class RolloutPlan(BaseModel):
+class RolloutPlan(Record):
     """What ``promote --rollout`` asks for: the waves and the bake time."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
     waves: tuple[Wave, ...] = Field(..., min_length=1, description="The waves, growing, the last at 100%.")
     bake_s: float = Field(0.0, ge=0, description="How long a wave runs before the next may start, in seconds.")
 
 
-class WaveSummary(BaseModel):
+class WaveSummary(Record):
     """What the rollout tick counted in a wave when it decided on it (advance, complete, halt),
     kept in the signed record it wrote: each ended wave's outcome, read with the ref, no node
     record or marker read again."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
     wave: int = Field(..., ge=0, description="Index of the wave decided on.")
     percent: float = Field(..., description="The wave's percentage of the fleet.")
@@ -79,10 +74,8 @@ class WaveSummary(BaseModel):
     allowed: int = Field(..., ge=0, description="The wave's failure budget, in nodes.")
 
 
-class Rollout(BaseModel):
+class Rollout(Record):
     """A rollout's plan and state, carried by its channel record."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
     waves: tuple[Wave, ...] = Field(..., min_length=1, description="The waves, growing, the last at 100%.")
     bake_s: float = Field(..., ge=0, description="How long a wave runs before the next may start, in seconds.")

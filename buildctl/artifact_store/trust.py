@@ -5,8 +5,9 @@ it has seen."""
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
+from buildctl.records import Record
 from buildctl.digest import canonical_json, digest_bytes, hex_of
 from buildctl.artifact_store.backend import Store
 from buildctl.artifact_store.channels import ChannelRecord, history_after, read_history_record
@@ -24,13 +25,11 @@ def check_fresh(record: ChannelRecord, min_seq: int = 0) -> None:
         raise ExpiredRecordError(record.channel, record.seq, str(record.expires))
 
 
-class VerifiedRef(BaseModel):
+class VerifiedRef(Record):
     """What one full trust check of a channel record covered: the record's bytes, the artifact it
     gave this node, the node's trusted keys and the store's revocation list. A node keeps it (in
     its directory) after installing; while a poll finds all four unchanged, the signatures are not
     checked again (the ref's bytes are compared by digest, not by the server's version token)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
     ref: str = Field(..., description="profile/channel/compat key")
     record_digest: str = Field(..., description="Digest of the record's canonical bytes.")

