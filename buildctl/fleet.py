@@ -11,7 +11,7 @@ however many nodes share it.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import Any, Callable, Iterable
 
 from buildctl.coverage import serving_key
@@ -33,7 +33,7 @@ from buildctl.artifact_store.inventory import (
     read_node,
     update_node,
 )
-from buildctl.times import parse_utc, utc_now
+from buildctl.times import now_utc, parse_utc, utc_now
 from buildctl.artifact_store.attestations import latest_attestation
 from buildctl.artifact_store.listing import map_bounded
 from buildctl.artifact_store.manifest import Manifest
@@ -212,7 +212,7 @@ def existing_pairs(store: Store, profile_hashes: dict[str, str], *, now: datetim
     hash, each under the key it serves under now: not quarantined, and passed its validation under
     that key (or, without a verdict yet, published within :data:`VALIDATION_PENDING_S`). A failed
     or inconclusive one is built again by the next reconcile."""
-    now = now or datetime.now(timezone.utc)
+    now = now or now_utc()
     if index_built(store):  # only the current hashes' artifacts, from the pair index
         arts = sorted((am for part in map_bounded(lambda ph: artifacts_built_from(store, *ph), profile_hashes.items())
                        for am in part), key=lambda am: am[1].created_at, reverse=True)

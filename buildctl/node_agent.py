@@ -17,7 +17,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime
 from pathlib import Path
 from typing import Callable
 
@@ -30,7 +30,7 @@ from buildctl.artifact_store.inventory import EngineState, HealthStatus
 from buildctl.context import Context
 from buildctl.pipeline import host_compat_keys, preflight_for
 from buildctl.settings import Settings
-from buildctl.times import utc_now
+from buildctl.times import now_utc, utc_now
 from buildctl.artifact_store.backend import ProgressFn, Store, fail_fast
 from buildctl.artifact_store.channels import ChannelRecord
 from buildctl.artifact_store.errors import EngineUnhealthyError, NotCoveredError, StoreNotFoundError
@@ -264,7 +264,7 @@ def activate(ctx: Context, profile: str, dest: str | Path, *, channel: str | Non
                    key=lambda e: (keys.index(e.compat_key), -e.record.seq))
     if found:
         checked, note = _quarantine_check(ctx.store, found[0].artifact_id)
-        res = activate_staged(dest, found[0], trusted=ctx.auth.trusted, now=datetime.now(timezone.utc),
+        res = activate_staged(dest, found[0], trusted=ctx.auth.trusted, now=now_utc(),
                               verify_window_s=ctx.auth.verify_window_s, require_crypto=ctx.settings.require_crypto,
                               preflight=None if skip_preflight else preflight_for(ctx.settings))
         return Activation(res, found[0], time.monotonic() - t0, checked, note)

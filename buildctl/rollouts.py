@@ -27,13 +27,13 @@ current record whose expiry is near, so nodes can refuse a frozen or replayed on
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta
 from typing import Any, Iterable
 
 from buildctl.context import Context
 from buildctl.fleet import node_fingerprint
 from buildctl.node_index import index_built, scope_nodes, state_of, status_states
-from buildctl.times import parse_utc, utc_now
+from buildctl.times import now_utc, parse_utc, utc_now
 from buildctl.artifact_store.authority import Authority
 from buildctl.artifact_store.backend import Store
 from buildctl.artifact_store.channels import (
@@ -274,7 +274,7 @@ def _inventory(store: Store, skipped: list[tuple[str, str]] | None = None) -> li
 def _view(store: Store, rec: ChannelRecord, nodes: list[NodeRecord] | None, now: datetime | None,
           skipped: list[tuple[str, str]] | None = None, confirm: bool = False) -> RolloutView:
     """:func:`view` on ``nodes`` (None: from the node index; malformed markers go to ``skipped``)."""
-    now = now or datetime.now(timezone.utc)
+    now = now or now_utc()
     if rec.rollout is None:
         return decide(rec, [], now)
     backend = get_manifest(store, rec.rollout.target).backend
@@ -390,7 +390,7 @@ def resign_due(ctx: Context, *, margin_s: float, now: datetime | None = None) ->
     if margin_s >= settings.record_ttl_s:
         raise StoreArgumentError(f"margin {margin_s:g}s is not below the record lifetime {settings.record_ttl_s:g}s: "
                                  "every run would re-sign everything")
-    horizon = (now or datetime.now(timezone.utc)) + timedelta(seconds=margin_s)
+    horizon = (now or now_utc()) + timedelta(seconds=margin_s)
     out = []
     for rec in all_channel_records(store):
         if rec.expires is not None and parse_utc(rec.expires) > horizon:

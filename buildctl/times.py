@@ -20,9 +20,14 @@ def format_utc(t: datetime) -> str:
     return t.astimezone(timezone.utc).isoformat(timespec="microseconds").replace("+00:00", "Z")
 
 
+def now_utc() -> datetime:
+    """Now, as an aware UTC datetime (what a decision compares stored times with)."""
+    return datetime.now(timezone.utc)
+
+
 def utc_now() -> str:
     """Now, as a stored time."""
-    return format_utc(datetime.now(timezone.utc))
+    return format_utc(now_utc())
 
 
 def parse_utc(text: str) -> datetime:

@@ -10,7 +10,7 @@ import random
 import re
 import time
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import Any, Callable, Iterator
 
 from pydantic import Field, ValidationError, field_validator
@@ -45,7 +45,7 @@ from buildctl.artifact_store.manifest import Manifest
 from buildctl.artifact_store.rollout import Rollout, RolloutPlan, artifact_for_node
 from buildctl.artifact_store.revocation import with_revocations
 from buildctl.artifact_store.signing import SigningKey, TrustedKeys, promoter_signers, signer_refusal
-from buildctl.times import after, parse_utc, utc_now
+from buildctl.times import after, now_utc, parse_utc, utc_now
 
 CHANNEL_RE = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
 
@@ -123,7 +123,7 @@ class ChannelRecord(Record):
         return artifact_for_node(self.profile, self.channel, self.artifact_id, self.rollout, node_id)
 
     def expired(self, now: datetime | None = None) -> bool:
-        return self.expires is not None and parse_utc(self.expires) <= (now or datetime.now(timezone.utc))
+        return self.expires is not None and parse_utc(self.expires) <= (now or now_utc())
 
 
 def _parse_record(body: bytes, key: str) -> ChannelRecord:

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta
 from typing import Callable, Iterable
 
 from pydantic import Field
@@ -39,7 +39,7 @@ from buildctl.errors import BuildctlError
 from buildctl.artifact_store import grace as grace_mod
 from buildctl.artifact_store.backend import Store
 from buildctl.artifact_store.channels import ChannelRecord, _parse_record, all_channel_records
-from buildctl.times import parse_utc
+from buildctl.times import now_utc, parse_utc
 from buildctl.artifact_store.layout import (
     BLOBS,
     COMPACTED_INDEX,
@@ -224,7 +224,7 @@ def gc(store: Store, *, keep: int = DEFAULT_KEEP, keep_history: int = DEFAULT_KE
     (:func:`history_compaction`)."""
     grace = grace_mod.DEFAULT_GRACE_S if grace_s is None else grace_s
     window = grace_mod.DEFAULT_DELETE_WINDOW_S if delete_window_s is None else delete_window_s
-    now = now or datetime.now(timezone.utc)
+    now = now or now_utc()
     started = clock()
 
     def wall() -> datetime:  # ``now`` moved on by the time this run has taken

@@ -26,14 +26,14 @@ durations are compared across machines, and wall-clock times only against a marg
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import Iterable
 
 from buildctl.records import Record
 from buildctl.digest import canonical_json
 from buildctl.artifact_store.backend import Store
 from buildctl.artifact_store.layout import touch_key
-from buildctl.times import parse_utc, utc_now
+from buildctl.times import now_utc, parse_utc, utc_now
 
 DEFAULT_GRACE_S = 24 * 3600.0
 DEFAULT_DELETE_WINDOW_S = 5.0
@@ -66,4 +66,4 @@ def touched_at(store: Store, digest: str) -> datetime | None:
     try:
         return parse_utc(Touch.model_validate_json(got[0]).touched_at)
     except ValueError:  # pydantic's ValidationError is one
-        return datetime.now(timezone.utc)  # unreadable: assume it is fresh (gc keeps the blob; scrub names it)
+        return now_utc()  # unreadable: assume it is fresh (gc keeps the blob; scrub names it)

@@ -9,7 +9,7 @@ can trust it instead of reading every byte again.
 from __future__ import annotations
 
 import json
-from datetime import datetime, timezone
+from datetime import datetime
 
 from pydantic import Field, ValidationError
 
@@ -19,7 +19,7 @@ from buildctl.artifact_store.backend import ProgressFn, Store
 from buildctl.artifact_store.errors import StoreUnavailableError, VerificationError
 from buildctl.artifact_store.layout import verification_key, verification_prefix
 from buildctl.artifact_store.manifest import Manifest
-from buildctl.times import parse_utc, utc_now
+from buildctl.times import now_utc, parse_utc, utc_now
 from buildctl.artifact_store.quarantine import check_not_quarantined, try_quarantine
 from buildctl.artifact_store.authority import Authority
 from buildctl.artifact_store.verify import verify
@@ -95,7 +95,7 @@ def verify_recent_or_quarantine(store: Store, artifact_id: str, *, detector: str
     check_not_quarantined(store, artifact_id)
     if window_s > 0:
         rec = last_verification(store, artifact_id)
-        now = now or datetime.now(timezone.utc)
+        now = now or now_utc()
         if rec is not None and (now - parse_utc(rec.when)).total_seconds() <= window_s:
             _checked(store, artifact_id, deep=False, detector=detector, auth=auth)
             return rec.when

@@ -39,7 +39,7 @@ from buildctl.artifact_store.memo import manifest_bytes
 from buildctl.artifact_store.backend import Store
 from buildctl.artifact_store.errors import SignatureError, StoreArgumentError
 from buildctl.artifact_store.layout import manifest_key, manifest_signature_key, manifest_signature_prefix
-from buildctl.times import parse_utc
+from buildctl.times import now_utc, parse_utc
 
 ROLES = ("builder", "validator", "promoter")
 
@@ -70,7 +70,7 @@ def signer_refusal(trusted: TrustedKeys, key_id: str, role: str, now: datetime |
         return f"is a {other} key" if other else "is not a trusted key"
     if key_id in trusted.revoked:
         at, reason = trusted.revoked[key_id]
-        if (now or datetime.now(timezone.utc)) >= at:
+        if (now or now_utc()) >= at:
             return f"was revoked from {at.isoformat()} ({reason})"
     return None
 
