@@ -53,11 +53,12 @@ def tailing(log_path: Path, say: Callable[[str], None], every_s: float = LOG_TAI
         t.join(timeout=10)
 
 
-def log_tail(log_path: Path, lines: int = 60) -> str:
-    """The last ``lines`` lines of a log ("" when it cannot be read)."""
+def log_tail(log_path: Path, lines: int = 60, *, window: int = 256 * 1024) -> str:
+    """The last ``lines`` lines of a log, read from its last ``window`` bytes ("" when it cannot
+    be read)."""
     try:
         with open(log_path, "rb") as f:
-            f.seek(max(0, os.path.getsize(log_path) - 256 * 1024))
+            f.seek(max(0, os.path.getsize(log_path) - window))
             return "\n".join(f.read().decode("utf-8", "replace").splitlines()[-lines:])
     except OSError:
         return ""

@@ -13,21 +13,15 @@ import time
 from pathlib import Path
 from typing import Mapping, Sequence
 
+from buildctl import logtail
 from buildctl.engines.errors import EngineBuildError
 
 TAIL_LINES = 30
 
 
 def log_tail(path: Path, lines: int = TAIL_LINES) -> str:
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            size = f.tell()
-            f.seek(max(0, size - 64 * 1024))
-            data = f.read().decode("utf-8", errors="replace")
-    except OSError:
-        return ""
-    return "\n".join(data.splitlines()[-lines:])
+    """A build step's last ``lines`` log lines, from its last 64 KiB (:func:`buildctl.logtail.log_tail`)."""
+    return logtail.log_tail(path, lines, window=64 * 1024)
 
 
 MEMORY_POLL_S = 0.2
