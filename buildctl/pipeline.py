@@ -245,13 +245,13 @@ class BuildPlan:
     fingerprint: Fingerprint
     model_dir: Path
     model_digest: str
+    model_blake3: str  # the checkpoint's BLAKE3 tree digest, from the same read as model_digest
+    model_stat: tuple  # its files' change stamps then (manifest.tree_stat): did one change since?
     build_key: str
     compat_key: str
     cached: str | None
     quarantined: list[str] = field(default_factory=list)  # cached artifacts the deep check took out of service
     rebuild_of: str | None = None  # the artifact whose failed re-check on these soft values this rebuilds
-    model_blake3: str | None = None  # the checkpoint's BLAKE3 tree digest, from the same read as model_digest
-    model_stat: tuple = ()  # its files' size, mtime, inode and ctime then (manifest.tree_stat): changed since?
 
 
 @dataclass
@@ -309,8 +309,8 @@ def plan_build(ctx: Context, profile: BuildProfile, *, model: str | None = None,
                 f"({err.quarantine_key}); rebuilding")
             quarantined.append(cached)
             cached = None
-    return BuildPlan(profile, fp, model_dir, digest, key, compat, cached, quarantined, rebuild_of, model_blake3,
-                     model_stat)
+    return BuildPlan(profile, fp, model_dir, digest, model_blake3, model_stat, key, compat, cached, quarantined,
+                     rebuild_of)
 
 
 def same_inputs_artifact(store: Store, profile: BuildProfile, model_digest: str, fingerprint: Fingerprint) -> str | None:
@@ -404,19 +404,13 @@ def build_facts(ctx: Context, built: BuiltEngine, draft: ManifestDraft) -> Build
     plan, profile = built.plan, built.plan.profile
     uri = profile.model.path or profile.model.uri or (
         f"tiny:{profile.model.tiny.model_dump_json()}" if profile.model.tiny is not None else None)
-    if plan.model_blake3 is not None and plan.model_stat:
-        now = tree_stat(plan.model_dir)
-        if now != plan.model_stat:
-            changed = sorted({f[0] for f in set(now) ^ set(plan.model_stat)})
-            raise ModelSourceError(str(plan.model_dir), f"the checkpoint changed during the build ({', '.join(changed[:3])}"
-                                   f"{', ...' if len(changed) > 3 else ''}): not writing provenance for inputs it "
-                                   "cannot name")
-        model = TreeRef(uri=uri, digest=plan.model_digest, blake3=plan.model_blake3)
-    else:  # a plan made without them (a caller's own): read the checkpoint for its BLAKE3
-        model = _input_ref(plan.model_dir, uri)
-        if model.digest != plan.model_digest:
-            raise ModelSourceError(str(plan.model_dir), f"the checkpoint changed during the build ({plan.model_digest} "
-                                   f"before, {model.digest} now): not writing provenance for inputs it cannot name")
+    now = tree_stat(plan.model_dir)
+    if now != plan.model_stat:
+        changed = sorted({f[0] for f in set(now) ^ set(plan.model_stat)})
+        raise ModelSourceError(str(plan.model_dir), f"the checkpoint changed during the build ({', '.join(changed[:3])}"
+                               f"{', ...' if len(changed) > 3 else ''}): not writing provenance for inputs it "
+                               "cannot name")
+    model = TreeRef(uri=uri, digest=plan.model_digest, blake3=plan.model_blake3)
     where = profile_file(ctx.settings, profile.name)
     prof = TreeRef(uri=str(where) if where.is_file() else None, digest=profile.build_hash(),
                    blake3=crypto_bytes(canonical_json(profile.model_dump(mode="json"))))

@@ -47,7 +47,7 @@ from buildctl.artifact_store.errors import (
 )
 from buildctl.artifact_store.layout import manifest_key
 from buildctl.artifact_store.binding import check_bound
-from buildctl.artifact_store.manifest import Manifest, entry_problem, parse_manifest
+from buildctl.artifact_store.manifest import Manifest, change_stamp, entry_problem, parse_manifest
 from buildctl.artifact_store.quarantine import check_not_quarantined
 from buildctl.artifact_store.signing import TrustedKeys, manifest_signatures, verify_signature
 from buildctl.artifact_store.trust import check_fresh
@@ -563,14 +563,10 @@ def _stage_locked(store: Store, record: ChannelRecord, artifact_id: str, dest: P
     return entry, downloaded
 
 
-def _stat_key(st: os.stat_result) -> list[int]:
-    return [st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns]
-
-
 def file_stats(manifest: Manifest, root: Path) -> dict[str, list[int]]:
     """Each manifest file's size, mtime_ns, inode and ctime_ns under ``root``, taken right after its
     bytes were verified: a later write changes the ctime even when the mtime is put back."""
-    return {e.path: _stat_key(os.lstat(root / e.path)) for e in manifest.files}
+    return {e.path: change_stamp(os.lstat(root / e.path)) for e in manifest.files}
 
 
 def tree_problems(manifest: Manifest, root: Path) -> list[FileProblem]:
@@ -625,7 +621,7 @@ def local_problems(manifest: Manifest, root: Path, *, unchanged: dict[str, list[
         return problems
     for e in manifest.files:
         p = root / e.path
-        if unchanged is not None and unchanged.get(e.path) == _stat_key(os.lstat(p)):
+        if unchanged is not None and unchanged.get(e.path) == change_stamp(os.lstat(p)):
             continue
         if problem := entry_problem(e, file_hasher(p, crypto=e.blake3 is not None)):
             problems.append(problem)

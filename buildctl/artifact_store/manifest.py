@@ -349,25 +349,31 @@ def tree_digest(root: str | Path) -> str:
     return digest_json([e.model_dump(mode="json") for e in hash_tree(scan_tree(root), crypto=False)])
 
 
-def tree_stat(root: str | Path) -> tuple[tuple[str, int, int, int, int], ...]:
-    """Every file of a tree (or a single file) by path, with its size, mtime_ns, inode and
-    ctime_ns: what changes when a file is written, replaced or touched. A build compares it before
-    and after, instead of hashing its checkpoint a second time."""
+def tree_files(root: str | Path) -> list[SourceFile]:
+    """The files of a tree (:func:`scan_tree`), or a single file as a tree of one."""
     p = Path(root)
-    paths = [(f.path, f.abspath) for f in scan_tree(p)] if p.is_dir() else [(p.name, p)]
-    out = []
-    for rel, path in paths:
-        st = os.stat(path)
-        out.append((rel, st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns))
-    return tuple(sorted(out))
+    if p.is_dir():
+        return scan_tree(p)
+    st = p.stat()
+    return [SourceFile(p.name, p, st.st_size, bool(st.st_mode & stat.S_IXUSR))]
+
+
+def change_stamp(st: os.stat_result) -> list[int]:
+    """What a write to a file changes in its stat: size, mtime_ns, inode and ctime_ns (the ctime
+    moves even when the mtime is put back)."""
+    return [st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns]
+
+
+def tree_stat(root: str | Path) -> tuple[tuple[Any, ...], ...]:
+    """Every file of a tree (or a single file) by path, with its :func:`change_stamp`. A build
+    compares it before and after, instead of hashing its checkpoint a second time."""
+    return tuple(sorted((f.path, *change_stamp(os.stat(f.abspath))) for f in tree_files(root)))
 
 
 def tree_digests(root: str | Path) -> tuple[str, str]:
     """:func:`tree_digest` and, in the same read, ``blake3:`` of the same file list with each file's
     BLAKE3 (build provenance names checkpoints and calibration sets by both). A single file is
     digested as a tree of one."""
-    p = Path(root)
-    files = scan_tree(p) if p.is_dir() else [SourceFile(p.name, p, p.stat().st_size, bool(p.stat().st_mode & stat.S_IXUSR))]
-    entries = [e.model_dump(mode="json") for e in hash_tree(files, crypto=True)]
+    entries = [e.model_dump(mode="json") for e in hash_tree(tree_files(root), crypto=True)]
     plain = [{k: v for k, v in e.items() if k != "blake3"} for e in entries]
     return digest_json(plain), crypto_bytes(canonical_json(entries))

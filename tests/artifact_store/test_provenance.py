@@ -101,7 +101,7 @@ def _build(tmp_path: Path, ctx: Context, *, seed: int = 1, calibration: bool = F
     """pipeline.publish_build over an engine tree made here (the real aoti build is the slow test
     below): a plan for the tiny profile and a small checkpoint directory."""
     from buildctl import pipeline
-    from buildctl.artifact_store.manifest import tree_digest
+    from buildctl.artifact_store.manifest import tree_digests, tree_stat
     from buildctl.engines.buildkey import build_key_for
     from buildctl.engines.fingerprint import detect
     from buildctl.engines.profile import load_profile
@@ -111,8 +111,9 @@ def _build(tmp_path: Path, ctx: Context, *, seed: int = 1, calibration: bool = F
     fp = detect()
     model = make_tree(tmp_path / f"model{seed}", {"config.json": b'{"model_type": "llama"}', "model.safetensors": 4096},
                       seed=seed)
-    digest = tree_digest(model)
-    plan = pipeline.BuildPlan(profile, fp, model, digest, build_key_for(profile, digest, fp),
+    stamps = tree_stat(model)
+    digest, blake3 = tree_digests(model)
+    plan = pipeline.BuildPlan(profile, fp, model, digest, blake3, stamps, build_key_for(profile, digest, fp),
                               fp.compat_key(profile.engine.backend), None)
     run = tmp_path / f"run{seed}"
     engine = make_tree(run / "engine", {"model.pt2": 70_000, "record.json": b"{}"}, seed=seed)
@@ -172,13 +173,13 @@ def test_a_checkpoint_changed_during_the_build_publishes_nothing(ctx, store, tmp
     from buildctl import pipeline
     from buildctl.engines.errors import ModelSourceError
 
-    real = pipeline.tree_digests
+    real = pipeline.tree_stat
 
     def changed(path):
         (Path(path) / "model.safetensors").write_bytes(b"swapped")  # the checkpoint changes under the build
         return real(path)
 
-    monkeypatch.setattr(pipeline, "tree_digests", changed)
+    monkeypatch.setattr(pipeline, "tree_stat", changed)
     with pytest.raises(ModelSourceError, match="changed during the build"):
         _build(tmp_path, ctx)
     assert list(store.list("manifests/")) == []
