@@ -234,13 +234,9 @@ def gc(store: Store, *, keep: int = DEFAULT_KEEP, keep_history: int = DEFAULT_KE
     arts = sorted(((a, m) for a, (m, _, _) in scanned.items() if m is not None),
                   key=lambda am: am[1].created_at, reverse=True)  # newest first, as list_artifacts has them
     result = GcResult(dry_run=dry_run)
-    named: set[str] = set()  # ids a malformed node record still names: it may run or keep them
     indexed = index_built(store)
-    if indexed:  # one LIST per 1,000 held markers instead of a GET per node
-        nodes = node_protections((), held=read_held(store))
-    else:
-        nodes = node_protections(read_inventory(store, result.skipped, named))
-    nodes += [(a, "named by a malformed node record") for a in sorted(named)]
+    # one LIST per 1,000 held markers instead of a GET per node
+    nodes = node_protections((), held=read_held(store)) if indexed else _record_protections(store, result.skipped)
     keep_for = protections(store, arts, keep=keep, keep_history=keep_history, grace_s=grace,
                            quarantine_retention_s=quarantine_retention_s, now=now,
                            also=nodes, skipped=result.skipped)
@@ -264,16 +260,21 @@ def gc(store: Store, *, keep: int = DEFAULT_KEEP, keep_history: int = DEFAULT_KE
     return result
 
 
+def _record_protections(store: Store, skipped: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """What the node records hold (one GET each; a malformed one is appended to ``skipped``), and
+    every id a malformed record still names: it may run or keep them."""
+    named: set[str] = set()
+    held = node_protections(read_inventory(store, skipped, named))
+    return held + [(a, "named by a malformed node record") for a in sorted(named)]
+
+
 def _confirm_with_node_records(store: Store, keep_for: dict[str, list[str]], result: GcResult) -> None:
     """Before anything is removed on the index's word: read every node record (one GET each, only
     when something would go) and keep what a record holds though no ``held/`` marker said so. A
     marker is only a hint (deleted by a principal that may write the index, or lost); the record
     decides. Each such artifact is named in ``result.index_missing`` (``buildctl scrub`` writes the
     markers back)."""
-    named: set[str] = set()
-    held = node_protections(read_inventory(store, result.skipped, named))
-    held += [(a, "named by a malformed node record") for a in sorted(named)]
-    for artifact, why in held:
+    for artifact, why in _record_protections(store, result.skipped):
         if artifact in keep_for and not keep_for[artifact]:
             keep_for[artifact].append(f"{why} (read from the node records: the node index has no held marker)")
             result.index_missing.append(artifact)
