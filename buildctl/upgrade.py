@@ -106,8 +106,13 @@ class Group:
         soft values' (:func:`~buildctl.fleet.recheck_queue_for`), which only a worker on a host
         with those values polls."""
         if self.recheck:
-            return recheck_queue_for(self.compat_key, self.projected.soft_fields(self.backend))
+            return recheck_queue_for(self.compat_key, self.soft)
         return work_queue_for(self.compat_key)
+
+    @property
+    def soft(self) -> dict[str, Any]:
+        """Its nodes' projected soft values for its backend."""
+        return self.projected.soft_fields(self.backend)
 
     @property
     def gpu_model(self) -> str:
@@ -116,7 +121,7 @@ class Group:
 
     def to_json(self) -> dict[str, Any]:
         return {"profile": self.profile, "backend": self.backend, "compat_key": self.compat_key,
-                "gpu_model": self.gpu_model, "soft": self.projected.soft_fields(self.backend), "state": self.state,
+                "gpu_model": self.gpu_model, "soft": self.soft, "state": self.state,
                 "artifact_id": self.artifact_id, "queue": self.queue, "detail": self.detail, "command": self.command,
                 "nodes": sorted(self.nodes)}
 

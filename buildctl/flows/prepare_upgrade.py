@@ -106,8 +106,7 @@ def prepare_upgrade(target: dict[str, Any], channel: str = "prod", nodes: str | 
             work.setdefault((g.profile, g.compat_key, g.queue), []).append(g)
     todo = sorted(work.items())
     trigger = {"kind": "prepare-upgrade", "target": tgt.fields(), "channel": channel}
-    triggers = [{**trigger, "recheck": True, "soft": gs[0].projected.soft_fields(gs[0].backend)} if gs[0].recheck
-                else trigger for _, gs in todo]
+    triggers = [{**trigger, "recheck": True, "soft": gs[0].soft} if gs[0].recheck else trigger for _, gs in todo]
     started = start_builds(settings, [(p, k, sum(len(g.nodes) for g in gs)) for (p, k, _), gs in todo], trigger,
                            publish, queues=[q for (_, _, q), _ in todo], triggers=triggers) if todo else []
     for g in before.groups:

@@ -31,27 +31,26 @@ def ensure_build_limit(settings: Settings) -> str:
     return name
 
 
+def _declared(deployment: str, prefect_yaml: Path | None) -> dict[str, Any]:
+    """The deployment's entry in prefect.yaml ({} when it declares none)."""
+    spec = yaml.safe_load((prefect_yaml or REPO / "prefect.yaml").read_text())
+    return next((d for d in spec.get("deployments", []) if d["name"] == deployment), {})
+
+
 def deployment_schedules(deployment: str, prefect_yaml: Path | None = None) -> list[Any]:
     """The cron schedules declared for a deployment in prefect.yaml (with their slugs), as
     Prefect schedules, so a served deployment has the same ones."""
     from prefect.schedules import Cron
 
-    spec = yaml.safe_load((prefect_yaml or REPO / "prefect.yaml").read_text())
-    for d in spec.get("deployments", []):
-        if d["name"] == deployment:
-            return [Cron(s["cron"], timezone=s.get("timezone"), active=s.get("active", True), slug=s.get("slug"),
-                         parameters=s.get("parameters")) for s in d.get("schedules") or []]
-    return []
+    return [Cron(s["cron"], timezone=s.get("timezone"), active=s.get("active", True), slug=s.get("slug"),
+                 parameters=s.get("parameters")) for s in _declared(deployment, prefect_yaml).get("schedules") or []]
 
 
 def deployment_triggers(deployment: str, prefect_yaml: Path | None = None) -> list[Any]:
     """The triggers declared for a deployment in prefect.yaml, as DeploymentEventTrigger objects."""
     from prefect.events import DeploymentEventTrigger
 
-    spec = yaml.safe_load((prefect_yaml or REPO / "prefect.yaml").read_text())
-    for d in spec.get("deployments", []):
-        if d["name"] == deployment:
-            return [DeploymentEventTrigger(name=t.get("name"), description=t.get("description") or "",
-                                           expect=set(t["expect"]), match=t["match"], parameters=t.get("parameters", {}),
-                                           enabled=t.get("enabled", True)) for t in d.get("triggers", [])]
-    return []
+    return [DeploymentEventTrigger(name=t.get("name"), description=t.get("description") or "",
+                                   expect=set(t["expect"]), match=t["match"], parameters=t.get("parameters", {}),
+                                   enabled=t.get("enabled", True))
+            for t in _declared(deployment, prefect_yaml).get("triggers", [])]
