@@ -28,8 +28,10 @@ def machine() -> str:
     return f"{os.cpu_count()} cores ({cpu or platform.machine()}), {mem:.0f} GiB RAM, Python {platform.python_version()}"
 
 
-def make_engine_tree(root: Path, total_bytes: int, seed: int = 0) -> Path:
-    """An engine-like directory: ~90% in 4 large rank files, the rest in 200 small files."""
+def make_engine_tree(root: Path, total_bytes: int, seed: int = 0, *, distinct: bool = False) -> Path:
+    """An engine-like directory: ~90% in 4 large rank files, the rest in 200 small files.
+    ``distinct``: every 8 MiB of the rank files its own random bytes (by default ranks 0 and 2, and
+    1 and 3, are equal: a store keeps each pair as one blob)."""
     if (root / ".complete").exists() and json.loads((root / ".complete").read_text()) == total_bytes:
         return root
     root.mkdir(parents=True, exist_ok=True)
@@ -42,7 +44,10 @@ def make_engine_tree(root: Path, total_bytes: int, seed: int = 0) -> Path:
             left = large
             while left > 0:
                 n = min(left, len(chunk))
-                f.write(chunk[:n] if r % 2 == 0 else chunk[::-1][:n])
+                if distinct:
+                    f.write(os.urandom(n))
+                else:
+                    f.write(chunk[:n] if r % 2 == 0 else chunk[::-1][:n])
                 left -= n
     per = max(1, small_total // 200)
     (root / "lora").mkdir(exist_ok=True)

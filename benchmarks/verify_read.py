@@ -2,9 +2,9 @@
 
     python -m benchmarks.verify_read [--size-gib 4] [--repeat 5]
 
-An engine-like artifact (4 rank files and 200 small files, every file distinct bytes) is
-published into a local store; its blobs are read once first, so every measurement runs with the
-page cache hot. Each round measures, interleaved (the order reversed every other round), on two
+An engine-like artifact (``make_engine_tree(distinct=True)``: 4 rank files and 200 small files,
+no two alike) is published into a local store; its blobs are read once first, so every
+measurement runs with the page cache hot. Each round measures, interleaved (the order reversed every other round), on two
 cores and on one (``taskset -c 0``), each in a fresh process timed inside it:
 
 * **raw read**: every blob of the manifest read to its end through the store (8 MiB
@@ -23,8 +23,6 @@ Reported: median and range of each, and per round the raw read's time over verif
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import shutil
 import subprocess
 import sys
@@ -33,30 +31,11 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from benchmarks.common import GIB, MIB, finish, fmt_spread, spread, table
+from benchmarks.common import GIB, MIB, finish, fmt_spread, make_engine_tree, spread, table
 
 REPO = Path(__file__).resolve().parent.parent
 GOAL = 0.9
 METHODS = ("raw read", "verify --deep", "both digests (before)", "BLAKE3 in memory (ceiling)")
-
-
-def make_tree(root: Path, total_bytes: int) -> Path:
-    """4 large rank files (90%) and 200 small ones, each of its own random bytes (no blob is shared)."""
-    root.mkdir(parents=True, exist_ok=True)
-    large = int(total_bytes * 0.9) // 4
-    for r in range(4):
-        with open(root / f"rank{r}.engine", "wb") as f:
-            left = large
-            while left > 0:
-                n = min(left, 64 * MIB)
-                f.write(os.urandom(n))
-                left -= n
-    (root / "lora").mkdir(exist_ok=True)
-    per = max(1, (total_bytes - 4 * large) // 200)
-    for i in range(200):
-        (root / "lora" / f"adapter{i:03d}.bin").write_bytes(os.urandom(per))
-    (root / "config.json").write_text('{"pretrained_config": {"mapping": {"world_size": 4}}}')
-    return root
 
 
 def _blobs(store, artifact_id: str) -> list[str]:
@@ -134,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     total = int(args.size_gib * GIB)
     work = Path(tempfile.mkdtemp(prefix="buildctl-bench-verify-"))
     try:
-        tree = make_tree(work / "engine", total)
+        tree = make_engine_tree(work / "engine", total, distinct=True)
         store = open_store("file://" + str(work / "store"))
         draft = manifest_draft(load_profile(REPO / "build_profiles" / "tiny-llama-cpu.yaml"), detect())
         aid = publish_tree(store, tree, draft).artifact_id
