@@ -97,14 +97,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=5)
     args = ap.parse_args(argv)
 
-    from buildctl import node_agent
-    from buildctl.artifact_store.backend import open_store
-    from buildctl.artifact_store.install_dir import current_artifact
+    from buildctl.steps import node_agent
+    from buildctl.artifact_store.backends.store import open_store
+    from buildctl.artifact_store.node.install_dir import current_artifact
     from buildctl.artifact_store.promotion import promote
     from buildctl.artifact_store.publish import ManifestDraft
     from buildctl.cli.main import run
-    from buildctl.context import Context
-    from buildctl.settings import load_settings
+    from buildctl.steps.context import Context
+    from buildctl.core.settings import load_settings
     from tests.support.helpers import publish_files, staged, write_attestation
     from tests.support.trtllm_kit import h100x8
 

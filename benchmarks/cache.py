@@ -13,12 +13,12 @@ import tempfile
 from pathlib import Path
 
 from benchmarks.common import finish, fmt_spread, spread, table, timed
-from buildctl import pipeline
+from buildctl.steps import pipeline
 from buildctl.engines import isolate
 from buildctl.engines.profile import load_profile
-from buildctl.settings import load_settings
-from buildctl.artifact_store.backend import open_store
-from buildctl.context import Context
+from buildctl.core.settings import load_settings
+from buildctl.artifact_store.backends.store import open_store
+from buildctl.steps.context import Context
 
 REPO = Path(__file__).resolve().parent.parent
 

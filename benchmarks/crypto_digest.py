@@ -30,13 +30,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=5)
     args = ap.parse_args(argv)
 
-    from buildctl import pipeline
-    from buildctl.artifact_store.backend import open_store
-    from buildctl.artifact_store.install_dir import install_artifact
+    from buildctl.steps import pipeline
+    from buildctl.artifact_store.backends.store import open_store
+    from buildctl.artifact_store.node.install_dir import install_artifact
     from buildctl.artifact_store.publish import publish_tree
-    from buildctl.artifact_store.verify import verify
+    from buildctl.artifact_store.read import verify
     from buildctl.engines.profile import load_profile
-    from buildctl.settings import load_settings
+    from buildctl.core.settings import load_settings
     from tests.support.helpers import publish_schema1
     from tests.support.s3server import SeaweedServer
 

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from benchmarks.common import GIB, finish, make_engine_tree, table
-from buildctl.context import Context
+from buildctl.steps.context import Context
 
 REPO = Path(__file__).resolve().parent.parent
 PROD_BYTES = 70e9
@@ -35,11 +35,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=5)
     args = ap.parse_args(argv)
 
-    from buildctl import pipeline
+    from buildctl.steps import pipeline
     from buildctl.engines.profile import load_profile
-    from buildctl.settings import load_settings
-    from buildctl.artifact_store.backend import open_store
-    from buildctl.artifact_store.verify import verify
+    from buildctl.core.settings import load_settings
+    from buildctl.artifact_store.backends.store import open_store
+    from buildctl.artifact_store.read import verify
     from tests.support.s3server import SeaweedServer
     from buildctl.artifact_store.promotion import promote
     from tests.support.helpers import write_attestation

@@ -46,17 +46,17 @@ OPERATIONS = ("rollout status --compat-key", "rollout tick", "driver-upgrade rec
 
 def seed(store, work: Path, n: int):
     """Seed ``store``; returns (profiles, compat keys, context)."""
-    from buildctl.artifact_store.inventory import EngineState, NodeRecord
+    from buildctl.artifact_store.fleet.inventory import EngineState, NodeRecord
     from buildctl.artifact_store.layout import node_key
     from buildctl.artifact_store.promotion import promote
-    from buildctl.artifact_store.rollout import RolloutPlan, in_wave, parse_waves
-    from buildctl.digest import canonical_json
+    from buildctl.artifact_store.fleet.waves import RolloutPlan, in_wave, parse_waves
+    from buildctl.core.digest import canonical_json
     from buildctl.engines.fingerprint import detect
     from buildctl.engines.profile import load_profile
     from buildctl.engines.registry import backend_names
-    from buildctl.node_index import node_markers, rebuild
-    from buildctl.pipeline import manifest_draft
-    from buildctl.times import utc_now
+    from buildctl.steps.node_index import node_markers, rebuild
+    from buildctl.steps.pipeline import manifest_draft
+    from buildctl.core.times import utc_now
     from tests.support.helpers import publish_files, staged
 
     profile = load_profile(REPO / "build_profiles" / f"{PROFILE}.yaml")
@@ -97,8 +97,8 @@ def seed(store, work: Path, n: int):
 
 def _context(store, work: Path):
     """The operations' context on ``store``, its cache under ``work``."""
-    from buildctl.context import Context
-    from buildctl.settings import load_settings
+    from buildctl.steps.context import Context
+    from buildctl.core.settings import load_settings
 
     return Context.from_settings(load_settings(cache_dir=work / "cache", store=store.uri), store=store)
 
@@ -109,7 +109,7 @@ def seeded_store(work: Path, kind: str, n: int, server):
     import json
     import time
 
-    from buildctl.artifact_store.backend import open_store
+    from buildctl.artifact_store.backends.store import open_store
     from buildctl.engines.profile import load_profile
 
     done = work / f"seeded-{kind}-{n}.json"
@@ -130,7 +130,8 @@ def seeded_store(work: Path, kind: str, n: int, server):
 
 
 def operations(ctx, profiles, keys):
-    from buildctl import fleet, rollouts
+    from buildctl.steps import fleet
+    from buildctl.steps import rollouts
     from buildctl.artifact_store.gc import gc
 
     now = datetime.now(timezone.utc)

@@ -15,7 +15,7 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from buildctl.digest import BUFFER_SIZE
+from buildctl.core.digest import BUFFER_SIZE
 from buildctl.artifact_store.manifest import hash_tree, scan_tree
 from benchmarks.common import (GIB, drop_caches, finish, fmt_spread, interleaved, make_engine_tree, round_ratios,
                                spread, table, tree_files)

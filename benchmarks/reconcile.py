@@ -11,7 +11,7 @@ import argparse
 import random
 
 from benchmarks.common import finish, fmt_spread, spread, table, timed
-from buildctl.fleet import plan_builds
+from buildctl.steps.fleet import plan_builds
 
 
 def fleet(n: int, n_fps: int = 50, n_profiles: int = 20, seed: int = 11):

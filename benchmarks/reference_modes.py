@@ -31,14 +31,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=5)
     args = ap.parse_args(argv)
 
-    from buildctl import pipeline
-    from buildctl.artifact_store.backend import open_store
-    from buildctl.artifact_store.install_dir import install_artifact
-    from buildctl.context import Context
+    from buildctl.steps import pipeline
+    from buildctl.artifact_store.backends.store import open_store
+    from buildctl.artifact_store.node.install_dir import install_artifact
+    from buildctl.steps.context import Context
     from buildctl.engines.profile import load_profile
     from buildctl.engines.registry import get_backend
     from buildctl.engines.threads import intra_op_threads
-    from buildctl.settings import load_settings
+    from buildctl.core.settings import load_settings
     from buildctl.validators.reference import VllmRunner
     from buildctl.validators.speed import run_once
     from buildctl.validators.validate import _read_config, _speed_workload

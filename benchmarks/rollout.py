@@ -28,7 +28,7 @@ import random
 from dataclasses import dataclass
 
 from benchmarks.common import finish, table
-from buildctl.artifact_store.rollout import wave_bucket
+from buildctl.artifact_store.fleet.waves import wave_bucket
 
 GB = 1e9
 GBIT = 1e9 / 8

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import finish, table
-from buildctl.context import Context
+from buildctl.steps.context import Context
 
 REPO = Path(__file__).resolve().parent.parent
 SITUATIONS = ("quiet", "busy", "slowed")
@@ -44,11 +44,11 @@ def main(argv: list[str] | None = None) -> int:
     situations = [s for s in args.situations.split(",") if s]
 
     from benchmarks.load import SlowedRunner, busy_loops
-    from buildctl import pipeline
+    from buildctl.steps import pipeline
     from buildctl.engines.fingerprint import detect
     from buildctl.engines.profile import load_profile
-    from buildctl.settings import load_settings
-    from buildctl.artifact_store.backend import open_store
+    from buildctl.core.settings import load_settings
+    from buildctl.artifact_store.backends.store import open_store
     from buildctl.validators.errors import ValidationFailedError
     from buildctl.validators.reference import VllmRunner
     from buildctl.validators.validate import run_validation

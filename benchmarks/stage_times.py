@@ -18,18 +18,18 @@ import time
 from pathlib import Path
 
 from benchmarks.common import finish, fmt_spread, spread, table
-from buildctl.context import Context
+from buildctl.steps.context import Context
 
 REPO = Path(__file__).resolve().parent.parent
 
 
 def one_run() -> list[tuple[str, float]]:
-    from buildctl import pipeline
+    from buildctl.steps import pipeline
     from buildctl.engines.profile import load_profile
     from buildctl.engines.tiny import make_tiny
-    from buildctl.settings import load_settings
-    from buildctl.artifact_store.backend import open_store
-    from buildctl.artifact_store.install_dir import install_artifact
+    from buildctl.core.settings import load_settings
+    from buildctl.artifact_store.backends.store import open_store
+    from buildctl.artifact_store.node.install_dir import install_artifact
 
     profile = load_profile(REPO / "build_profiles" / "tiny-llama-cpu.yaml")
     work = Path(tempfile.mkdtemp(prefix="buildctl-bench-pipeline-"))

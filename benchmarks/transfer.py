@@ -51,12 +51,12 @@ def run_network(label: str, server, endpoint: str, root: Path, work: Path, reps:
 
     from buildctl.engines.fingerprint import detect
     from buildctl.engines.profile import load_profile
-    from buildctl.context import Context
-    from buildctl.pipeline import import_engine
-    from buildctl.settings import load_settings
-    from buildctl.artifact_store import ranged
-    from buildctl.artifact_store.install_dir import install_artifact
-    from buildctl.artifact_store.s3 import S3Store
+    from buildctl.steps.context import Context
+    from buildctl.steps.pipeline import import_engine
+    from buildctl.core.settings import load_settings
+    from buildctl.artifact_store.backends import ranged
+    from buildctl.artifact_store.node.install_dir import install_artifact
+    from buildctl.artifact_store.backends.s3 import S3Store
 
     files = tree_files(root)
     client = boto3.client("s3", endpoint_url=endpoint, config=Config(max_pool_connections=64))
@@ -148,8 +148,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--awscli", default=os.environ.get("BUILDCTL_BENCH_AWSCLI") or shutil.which("aws"))
     args = ap.parse_args(argv)
 
-    from buildctl.artifact_store import ranged
-    from buildctl.artifact_store import s3 as s3mod
+    from buildctl.artifact_store.backends import ranged
+    from buildctl.artifact_store.backends import s3 as s3mod
     from tests.faults.proxy import FaultProxy
     from tests.support.s3server import SeaweedServer
 

@@ -19,7 +19,7 @@ Three modes:
   changed; a node waits for its re-check (as with ``pull --require-covered``);
 * **planned**: ``upgrade prepare`` re-checks and builds before the first node is touched,
   ``pull --for-upgrade --stage-only`` pre-stages, and ``upgrade ready`` gates each node, so a node
-  is without an engine only for ``node activate``'s swap (1 s, the bound ``tests/test_node_agent.py``
+  is without an engine only for ``node activate``'s swap (1 s, the bound ``tests/steps/test_node_agent.py``
   checks). The lead time is how long the preparation took before the first batch may start.
 
 Build times are the field report's "15–45 minutes per build" (8B TP1: 15, 70B TP4: 30, 70B TP8:

@@ -9,7 +9,7 @@ cores and on one (``taskset -c 0``), each in a fresh process timed inside it:
 
 * **raw read**: every blob of the manifest read to its end through the store (8 MiB
   ``readinto``), with the same 4 file workers as verify, and nothing hashed;
-* **verify --deep**: ``buildctl.artifact_store.verify.verify(deep=True)``, as the CLI runs it
+* **verify --deep**: ``buildctl.artifact_store.read.verify(deep=True)``, as the CLI runs it
   (BLAKE3-256 alone where the manifest carries it, from a memory map of each blob);
 * **both digests (before)**: what verify did before 2026-12-05: xxh3-128 and BLAKE3-256 in one
   pass over an 8 MiB ``readinto`` buffer;
@@ -40,7 +40,7 @@ METHODS = ("raw read", "verify --deep", "both digests (before)", "BLAKE3 in memo
 
 def _blobs(store, artifact_id: str) -> list[str]:
     from buildctl.artifact_store.layout import blob_key
-    from buildctl.artifact_store.verify import get_manifest
+    from buildctl.artifact_store.read import get_manifest
 
     return sorted({blob_key(f.digest) for f in get_manifest(store, artifact_id).files})
 
@@ -63,9 +63,9 @@ def _read_all(store, keys: list[str], hasher=None) -> int:
 
 def measure(store_uri: str, artifact_id: str, method: str) -> float:
     """One measurement in this process: seconds of ``method``."""
-    from buildctl.artifact_store.backend import open_store
-    from buildctl.artifact_store.verify import verify
-    from buildctl.digest import Hasher
+    from buildctl.artifact_store.backends.store import open_store
+    from buildctl.artifact_store.read import verify
+    from buildctl.core.digest import Hasher
 
     store = open_store(store_uri)
     keys = _blobs(store, artifact_id)
@@ -104,11 +104,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{measure(*args.child):.6f}")
         return 0
 
-    from buildctl.artifact_store.backend import open_store
+    from buildctl.artifact_store.backends.store import open_store
     from buildctl.artifact_store.publish import publish_tree
     from buildctl.engines.fingerprint import detect
     from buildctl.engines.profile import load_profile
-    from buildctl.pipeline import manifest_draft
+    from buildctl.steps.pipeline import manifest_draft
 
     total = int(args.size_gib * GIB)
     work = Path(tempfile.mkdtemp(prefix="buildctl-bench-verify-"))

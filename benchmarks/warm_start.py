@@ -45,14 +45,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--requests", type=int, default=64)
     args = ap.parse_args(argv)
 
-    from buildctl import pipeline
-    from buildctl.artifact_store.backend import open_store
-    from buildctl.artifact_store.install_dir import install_artifact
-    from buildctl.artifact_store.verify import get_manifest
-    from buildctl.context import Context
+    from buildctl.steps import pipeline
+    from buildctl.artifact_store.backends.store import open_store
+    from buildctl.artifact_store.node.install_dir import install_artifact
+    from buildctl.artifact_store.read import get_manifest
+    from buildctl.steps.context import Context
     from buildctl.engines.profile import load_profile
     from buildctl.engines.vllm_bundle import BundleRunner, read_record
-    from buildctl.settings import load_settings
+    from buildctl.core.settings import load_settings
 
     work = Path(tempfile.mkdtemp(prefix="bench-warm-start-"))
     try:

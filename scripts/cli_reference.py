@@ -51,7 +51,7 @@ def help_text(path: list[str]) -> str:
 
 
 def _settings_rows() -> list[str]:
-    from buildctl.settings import Settings
+    from buildctl.core.settings import Settings
 
     rows = ["| variable | default | what |", "|---|---|---|"]
     for name, field in Settings.model_fields.items():
@@ -78,7 +78,7 @@ def render() -> str:
              "`--help`.", "",
              "## Settings", "",
              "Global options come before the command (`buildctl --store URI --json ls`). Every other",
-             "setting is an environment variable, read once into `buildctl.settings.Settings`:", "",
+             "setting is an environment variable, read once into `buildctl.core.settings.Settings`:", "",
              *_settings_rows(), "",
              "## Exit codes", "",
              "One table maps error types to exit codes (`EXIT_CODES` in `buildctl/cli/main.py`); the first",

@@ -69,7 +69,7 @@ echo "== 8. generate from the installed engine"
 MODEL=$(py "$J/model.json" <<'PY'
 from buildctl.engines.profile import TinyModel
 from buildctl.engines.tiny import make_tiny
-from buildctl.settings import load_settings
+from buildctl.core.settings import load_settings
 print(make_tiny(TinyModel(), load_settings().cache_dir))
 PY
 )

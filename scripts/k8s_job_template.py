@@ -2,14 +2,14 @@
 buildctl build pool adds (``--check``: fail if the committed file differs).
 
 * variables ``gpus``, ``backend`` and ``compat_key``, which a parent flow sets per run through
-  ``job_variables`` (:func:`buildctl.fleet.job_variables`: the GPUs the profile's build takes,
+  ``job_variables`` (:func:`buildctl.steps.fleet.job_variables`: the GPUs the profile's build takes,
   its backend, the target compat key);
 * a required node affinity on the label ``buildctl.io/compat-<backend>`` = the compat key, which
   ``buildctl node labels`` prints for a node (run in the builder image on it), so a build pod
   lands only on a node whose GPU, driver and toolchain make that key;
 * ``nvidia.com/gpu`` limits of ``gpus`` and the toleration of the NVIDIA device plugin's taint;
 * requests of 4 CPUs and 16 GiB by default (a build compiles), which a parent flow sets per run
-  from the profile (:func:`buildctl.fleet.job_variables`), with ``ephemeral_storage`` (request
+  from the profile (:func:`buildctl.steps.fleet.job_variables`), with ``ephemeral_storage`` (request
   and limit: the build's work directory and its engine before publish);
 * a memory-backed ``/dev/shm`` of ``shm_size`` (NCCL and the calibration's data loaders need more
   than the container runtime's 64 MiB);

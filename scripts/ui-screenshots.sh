@@ -69,7 +69,7 @@ $PY -m buildctl pull --profile tiny-llama-cpu --channel staging --dest "$WORK/no
 ARTIFACT=$($PY -c 'import json,sys; print(json.load(open(sys.argv[1]))["artifact_id"])' "$WORK/flow.json")
 $PY - "$ARTIFACT" <<'PY'
 import os, sys
-from buildctl.artifact_store.backend import open_store
+from buildctl.artifact_store.backends.store import open_store
 from buildctl.artifact_store.layout import blob_key
 from buildctl.artifact_store import get_manifest
 store = open_store(os.environ["BUILDCTL_STORE"])

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from .support.helpers import MODULES_PARSED, PROFILES, SHORT_DELETE_WINDOW_S, make_tree, settings, tiny_profile_with_speed
-from buildctl.context import Context
+from buildctl.steps.context import Context
 
 # Prefect writes to ~/.prefect unless PREFECT_HOME is set: keep the suite's state in a temp dir,
 # removed when the session ends (a mutation run starts pytest once per mutant).
@@ -71,7 +71,7 @@ def _isolated_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
         monkeypatch.delenv(var, raising=False)
     # boto3's session caches the credentials it resolved first: a test that points them at a
     # store that is gone (AWS_ACCESS_KEY_ID=x) must not hand them to the next test's S3 store.
-    from buildctl.artifact_store import s3
+    from buildctl.artifact_store.backends import s3
 
     monkeypatch.setattr(s3, "_session", None)
 
@@ -80,7 +80,7 @@ def _isolated_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
 def _small_ranges(monkeypatch: pytest.MonkeyPatch) -> None:
     """1 MiB ranges in-process, so the multi-MiB blobs of the S3 pull, verify and fault tests go
     through the parallel ranged path (8 MiB in production; subprocesses keep that)."""
-    from buildctl.artifact_store import ranged
+    from buildctl.artifact_store.backends import ranged
 
     monkeypatch.setattr(ranged, "RANGE_SIZE", 1024 * 1024)
 
@@ -158,7 +158,7 @@ def store_uri(request, tmp_path: Path) -> str:
 
 @pytest.fixture
 def store(store_uri: str):
-    from buildctl.artifact_store.backend import open_store
+    from buildctl.artifact_store.backends.store import open_store
 
     return open_store(store_uri)
 
@@ -181,7 +181,7 @@ def engine_tree(tmp_path: Path) -> Path:
 def draft():
     from buildctl.engines.fingerprint import detect
     from buildctl.engines.profile import load_profile
-    from buildctl.pipeline import manifest_draft
+    from buildctl.steps.pipeline import manifest_draft
 
     return manifest_draft(load_profile(PROFILES / "tiny-llama-cpu.yaml"), detect())
 
@@ -198,10 +198,10 @@ def tiny_build(tmp_path_factory):
     """One real aoti build of the tiny profile, published into a session store and installed."""
     import time
 
-    from buildctl import pipeline
+    from buildctl.steps import pipeline
     from buildctl.engines.profile import load_profile
-    from buildctl.artifact_store.backend import open_store
-    from buildctl.artifact_store.install_dir import install_artifact
+    from buildctl.artifact_store.backends.store import open_store
+    from buildctl.artifact_store.node.install_dir import install_artifact
 
     root = tmp_path_factory.mktemp("aoti")
     store = open_store(str(root / "store"))

@@ -7,7 +7,7 @@ from __future__ import annotations
 import threading
 import time
 
-from buildctl.logtail import LOG_TAIL_LINES, log_tail, tailing
+from buildctl.core.logtail import LOG_TAIL_LINES, log_tail, tailing
 
 
 def test_a_builds_log_reaches_the_logger_while_it_runs(tmp_path):
@@ -47,7 +47,7 @@ def test_a_flood_of_lines_is_capped_and_counted(tmp_path):
 def test_only_the_validators_phase_lines_are_passed_on(tmp_path):
     """The validator child writes its phases (`[validate] ...`) among library noise on stderr;
     the parent passes on the phases only, as they happen."""
-    from buildctl.validate_process import PHASE
+    from buildctl.steps.validate_process import PHASE
 
     log = tmp_path / "stderr.log"
     log.write_text("")

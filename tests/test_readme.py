@@ -11,7 +11,7 @@ import time
 import pytest
 import typer
 
-from buildctl.artifact_store.backend import open_store
+from buildctl.artifact_store.backends.store import open_store
 from buildctl.engines.fingerprint import detect
 
 from .support.helpers import REPO, checkout_like, run_docs_block, write_attestation

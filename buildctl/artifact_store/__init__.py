@@ -1,46 +1,41 @@
 """``buildctl.artifact_store``: the immutable, content-addressed artifact store.
 
-One small key/bytes interface (:mod:`.backend`) with two backends (:mod:`.local`, :mod:`.s3`,
-the only boto3 importer), and the operations on top, one module per concern:
+Rooms (sub-packages), each with its own index, and the store-wide modules beside them. Floors,
+top to bottom (import-linter keeps them, and no module imports one above its floor):
 
-* :mod:`.layout`: every key name;
-* :mod:`.manifest`: manifests, path rules, tree scanning and hashing;
-* :mod:`.publish`: publish a tree, the build-key index;
-* :mod:`.verify`: read with verification, resolve ids, list, verify (``deep``: every byte);
-* :mod:`.signing`: Ed25519 keys and signatures;
-* :mod:`.attestations`: the typed validation record;
-* :mod:`.authority`: who acts and with which keys (one value per command);
+* :mod:`.gc` (garbage collection), :mod:`.promotion` (the gate, promotion and rollback),
+  :mod:`.records` (every kind of small record, and one check that reads them all);
+* :mod:`.publish`: checksum a tree into one immutable artifact, and the build-key index;
+* :mod:`.upkeep`: deep checks at the gates, repair, rehash;
+* :mod:`.node`: pull, admission, download, the install directory, checkpoints;
 * :mod:`.channels`: channel refs, compare-and-swap moves, history, k-of-n co-signing, re-signing;
-* :mod:`.promotion`: the promotion gate, promotion and rollback;
-* :mod:`.rollout`: rollout records, wave buckets, which artifact a node gets (the steps that move
-  a rollout on are in :mod:`buildctl.rollouts`);
-* :mod:`.integrity`: deep verify at the gates, quarantining on a mismatch; :mod:`.quarantine`,
-  :mod:`.repair`;
-* :mod:`.gc`: garbage collection;
-* :mod:`.pull`: install a channel's artifact on a node, from :mod:`.trust` (may the node trust the
-  record), :mod:`.download` (bytes verified as they arrive) and :mod:`.install_dir` (the node's
-  directory); :mod:`.checkpoints`: download model checkpoints.
+* :mod:`.fleet` (inventory, rollout waves) and :mod:`.quarantine`;
+* :mod:`.trust`: signing keys, authority, revocation, binding, attestations, provenance;
+* :mod:`.read` (reading with verification, id resolution, listing, ``verify``) and :mod:`.grace`
+  (how publish and gc share blobs without a lock);
+* :mod:`.backends`: the key/bytes interface, local and S3, ranged reads, listings, the manifest memo;
+* :mod:`.manifest`, then :mod:`.layout` (every key name) and :mod:`.errors`.
 
 The names below are re-exported for callers that want the whole API in one import.
 """
 
-from buildctl.artifact_store.attestations import (
+from buildctl.artifact_store.trust.attestations import (
     Attestation,
     StoredAttestation,
     latest_attestation,
     list_attestations,
     write_attestation,
 )
-from buildctl.artifact_store.backend import ProgressFn, Store, open_store
-from buildctl.artifact_store.authority import Authority
+from buildctl.artifact_store.backends.store import ProgressFn, Store, open_store
+from buildctl.artifact_store.trust.authority import Authority
 from buildctl.artifact_store.channels import ChannelRecord, channels_pointing_at, history, read_channel, set_channel
 from buildctl.artifact_store.promotion import promote, rollback
 from buildctl.artifact_store.gc import GcResult, gc
 from buildctl.artifact_store.layout import manifest_signature_prefix
 from buildctl.artifact_store.manifest import Manifest
-from buildctl.times import utc_now
+from buildctl.core.times import utc_now
 from buildctl.artifact_store.publish import ManifestDraft, PublishResult, lookup_build_key, publish_tree
-from buildctl.artifact_store.verify import get_manifest, list_artifacts, resolve_artifact, verify
+from buildctl.artifact_store.read import get_manifest, list_artifacts, resolve_artifact, verify
 
 __all__ = [
     "Attestation", "Authority", "ChannelRecord", "GcResult", "Manifest", "ManifestDraft", "ProgressFn", "PublishResult",

@@ -2,7 +2,7 @@
 append-only history, k-of-n co-signing and re-signing.
 
 Moves that pass gates first are elsewhere: promotion and rollback in
-:mod:`buildctl.artifact_store.promotion`, rollout steps in :mod:`buildctl.rollouts`."""
+:mod:`buildctl.artifact_store.promotion`, rollout steps in :mod:`buildctl.steps.rollouts`."""
 
 from __future__ import annotations
 
@@ -15,12 +15,12 @@ from typing import Any, Callable, Iterator
 
 from pydantic import Field, ValidationError, field_validator
 
-from buildctl.records import Record
-from buildctl.digest import canonical_json, is_crypto_digest, is_digest
-from buildctl.artifact_store.authority import Authority
-from buildctl.artifact_store.backend import Store
-from buildctl.artifact_store.binding import manifest_blake3
-from buildctl.artifact_store.listing import map_bounded
+from buildctl.core.records import Record
+from buildctl.core.digest import canonical_json, is_crypto_digest, is_digest
+from buildctl.artifact_store.trust.authority import Authority
+from buildctl.artifact_store.backends.store import Store
+from buildctl.artifact_store.trust.binding import manifest_blake3
+from buildctl.artifact_store.backends.listing import map_bounded
 from buildctl.artifact_store.errors import (
     CasConflictError,
     ChannelNotFoundError,
@@ -42,10 +42,10 @@ from buildctl.artifact_store.layout import (
     history_prefix,
 )
 from buildctl.artifact_store.manifest import Manifest
-from buildctl.artifact_store.rollout import Rollout, RolloutPlan, artifact_for_node
-from buildctl.artifact_store.revocation import with_revocations
-from buildctl.artifact_store.signing import SigningKey, TrustedKeys, promoter_signers, signer_refusal
-from buildctl.times import after, now_utc, parse_utc, utc_now
+from buildctl.artifact_store.fleet.waves import Rollout, RolloutPlan, artifact_for_node
+from buildctl.artifact_store.trust.revocation import with_revocations
+from buildctl.artifact_store.trust.signing import SigningKey, TrustedKeys, promoter_signers, signer_refusal
+from buildctl.core.times import after, now_utc, parse_utc, utc_now
 
 CHANNEL_RE = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
 

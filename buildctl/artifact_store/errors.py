@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from buildctl.errors import (
+from buildctl.core.errors import (
     BadInputError,
     BuildctlError,
     ConflictError,

@@ -34,12 +34,12 @@ from typing import Callable, Iterable
 
 from pydantic import Field
 
-from buildctl.records import Record
-from buildctl.errors import BuildctlError
+from buildctl.core.records import Record
+from buildctl.core.errors import BuildctlError
 from buildctl.artifact_store import grace as grace_mod
-from buildctl.artifact_store.backend import Store
+from buildctl.artifact_store.backends.store import Store
 from buildctl.artifact_store.channels import ChannelRecord, _parse_record, all_channel_records
-from buildctl.times import now_utc, parse_utc
+from buildctl.core.times import now_utc, parse_utc
 from buildctl.artifact_store.layout import (
     BLOBS,
     COMPACTED_INDEX,
@@ -61,13 +61,13 @@ from buildctl.artifact_store.layout import (
     touch_key,
     verification_prefix,
 )
-from buildctl.artifact_store.inventory import index_built, node_protections, read_held, read_inventory
-from buildctl.artifact_store.listing import map_bounded
+from buildctl.artifact_store.fleet.inventory import index_built, node_protections, read_held, read_inventory
+from buildctl.artifact_store.backends.listing import map_bounded
 from buildctl.artifact_store.manifest import Manifest
 from buildctl.artifact_store.publish import build_key_owners
 from buildctl.artifact_store.quarantine import quarantine_records_by_artifact
 from buildctl.artifact_store.errors import CorruptObjectError, KeyNotFoundError
-from buildctl.artifact_store.verify import scan_manifests
+from buildctl.artifact_store.read import scan_manifests
 
 DEFAULT_KEEP = 3
 DEFAULT_KEEP_HISTORY = 5
@@ -76,7 +76,7 @@ DEFAULT_QUARANTINE_RETENTION_S = 30 * 86400.0
 
 class GcPolicy(Record):
     """What a gc keeps, as one record (``buildctl gc``'s options, the gc-store flow's parameters):
-    built by :func:`buildctl.fleet.gc_policy` from the settings, which hold the grace period and
+    built by :func:`buildctl.steps.fleet.gc_policy` from the settings, which hold the grace period and
     the delete window every publish also uses."""
 
     grace_s: float = Field(..., ge=0, description="never remove a manifest created, or a blob a publish touched, within this")

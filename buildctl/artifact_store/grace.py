@@ -29,11 +29,11 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from typing import Iterable
 
-from buildctl.records import Record
-from buildctl.digest import canonical_json
-from buildctl.artifact_store.backend import Store
+from buildctl.core.records import Record
+from buildctl.core.digest import canonical_json
+from buildctl.artifact_store.backends.store import Store
 from buildctl.artifact_store.layout import touch_key
-from buildctl.times import now_utc, parse_utc, utc_now
+from buildctl.core.times import now_utc, parse_utc, utc_now
 
 DEFAULT_GRACE_S = 24 * 3600.0
 DEFAULT_DELETE_WINDOW_S = 5.0

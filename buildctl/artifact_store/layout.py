@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import xxhash
 
-from buildctl.digest import hex_of
+from buildctl.core.digest import hex_of
 
 BLOBS = "blobs/"
 MANIFESTS = "manifests/"

@@ -30,8 +30,8 @@ from pydantic import (
     model_validator,
 )
 
-from buildctl.records import Record
-from buildctl.digest import (
+from buildctl.core.records import Record
+from buildctl.core.digest import (
     CRYPTO_RE,
     DIGEST_RE,
     Crc64Nvme,

@@ -11,11 +11,11 @@ reason on record: bytes that do not verify are never promoted.
 
 from __future__ import annotations
 
-from buildctl.artifact_store.attestations import latest_attestation, recomputed_verdict
-from buildctl.artifact_store.binding import manifest_blake3
-from buildctl.artifact_store.authority import Authority
-from buildctl.artifact_store.backend import Store
-from buildctl.errors import BuildctlError
+from buildctl.artifact_store.trust.attestations import latest_attestation, recomputed_verdict
+from buildctl.artifact_store.trust.binding import manifest_blake3
+from buildctl.artifact_store.trust.authority import Authority
+from buildctl.artifact_store.backends.store import Store
+from buildctl.core.errors import BuildctlError
 from buildctl.artifact_store.channels import (
     ChannelRecord,
     channel_compat_keys,
@@ -31,13 +31,13 @@ from buildctl.artifact_store.errors import (
     SignatureError,
     StoreArgumentError,
 )
-from buildctl.artifact_store.integrity import verify_recent_or_quarantine
+from buildctl.artifact_store.upkeep.integrity import verify_recent_or_quarantine
 from buildctl.artifact_store.manifest import Manifest
-from buildctl.artifact_store.revocation import with_revocations
-from buildctl.artifact_store.rollout import RolloutPlan
-from buildctl.artifact_store.signing import TrustedKeys, verify_signature
-from buildctl.artifact_store.provenance import ExpectedInputs, provenance_refusals
-from buildctl.artifact_store.verify import get_manifest, resolve_artifact
+from buildctl.artifact_store.trust.revocation import with_revocations
+from buildctl.artifact_store.fleet.waves import RolloutPlan
+from buildctl.artifact_store.trust.signing import TrustedKeys, verify_signature
+from buildctl.artifact_store.trust.provenance import ExpectedInputs, provenance_refusals
+from buildctl.artifact_store.read import get_manifest, resolve_artifact
 
 
 def promotion_refusals(store: Store, artifact_id: str, manifest: Manifest, auth: Authority,
@@ -123,8 +123,8 @@ def promote(store: Store, artifact_ref: str, channel: str, *, auth: Authority = 
     Every blob is re-hashed unless ``trust_verify_within_s`` (``--trust-verify-within``) allows a
     deep verify that recent; the record says which. ``compat_key``: the ref's key when not the
     manifest's (see :func:`promotion_refusals`). ``provenance``: the inputs the artifact's build
-    provenance must show (:func:`~buildctl.artifact_store.provenance.provenance_refusals`); the
-    production channels get it from :func:`buildctl.pipeline.promote_artifact`."""
+    provenance must show (:func:`~buildctl.artifact_store.trust.provenance.provenance_refusals`); the
+    production channels get it from :func:`buildctl.steps.pipeline.promote_artifact`."""
     artifact_id = resolve_artifact(store, artifact_ref)
     if force and not reason:
         raise StoreArgumentError("--force needs --reason: a break-glass promotion is recorded with why")
@@ -155,7 +155,7 @@ def rollback(store: Store, profile: str, channel: str, *, auth: Authority = Auth
     auth = auth.but(verify_window_s=trust_verify_within_s)
     keys = [compat_key] if compat_key else channel_compat_keys(store, profile, channel)
     if not keys or (compat_key and read_channel(store, profile, channel, compat_key) is None):
-        from buildctl.artifact_store.pull import unknown_name
+        from buildctl.artifact_store.node.pull import unknown_name
 
         raise ChannelNotFoundError(profile, channel, keys or ["<none>"], unknown_name(store, profile, channel))
     if len(keys) > 1:

@@ -16,12 +16,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from buildctl.digest import Crc64Nvme, canonical_json, digest_bytes, file_hasher, hash_file, is_digest
+from buildctl.core.digest import Crc64Nvme, canonical_json, digest_bytes, file_hasher, hash_file, is_digest
 from buildctl.artifact_store import grace as grace_mod
-from buildctl.artifact_store import memo
-from buildctl.artifact_store.backend import ProgressFn, Store
+from buildctl.artifact_store.backends import memo
+from buildctl.artifact_store.backends.store import ProgressFn, Store
 from buildctl.artifact_store.errors import CorruptObjectError, KeyNotFoundError, StoreArgumentError, StoreUnavailableError
-from buildctl.artifact_store.pools import check, interruptible_pool
+from buildctl.artifact_store.backends.pools import check, interruptible_pool
 from buildctl.artifact_store.layout import (
     blob_key,
     build_index_key,
@@ -31,12 +31,12 @@ from buildctl.artifact_store.layout import (
     pair_key,
 )
 from buildctl.artifact_store.manifest import Manifest, hash_tree, scan_tree
-from buildctl.times import utc_now
+from buildctl.core.times import utc_now
 from buildctl.artifact_store.quarantine import active_quarantine, try_quarantine
-from buildctl.artifact_store.repair import blob_holds, referencing, repair, tree_source
-from buildctl.artifact_store.authority import Authority
-from buildctl.artifact_store.signing import sign_manifest
-from buildctl.artifact_store.verify import parse_verified_manifest
+from buildctl.artifact_store.upkeep.repair import blob_holds, referencing, repair, tree_source
+from buildctl.artifact_store.trust.authority import Authority
+from buildctl.artifact_store.trust.signing import sign_manifest
+from buildctl.artifact_store.read import parse_verified_manifest
 
 
 @dataclass

@@ -13,15 +13,15 @@ from typing import Literal
 
 from pydantic import Field, ValidationError
 
-from buildctl.records import Record
-from buildctl.digest import PREFIX as DIGEST_PREFIX, canonical_json, digest_bytes
-from buildctl.artifact_store.backend import Store
-from buildctl.artifact_store.binding import manifest_blake3
+from buildctl.core.records import Record
+from buildctl.core.digest import PREFIX as DIGEST_PREFIX, canonical_json, digest_bytes
+from buildctl.artifact_store.backends.store import Store
+from buildctl.artifact_store.trust.binding import manifest_blake3
 from buildctl.artifact_store.errors import CorruptObjectError, QuarantinedError, StoreUnavailableError
 from buildctl.artifact_store.layout import QUARANTINE, quarantine_key, quarantine_prefix
-from buildctl.times import utc_now
-from buildctl.artifact_store.authority import Authority
-from buildctl.artifact_store.signing import SigningKey
+from buildctl.core.times import utc_now
+from buildctl.artifact_store.trust.authority import Authority
+from buildctl.artifact_store.trust.signing import SigningKey
 
 
 class QuarantineRecord(Record):

@@ -13,14 +13,14 @@ from typing import Callable
 
 from pydantic import ValidationError
 
-from buildctl.digest import digest_bytes
-from buildctl.artifact_store.attestations import parse_attestation
-from buildctl.artifact_store.backend import Store
+from buildctl.core.digest import digest_bytes
+from buildctl.artifact_store.trust.attestations import parse_attestation
+from buildctl.artifact_store.backends.store import Store
 from buildctl.artifact_store.channels import ChannelRecord
 from buildctl.artifact_store.errors import CorruptObjectError, KeyNotFoundError
 from buildctl.artifact_store.grace import Touch
-from buildctl.artifact_store.integrity import VerificationRecord
-from buildctl.artifact_store.inventory import NodeRecord
+from buildctl.artifact_store.upkeep.integrity import VerificationRecord
+from buildctl.artifact_store.fleet.inventory import NodeRecord
 from buildctl.artifact_store.layout import (
     ATTESTATIONS,
     CHANNELS,
@@ -34,7 +34,7 @@ from buildctl.artifact_store.layout import (
     timed_record_names_its_bytes,
 )
 from buildctl.artifact_store.quarantine import QuarantineRecord
-from buildctl.artifact_store.revocation import Revocation
+from buildctl.artifact_store.trust.revocation import Revocation
 
 
 def _model(model: type) -> Callable[[bytes, str], object]:

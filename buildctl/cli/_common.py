@@ -10,10 +10,10 @@ from typing import TYPE_CHECKING, Any
 import typer
 from rich.console import Console
 
-from buildctl.settings import Settings, load_settings
+from buildctl.core.settings import Settings, load_settings
 
 if TYPE_CHECKING:
-    from buildctl.context import Context
+    from buildctl.steps.context import Context
 
 JSON_OPT = typer.Option(False, "--json", help="JSON output.")
 REQUIRE_CRYPTO_OPT = typer.Option(False, "--require-crypto", help="Refuse (exit 4) an engine bound by xxh3-128 only: a manifest without per-file BLAKE3 (written before it; `buildctl rehash` upgrades it) or a channel record without its manifest's BLAKE3 (default: BUILDCTL_REQUIRE_CRYPTO).")
@@ -45,7 +45,7 @@ def context(ctx: typer.Context, *, require_crypto: bool = False, existing: bool 
     error (exit 3) rather than an empty answer."""
     from dataclasses import replace
 
-    from buildctl.context import Context
+    from buildctl.steps.context import Context
 
     st = state(ctx)
     if "context" not in st.made:
@@ -54,7 +54,7 @@ def context(ctx: typer.Context, *, require_crypto: bool = False, existing: bool 
         made = st.made["context"]
         st.made["context"] = replace(made, settings=made.settings.with_flags(require_crypto=True))
     if existing:
-        from buildctl.artifact_store.backend import require_store
+        from buildctl.artifact_store.backends.store import require_store
 
         require_store(st.made["context"].store)
     return st.made["context"]

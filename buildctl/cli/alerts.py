@@ -9,7 +9,7 @@ from typing import Optional
 import typer
 
 from buildctl.cli._common import emit_json, out, settings, want_json
-from buildctl.errors import BadInputError
+from buildctl.core.errors import BadInputError
 
 alerts_app = typer.Typer(help="Prefect automations that notify on failed, crashed and late runs, corruption, "
                               "halted rollouts and channels not re-signed.", no_args_is_help=True)

@@ -19,7 +19,7 @@ def quarantine_cmd(
     json_out: bool = JSON_OPT,
 ) -> None:
     """Take an artifact out of service: never a cache hit, never promoted, never pulled."""
-    from buildctl.healing import quarantine_artifact
+    from buildctl.steps.healing import quarantine_artifact
 
     aid, key = quarantine_artifact(context(ctx), artifact, reason)
     if want_json(ctx, json_out):
@@ -35,8 +35,8 @@ def repair_cmd(
     json_out: bool = JSON_OPT,
 ) -> None:
     """Put back exactly the blobs whose digests match the manifest, then lift the quarantine."""
-    from buildctl.healing import repair_artifact
-    from buildctl.artifact_store.verify import verify
+    from buildctl.steps.healing import repair_artifact
+    from buildctl.artifact_store.read import verify
 
     c = context(ctx)
     store = c.store
@@ -60,7 +60,7 @@ def scrub_cmd(
 ) -> None:
     """Deep-verify artifacts, channel-referenced first; quarantine every failure; exit 4 if any.
     Then read every small record of every kind: exit 10 names each malformed one."""
-    from buildctl.healing import scrub
+    from buildctl.steps.healing import scrub
     from buildctl.artifact_store.errors import ScrubFoundCorruptionError
 
     report = scrub(context(ctx, existing=True), sample=sample, channels_only=channels_only,
@@ -93,7 +93,7 @@ def heal_cmd(
     json_out: bool = JSON_OPT,
 ) -> None:
     """Deep verify; if the store's copy is bad: quarantine, roll channels back, repair or say what to rebuild."""
-    from buildctl.healing import heal_artifact
+    from buildctl.steps.healing import heal_artifact
 
     rep = heal_artifact(context(ctx), artifact, repair_source=source)
     data = rep.to_json()

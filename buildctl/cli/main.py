@@ -22,7 +22,7 @@ from typer.core import TyperOption
 
 from buildctl.cli import alerts, build, fingerprint, heal, node, profile, rollout, store, upgrade, validate, worker
 from buildctl.cli._common import CliState
-from buildctl.errors import (
+from buildctl.core.errors import (
     BadInputError,
     BuildctlError,
     BuildFailedError,
@@ -38,7 +38,7 @@ from buildctl.errors import (
     as_path_error,
 )
 from buildctl.artifact_store.errors import SkippedRecordsError
-from buildctl.settings import load_settings
+from buildctl.core.settings import load_settings
 
 EXIT_OK = 0
 
@@ -150,7 +150,7 @@ _err = Console(stderr=True, soft_wrap=True)
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; map errors to the exit-code table. Returns (and exits with) the code. After an
     interrupt the process exits at once, without waiting for transfer threads still in a read or
-    a write (the command has removed what it staged; see :mod:`buildctl.artifact_store.pools`)."""
+    a write (the command has removed what it staged; see :mod:`buildctl.artifact_store.backends.pools`)."""
     code = run(argv)
     if code in (exit_code_for(KeyboardInterrupt()), exit_code_for(Terminated())):
         sys.stdout.flush()

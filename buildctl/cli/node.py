@@ -9,7 +9,7 @@ from typing import Optional
 import typer
 
 from buildctl.cli._common import REQUIRE_CRYPTO_OPT, emit_json, context, out, settings, want_json
-from buildctl.errors import EventNotDeliveredError
+from buildctl.core.errors import EventNotDeliveredError
 
 node_app = typer.Typer(help="Node agent commands.", no_args_is_help=True)
 
@@ -25,7 +25,7 @@ def report_cmd(
     """Record this host's fingerprint in the store's inventory; emit buildctl.node.driver-upgraded
     when a field its engines depend on changed since the last report: a hard one (its compat key
     changed: rebuild) or a soft one (re-check the engines it serves on the new values)."""
-    from buildctl import fleet
+    from buildctl.steps import fleet
     from buildctl.engines.fingerprint import host_fingerprint
 
     names = sorted({p.strip() for item in profiles for p in item.split(",") if p.strip()})
@@ -103,8 +103,8 @@ def _check_profile_names(st, names: list[str]) -> None:
     """Refuse (exit 3) a profile name the profile directory does not have, listing those it has;
     a node without the profile directory records the names as given."""
     from buildctl.engines.errors import ProfileNotFoundError
-    from buildctl.errors import BuildctlError
-    from buildctl.pipeline import load_profiles
+    from buildctl.core.errors import BuildctlError
+    from buildctl.steps.pipeline import load_profiles
 
     try:
         known = load_profiles(st)
@@ -119,8 +119,8 @@ def _backends_of(st, names: list[str]) -> set[str]:
     """The backends of the profiles a node serves, from the profile directory; every backend when
     none of them is found there (a node without the profiles: nothing is left out)."""
     from buildctl.engines.registry import backend_names
-    from buildctl.errors import BuildctlError
-    from buildctl.pipeline import load_profiles
+    from buildctl.core.errors import BuildctlError
+    from buildctl.steps.pipeline import load_profiles
 
     try:
         known = load_profiles(st)
@@ -145,7 +145,7 @@ def activate_cmd(
 ) -> None:
     """After an upgrade: fingerprint this host and swap DIR/current to the engine staged for its
     compat key (`pull --for-upgrade TARGET --stage-only`), with no network; pull when none is staged."""
-    from buildctl import node_agent
+    from buildctl.steps import node_agent
 
     got = node_agent.activate(context(ctx, require_crypto=require_crypto), profile, dest, channel=channel,
                               node_id=node_id, skip_preflight=skip_preflight)
@@ -175,7 +175,8 @@ def labels_cmd(
     """Print this node's Kubernetes labels: its compat key per backend (what build jobs select on) and
     each hard field. Run it in the builder image on the node, so the key covers its toolchain. Exit 2
     when a GPU profile's backend sees no GPU (or lacks its build tool) in this runtime."""
-    from buildctl import fleet, pipeline
+    from buildctl.steps import fleet
+    from buildctl.steps import pipeline
     from buildctl.engines.errors import NoGpuLabelsError
     from buildctl.engines.fingerprint import host_fingerprint
 
@@ -211,7 +212,7 @@ def env_cmd(
     read-only."""
     import shlex
 
-    from buildctl import node_agent
+    from buildctl.steps import node_agent
 
     plan = node_agent.serving_environment(dest, scratch=scratch, rehash=not quick)
     if want_json(ctx, json_out):

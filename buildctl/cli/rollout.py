@@ -31,7 +31,7 @@ def _wave_table(v) -> Table:
 def status_cmd(ctx: typer.Context, profile: str = PROFILE_OPT, channel: str = CHANNEL_OPT,
                compat_key: Optional[str] = COMPAT_OPT, json_out: bool = JSON_OPT) -> None:
     """The rollout on the channel: its waves, with nodes done, healthy and failed, and what comes next."""
-    from buildctl.rollouts import status
+    from buildctl.steps.rollouts import status
 
     skipped: list[tuple[str, str]] = []
     views = status(context(ctx).store, profile, channel, compat_key, skipped)
@@ -62,7 +62,7 @@ def _print_view(profile: str, channel: str, v) -> None:
 
 def _control(ctx: typer.Context, step: str, profile: str, channel: str, compat_key: str | None,
              reason: str | None, json_out: bool) -> None:
-    from buildctl.rollouts import control
+    from buildctl.steps.rollouts import control
 
     recs = control(context(ctx), step, profile, channel, compat_key, reason)
     if want_json(ctx, json_out):

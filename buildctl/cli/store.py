@@ -39,7 +39,7 @@ def import_cmd(
     """Checksum and publish an engine directory built elsewhere; print its artifact id."""
     from buildctl.engines.fingerprint import host_fingerprint, load_fingerprint
     from buildctl.engines.profile import load_profile
-    from buildctl.pipeline import import_engine
+    from buildctl.steps.pipeline import import_engine
 
     prof = load_profile(profile)
     fp = load_fingerprint(fingerprint_file) if fingerprint_file else host_fingerprint(settings(ctx))
@@ -63,7 +63,7 @@ def ls_cmd(
 ) -> None:
     """List artifacts, newest first."""
     from buildctl.artifact_store.quarantine import active_quarantine
-    from buildctl.artifact_store.verify import list_artifacts
+    from buildctl.artifact_store.read import list_artifacts
 
     store = context(ctx, existing=True).store
     skipped: list[tuple[str, str]] = []
@@ -90,12 +90,12 @@ def show_cmd(ctx: typer.Context, artifact: str = typer.Argument(..., help="Artif
     if provenance:
         _show_provenance(ctx, artifact, json_out)
         return
-    from buildctl.artifact_store.attestations import list_attestations
+    from buildctl.artifact_store.trust.attestations import list_attestations
     from buildctl.artifact_store.channels import channels_pointing_at
     from buildctl.artifact_store.quarantine import active_of, quarantine_records
-    from buildctl.artifact_store.rehash import successors
-    from buildctl.artifact_store.verify import get_manifest_and_bytes, resolve_artifact
-    from buildctl.digest import crypto_bytes
+    from buildctl.artifact_store.upkeep.rehash import successors
+    from buildctl.artifact_store.read import get_manifest_and_bytes, resolve_artifact
+    from buildctl.core.digest import crypto_bytes
 
     store = context(ctx).store
     aid = resolve_artifact(store, artifact)
@@ -149,8 +149,8 @@ def _show_provenance(ctx: typer.Context, artifact: str, json_out: bool) -> None:
     import json
 
     from buildctl.artifact_store.errors import ProvenanceNotFoundError, SignatureError
-    from buildctl.artifact_store.provenance import read_provenance, verify_provenance_signature
-    from buildctl.artifact_store.verify import resolve_artifact
+    from buildctl.artifact_store.trust.provenance import read_provenance, verify_provenance_signature
+    from buildctl.artifact_store.read import resolve_artifact
 
     c = context(ctx)
     aid = resolve_artifact(c.store, artifact)
@@ -185,7 +185,7 @@ def export_signature_cmd(
     """Write an OpenSSF Model Signing bundle for the artifact's engine directory, from its manifest's
     BLAKE3 digests, signed with the promoter's ECDSA export key: `model_signing verify key` checks an
     installed engine with it."""
-    from buildctl.artifact_store.export_signature import export_signature, load_export_key
+    from buildctl.artifact_store.node.export_signature import export_signature, load_export_key
 
     c = context(ctx)
     private = load_export_key(key or c.settings.export_key)
@@ -216,9 +216,9 @@ def verify_cmd(
 ) -> None:
     """Check every blob exists with the right size (with --deep: and the right digests; a mismatch
     then quarantines the artifact, where this caller may write)."""
-    from buildctl.artifact_store.binding import require_crypto_manifest
-    from buildctl.artifact_store.integrity import verify_deep_or_quarantine
-    from buildctl.artifact_store.verify import get_manifest, resolve_artifact, verify
+    from buildctl.artifact_store.trust.binding import require_crypto_manifest
+    from buildctl.artifact_store.upkeep.integrity import verify_deep_or_quarantine
+    from buildctl.artifact_store.read import get_manifest, resolve_artifact, verify
 
     c = context(ctx, require_crypto=require_crypto)
     store = c.store
@@ -250,8 +250,8 @@ def rehash_cmd(
     re-read from the store, xxh3-128 checked and BLAKE3-256 computed in one pass, the new manifest
     signed with BUILDCTL_SIGNING_KEY and linked to the old one. Promote the new id as usual; the
     old one's attestation counts for it (the same files)."""
-    from buildctl.artifact_store.rehash import rehash
-    from buildctl.artifact_store.verify import get_manifest, resolve_artifact
+    from buildctl.artifact_store.upkeep.rehash import rehash
+    from buildctl.artifact_store.read import get_manifest, resolve_artifact
 
     c = context(ctx)
     aid = resolve_artifact(c.store, artifact)
@@ -289,10 +289,10 @@ def promote_cmd(
     Every blob is re-hashed first unless --trust-verify-within allows a recent deep verify. prod
     takes only an artifact that was on staging first; --force --reason overrides that and the
     attestation gate, and is recorded."""
-    from buildctl.pipeline import promote_artifact
+    from buildctl.steps.pipeline import promote_artifact
     from buildctl.artifact_store.errors import StoreArgumentError
-    from buildctl.artifact_store.rollout import RolloutPlan, parse_waves
-    from buildctl.times import parse_duration
+    from buildctl.artifact_store.fleet.waves import RolloutPlan, parse_waves
+    from buildctl.core.times import parse_duration
 
     plan = None
     if rollout is not None:
@@ -345,7 +345,7 @@ def _verified(r) -> str:
         return ""
     if not r.verify_window_s:
         return f"re-hashed at the gate ({r.verified_at})"
-    from buildctl.times import format_duration
+    from buildctl.core.times import format_duration
 
     return f"trusted a verify within {format_duration(r.verify_window_s)} ({r.verified_at})"
 
@@ -382,7 +382,7 @@ def history_cmd(
     c = context(ctx)
     recs = history(c.store, profile, channel, compat_key, skipped, since_seq=since_seq, limit=limit)
     if not recs and not skipped and not since_seq:  # after --since-seq, nothing newer is an empty answer
-        from buildctl.artifact_store.pull import unknown_name
+        from buildctl.artifact_store.node.pull import unknown_name
 
         raise ChannelNotFoundError(profile, channel, [compat_key or "<any>"],
                                    unknown_name(context(ctx).store, profile, channel))
@@ -408,7 +408,7 @@ def rollback_cmd(
     """Point the channel back at an earlier artifact (recorded as a new promotion), after
     re-hashing every blob of it unless --trust-verify-within allows a recent deep verify."""
     from buildctl.artifact_store.promotion import rollback
-    from buildctl.times import parse_duration
+    from buildctl.core.times import parse_duration
 
     c = context(ctx)
     rec = rollback(c.store, profile, channel, auth=c.auth, to=to, compat_key=compat_key, reason=reason,
@@ -440,10 +440,10 @@ def pull_cmd(
     """Install the channel's engine for this node: verify, preflight, swap atomically, smoke-check.
     With --for-upgrade TARGET --stage-only: stage the engine for after an upgrade instead."""
     from buildctl.engines.fingerprint import host_fingerprint
-    from buildctl.coverage import coverage
-    from buildctl.errors import BadInputError, GateRefusedError, IntegrityError
-    from buildctl import node_agent
-    from buildctl.pipeline import channel_target, report_pull_failure
+    from buildctl.steps.coverage import coverage
+    from buildctl.core.errors import BadInputError, GateRefusedError, IntegrityError
+    from buildctl.steps import node_agent
+    from buildctl.steps.pipeline import channel_target, report_pull_failure
 
     if for_upgrade is not None and not stage_only:
         raise BadInputError("--for-upgrade needs --stage-only: the engine for the upgraded host cannot load before "
@@ -507,9 +507,9 @@ def pull_cmd(
 
 def _stage(c, profile: str, channel: str, dest: Path, for_upgrade: Path | None, node_id: str | None, fp,
            min_seq: int, quiet: bool) -> None:
-    from buildctl import node_agent
+    from buildctl.steps import node_agent
     from buildctl.engines.fingerprint import load_target
-    from buildctl.pipeline import channel_target
+    from buildctl.steps.pipeline import channel_target
 
     target = load_target(for_upgrade) if for_upgrade is not None else None
     projected = target.apply(fp) if target is not None else fp
@@ -542,8 +542,8 @@ def gc_cmd(
     """Remove artifacts nothing protects: not a channel's, not in its recent history, not on a node,
     not quarantined recently, not new, not among the newest N per (profile, compat key); and compact
     channel history of superseded re-sign records."""
-    from buildctl import fleet
-    from buildctl.times import parse_duration
+    from buildctl.steps import fleet
+    from buildctl.core.times import parse_duration
 
     c = context(ctx, existing=True)
     policy = fleet.gc_policy(c.settings, keep=keep, keep_history=keep_history,
@@ -605,13 +605,13 @@ def key_generate_cmd(
     """Make an Ed25519 key pair for one role: builder, validator or promoter (with --ecdsa-p256, the
     promoter's export key)."""
     from buildctl.artifact_store.errors import StoreArgumentError
-    from buildctl.artifact_store.signing import ROLES, generate
+    from buildctl.artifact_store.trust.signing import ROLES, generate
 
     if role is None or role not in ROLES:
         raise StoreArgumentError(f"--role {role or '(missing)'}: one of {', '.join(ROLES)} (each signs one kind of record, "
                                  "and trust is by role)")
     if ecdsa_p256:
-        from buildctl.artifact_store.export_signature import generate_export_key
+        from buildctl.artifact_store.node.export_signature import generate_export_key
 
         if role != "promoter":
             raise StoreArgumentError(f"--ecdsa-p256 with --role {role}: export keys are the promoter's (export-signature)")
@@ -647,7 +647,7 @@ def key_revoke_cmd(
     import re
 
     from buildctl.artifact_store.errors import StoreArgumentError
-    from buildctl.artifact_store.revocation import revoke
+    from buildctl.artifact_store.trust.revocation import revoke
 
     c = context(ctx)
     signer = c.auth.signer
@@ -656,7 +656,7 @@ def key_revoke_cmd(
     if not re.fullmatch(r"[0-9a-f]{16}", key_id):
         raise StoreArgumentError(f"key id {key_id!r}: 16 lowercase hex digits")
     if revoked_from is not None:
-        from buildctl.times import parse_utc
+        from buildctl.core.times import parse_utc
 
         try:
             parse_utc(revoked_from)
@@ -677,7 +677,7 @@ index_app = typer.Typer(help="The node index (inventory/index/): markers that le
 
 def _index_report(ctx: typer.Context, json_out: bool, repair: bool) -> None:
     from buildctl.artifact_store.errors import IndexMismatchError
-    from buildctl.node_index import rebuild
+    from buildctl.steps.node_index import rebuild
 
     report = rebuild(context(ctx, existing=True).store, repair=repair)
     if _quiet(ctx, json_out):

@@ -48,8 +48,8 @@ def plan_cmd(
     """For each node of the inventory and each profile it serves, what the upgrade to TARGET
     leaves it: ready, promote, re-check, build or blocked."""
     from buildctl.engines.fingerprint import load_target
-    from buildctl.pipeline import load_profiles
-    from buildctl.upgrade import plan
+    from buildctl.steps.pipeline import load_profiles
+    from buildctl.steps.upgrade import plan
 
     target = load_target(to)  # bad input first, before the store is looked at
     p = plan(context(ctx, existing=True), target, load_profiles(settings(ctx)), channel=channel, nodes_glob=nodes,
@@ -74,8 +74,8 @@ def prepare_cmd(
     """Run the plan's re-checks and builds here, as a worker of this host's fingerprint; new builds
     go to staging. For prod, print the `buildctl promote` commands CI runs."""
     from buildctl.engines.fingerprint import load_target
-    from buildctl.pipeline import load_profiles
-    from buildctl.upgrade import prepare
+    from buildctl.steps.pipeline import load_profiles
+    from buildctl.steps.upgrade import prepare
 
     quiet = want_json(ctx, json_out)
     say = (lambda m: None) if quiet else (lambda m: typer.echo(f"[prepare] {m}", err=True))
@@ -107,8 +107,8 @@ def ready_cmd(
     """Exit 0 only when every profile the node serves is ready for the upgrade; else exit 5 and
     list what is missing (3: the node is not in the inventory). The gate a drain hook calls."""
     from buildctl.engines.fingerprint import load_target
-    from buildctl.pipeline import load_profiles
-    from buildctl.upgrade import NotReadyError, ready
+    from buildctl.steps.pipeline import load_profiles
+    from buildctl.steps.upgrade import NotReadyError, ready
 
     try:
         target = load_target(to)  # bad input first, before the store is looked at
@@ -131,7 +131,7 @@ def migrate_keys_cmd(
 ) -> None:
     """Give every channel ref under a schema-1 compat key a ref under its artifact's key now, as a
     history record; the old ref stays. Dry run unless --apply."""
-    from buildctl.upgrade import migrate_keys
+    from buildctl.steps.upgrade import migrate_keys
 
     moves = migrate_keys(context(ctx, existing=True), apply=apply)
     if want_json(ctx, json_out):

@@ -8,7 +8,7 @@ Prefect's own worker (``prefect worker start``, replacing this process) on them,
 for the control flows unless ``--builds-only``, named after the host and its keys. A build routed to a
 compat key no live worker serves waits (Scheduled, then Late) instead of failing on the wrong host.
 ``worker queues`` lists a pool's queues with their last poll and flags Late runs on a queue no
-live worker polls. Both go through the Prefect REST API (:mod:`buildctl.worker_queues`): the CLI
+live worker polls. Both go through the Prefect REST API (:mod:`buildctl.steps.worker_queues`): the CLI
 never imports Prefect.
 """
 
@@ -20,7 +20,7 @@ import sys
 import typer
 
 from buildctl.cli._common import emit_json, out, settings, want_json
-from buildctl.errors import BadInputError
+from buildctl.core.errors import BadInputError
 
 worker_app = typer.Typer(help="Prefect workers matched to this host's compat keys.", no_args_is_help=True)
 
@@ -50,9 +50,9 @@ def start_cmd(
     json_out: bool = typer.Option(False, "--json", help="JSON output (with --dry-run)."),
 ) -> None:
     """Create or verify the work queues of this host's compat keys, then start a Prefect worker on them."""
-    from buildctl import fleet
+    from buildctl.steps import fleet
     from buildctl.engines.fingerprint import host_fingerprint
-    from buildctl.worker_queues import PrefectApi, QueueSpec, describe_queue, ensure_queues, worker_name
+    from buildctl.steps.worker_queues import PrefectApi, QueueSpec, describe_queue, ensure_queues, worker_name
 
     if builds_only and control_only:
         raise BadInputError("--builds-only and --control-only exclude each other")
@@ -98,7 +98,7 @@ def queues_cmd(
     json_out: bool = typer.Option(False, "--json", help="JSON output."),
 ) -> None:
     """List a work pool's queues (one per compat key) with their last poll; flag Late runs that no live worker serves."""
-    from buildctl.worker_queues import PrefectApi, queue_report
+    from buildctl.steps.worker_queues import PrefectApi, queue_report
 
     st = settings(ctx)
     if not st.prefect_api_url:

@@ -39,7 +39,7 @@ from buildctl.engines.errors import EngineBuildError, EngineLoadError, Incompati
 from buildctl.engines.fingerprint import Fingerprint, compiler_major, host_fingerprint
 from buildctl.engines.isolate import run_step
 from buildctl.engines.profile import BuildProfile, EngineSpec, rule_error
-from buildctl.settings import Settings
+from buildctl.core.settings import Settings
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ A backend has three operations:
   before anything costly;
 
 and what it takes from a fingerprint or a directory: ``tool_version``, its ``compat`` fields
-(hard and soft) and ``floors``, and ``recognises``. Backends are constructed with the :class:`~buildctl.settings.Settings`.
+(hard and soft) and ``floors``, and ``recognises``. Backends are constructed with the :class:`~buildctl.core.settings.Settings`.
 
 A :class:`Runner` generates greedily from token-id prompts. The validators use the same
 interface for the vLLM reference, so comparison code does not care which side is which.
@@ -25,7 +25,7 @@ from typing import Any, ClassVar, Iterator, Protocol, runtime_checkable
 from buildctl.engines.compat import CompatField, Floor
 from buildctl.engines.fingerprint import Fingerprint
 from buildctl.engines.profile import BuildProfile
-from buildctl.settings import Settings
+from buildctl.core.settings import Settings
 
 
 @dataclass

@@ -18,7 +18,7 @@ that adds the soft values it failed on (``rebuild_for``), so the rebuild is also
 
 from __future__ import annotations
 
-from buildctl.digest import digest_json
+from buildctl.core.digest import digest_json
 from buildctl.engines.fingerprint import Fingerprint
 from buildctl.engines.profile import BuildProfile
 

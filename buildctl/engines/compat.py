@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Literal
 
-from buildctl.digest import digest_json, hex_of
+from buildctl.core.digest import digest_json, hex_of
 
 # The compat-key scheme: hashed into every key, so a key of this scheme never equals an older one.
 COMPAT_KEY_SCHEME = 2

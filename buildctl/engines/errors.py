@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from buildctl.errors import BadInputError, BuildFailedError, NotFoundError, PreflightRefusedError
+from buildctl.core.errors import BadInputError, BuildFailedError, NotFoundError, PreflightRefusedError
 
 
 @dataclass(frozen=True)

@@ -22,8 +22,8 @@ from typing import Any, Iterable, Literal
 
 from pydantic import Field, ValidationError
 
-from buildctl.records import Record
-from buildctl.digest import digest_json
+from buildctl.core.records import Record
+from buildctl.core.digest import digest_json
 from buildctl.engines.compat import (
     compat_key_of,
     differences,
@@ -33,7 +33,7 @@ from buildctl.engines.compat import (
 )
 from buildctl.engines.errors import FingerprintError, UpgradeTargetError
 from buildctl.engines.registry import backend_class, backend_names
-from buildctl.settings import Settings
+from buildctl.core.settings import Settings
 
 FINGERPRINT_SCHEMA_VERSION = 1
 

@@ -13,14 +13,14 @@ import time
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from buildctl import logtail
+from buildctl.core import logtail
 from buildctl.engines.errors import EngineBuildError
 
 TAIL_LINES = 30
 
 
 def log_tail(path: Path, lines: int = TAIL_LINES) -> str:
-    """A build step's last ``lines`` log lines, from its last 64 KiB (:func:`buildctl.logtail.log_tail`)."""
+    """A build step's last ``lines`` log lines, from its last 64 KiB (:func:`buildctl.core.logtail.log_tail`)."""
     return logtail.log_tail(path, lines, window=64 * 1024)
 
 

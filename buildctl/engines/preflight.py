@@ -28,8 +28,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--smoke", type=int, default=0, metavar="N", help="load and generate N tokens")
     args = ap.parse_args(argv)
     from buildctl.engines.registry import get_backend
-    from buildctl.errors import BuildctlError
-    from buildctl.settings import load_settings
+    from buildctl.core.errors import BuildctlError
+    from buildctl.core.settings import load_settings
 
     backend = get_backend(args.backend, load_settings(fingerprint_file=args.fingerprint_file))
     try:

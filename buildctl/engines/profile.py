@@ -14,9 +14,9 @@ import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from buildctl.records import Record
-from buildctl.digest import digest_json
-from buildctl.stats import min_samples
+from buildctl.core.records import Record
+from buildctl.core.digest import digest_json
+from buildctl.core.stats import min_samples
 from buildctl.engines.errors import FieldProblem, ProfileError, ProfileNotFoundError
 from buildctl.engines.registry import backend_class, backend_names
 

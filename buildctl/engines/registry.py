@@ -20,7 +20,7 @@ from buildctl.engines.errors import EngineLoadError, UnknownBackendError
 
 if TYPE_CHECKING:
     from buildctl.engines.backend import EngineBackend
-    from buildctl.settings import Settings
+    from buildctl.core.settings import Settings
 
 BACKENDS: dict[str, str] = {
     "trtllm": "buildctl.engines.trtllm:TrtllmBackend",

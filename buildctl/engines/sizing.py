@@ -34,7 +34,7 @@ from typing import Any
 
 from buildctl.engines.errors import TrafficFileError
 from buildctl.engines.profile import BuildProfile
-from buildctl.times import parse_utc
+from buildctl.core.times import parse_utc
 
 QUANTILES = (("p50", 0.50), ("p90", 0.90), ("p99", 0.99), ("max", 1.0))
 KV_BYTES = {"fp8": 1, "int8": 1, "fp16": 2, "bf16": 2}

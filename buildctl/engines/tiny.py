@@ -16,7 +16,7 @@ import shutil
 import uuid
 from pathlib import Path
 
-from buildctl.digest import digest_json, hex_of
+from buildctl.core.digest import digest_json, hex_of
 from buildctl.engines.errors import ModelSourceError
 from buildctl.engines.profile import TinyModel
 

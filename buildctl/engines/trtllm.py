@@ -45,7 +45,7 @@ from buildctl.engines.compat import CompatField, Floor, major, version_tuple
 from buildctl.engines.fingerprint import Fingerprint
 from buildctl.engines.isolate import log_tail, run_step
 from buildctl.engines.profile import FP8_MIN_SM, BuildProfile, EngineSpec, rule_error
-from buildctl.settings import Settings
+from buildctl.core.settings import Settings
 
 DTYPES = {"float32": "float32", "float16": "float16", "bfloat16": "bfloat16"}
 # The checkpoint's quantization record (config.json pretrained_config.quantization) per profile value.

@@ -58,7 +58,7 @@ from buildctl.engines.fingerprint import Fingerprint, host_fingerprint
 from buildctl.engines.isolate import run_step
 from buildctl.engines.profile import BuildProfile, EngineSpec, rule_error
 from buildctl.engines.trtllm import FLOORS as _TRTLLM_FLOORS
-from buildctl.settings import Settings
+from buildctl.core.settings import Settings
 
 log = logging.getLogger(__name__)
 

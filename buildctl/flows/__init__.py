@@ -1,7 +1,7 @@
-"""The Prefect flows (one per module), thin over :mod:`buildctl.pipeline` and the other steps.
+"""The Prefect flows (one per module), thin over :mod:`buildctl.steps.pipeline` and the other steps.
 
 Importing the package installs :class:`OneLineExpectedFailures` on Prefect's run loggers: a flow
-run or task run that fails with a :class:`~buildctl.errors.BuildctlError` (an expected failure: a
+run or task run that fails with a :class:`~buildctl.core.errors.BuildctlError` (an expected failure: a
 gate refused, a host that cannot build it) is logged as one line with its cause, no traceback,
 on a worker as in-process (Prefect's engine logs the exception it ends with, ``exc_info=True``).
 Any other exception, a bug, keeps its traceback."""
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 
-from buildctl.errors import BuildctlError
+from buildctl.core.errors import BuildctlError
 
 
 class OneLineExpectedFailures(logging.Filter):

@@ -27,7 +27,7 @@ from typing import Any
 
 import httpx
 
-from buildctl.errors import BadInputError, NotFoundError, UnavailableError
+from buildctl.core.errors import BadInputError, NotFoundError, UnavailableError
 from buildctl.flows.events import ARTIFACT_CORRUPTED, ROLLOUT_HALTED
 
 #: The buildctl flows (one per deployment in prefect.yaml; tests/flows/test_alerts.py checks it).

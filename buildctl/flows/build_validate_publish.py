@@ -1,7 +1,7 @@
 """``build-validate-publish``: check the target, build (or take a cache hit) under a strict
 concurrency limit, publish (retried: a network step), validate (never retried blindly),
 optionally promote to a non-production channel, and publish Prefect artifacts. Every decision
-is a :mod:`buildctl.pipeline` step."""
+is a :mod:`buildctl.steps.pipeline` step."""
 
 from __future__ import annotations
 
@@ -16,24 +16,25 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NONE
 from prefect.concurrency.sync import concurrency
 
-from buildctl import healing, pipeline
+from buildctl.steps import healing
+from buildctl.steps import pipeline
 from buildctl.artifact_store.layout import blob_key
 from buildctl.artifact_store.promotion import next_channel
-from buildctl.artifact_store.verify import get_manifest
-from buildctl.coverage import coverage, describe_soft
+from buildctl.artifact_store.read import get_manifest
+from buildctl.steps.coverage import coverage, describe_soft
 from buildctl.engines.fingerprint import host_fingerprint
 from buildctl.flows.common import (AutoChannel, ChildRunsFailedError, ProfileName, artifact_key, bvp_run_name,
                                    published_summary, run_settings, start_builds, tool_versions_line, wait_for_children)
 from buildctl.flows.events import emit_validation_outcome
 from buildctl.flows.summary import RunReport, describe_trigger
-from buildctl.settings import Settings
-from buildctl.validate_process import ValidationOutcome, validate_in_subprocess
+from buildctl.core.settings import Settings
+from buildctl.steps.validate_process import ValidationOutcome, validate_in_subprocess
 from buildctl.validators.errors import ValidatorProcessError, verdict_error
 from buildctl.engines.errors import EngineLoadError, HostRequirementsError, IncompatibleTargetError
-from buildctl.errors import BuildFailedError
-from buildctl.logtail import log_tail
+from buildctl.core.errors import BuildFailedError
+from buildctl.core.logtail import log_tail
 from buildctl.validators.render import metric_rows, warm_start_line
-from buildctl.context import Context, open_store_of
+from buildctl.steps.context import Context, open_store_of
 
 
 # Run names an on-call engineer can read in the runs list (Prefect calls these in the run).
@@ -185,7 +186,7 @@ def check_recheck_worker(settings: Settings, plan: pipeline.BuildPlan, trigger: 
     """A driver upgrade's re-check names the node's soft values (``trigger["soft"]``): a worker
     whose own differ refuses it (:class:`WrongRecheckWorkerError`), so it never ends green on
     values nobody checked."""
-    from buildctl import fleet
+    from buildctl.steps import fleet
     from buildctl.engines.errors import WrongRecheckWorkerError
 
     wanted = (trigger or {}).get("soft")
@@ -217,12 +218,12 @@ def _route_hand_started(report: RunReport, settings: Settings, profile: str, tar
                         err: HostRequirementsError | IncompatibleTargetError) -> dict[str, Any] | None:
     """A run started by hand or from the UI (no ``trigger``: parent flows always pass one) that
     landed on a worker whose host cannot build it goes where a parent flow would have sent it
-    (:func:`buildctl.fleet.hand_started_queues`), and waits for those runs; it never builds here.
+    (:func:`buildctl.steps.fleet.hand_started_queues`), and waits for those runs; it never builds here.
     None: not such a run (served, in-process, a parent's child, or already on the queue it would
     go to), and the error stands."""
     from prefect.client.orchestration import get_client
 
-    from buildctl import fleet
+    from buildctl.steps import fleet
 
     pool, queue = _this_run_pool_and_queue()
     if trigger or pool is None:

@@ -10,10 +10,11 @@ from prefect import get_run_logger
 from prefect.artifacts import create_markdown_artifact
 from prefect.deployments import run_deployment
 
-from buildctl import fleet, pipeline
-from buildctl.errors import BuildctlError
+from buildctl.steps import fleet
+from buildctl.steps import pipeline
+from buildctl.core.errors import BuildctlError
 from buildctl.flows.summary import RunReport
-from buildctl.settings import Settings, load_settings
+from buildctl.core.settings import Settings, load_settings
 
 BVP_DEPLOYMENT = "build-validate-publish/build-validate-publish"
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from buildctl.errors import EventNotDeliveredError
-from buildctl.fleet import DRIVER_UPGRADED
+from buildctl.core.errors import EventNotDeliveredError
+from buildctl.steps.fleet import DRIVER_UPGRADED
 
 PULL_FAILED = "buildctl.node.pull-failed"
 ENGINE_HEALTH = "buildctl.node.engine-health"

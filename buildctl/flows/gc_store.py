@@ -8,9 +8,9 @@ from typing import Any
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
-from buildctl import fleet
+from buildctl.steps import fleet
 from buildctl.flows.common import run_settings, short
-from buildctl.context import Context
+from buildctl.steps.context import Context
 
 
 def _gc_rows(res) -> list[dict[str, Any]]:

@@ -7,13 +7,13 @@ from typing import Any
 
 from prefect import flow, get_run_logger
 
-from buildctl import healing
+from buildctl.steps import healing
 from buildctl.flows.build_validate_publish import build_validate_publish
 from buildctl.flows.common import (BVP_DEPLOYMENT, ChildRunsFailedError, artifact_key, has_work_pool,
                                    published_summary, run_settings, short, start_builds, wait_for_children)
 from buildctl.flows.summary import RunReport
-from buildctl.settings import Settings
-from buildctl.context import Context, open_store_of
+from buildctl.core.settings import Settings
+from buildctl.steps.context import Context, open_store_of
 
 
 def _heal_run_name() -> str:

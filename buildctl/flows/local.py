@@ -12,7 +12,7 @@ import sys
 import time
 
 from buildctl.flows.build_validate_publish import build_validate_publish
-from buildctl.settings import load_settings
+from buildctl.core.settings import load_settings
 from buildctl.flows.setup import ensure_build_limit
 
 

@@ -8,10 +8,11 @@ from typing import Any
 
 from prefect import flow, get_run_logger
 
-from buildctl import fleet, pipeline
-from buildctl.context import open_store_of
-from buildctl.coverage import describe_soft, recheck_needs, recheck_outcome
-from buildctl.errors import BuildctlError
+from buildctl.steps import fleet
+from buildctl.steps import pipeline
+from buildctl.steps.context import open_store_of
+from buildctl.steps.coverage import describe_soft, recheck_needs, recheck_outcome
+from buildctl.core.errors import BuildctlError
 from buildctl.engines.fingerprint import parse_fingerprint
 from buildctl.flows.common import (ChildRunsFailedError, ProfileName, artifact_key, published_summary, run_settings,
                                    start_builds, wait_for_children)

@@ -1,7 +1,7 @@
 """``prepare-upgrade``: before a planned driver or toolchain upgrade, re-check and build what the
 fleet will need after it, through the compat-key work queues, and end with the plan table.
 
-The plan (:func:`buildctl.upgrade.plan`) knows which work queues have a live worker (a queue is
+The plan (:func:`buildctl.steps.upgrade.plan`) knows which work queues have a live worker (a queue is
 READY when a worker polled it within the last minute): a projected key no worker serves is
 ``blocked`` and fails the run, naming its queue. Each (profile, projected key) that needs a build
 gets one ``build-validate-publish`` run on its key's queue. A re-check goes to the queue of its
@@ -20,8 +20,9 @@ from typing import Any
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
-from buildctl import pipeline, upgrade
-from buildctl.context import Context
+from buildctl.steps import pipeline
+from buildctl.steps import upgrade
+from buildctl.steps.context import Context
 from buildctl.engines.fingerprint import UpgradeTarget
 from buildctl.flows.common import (
     BVP_DEPLOYMENT,
@@ -32,7 +33,7 @@ from buildctl.flows.common import (
     start_builds,
     wait_for_children,
 )
-from buildctl.upgrade import STATES
+from buildctl.steps.upgrade import STATES
 
 
 def _prepare_run_name() -> str:

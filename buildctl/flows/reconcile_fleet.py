@@ -8,10 +8,11 @@ from typing import Any
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_table_artifact
 
-from buildctl import fleet, pipeline
+from buildctl.steps import fleet
+from buildctl.steps import pipeline
 from buildctl.flows.common import (ChildRunsFailedError, ProfileName, run_settings, short, start_builds,
                                    wait_for_children)
-from buildctl.context import open_store_of
+from buildctl.steps.context import open_store_of
 
 
 def _reconcile_run_name() -> str:

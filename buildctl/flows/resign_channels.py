@@ -6,9 +6,9 @@ from typing import Any
 
 from prefect import flow, get_run_logger
 
-from buildctl import rollouts
+from buildctl.steps import rollouts
 from buildctl.flows.common import run_settings, short
-from buildctl.context import Context
+from buildctl.steps.context import Context
 
 
 def _resign_run_name() -> str:

@@ -1,5 +1,5 @@
 """``rollout-channel``: advances, completes or halts (and rolls back) the channel's rollouts, as
-:mod:`buildctl.rollouts` decides. It runs at once when a promotion starts a rollout
+:mod:`buildctl.steps.rollouts` decides. It runs at once when a promotion starts a rollout
 (``buildctl.rollout.started``) and when a node's engine fails (``buildctl.node.engine-health``),
 every 5 minutes while a rollout is live, and hourly otherwise: each run turns its
 ``while-rolling-out`` schedule on when a rollout is live after it and off when none is, so the runs
@@ -12,10 +12,10 @@ from typing import Any
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_table_artifact
 
-from buildctl import rollouts
+from buildctl.steps import rollouts
 from buildctl.flows.common import ProfileName, artifact_key, run_settings, short
 from buildctl.flows.events import emit_rollout_halted
-from buildctl.context import Context
+from buildctl.steps.context import Context
 
 
 #: The schedule (slug, in prefect.yaml and flows.serve) that runs only while a rollout is live.

@@ -11,12 +11,12 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import create_table_artifact
 from prefect.states import Failed, State
 
-from buildctl import healing
+from buildctl.steps import healing
 from buildctl.artifact_store.errors import ScrubFoundCorruptionError
-from buildctl.artifact_store.verify import get_manifest
+from buildctl.artifact_store.read import get_manifest
 from buildctl.flows.common import run_settings
 from buildctl.flows.events import emit_artifact_corrupted
-from buildctl.context import Context
+from buildctl.steps.context import Context
 
 
 def _scrub_run_name() -> str:

@@ -26,7 +26,7 @@ from buildctl.flows.reconcile_fleet import reconcile_fleet
 from buildctl.flows.resign_channels import resign_channels
 from buildctl.flows.rollout_channel import rollout_channel
 from buildctl.flows.scrub_store import scrub_store
-from buildctl.settings import load_settings
+from buildctl.core.settings import load_settings
 from buildctl.flows.setup import deployment_schedules, deployment_triggers, ensure_build_limit
 
 

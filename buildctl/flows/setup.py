@@ -8,7 +8,7 @@ from typing import Any
 
 import yaml
 
-from buildctl.settings import Settings
+from buildctl.core.settings import Settings
 
 REPO = Path(__file__).resolve().parents[2]  # buildctl/flows/setup.py: the checkout
 

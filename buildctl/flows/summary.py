@@ -9,7 +9,7 @@ import socket
 from dataclasses import dataclass, field
 from typing import Any
 
-from buildctl.errors import BuildctlError
+from buildctl.core.errors import BuildctlError
 
 
 def one_line(err: BaseException) -> str:

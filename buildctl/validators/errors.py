@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from buildctl.errors import BadInputError, BuildctlError, GateRefusedError
+from buildctl.core.errors import BadInputError, BuildctlError, GateRefusedError
 
 if TYPE_CHECKING:
-    from buildctl.artifact_store.attestations import Attestation
+    from buildctl.artifact_store.trust.attestations import Attestation
 
 
 class ValidationFailedError(GateRefusedError):

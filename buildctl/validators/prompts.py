@@ -18,7 +18,7 @@ import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from buildctl.digest import digest_json
+from buildctl.core.digest import digest_json
 from buildctl.engines.tiny import CORPUS
 from buildctl.validators.errors import PromptFileError, UnknownPromptSetError
 

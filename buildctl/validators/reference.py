@@ -55,7 +55,7 @@ def vllm_log_file() -> Path:
     """Where the reference's vLLM writes its own log lines (appended): ``BUILDCTL_VLLM_LOG``, else
     ``<cache dir>/logs/vllm.log``. They stay out of the progress lines on stderr (#50); the
     logging variables are not in vLLM's compile-cache hash (``ignored_factors``)."""
-    from buildctl.settings import load_settings
+    from buildctl.core.settings import load_settings
 
     st = load_settings()
     return st.vllm_log or st.cache_dir / "logs" / "vllm.log"

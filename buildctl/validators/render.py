@@ -3,7 +3,7 @@ as a Prefect table artifact, so both show the same figures, intervals, threshold
 
 from __future__ import annotations
 
-from buildctl.artifact_store.attestations import Attestation, RatioEstimate, SpeedLevel
+from buildctl.artifact_store.trust.attestations import Attestation, RatioEstimate, SpeedLevel
 
 
 def _gate(ok: bool) -> str:

@@ -8,7 +8,7 @@ The unit of measurement is a *pair*: one repetition runs candidate and reference
 (A B, then B A on the next, so drift in either direction cancels) and yields one ratio per metric
 (throughput, p50 and p99 TTFT, median TPOT). The two halves of a pair share the machine's state,
 so the ratio cancels most of it. The gate analyses the pairs' ratios, never pooled samples: the
-median ratio with a distribution-free confidence interval (:mod:`buildctl.stats`), and a verdict
+median ratio with a distribution-free confidence interval (:mod:`buildctl.core.stats`), and a verdict
 that is ``pass`` only when the whole interval is on the good side of the threshold, ``fail`` only
 when it is wholly on the bad side, and ``inconclusive`` otherwise.
 
@@ -30,7 +30,7 @@ from typing import Any, Callable, Iterator
 
 from buildctl.engines.backend import Runner, TokenEvent
 from buildctl.engines.profile import GATED_METRICS, SpeedGate
-from buildctl.stats import Interval, Verdict, combine, gate_verdict, median_interval
+from buildctl.core.stats import Interval, Verdict, combine, gate_verdict, median_interval
 from buildctl.validators.noise import NoiseProbe
 
 

@@ -27,17 +27,17 @@ from buildctl.engines.fingerprint import Fingerprint
 from buildctl.engines.profile import BuildProfile
 from buildctl.engines.registry import get_backend
 from buildctl.engines.threads import intra_op_threads
-from buildctl.settings import Settings
-from buildctl.stats import combine
-from buildctl.artifact_store.attestations import ATTESTATION_SCHEMA, Attestation, write_attestation
-from buildctl.artifact_store.backend import Store
+from buildctl.core.settings import Settings
+from buildctl.core.stats import combine
+from buildctl.artifact_store.trust.attestations import ATTESTATION_SCHEMA, Attestation, write_attestation
+from buildctl.artifact_store.backends.store import Store
 from buildctl.artifact_store.manifest import tree_digest
-from buildctl.times import utc_now
+from buildctl.core.times import utc_now
 from buildctl.artifact_store.errors import VerificationError
-from buildctl.artifact_store.install_dir import install_artifact, local_problems
-from buildctl.artifact_store.integrity import quarantine_on
-from buildctl.artifact_store.authority import Authority
-from buildctl.artifact_store.verify import get_manifest
+from buildctl.artifact_store.node.install_dir import install_artifact, local_problems
+from buildctl.artifact_store.upkeep.integrity import quarantine_on
+from buildctl.artifact_store.trust.authority import Authority
+from buildctl.artifact_store.read import get_manifest
 from buildctl.validators.errors import ModelMismatchError, verdict_error
 from buildctl.validators.parity import (
     STAGGERED_CONCURRENCY,
@@ -151,7 +151,7 @@ def run_validation(
                                       for r in rep.reasons()] + speed.reasons()
         verdicts = ["pass" if parity_passed else "fail", speed.verdict]
         if warm_start is not None:
-            from buildctl.artifact_store.attestations import WarmStartRecord
+            from buildctl.artifact_store.trust.attestations import WarmStartRecord
 
             why = WarmStartRecord.model_validate(warm_start).reasons()
             verdicts.append("fail" if why else "pass")
@@ -201,7 +201,7 @@ def bundle_reference(settings: Settings, store: Store, profile: BuildProfile, fp
     (``reference.bundle``): its channel resolved for this host's vllm compat key, installed with
     every byte verified, its model checked against the one validated, then started as a node
     starts it. Its engine arguments are the bundle's own."""
-    from buildctl.artifact_store.pull import resolve_channel
+    from buildctl.artifact_store.node.pull import resolve_channel
 
     spec = profile.reference.bundle
     assert spec is not None

@@ -8,8 +8,8 @@ import os
 import pytest
 
 import buildctl.artifact_store as ops
-from buildctl.artifact_store.backend import open_store
-from buildctl.artifact_store.signing import TrustedKeys, sign_manifest
+from buildctl.artifact_store.backends.store import open_store
+from buildctl.artifact_store.trust.signing import TrustedKeys, sign_manifest
 
 from ..support.helpers import make_signer, make_tree, write_attestation
 

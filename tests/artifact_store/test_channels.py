@@ -11,7 +11,7 @@ from datetime import timedelta
 import pytest
 
 import buildctl.artifact_store as ops
-from buildctl.artifact_store.backend import open_store
+from buildctl.artifact_store.backends.store import open_store
 from buildctl.artifact_store.channels import (
     ChannelRecord,
     checked_history,
@@ -21,9 +21,9 @@ from buildctl.artifact_store.channels import (
     resign,
     set_channel,
 )
-from buildctl.times import parse_utc
+from buildctl.core.times import parse_utc
 from buildctl.artifact_store.promotion import rollback
-from buildctl.rollouts import rollout_step
+from buildctl.steps.rollouts import rollout_step
 from buildctl.artifact_store.errors import (
     ArtifactNotFoundError,
     CasConflictError,
@@ -35,9 +35,9 @@ from buildctl.artifact_store.errors import (
     CorruptObjectError,
 )
 from buildctl.artifact_store.layout import channel_key, history_key, pending_key
-from buildctl.artifact_store.rollout import RolloutPlan, parse_waves
-from buildctl.artifact_store.signing import SigningKey, TrustedKeys
-from buildctl.artifact_store.authority import Authority
+from buildctl.artifact_store.fleet.waves import RolloutPlan, parse_waves
+from buildctl.artifact_store.trust.signing import SigningKey, TrustedKeys
+from buildctl.artifact_store.trust.authority import Authority
 
 from ..support.helpers import forged_history_record, make_signer, make_tree, write_attestation, staged
 

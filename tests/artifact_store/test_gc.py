@@ -8,17 +8,17 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 import buildctl.artifact_store as ops
-from buildctl import fleet
-from buildctl.fleet import record_engine_state
-from buildctl.artifact_store.inventory import EngineState
+from buildctl.steps import fleet
+from buildctl.steps.fleet import record_engine_state
+from buildctl.artifact_store.fleet.inventory import EngineState
 from buildctl.engines.fingerprint import detect
 from buildctl.artifact_store import errors as ops_errors
 from buildctl.artifact_store.errors import StoreUnavailableError
 from buildctl.artifact_store.gc import gc
 from buildctl.artifact_store.quarantine import quarantine
 from buildctl.artifact_store.layout import blob_key, touch_key
-from buildctl.artifact_store.authority import Authority
-from buildctl.context import Context
+from buildctl.artifact_store.trust.authority import Authority
+from buildctl.steps.context import Context
 
 from ..support.helpers import make_tree, publish_files, settings, staged
 
@@ -215,7 +215,7 @@ def test_gc_reads_each_manifest_once_lists_quarantine_once_and_gives_one_reason_
     once per artifact), node records are read once each, and 300 nodes running one artifact give
     it one "held by" reason, not 300."""
     from benchmarks.counting import CountingStore
-    from buildctl.artifact_store.backend import open_store
+    from buildctl.artifact_store.backends.store import open_store
 
     store = open_store(str(tmp_path / "store"))
     keys = [f"aoti-{i:02d}" + "0" * 30 for i in range(3)]

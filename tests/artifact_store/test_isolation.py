@@ -35,7 +35,7 @@ def test_a_malformed_quarantine_record_is_reported_and_its_artifact_treated_as_q
     """One malformed quarantine record made gc, scrub and ls fail store-wide (exit 4). Now each
     lists the others, names the record (exit 10), and treats that artifact as quarantined: gc
     keeps it (its retention runs from now), scrub does not call it ok, ls marks it."""
-    from buildctl.artifact_store.authority import Authority
+    from buildctl.artifact_store.trust.authority import Authority
     from buildctl.artifact_store.quarantine import quarantine
 
     bad = publish_files(store, tmp_path / "b", draft, {"config.json": b"{}", "rank0.engine": 4096}, seed=1)
@@ -60,7 +60,7 @@ def test_a_malformed_node_record_is_reported_and_what_it_names_is_kept(store, st
                                                                       s3_env_if_needed):
     """A malformed inventory record made gc fail with exit 1 (a pydantic traceback name). Now gc
     names it (exit 10) and keeps every artifact its bytes still name; the fleet plan passes over it."""
-    from buildctl import fleet
+    from buildctl.steps import fleet
     from buildctl.artifact_store.layout import node_key
 
     ran = publish_files(store, tmp_path / "r", draft, {"config.json": b"{}", "rank0.engine": 4096}, seed=1)

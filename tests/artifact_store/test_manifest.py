@@ -6,7 +6,7 @@ import posixpath
 import pytest
 from hypothesis import given, strategies as st
 
-from buildctl.digest import digest_bytes, hash_file
+from buildctl.core.digest import digest_bytes, hash_file
 from buildctl.artifact_store.errors import ManifestError
 from buildctl.artifact_store.manifest import MANIFEST_SCHEMA_VERSION, check_relpath, parse_manifest
 
@@ -211,7 +211,7 @@ def test_a_schema_1_manifest_dumps_byte_for_byte_as_written_so_its_id_still_hold
 
 def test_content_problem_checks_xxh3_first_then_blake3_only_where_given():
     from buildctl.artifact_store.manifest import content_problem
-    from buildctl.digest import Hasher, crypto_bytes
+    from buildctl.core.digest import Hasher, crypto_bytes
 
     h = Hasher(crypto=True)
     h.update(b"engine bytes")
@@ -225,7 +225,7 @@ def test_content_problem_checks_xxh3_first_then_blake3_only_where_given():
 
 def test_entry_problem_checks_the_size_before_the_digests():
     from buildctl.artifact_store.manifest import FileEntry, entry_problem
-    from buildctl.digest import Hasher
+    from buildctl.core.digest import Hasher
 
     h = Hasher()
     h.update(b"12345")
@@ -246,7 +246,7 @@ def test_same_files_ignores_blake3_and_nothing_else():
 
 def test_hash_tree_fills_each_files_crc64nvme_when_asked(tmp_path):
     from buildctl.artifact_store.manifest import hash_tree, scan_tree
-    from buildctl.digest import Crc64Nvme
+    from buildctl.core.digest import Crc64Nvme
 
     (tmp_path / "t").mkdir()
     (tmp_path / "t" / "a.bin").write_bytes(b"a" * 5000)
@@ -262,7 +262,7 @@ def test_hash_tree_fills_each_files_crc64nvme_when_asked(tmp_path):
 
 def test_tree_digests_are_one_read_of_the_tree_and_a_file_is_a_tree_of_one(tmp_path):
     from buildctl.artifact_store.manifest import hash_tree, scan_tree, tree_digest, tree_digests
-    from buildctl.digest import canonical_json, crypto_bytes
+    from buildctl.core.digest import canonical_json, crypto_bytes
 
     root = tmp_path / "ckpt"
     root.mkdir()

@@ -8,7 +8,7 @@ import pytest
 import buildctl.artifact_store as ops
 from buildctl.artifact_store.channels import history, read_channel
 from buildctl.artifact_store.errors import VerificationError
-from buildctl.artifact_store.integrity import verify_deep_or_quarantine
+from buildctl.artifact_store.upkeep.integrity import verify_deep_or_quarantine
 from buildctl.artifact_store.promotion import rollback
 from buildctl.artifact_store.quarantine import active_quarantine
 
@@ -73,8 +73,8 @@ def test_rollback_re_hashes_its_target(store, tmp_path, draft):
 
 
 def _trusted(store, tmp_path, draft):
-    from buildctl.artifact_store.authority import Authority
-    from buildctl.artifact_store.signing import TrustedKeys
+    from buildctl.artifact_store.trust.authority import Authority
+    from buildctl.artifact_store.trust.signing import TrustedKeys
 
     from ..support.helpers import make_signer
 
@@ -90,7 +90,7 @@ def _trusted(store, tmp_path, draft):
 def test_a_channel_move_signed_by_a_key_nodes_will_not_trust_is_refused_before_it_is_written(store, tmp_path, draft,
                                                                                               who):
     from buildctl.artifact_store.channels import set_channel
-    from buildctl.errors import GateRefusedError
+    from buildctl.core.errors import GateRefusedError
 
     aid, trusted, keys, Authority = _trusted(store, tmp_path, draft)
     with pytest.raises(GateRefusedError, match="promoter"):
@@ -105,8 +105,8 @@ def test_a_revoked_promoter_key_is_refused_before_writing(store, tmp_path, draft
     from datetime import datetime, timezone
 
     from buildctl.artifact_store.channels import set_channel
-    from buildctl.artifact_store.signing import TrustedKeys
-    from buildctl.errors import GateRefusedError
+    from buildctl.artifact_store.trust.signing import TrustedKeys
+    from buildctl.core.errors import GateRefusedError
 
     aid, trusted, keys, Authority = _trusted(store, tmp_path, draft)
     revoked = TrustedKeys(trusted.by_role, revoked={keys["promoter"].key_id: (datetime(2020, 1, 1, tzinfo=timezone.utc),

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 import buildctl.artifact_store as ops
-from buildctl.artifact_store.attestations import Attestation, write_attestation as write_att
-from buildctl.artifact_store.authority import Authority
+from buildctl.artifact_store.trust.attestations import Attestation, write_attestation as write_att
+from buildctl.artifact_store.trust.authority import Authority
 from buildctl.artifact_store.channels import set_channel
 from buildctl.artifact_store.errors import StoreArgumentError
 from buildctl.artifact_store.promotion import next_channel, promotion_refusals, rollback
@@ -94,7 +94,7 @@ def test_prod_takes_only_the_artifact_that_was_on_staging_under_either_key(store
 def test_promote_re_hashes_by_default_even_right_after_a_deep_verify(store, tmp_path, draft):
     """The library's default trusts no earlier verify: a byte flipped a moment after one is caught."""
     from buildctl.artifact_store.errors import VerificationError
-    from buildctl.artifact_store.integrity import verify_deep_or_quarantine
+    from buildctl.artifact_store.upkeep.integrity import verify_deep_or_quarantine
     from buildctl.artifact_store.promotion import promote
 
     from ..support.helpers import rot

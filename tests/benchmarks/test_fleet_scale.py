@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from benchmarks import fleet_scale
-from buildctl.artifact_store.backend import open_store
+from buildctl.artifact_store.backends.store import open_store
 from buildctl.artifact_store.layout import NODE_INDEX_META, NODES
 
 

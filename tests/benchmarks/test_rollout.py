@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from benchmarks.rollout import GB, GBIT, Params, simulate
-from buildctl.artifact_store.rollout import wave_bucket
+from buildctl.artifact_store.fleet.waves import wave_bucket
 
 
 def params(**kw) -> Params:

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from buildctl.cli.main import EXIT_CODES, Terminated, exit_code_for
-from buildctl import errors
+from buildctl.core import errors
 
 from ..support.helpers import PROFILES, REPO
 
@@ -125,7 +125,7 @@ def test_generate_reads_a_plain_tokenizer_json_without_transformers_and_gets_the
     from buildctl.cli.build import _FastTokenizer, _load_tokenizer
     from buildctl.engines.profile import TinyModel
     from buildctl.engines.tiny import make_tiny
-    from buildctl.settings import load_settings
+    from buildctl.core.settings import load_settings
 
     model = make_tiny(TinyModel(), load_settings().cache_dir)
     fast, slow = _load_tokenizer(model), AutoTokenizer.from_pretrained(str(model))

@@ -98,7 +98,7 @@ def test_verify_names_bad_files(cli, store, store_uri, engine_tree):
     m = res.manifest
     rank0 = next(f for f in m.files if f.path == "rank0.engine")
     lora = next(f for f in m.files if f.path == "lora/adapter.bin")
-    from ..artifact_store.test_pull import overwrite
+    from ..artifact_store.node.test_pull import overwrite
 
     data = bytearray(store.get_bytes(blob_key(rank0.digest)))
     data[12345] ^= 1
@@ -145,7 +145,7 @@ def test_unknown_artifact_and_bad_store(cli, tmp_path):
 # --- #48 item 12: names that are not checked -------------------------------------------------------
 
 def _one_promoted(store_uri, tmp_path, draft):
-    from buildctl.artifact_store.backend import open_store
+    from buildctl.artifact_store.backends.store import open_store
 
     from ..support.helpers import publish_files, staged
 

@@ -14,9 +14,9 @@ import pytest
 import yaml
 
 import buildctl.artifact_store as ops
-from buildctl.artifact_store.authority import Authority
+from buildctl.artifact_store.trust.authority import Authority
 from buildctl.artifact_store.errors import StoreUnavailableError
-from buildctl.artifact_store.s3 import S3Store
+from buildctl.artifact_store.backends.s3 import S3Store
 
 from ..support.helpers import REPO, make_signer, make_tree, staged, write_attestation, write_build_provenance
 
@@ -168,7 +168,7 @@ def test_images_and_the_stack_start_workers_through_buildctl_on_prefect_yamls_po
     setup = services["setup"]["command"][2]
     assert "work-pool create buildctl-local" in setup and "gcl create buildctl-builds" in setup
     assert "deploy --all" in setup and services["setup"]["environment"]["BUILDCTL_REPO"] == "/opt/buildctl"
-    from buildctl.settings import Settings
+    from buildctl.core.settings import Settings
 
     assert Settings().build_limit == "buildctl-builds"
 
@@ -342,8 +342,8 @@ def test_roles_on_seaweedfs(role_server, tmp_path, draft):
     # ... and reports itself: a record written before the shards moves to its shard under the node's
     # own identity (SeaweedFS's Write covers the delete, so the old copy goes; IAM's node.json
     # grants no delete there, where test_inventory.py's shadowed copy applies)
-    from buildctl import fleet
-    from buildctl.artifact_store.inventory import read_inventory
+    from buildctl.steps import fleet
+    from buildctl.artifact_store.fleet.inventory import read_inventory
     from buildctl.artifact_store.layout import legacy_node_key, node_key
     from buildctl.engines.fingerprint import detect
 

@@ -3,7 +3,7 @@
 Prefect's own rendering (``apply_values``, the function every worker renders a job template
 with; then prefect-kubernetes's ``KubernetesWorkerJobConfiguration`` and its
 ``prepare_for_flow_run``) of docker/k8s/base-job-template.json with each shipped profile's job
-variables (``buildctl.fleet.job_variables``) for a compat key gives a Kubernetes Job that
+variables (``buildctl.steps.fleet.job_variables``) for a compat key gives a Kubernetes Job that
 validates, offline and strictly, against the Kubernetes 1.37 schemas (kubernetes-validate), asks
 for the GPUs the profile's build takes, and selects exactly the nodes labelled with the key
 (``buildctl node labels``)."""
@@ -17,7 +17,7 @@ from uuid import uuid4
 
 import pytest
 
-from buildctl import fleet
+from buildctl.steps import fleet
 from buildctl.engines.fingerprint import detect
 
 from ..support.helpers import PROFILES, REPO, settings

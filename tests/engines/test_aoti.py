@@ -12,12 +12,12 @@ import pytest
 
 import buildctl.artifact_store as ops
 from buildctl.artifact_store.errors import PreflightError
-from buildctl.artifact_store.install_dir import current_artifact, install_artifact
-from buildctl import pipeline
+from buildctl.artifact_store.node.install_dir import current_artifact, install_artifact
+from buildctl.steps import pipeline
 from buildctl.engines.aoti import AotiBackend
 from buildctl.engines.errors import EngineLoadError, IncompatibleTargetError
 from buildctl.engines.fingerprint import detect
-from buildctl.context import Context
+from buildctl.steps.context import Context
 
 from ..support.helpers import PROFILES, settings, write_attestation
 
@@ -230,7 +230,7 @@ def test_a_build_that_waited_for_its_slot_takes_the_artifact_a_concurrent_run_pu
     the first published: it checks the cache again inside the slot and builds nothing (#29)."""
     from contextlib import nullcontext
 
-    from buildctl.artifact_store.backend import open_store
+    from buildctl.artifact_store.backends.store import open_store
 
     store = open_store(f"file://{tmp_path / 'store'}")
     ctx = Context.from_settings(settings(), store=store)

@@ -128,7 +128,7 @@ def test_the_cache_is_sized_from_the_profile():
 
 @pytest.fixture(scope="module")
 def llama():
-    from buildctl import pipeline
+    from buildctl.steps import pipeline
     from buildctl.engines.kv_llama import EagerKVModel
     from buildctl.engines.profile import load_profile
 

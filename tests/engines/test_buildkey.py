@@ -58,7 +58,7 @@ def test_a_rebuild_after_a_failed_recheck_has_its_own_key_per_soft_values():
 def test_an_engine_format_other_than_1_enters_the_key_and_format_1_keys_are_unchanged():
     """aoti's format 2 (prefill and decode graphs, a KV cache) never takes a format-1 artifact as a
     cache hit; trtllm (format 1) and every key written before keep their value."""
-    from buildctl.digest import digest_json
+    from buildctl.core.digest import digest_json
     from buildctl.engines.fingerprint import detect
 
     assert build_key(**BASE) == build_key(**BASE, engine_format=1) == digest_json(

@@ -295,7 +295,7 @@ def test_checkpoint_argv_for_every_quantization_and_kv_dtype(tmp_path, series, q
 def test_trtllm_build_keys_are_the_ones_published_before_engine_formats_existed():
     """trtllm engines are format 1, so their build keys carry no format field: a fleet's published
     trtllm artifacts stay cache hits (a format of 0 or 2 would rebuild every engine)."""
-    from buildctl.digest import digest_json
+    from buildctl.core.digest import digest_json
     from buildctl.engines.buildkey import build_key_for
 
     prof, fp, model = load_profile(PROFILES / "llama-3-8b-instruct-fp8-tp1.yaml"), h100x8(), "xxh3-128:" + "2" * 32

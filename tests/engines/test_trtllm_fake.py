@@ -139,7 +139,7 @@ def test_cli_build_publishes_and_caches(cli, hf_model, fake_tools, prod, tmp_pat
     assert code == 0, err
     res = json.loads(out)
     assert not res["cache_hit"]
-    from buildctl.artifact_store.backend import open_store
+    from buildctl.artifact_store.backends.store import open_store
 
     m = ops.get_manifest(open_store(str(store)), res["artifact_id"])
     assert m.backend == "trtllm" and m.build_key == res["build_key"] and m.build_log is not None

@@ -59,7 +59,7 @@ def test_each_hard_field_changes_the_key_and_soft_ones_do_not(field, value):
 
 def test_the_fingerprint_digest_of_a_host_without_the_new_runtimes_is_the_one_recorded_before():
     """The runtime versions added with the vllm backend enter the digest only when set."""
-    from buildctl.digest import digest_json
+    from buildctl.core.digest import digest_json
 
     fp = host(vllm_version=None)
     before = fp.model_dump(mode="json", exclude={"sources", "vllm_version", "triton_version", "flashinfer_version",
@@ -216,7 +216,7 @@ def test_requirements_name_what_this_host_lacks():
 
 
 def _warm_attestation(**ws):
-    from buildctl.artifact_store.attestations import Attestation
+    from buildctl.artifact_store.trust.attestations import Attestation
 
     data = attestation("xxh3-128:" + "1" * 32, "vllm-" + "2" * 32, "pass").model_dump(mode="json")
     data["versions"]["engine_backend"] = "vllm"
@@ -231,7 +231,7 @@ def _warm_attestation(**ws):
                                        ({"warm_s": [19.0, 21.0]}, "warm/cold engine-ready time 0.95 is over 0.7"),
                                        ({"installed_unchanged": False}, "the installed bundle changed")])
 def test_promote_recomputes_the_warm_start_gate(ws, reason):
-    from buildctl.artifact_store.attestations import recomputed_verdict
+    from buildctl.artifact_store.trust.attestations import recomputed_verdict
     from buildctl.validators.render import headline
 
     assert recomputed_verdict(_warm_attestation(cache_used=True)) == ("pass", [])
@@ -248,8 +248,8 @@ def test_a_node_with_other_cpu_flags_shares_the_key_and_is_refused_as_not_covere
     documented gate-refused code) and names cpu.flags: re-check it before it serves."""
     import dataclasses
 
-    from buildctl.artifact_store.backend import open_store
-    from buildctl.pipeline import manifest_draft
+    from buildctl.artifact_store.backends.store import open_store
+    from buildctl.steps.pipeline import manifest_draft
 
     from ..support.helpers import publish_files, staged, write_attestation
 
@@ -279,12 +279,14 @@ def test_an_upgrade_of_a_vllm_node_rechecks_soft_changes_builds_hard_ones_and_st
     after it with no store."""
     import dataclasses
 
-    from buildctl import fleet, pipeline, upgrade
-    from buildctl.artifact_store.backend import open_store
+    from buildctl.steps import fleet
+    from buildctl.steps import pipeline
+    from buildctl.steps import upgrade
+    from buildctl.artifact_store.backends.store import open_store
     from buildctl.artifact_store.promotion import promote
-    from buildctl.context import Context
+    from buildctl.steps.context import Context
     from buildctl.engines.fingerprint import UpgradeTarget
-    from buildctl.pipeline import manifest_draft
+    from buildctl.steps.pipeline import manifest_draft
 
     from ..support.helpers import publish_files, settings, staged, write_attestation
 

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from buildctl.artifact_store.install_dir import local_problems
-from buildctl.artifact_store.verify import get_manifest
+from buildctl.artifact_store.node.install_dir import local_problems
+from buildctl.artifact_store.read import get_manifest
 
 from ..support.helpers import PROFILES, REPO, rot
 
@@ -54,7 +54,7 @@ def bundle(tmp_path_factory):
 
 
 def test_a_bundle_validates_pulls_generates_and_stays_byte_identical(bundle):
-    from buildctl.artifact_store.backend import open_store
+    from buildctl.artifact_store.backends.store import open_store
     from buildctl.engines.vllm_bundle import BundleRunner, read_record
 
     aid, env = bundle["artifact_id"], bundle["env"]
@@ -87,7 +87,7 @@ def test_a_bundle_validates_pulls_generates_and_stays_byte_identical(bundle):
 
 
 def test_a_flipped_byte_in_a_kernel_is_refused_before_vllm_starts(bundle, tmp_path, cli, monkeypatch):
-    from buildctl.artifact_store.backend import open_store
+    from buildctl.artifact_store.backends.store import open_store
     from buildctl.engines import vllm_bundle
 
     store_dir = tmp_path / "store"
@@ -117,8 +117,8 @@ def test_a_differing_hashed_environment_variable_fails_validation_with_cache_not
 
 
 def test_a_differing_engine_argument_is_a_miss_and_node_env_starts_vllm_with_a_hit(bundle, tmp_path):
-    from buildctl.artifact_store.install_dir import install_artifact
-    from buildctl.artifact_store.backend import open_store
+    from buildctl.artifact_store.node.install_dir import install_artifact
+    from buildctl.artifact_store.backends.store import open_store
     from buildctl.engines.vllm_bundle import BundleRunner, cache_evidence, cache_files, read_record
 
     dest = tmp_path / "node"
@@ -173,9 +173,9 @@ def test_a_bundle_has_provenance_rolls_out_heals_and_is_collected_like_an_engine
     key rolls out in waves over nodes that pull it (bake 0) to completion; a rotted file of it is
     healed (quarantined, prod rolled back to the first bundle, the rebuild named); gc keeps what
     the channels and the nodes hold."""
-    from buildctl.artifact_store.backend import open_store
+    from buildctl.artifact_store.backends.store import open_store
     from buildctl.artifact_store.quarantine import active_quarantine
-    from buildctl.artifact_store.rollout import wave_bucket
+    from buildctl.artifact_store.fleet.waves import wave_bucket
 
     from ..support.helpers import write_attestation
 
@@ -234,8 +234,8 @@ def test_a_bundle_has_provenance_rolls_out_heals_and_is_collected_like_an_engine
         code, out, err = cli("--store", uri, "--json", "rollout", "status", "--profile", m.profile_name, "--channel",
                              "prod")
         assert code == 0, err
-        from buildctl import rollouts
-        from buildctl.context import Context
+        from buildctl.steps import rollouts
+        from buildctl.steps.context import Context
 
         from ..support.helpers import settings
 

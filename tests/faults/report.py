@@ -58,7 +58,7 @@ def main(src: str, out: str, scale: str, junit: str | None = None) -> int:
     lines += ["", f"**Totals:** {total['cases']} cases (plus {fuzz} fuzzer executions), {total['lost_artifacts']} lost artifacts, "
               f"{total['lost_records']} lost promotion records, {total['bad_installs']} corrupted or unsigned installs.",
               "", "Signature and rollback checks (unsigned, untrusted and tampered manifests and channel records, a "
-              "replayed older record) are covered by `tests/artifact_store/test_signing.py`; see docs/threat-model.md.", "",
+              "replayed older record) are covered by `tests/artifact_store/trust/test_signing.py`; see docs/threat-model.md.", "",
               "**Time to recovery.** The rot-in-place rows measure, per case, one pipeline run (`heal`: deep verify, "
               "quarantine, roll the channel back) from the corruption to the channel on an artifact that "
               "deep-verifies. Where no earlier artifact qualifies, recovery is a rebuild: "

@@ -8,11 +8,11 @@ import json
 import pytest
 
 import buildctl.artifact_store as ops
-from buildctl.artifact_store.backend import open_store
-from buildctl import pipeline
-from buildctl.errors import BuildFailedError
+from buildctl.artifact_store.backends.store import open_store
+from buildctl.steps import pipeline
+from buildctl.core.errors import BuildFailedError
 from buildctl.engines.profile import load_profile, parse_profile
-from buildctl.context import Context
+from buildctl.steps.context import Context
 
 from ..support.helpers import settings
 from ..support.trtllm_kit import calib, fake_tools, h100x8, hf_model, prod  # noqa: F401  (fixtures)

@@ -69,10 +69,10 @@ def bad_values(tmp: Path, artifact: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def fuzz_env(tmp_path_factory):
-    from buildctl.artifact_store.backend import open_store
+    from buildctl.artifact_store.backends.store import open_store
     from buildctl.engines.fingerprint import detect
     from buildctl.engines.profile import load_profile
-    from buildctl.pipeline import manifest_draft
+    from buildctl.steps.pipeline import manifest_draft
 
     from ..support.helpers import PROFILES, publish_files, staged
 

@@ -93,10 +93,10 @@ def test_every_command_with_wrong_names_and_places_says_which_with_a_documented_
                                                                                      record_fault):
     read_only = read_only_dir  # None where no read-only filesystem can be mounted: that situation is left out
     from ..support.helpers import make_tree, publish_files, staged, write_attestation  # noqa: F401
-    from buildctl.artifact_store.backend import open_store
+    from buildctl.artifact_store.backends.store import open_store
     from buildctl.engines.fingerprint import detect
     from buildctl.engines.profile import load_profile
-    from buildctl.pipeline import manifest_draft
+    from buildctl.steps.pipeline import manifest_draft
 
     store = open_store(f"file://{tmp_path / 'store'}")
     draft = manifest_draft(load_profile(PROFILES / "tiny-llama-cpu.yaml"), detect())

@@ -62,10 +62,10 @@ def _publish(store, tmp: Path, fp, seed: int) -> str:
 def node(tmp_path_factory):
     """A store and a node: P0 then A pulled (current A, previous P0); B newer on prod for this
     host; C on prod for the host after an upgrade, and a second node folder where C is staged."""
-    from buildctl.artifact_store.backend import open_store
+    from buildctl.artifact_store.backends.store import open_store
     from buildctl.artifact_store.promotion import promote
-    from buildctl.context import Context
-    from buildctl import node_agent
+    from buildctl.steps.context import Context
+    from buildctl.steps import node_agent
     from buildctl.engines.fingerprint import UpgradeTarget
 
     from ..support.helpers import settings, staged
@@ -108,8 +108,8 @@ def _state(dest: Path) -> tuple[str | None, str | None]:
 
 
 def _complete(store, dest: Path, aid: str) -> list:
-    from buildctl.artifact_store.install_dir import local_problems
-    from buildctl.artifact_store.verify import get_manifest
+    from buildctl.artifact_store.node.install_dir import local_problems
+    from buildctl.artifact_store.read import get_manifest
 
     return local_problems(get_manifest(store, aid), dest / "versions" / aid.split(":")[1])
 
@@ -174,7 +174,7 @@ def test_a_fault_at_every_syscall_leaves_a_complete_current_and_a_rerun_finishes
         shutil.copytree(template_dir, dest, symlinks=True)
 
     def staged_ok() -> bool:
-        from buildctl.artifact_store.install_dir import staged_engines
+        from buildctl.artifact_store.node.install_dir import staged_engines
 
         entries = [e for e in staged_engines(dest) if e.artifact_id == ids["c"]]
         return bool(entries) and not _complete(store, dest, ids["c"])

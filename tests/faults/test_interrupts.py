@@ -112,7 +112,7 @@ def test_a_pull_interrupted_mid_download_exits_at_once_not_after_its_ranges(tmp_
     """Through a proxy that moves 1 MiB/s per connection, each 8 MiB range takes 8 s: a SIGINT
     1.5 s in must not wait for the ranges in flight. current stays, staging is gone."""
     import buildctl.artifact_store as ops
-    from buildctl.artifact_store.backend import open_store
+    from buildctl.artifact_store.backends.store import open_store
 
     from .proxy import FaultProxy
 

@@ -13,8 +13,8 @@ import pytest
 
 import buildctl.artifact_store as ops
 from buildctl.artifact_store.errors import VerificationError
-from buildctl.artifact_store.install_dir import current_artifact, install_artifact
-from buildctl.artifact_store.backend import open_store
+from buildctl.artifact_store.node.install_dir import current_artifact, install_artifact
+from buildctl.artifact_store.backends.store import open_store
 from buildctl.artifact_store.layout import blob_key
 
 from ..support.helpers import REPO, make_tree
@@ -22,8 +22,8 @@ from .conftest import kill_at_random_point, scale
 
 PULLER = r"""
 import sys
-from buildctl.artifact_store.backend import open_store
-from buildctl.artifact_store.install_dir import install_artifact
+from buildctl.artifact_store.backends.store import open_store
+from buildctl.artifact_store.node.install_dir import install_artifact
 store = open_store(sys.argv[1])
 print("ready", flush=True)
 sys.stdin.readline()
@@ -80,8 +80,8 @@ def test_disk_full_during_pull(tmp_path, two_versions, record_fault):
     code = r"""
 import resource, sys
 resource.setrlimit(resource.RLIMIT_FSIZE, (1_000_000, 1_000_000))
-from buildctl.artifact_store.backend import open_store
-from buildctl.artifact_store.install_dir import install_artifact
+from buildctl.artifact_store.backends.store import open_store
+from buildctl.artifact_store.node.install_dir import install_artifact
 from buildctl.artifact_store.errors import InstallError
 try:
     install_artifact(open_store(sys.argv[1]), sys.argv[2], sys.argv[3])

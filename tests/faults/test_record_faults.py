@@ -11,10 +11,10 @@ import shutil
 import pytest
 
 import buildctl.artifact_store as ops
-from buildctl.artifact_store.backend import open_store
-from buildctl.artifact_store.integrity import verify_deep_or_quarantine
-from buildctl.artifact_store.revocation import Revocation
-from buildctl.digest import canonical_json, digest_bytes
+from buildctl.artifact_store.backends.store import open_store
+from buildctl.artifact_store.upkeep.integrity import verify_deep_or_quarantine
+from buildctl.artifact_store.trust.revocation import Revocation
+from buildctl.core.digest import canonical_json, digest_bytes
 from buildctl.artifact_store.layout import (
     NODES,
     REVOCATIONS,
@@ -41,7 +41,7 @@ GARBAGE = [b'{"seq": "not a record"', b"", b"\xff\xfe\x00garbage", b"[]", b'{"ac
 
 @pytest.fixture(scope="module")
 def base(tmp_path_factory, draft_module):
-    from buildctl.artifact_store.authority import Authority
+    from buildctl.artifact_store.trust.authority import Authority
     from buildctl.artifact_store.quarantine import quarantine
 
     root = tmp_path_factory.mktemp("records")
@@ -57,7 +57,7 @@ def base(tmp_path_factory, draft_module):
     rev = canonical_json(Revocation(key_id="k", revoked_at="2026-01-01T00:00:00Z", reason="test", who="test",
                                     when="2026-01-01T00:00:00Z").model_dump(mode="json"))  # unsigned: counts for nothing
     store.put_bytes(revocation_key("2026-01-01T00:00:00Z", digest_bytes(rev)), rev)
-    from buildctl import fleet
+    from buildctl.steps import fleet
     from buildctl.engines.fingerprint import detect
 
     fleet.report_node(store, "gpu-1", detect(), [draft.profile_name])
@@ -68,7 +68,7 @@ def base(tmp_path_factory, draft_module):
 def draft_module():
     from buildctl.engines.fingerprint import detect
     from buildctl.engines.profile import load_profile
-    from buildctl.pipeline import manifest_draft
+    from buildctl.steps.pipeline import manifest_draft
 
     from ..support.helpers import PROFILES
 

@@ -11,13 +11,13 @@ import time
 import pytest
 
 import buildctl.artifact_store as ops
-from buildctl.healing import heal_artifact
+from buildctl.steps.healing import heal_artifact
 from buildctl.artifact_store.errors import QuarantinedError
-from buildctl.artifact_store.integrity import verify_deep_or_quarantine
-from buildctl.artifact_store.install_dir import install_artifact
+from buildctl.artifact_store.upkeep.integrity import verify_deep_or_quarantine
+from buildctl.artifact_store.node.install_dir import install_artifact
 from buildctl.artifact_store.quarantine import active_quarantine
-from buildctl.artifact_store.authority import Authority
-from buildctl.context import Context
+from buildctl.artifact_store.trust.authority import Authority
+from buildctl.steps.context import Context
 
 from ..support.helpers import make_tree, rot, settings, write_attestation, staged
 from .conftest import scale
@@ -93,7 +93,7 @@ def test_a_publish_that_reuses_a_rotted_blob_puts_it_back(store, draft, tmp_path
 def test_a_rotted_manifest_is_restored_by_scrub(store, draft, tmp_path, record_fault):
     """#29 item 3: a digit flipped inside a manifest at random; scrub restores it from the identity
     index and the artifact deep-verifies."""
-    from buildctl.healing import scrub
+    from buildctl.steps.healing import scrub
 
     from ..support.helpers import rot_manifest
 

@@ -12,9 +12,9 @@ import pytest
 
 import buildctl.artifact_store as ops
 from buildctl.artifact_store import errors as ops_errors
-from buildctl.artifact_store.backend import open_store
+from buildctl.artifact_store.backends.store import open_store
 from buildctl.artifact_store.layout import blob_key
-from buildctl.digest import digest_bytes
+from buildctl.core.digest import digest_bytes
 
 from ..support.helpers import REPO, make_tree, write_attestation
 from .conftest import kill_at_random_point, scale, time_to_done
@@ -22,7 +22,7 @@ from .proxy import FaultProxy
 
 PUBLISHER = r"""
 import sys
-from buildctl.artifact_store.backend import open_store
+from buildctl.artifact_store.backends.store import open_store
 import buildctl.artifact_store as ops
 store = open_store(sys.argv[1])
 draft = ops.ManifestDraft(profile_name="p", profile_hash="xxh3-128:" + "1" * 32, backend="aoti",
@@ -113,7 +113,7 @@ def test_throttling_and_5xx_are_retried(tmp_path, draft, seaweed, s3_env, monkey
         tree = make_tree(tmp_path / "tree", {f"f{i}": 20_000 + i for i in range(20)})
         res = ops.publish_tree(store, tree, draft)
         ops.verify(store, res.artifact_id, deep=True)
-        from buildctl.artifact_store.install_dir import install_artifact
+        from buildctl.artifact_store.node.install_dir import install_artifact
 
         install_artifact(store, res.artifact_id, tmp_path / "node")
         assert proxy.injected > 5, proxy.injected
@@ -130,7 +130,7 @@ def test_sixteen_concurrent_promoters_over_rounds(store, store_uri, tmp_path, dr
         artifacts.append(res.artifact_id)
     promoter = r"""
 import sys
-from buildctl.artifact_store.backend import open_store
+from buildctl.artifact_store.backends.store import open_store
 import buildctl.artifact_store as ops
 ops.promote(open_store(sys.argv[1]), sys.argv[2], "staging", attempts=400)
 """
@@ -151,7 +151,7 @@ ops.promote(open_store(sys.argv[1]), sys.argv[2], "staging", attempts=400)
 
 RACE_PUBLISH = r"""
 import sys
-from buildctl.artifact_store.backend import open_store
+from buildctl.artifact_store.backends.store import open_store
 import buildctl.artifact_store as ops
 store = open_store(sys.argv[1])
 draft = ops.ManifestDraft(profile_name="p", profile_hash="xxh3-128:" + "1" * 32, backend="aoti",
@@ -164,7 +164,7 @@ print("done", flush=True)
 
 RACE_GC = r"""
 import sys
-from buildctl.artifact_store.backend import open_store
+from buildctl.artifact_store.backends.store import open_store
 from buildctl.artifact_store.gc import gc
 store = open_store(sys.argv[1])
 print("ready", flush=True)

@@ -62,13 +62,13 @@ def test_a_failed_build_a_corruption_and_a_halted_rollout_each_page_once_with_th
     import buildctl.artifact_store as ops
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    from buildctl.artifact_store.rollout import RolloutPlan, parse_waves
+    from buildctl.artifact_store.fleet.waves import RolloutPlan, parse_waves
     from buildctl.flows.build_validate_publish import build_validate_publish
     from buildctl.flows.rollout_channel import rollout_channel
     from buildctl.flows.scrub_store import scrub_store
 
     from ..support.helpers import make_tree, rot
-    from ..test_rollouts import Fleet, publish
+    from ..steps.test_rollouts import Fleet, publish
 
     (port,) = free_ports(1)
     url = f"http://127.0.0.1:{port}/api"

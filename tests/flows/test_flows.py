@@ -118,8 +118,8 @@ def test_production_channels_are_refused_by_the_flow(prefect_api, in_repo):
 
     from prefect.exceptions import ParameterTypeError
 
-    from buildctl.errors import BadInputError
-    from buildctl.pipeline import check_automatic_promotion
+    from buildctl.core.errors import BadInputError
+    from buildctl.steps.pipeline import check_automatic_promotion
 
     with pytest.raises(ParameterTypeError, match="promote_to"):  # refused by its type, before the run starts
         build_validate_publish(profile="tiny-llama-cpu", promote_to="prod")
@@ -232,8 +232,8 @@ def test_an_inconclusive_validation_is_retried_once_with_double_the_budget(prefe
     the verdict as a resource label (#30: an inconclusive one emitted `validated`), and a pass
     also `promotable`, naming the next channel."""
     import buildctl.flows.build_validate_publish as fp
-    from buildctl.validate_process import ValidationOutcome
-    from buildctl.errors import BuildctlError
+    from buildctl.steps.validate_process import ValidationOutcome
+    from buildctl.core.errors import BuildctlError
     from buildctl.validators.errors import ValidationInconclusiveError
 
     from ..support.helpers import attestation
@@ -336,11 +336,11 @@ def test_rollout_channel_flow_takes_a_healthy_rollout_to_100_percent(prefect_api
     import buildctl.artifact_store as ops
     from buildctl.flows.common import artifact_key
     from buildctl.flows.rollout_channel import rollout_channel
-    from buildctl.artifact_store.backend import open_store
+    from buildctl.artifact_store.backends.store import open_store
     from buildctl.artifact_store.channels import history, read_channel
-    from buildctl.artifact_store.rollout import RolloutPlan, parse_waves, wave_bucket
+    from buildctl.artifact_store.fleet.waves import RolloutPlan, parse_waves, wave_bucket
 
-    from ..test_rollouts import PROFILE, Fleet, publish
+    from ..steps.test_rollouts import PROFILE, Fleet, publish
 
     store = open_store("file://" + str(tmp_path / "store"))
     v1, v2 = publish(store, tmp_path, "v1", draft), publish(store, tmp_path, "v2", draft)
@@ -381,15 +381,15 @@ def test_rollout_channel_runs_every_five_minutes_only_while_a_rollout_is_live(pr
     a run that finds no live rollout turns the 5-minute schedule off (the hourly sweep stays), a
     run during one turns it back on, and a run for one profile leaves it alone."""
     import buildctl.artifact_store as ops
-    from buildctl.artifact_store.backend import open_store
-    from buildctl.artifact_store.rollout import RolloutPlan, parse_waves
+    from buildctl.artifact_store.backends.store import open_store
+    from buildctl.artifact_store.fleet.waves import RolloutPlan, parse_waves
     from buildctl.flows.rollout_channel import WHILE_ROLLING_OUT, rollout_channel
     from buildctl.flows.setup import deployment_schedules
-    from buildctl.artifact_store.authority import Authority
-    from buildctl.rollouts import rollout_step
+    from buildctl.artifact_store.trust.authority import Authority
+    from buildctl.steps.rollouts import rollout_step
     from prefect.client.orchestration import get_client
 
-    from ..test_rollouts import PROFILE, Fleet, publish
+    from ..steps.test_rollouts import PROFILE, Fleet, publish
 
     dep_id = rollout_channel.to_deployment(name="rollout-channel", parameters={"channel": "prod"},
                                            schedules=deployment_schedules("rollout-channel")).apply()
@@ -420,11 +420,11 @@ def test_rollout_channel_runs_every_five_minutes_only_while_a_rollout_is_live(pr
 def test_resign_channels_flow_re_signs_what_is_due(prefect_api, tmp_path, draft, monkeypatch):
     import buildctl.artifact_store as ops
     from buildctl.flows.resign_channels import resign_channels
-    from buildctl.artifact_store.backend import open_store
+    from buildctl.artifact_store.backends.store import open_store
     from buildctl.artifact_store.errors import StoreArgumentError
-    from buildctl.artifact_store.signing import generate, load_signing_key
+    from buildctl.artifact_store.trust.signing import generate, load_signing_key
 
-    from ..test_rollouts import publish
+    from ..steps.test_rollouts import publish
 
     store = open_store("file://" + str(tmp_path / "store"))
     a = publish(store, tmp_path, "a", draft)
@@ -444,9 +444,9 @@ def test_resign_channels_flow_re_signs_what_is_due(prefect_api, tmp_path, draft,
 def test_gc_store_flow_publishes_the_dry_run_then_removes(prefect_api, tmp_path, draft):
     import buildctl.artifact_store as ops
     from buildctl.flows.gc_store import gc_store
-    from buildctl.artifact_store.backend import open_store
+    from buildctl.artifact_store.backends.store import open_store
 
-    from ..test_rollouts import publish
+    from ..steps.test_rollouts import publish
 
     store = open_store("file://" + str(tmp_path / "store"))
     old, new = publish(store, tmp_path, "old", draft), publish(store, tmp_path, "new", draft)
@@ -481,11 +481,11 @@ def test_a_cache_hit_on_new_soft_values_is_rechecked_not_rebuilt(prefect_api, in
     summary says so and no builder runs."""
     import json
 
-    from buildctl import pipeline
-    from buildctl.artifact_store.attestations import list_attestations
-    from buildctl.artifact_store.backend import open_store
-    from buildctl.artifact_store.verify import list_artifacts
-    from buildctl.context import Context
+    from buildctl.steps import pipeline
+    from buildctl.artifact_store.trust.attestations import list_attestations
+    from buildctl.artifact_store.backends.store import open_store
+    from buildctl.artifact_store.read import list_artifacts
+    from buildctl.steps.context import Context
     from buildctl.engines.fingerprint import detect
     from buildctl.flows.build_validate_publish import build_validate_publish
     from buildctl.flows.common import artifact_key
@@ -524,15 +524,16 @@ def test_a_recheck_on_a_worker_with_other_soft_values_refuses_at_once(prefect_ap
     it belongs on; on a worker with those values it validates there and covers the node."""
     import json
 
-    from buildctl import fleet, pipeline
-    from buildctl.artifact_store.attestations import list_attestations
-    from buildctl.artifact_store.backend import open_store
-    from buildctl.context import Context
-    from buildctl.coverage import coverage
+    from buildctl.steps import fleet
+    from buildctl.steps import pipeline
+    from buildctl.artifact_store.trust.attestations import list_attestations
+    from buildctl.artifact_store.backends.store import open_store
+    from buildctl.steps.context import Context
+    from buildctl.steps.coverage import coverage
     from buildctl.engines.errors import WrongRecheckWorkerError
     from buildctl.engines.fingerprint import detect
     from buildctl.flows.build_validate_publish import build_validate_publish
-    from buildctl.artifact_store.verify import get_manifest
+    from buildctl.artifact_store.read import get_manifest
 
     from ..support.helpers import write_attestation
 
@@ -569,7 +570,7 @@ def test_a_driver_upgrade_whose_recheck_did_not_cover_the_node_fails_naming_the_
 
     from prefect.artifacts import Artifact
 
-    from buildctl import fleet
+    from buildctl.steps import fleet
     from buildctl.engines.fingerprint import detect
     from buildctl.flows import on_driver_upgrade as odu
     from buildctl.flows.common import artifact_key

@@ -18,8 +18,8 @@ import urllib.request
 import pytest
 
 from buildctl.engines.fingerprint import detect
-from buildctl.artifact_store.authority import Authority
-from buildctl.context import Context
+from buildctl.artifact_store.trust.authority import Authority
+from buildctl.steps.context import Context
 from buildctl.artifact_store.layout import node_key
 
 from ..support.helpers import REPO, checkout_like, rot, run_docs_block
@@ -212,7 +212,7 @@ def heal_through_the_automation(url: str, env: dict, tmp_path, compat_key: str) 
     buildctl.node.pull-failed; the heal-artifact automation quarantines it and, in that one run,
     rebuilds, validates and promotes a good artifact to staging."""
     import buildctl.artifact_store as ops
-    from buildctl.artifact_store.integrity import verify_deep_or_quarantine
+    from buildctl.artifact_store.upkeep.integrity import verify_deep_or_quarantine
     from buildctl.artifact_store.quarantine import active_quarantine
 
     store = ops.open_store(env["BUILDCTL_STORE"])
@@ -313,8 +313,8 @@ def test_builds_are_routed_to_workers_of_their_compat_key(tmp_path, tiny_build, 
     deployments from prefect.yaml (`prefect deploy --all`, no prompt), and three builds: each of the
     first two lands on the matching worker and completes (a worker of the other key would fail it
     with IncompatibleTargetError); the third, for a key no worker serves, waits."""
-    from buildctl import pipeline
-    from buildctl.artifact_store.backend import open_store
+    from buildctl.steps import pipeline
+    from buildctl.artifact_store.backends.store import open_store
 
     from ..support.helpers import settings, write_attestation
 
@@ -468,8 +468,9 @@ def prepare_upgrade_readies_a_two_fingerprint_fleet(url: str, env: dict, tmp_pat
     table; a target whose key no worker serves is blocked and fails naming the queue. (One
     rebuild, not two: the first part already routes a run to each key's queue, and a second
     rebuild with its validation doubled this test's time past CI's budget.)"""
-    from buildctl import fleet, pipeline
-    from buildctl.artifact_store.backend import open_store
+    from buildctl.steps import fleet
+    from buildctl.steps import pipeline
+    from buildctl.artifact_store.backends.store import open_store
     from buildctl.artifact_store.promotion import promote
 
     from ..support.helpers import settings, write_attestation
@@ -609,9 +610,10 @@ def test_a_driver_upgrade_recheck_goes_to_the_worker_with_the_nodes_soft_values(
     queue, is validated there, and covers the node. A node upgraded to a compiler no worker has
     gets a run that pages: its re-check waits on its queue and the driver-upgrade run ends Failed
     naming that queue."""
-    from buildctl import fleet, pipeline
-    from buildctl.artifact_store.attestations import list_attestations
-    from buildctl.artifact_store.backend import open_store
+    from buildctl.steps import fleet
+    from buildctl.steps import pipeline
+    from buildctl.artifact_store.trust.attestations import list_attestations
+    from buildctl.artifact_store.backends.store import open_store
 
     from ..support.helpers import settings, write_attestation
 

@@ -18,7 +18,7 @@ SHORT_DELETE_WINDOW_S = 0.05
 
 def settings(**flags):
     """Settings as the CLI would build them here: this test's environment, ``flags`` on top."""
-    from buildctl.settings import load_settings
+    from buildctl.core.settings import load_settings
 
     return load_settings(**flags)
 
@@ -28,8 +28,8 @@ def attestation(artifact_id: str, compat_key: str, verdict: str = "pass", create
     """A complete, typed attestation whose recorded figures give ``verdict`` (promote recomputes
     it): paired throughput ratios of 1.0 against a 0.2 gate for a pass, 0.1 for a fail, straddling
     it for inconclusive; one identical prompt."""
-    from buildctl.artifact_store.attestations import Attestation
-    from buildctl.times import utc_now
+    from buildctl.artifact_store.trust.attestations import Attestation
+    from buildctl.core.times import utc_now
 
     side = {"output_tok_s": 1000.0, "output_tok_s_per_gpu": 1000.0, "request_throughput": 10.0,
             "ttft_p50_ms": 10.0, "ttft_p99_ms": 12.0, "tpot_p50_ms": 1.0, "tpot_p99_ms": 1.2,
@@ -72,7 +72,7 @@ def write_attestation(store, artifact_id: str, compat_key: str, verdict: str = "
                       signer=None, validator=None) -> str:
     """Store :func:`attestation` for the artifact (signed by ``signer``; ``validator``: the
     validating host's fingerprint, which the attestation then covers); returns its id."""
-    from buildctl.artifact_store.attestations import write_attestation as write
+    from buildctl.artifact_store.trust.attestations import write_attestation as write
 
     over = {"validator_fingerprint": validator.model_dump(mode="json")} if validator is not None else {}
     return write(store, attestation(artifact_id, compat_key, verdict, created_at, **over), signer=signer)
@@ -131,7 +131,7 @@ def overwrite(store, key: str, data: bytes) -> None:
     create-only condition on S3): what a bad disk or a buggy copy does."""
     import os
 
-    from buildctl.artifact_store.local import LocalStore
+    from buildctl.artifact_store.backends.local import LocalStore
 
     if isinstance(store, LocalStore):
         path = store.root / key
@@ -164,7 +164,7 @@ def make_signer():
     """A fresh Ed25519 signing key (in memory) with its key id."""
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-    from buildctl.artifact_store.signing import SigningKey, key_id
+    from buildctl.artifact_store.trust.signing import SigningKey, key_id
 
     private = Ed25519PrivateKey.generate()
     return SigningKey(private, key_id(private.public_key()))
@@ -214,9 +214,9 @@ def staged(store, artifact_id: str, compat_key: str | None = None, *, builder=No
     the build provenance its build would have written (:func:`write_build_provenance`, signed by
     ``builder``), so a test whose subject is neither the staging-first rule nor provenance can
     promote it to prod; returns the id. ``store``: a store, or its URI or directory."""
-    from buildctl.artifact_store.backend import open_store
+    from buildctl.artifact_store.backends.store import open_store
     from buildctl.artifact_store.channels import set_channel
-    from buildctl.artifact_store.verify import get_manifest
+    from buildctl.artifact_store.read import get_manifest
 
     if isinstance(store, (str, Path)):
         store = open_store(str(store))
@@ -228,10 +228,10 @@ def staged(store, artifact_id: str, compat_key: str | None = None, *, builder=No
 
 
 def build_facts(manifest, **changes):
-    """The :class:`~buildctl.artifact_store.provenance.BuildFacts` a build of ``manifest`` would have
+    """The :class:`~buildctl.artifact_store.trust.provenance.BuildFacts` a build of ``manifest`` would have
     gathered (its profile, model and compat key), ``changes`` on top."""
-    from buildctl.artifact_store.provenance import BuildFacts, TreeRef
-    from buildctl.times import utc_now
+    from buildctl.artifact_store.trust.provenance import BuildFacts, TreeRef
+    from buildctl.core.times import utc_now
 
     fields = dict(
         builder_id="urn:buildctl:builder:test", backend=manifest.backend, compat_key=manifest.compat_key,
@@ -248,8 +248,8 @@ def build_facts(manifest, **changes):
 def write_build_provenance(store, artifact_id: str, signer=None, **changes) -> bool:
     """Store the provenance a build of the artifact would have written (:func:`build_facts`,
     ``changes`` on top), signed by ``signer``; False when it already has one."""
-    from buildctl.artifact_store.provenance import write_provenance
-    from buildctl.artifact_store.verify import get_manifest_and_bytes
+    from buildctl.artifact_store.trust.provenance import write_provenance
+    from buildctl.artifact_store.read import get_manifest_and_bytes
 
     from buildctl.artifact_store.layout import provenance_key
 
@@ -304,9 +304,9 @@ def publish_schema1(store, root: Path, draft, *, signer=None) -> str:
     its blobs, its pair marker and (with ``signer``) its builder signature. Returns the artifact id."""
     from buildctl.artifact_store.layout import blob_key, manifest_key, pair_key
     from buildctl.artifact_store.manifest import Manifest, hash_tree, scan_tree
-    from buildctl.artifact_store.signing import sign_manifest
-    from buildctl.digest import digest_bytes
-    from buildctl.times import utc_now
+    from buildctl.artifact_store.trust.signing import sign_manifest
+    from buildctl.core.digest import digest_bytes
+    from buildctl.core.times import utc_now
 
     files = scan_tree(root)
     entries = hash_tree(files, crypto=False)

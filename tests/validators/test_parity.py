@@ -189,7 +189,7 @@ def test_a_staggered_output_is_compared_with_the_solo_reference_cut_to_its_lengt
 
 
 def test_promote_recomputes_a_failed_staggered_run_as_a_failure():
-    from buildctl.artifact_store.attestations import recomputed_verdict
+    from buildctl.artifact_store.trust.attestations import recomputed_verdict
 
     from ..support.helpers import attestation
 

@@ -12,8 +12,8 @@ import pytest
 
 from buildctl.engines.backend import TokenEvent
 from buildctl.engines.profile import SpeedGate
-from buildctl.stats import Interval, combine, gate_verdict, median_interval, min_samples, order_statistic_rank
-from buildctl.artifact_store.attestations import SpeedSummary
+from buildctl.core.stats import Interval, combine, gate_verdict, median_interval, min_samples, order_statistic_rank
+from buildctl.artifact_store.trust.attestations import SpeedSummary
 from buildctl.validators.speed import measure, metrics_from_events, percentile
 
 

@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 
 import buildctl.artifact_store as ops
-from buildctl.artifact_store.backend import open_store
-from buildctl import pipeline
+from buildctl.artifact_store.backends.store import open_store
+from buildctl.steps import pipeline
 from buildctl.engines.aoti import AotiBackend
 from buildctl.engines.fingerprint import detect
 from buildctl.validators.errors import ModelMismatchError, ValidationFailedError, ValidationInconclusiveError
-from buildctl.context import Context
+from buildctl.steps.context import Context
 
 from ..support.helpers import PROFILES, settings, tiny_profile_with_speed
 
