@@ -13,7 +13,7 @@ import tempfile
 from pathlib import Path
 
 from benchmarks.common import finish, fmt_spread, spread, table, timed
-from buildctl.steps import pipeline
+from buildctl.steps import build, profiles
 from buildctl.engines import isolate
 from buildctl.engines.profile import load_profile
 from buildctl.core.settings import load_settings
@@ -44,10 +44,10 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory() as d:
             store = open_store(str(Path(d) / "store"))
             settings = load_settings()
-            pipeline.resolve_model(settings, profile)  # the tiny model is made (or cached) before timing
-            first_s, first = timed(lambda: pipeline.build(Context.from_settings(settings, store=store), profile, workdir=Path(d) / "work"))
+            profiles.resolve_model(settings, profile)  # the tiny model is made (or cached) before timing
+            first_s, first = timed(lambda: build.build(Context.from_settings(settings, store=store), profile, workdir=Path(d) / "work"))
             builders_first = len(started)
-            hit_s, hit = timed(lambda: pipeline.build(Context.from_settings(settings, store=store), profile, workdir=Path(d) / "work"))
+            hit_s, hit = timed(lambda: build.build(Context.from_settings(settings, store=store), profile, workdir=Path(d) / "work"))
             hit_builders.append(len(started) - builders_first)
             ok = ok and hit.cache_hit and hit.artifact_id == first.artifact_id
         firsts.append(first_s)

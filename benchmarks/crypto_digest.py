@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=5)
     args = ap.parse_args(argv)
 
-    from buildctl.steps import pipeline
+    from buildctl.steps import build
     from buildctl.artifact_store.backends.store import open_store
     from buildctl.artifact_store.node.install_dir import install_artifact
     from buildctl.artifact_store.publish import publish_tree
@@ -45,8 +45,8 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.update(server.env())
     try:
         settings = load_settings(cache_dir=work / "cache")
-        draft = pipeline.manifest_draft(load_profile(REPO / "build_profiles" / "tiny-llama-cpu.yaml"),
-                                        pipeline.host_fingerprint(settings))
+        draft = build.manifest_draft(load_profile(REPO / "build_profiles" / "tiny-llama-cpu.yaml"),
+                                        build.host_fingerprint(settings))
         tree = make_engine_tree(work / "tree", int(args.size_gib * GIB))
         size = sum(p.stat().st_size for p in tree.rglob("*") if p.is_file())
         stores = {"local": open_store(str(work / "store")), "s3": open_store(f"s3://{server.new_bucket()}/bench")}

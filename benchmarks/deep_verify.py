@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=5)
     args = ap.parse_args(argv)
 
-    from buildctl.steps import pipeline
+    from buildctl.steps import build, profiles
     from buildctl.engines.profile import load_profile
     from buildctl.core.settings import load_settings
     from buildctl.artifact_store.backends.store import open_store
@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         settings = load_settings(cache_dir=work / "cache")
         profile = load_profile(REPO / "build_profiles" / "tiny-llama-cpu.yaml")
-        draft = pipeline.manifest_draft(profile, pipeline.host_fingerprint(settings))
+        draft = build.manifest_draft(profile, build.host_fingerprint(settings))
         tree = make_engine_tree(work / "tree", int(args.size_gib * GIB))
         stores = {"local": open_store(str(work / "store")), "s3": open_store(f"s3://{server.new_bucket()}/bench")}
         from buildctl.artifact_store.publish import publish_tree
@@ -76,9 +76,9 @@ def main(argv: list[str] | None = None) -> int:
 
         # the tiny engine: a real build, then deep verifies of its artifact, interleaved with nothing else
         tiny_store = open_store(str(work / "tiny"))
-        pipeline.resolve_model(settings, profile)
+        profiles.resolve_model(settings, profile)
         t0 = time.perf_counter()
-        built = pipeline.build(Context.from_settings(settings, store=tiny_store), profile, workdir=work / "build")
+        built = build.build(Context.from_settings(settings, store=tiny_store), profile, workdir=work / "build")
         build_s = time.perf_counter() - t0
         tiny_times = []
         for _ in range(args.repeat):

@@ -55,7 +55,7 @@ def seed(store, work: Path, n: int):
     from buildctl.engines.profile import load_profile
     from buildctl.engines.registry import backend_names
     from buildctl.steps.node_index import node_markers, rebuild
-    from buildctl.steps.pipeline import manifest_draft
+    from buildctl.steps.build import manifest_draft
     from buildctl.core.times import utc_now
     from tests.support.helpers import publish_files, staged
 

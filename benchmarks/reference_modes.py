@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=5)
     args = ap.parse_args(argv)
 
-    from buildctl.steps import pipeline
+    from buildctl.steps import build, profiles
     from buildctl.artifact_store.backends.store import open_store
     from buildctl.artifact_store.node.install_dir import install_artifact
     from buildctl.steps.context import Context
@@ -53,9 +53,9 @@ def main(argv: list[str] | None = None) -> int:
         ctx = Context.from_settings(settings, store=store)
         ids = {}
         for name, profile in (("aoti", aoti_profile), ("compiled", vllm_profile)):
-            ids[name] = pipeline.build(ctx, profile, workdir=work / f"build-{name}").artifact_id
+            ids[name] = build.build(ctx, profile, workdir=work / f"build-{name}").artifact_id
             install_artifact(store, ids[name], work / name)
-        model_dir = pipeline.resolve_model(settings, aoti_profile)
+        model_dir = profiles.resolve_model(settings, aoti_profile)
         speed = aoti_profile.validation.speed
         prompts = _speed_workload(model_dir, _read_config(model_dir), speed.input_len, speed.num_prompts)
         runners["aoti"] = get_backend("aoti", settings).load(work / "aoti" / "current")

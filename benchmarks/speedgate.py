@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     situations = [s for s in args.situations.split(",") if s]
 
     from benchmarks.load import SlowedRunner, busy_loops
-    from buildctl.steps import pipeline
+    from buildctl.steps import build, profiles
     from buildctl.engines.fingerprint import detect
     from buildctl.engines.profile import load_profile
     from buildctl.core.settings import load_settings
@@ -57,8 +57,8 @@ def main(argv: list[str] | None = None) -> int:
     settings = load_settings()
     profile = load_profile(args.profile)
     store = open_store(str(work / "store"))
-    model = pipeline.resolve_model(settings, profile)
-    aid = pipeline.build(Context.from_settings(settings, store=store), profile, workdir=work / "build").artifact_id
+    model = profiles.resolve_model(settings, profile)
+    aid = build.build(Context.from_settings(settings, store=store), profile, workdir=work / "build").artifact_id
     fp = detect()
     reference = VllmRunner(model, profile.reference)
 

@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def one_run() -> list[tuple[str, float]]:
-    from buildctl.steps import pipeline
+    from buildctl.steps import build, host, promote, validate
     from buildctl.engines.profile import load_profile
     from buildctl.engines.tiny import make_tiny
     from buildctl.core.settings import load_settings
@@ -41,13 +41,13 @@ def one_run() -> list[tuple[str, float]]:
         stages.append(("model (make + train the tiny Llama)", time.perf_counter() - t))
         store = open_store(str(work / "store"))
         t = time.perf_counter()
-        plan = pipeline.plan_build(Context.from_settings(settings, store=store), profile)
+        plan = build.plan_build(Context.from_settings(settings, store=store), profile)
         stages.append(("fingerprint + model digest + cache lookup", time.perf_counter() - t))
         t = time.perf_counter()
-        built = pipeline.run_build(settings, plan, workdir=work)
+        built = build.run_build(settings, plan, workdir=work)
         stages.append(("build (aoti compile, subprocess)", time.perf_counter() - t))
         t = time.perf_counter()
-        pub = pipeline.publish_build(Context.from_settings(settings, store=store), built)
+        pub = build.publish(Context.from_settings(settings, store=store), built)
         stages.append(("publish (hash + store)", time.perf_counter() - t))
         shutil.rmtree(built.run_dir, ignore_errors=True)
         marks: list[tuple[str, float]] = [("start", time.perf_counter())]
@@ -57,17 +57,17 @@ def one_run() -> list[tuple[str, float]]:
                 if msg.startswith(key):
                     marks.append((key, time.perf_counter()))
 
-        res = pipeline.validate(Context.from_settings(settings, store=store), pub.artifact_id, say=say)
+        res = validate.validate(Context.from_settings(settings, store=store), pub.artifact_id, say=say)
         marks.append(("end", time.perf_counter()))
         names = {"start": "validate: pull + load the engine", "starting the vLLM reference": "validate: vLLM reference start-up",
                  "parity:": "validate: parity", "speed:": "validate: speed (paired repetitions)"}
         for (k, a), (_, b) in zip(marks, marks[1:]):
             stages.append((names[k], b - a))
         t = time.perf_counter()
-        pipeline.promote_artifact(Context.from_settings(settings, store=store), res.artifact_id, "staging")
+        promote.promote(Context.from_settings(settings, store=store), res.artifact_id, "staging")
         stages.append(("promote", time.perf_counter() - t))
         t = time.perf_counter()
-        install_artifact(store, res.artifact_id, work / "node", preflight=pipeline.preflight_for(settings))
+        install_artifact(store, res.artifact_id, work / "node", preflight=host.preflight_for(settings))
         stages.append(("pull (download + verify + preflight + install)", time.perf_counter() - t))
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -52,7 +52,7 @@ def run_network(label: str, server, endpoint: str, root: Path, work: Path, reps:
     from buildctl.engines.fingerprint import detect
     from buildctl.engines.profile import load_profile
     from buildctl.steps.context import Context
-    from buildctl.steps.pipeline import import_engine
+    from buildctl.steps.build import import_engine
     from buildctl.core.settings import load_settings
     from buildctl.artifact_store.backends import ranged
     from buildctl.artifact_store.node.install_dir import install_artifact

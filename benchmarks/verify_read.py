@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     from buildctl.artifact_store.publish import publish_tree
     from buildctl.engines.fingerprint import detect
     from buildctl.engines.profile import load_profile
-    from buildctl.steps.pipeline import manifest_draft
+    from buildctl.steps.build import manifest_draft
 
     total = int(args.size_gib * GIB)
     work = Path(tempfile.mkdtemp(prefix="buildctl-bench-verify-"))

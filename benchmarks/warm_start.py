@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--requests", type=int, default=64)
     args = ap.parse_args(argv)
 
-    from buildctl.steps import pipeline
+    from buildctl.steps import build
     from buildctl.artifact_store.backends.store import open_store
     from buildctl.artifact_store.node.install_dir import install_artifact
     from buildctl.artifact_store.read import get_manifest
@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
         store = open_store(f"file://{work / 'store'}")
         profile = load_profile(PROFILE)
         t0 = time.monotonic()
-        built = pipeline.build(Context.from_settings(load_settings(), store=store), profile, workdir=work / "build")
+        built = build.build(Context.from_settings(load_settings(), store=store), profile, workdir=work / "build")
         build_s = time.monotonic() - t0
         aid = built.artifact_id
         manifest = get_manifest(store, aid)

@@ -181,7 +181,7 @@ def engine_tree(tmp_path: Path) -> Path:
 def draft():
     from buildctl.engines.fingerprint import detect
     from buildctl.engines.profile import load_profile
-    from buildctl.steps.pipeline import manifest_draft
+    from buildctl.steps.build import manifest_draft
 
     return manifest_draft(load_profile(PROFILES / "tiny-llama-cpu.yaml"), detect())
 
@@ -198,7 +198,7 @@ def tiny_build(tmp_path_factory):
     """One real aoti build of the tiny profile, published into a session store and installed."""
     import time
 
-    from buildctl.steps import pipeline
+    from buildctl.steps import build, profiles
     from buildctl.engines.profile import load_profile
     from buildctl.artifact_store.backends.store import open_store
     from buildctl.artifact_store.node.install_dir import install_artifact
@@ -208,12 +208,12 @@ def tiny_build(tmp_path_factory):
     profile = load_profile(PROFILES / "tiny-llama-cpu.yaml")
     st = settings()
     t0 = time.monotonic()
-    outcome = pipeline.build(Context.from_settings(st, store=store), profile, workdir=root / "work")
+    outcome = build.build(Context.from_settings(st, store=store), profile, workdir=root / "work")
     first_s = time.monotonic() - t0
     engine = root / "engine"
     install_artifact(store, outcome.artifact_id, engine)
     return {"store": store, "uri": store.uri, "profile": profile, "outcome": outcome, "first_s": first_s,
-            "engine": engine / "current", "model": pipeline.resolve_model(st, profile), "root": root,
+            "engine": engine / "current", "model": profiles.resolve_model(st, profile), "root": root,
             "settings": st}
 
 

@@ -35,11 +35,11 @@ def test_import_linter_contracts_hold():
 VIOLATIONS = {
     # (file under the copied tree, line appended, the contract it must break)
     "prefect-in-engines": ("buildctl/engines/profile.py", "import prefect", "Prefect only in the flows"),
-    "prefect-via-cli": ("buildctl/cli/store.py", "import buildctl.flows.build_validate_publish", "Prefect only in the flows"),
+    "prefect-via-cli": ("buildctl/cli/pull.py", "import buildctl.flows.build_validate_publish", "Prefect only in the flows"),
     "boto3-in-local-store": ("buildctl/artifact_store/backends/local.py", "import boto3", "boto3 only in the S3 store"),
     "vllm-in-speed": ("buildctl/validators/speed.py", "import vllm", "vllm only in the vLLM runtime"),
-    "torch-in-pipeline": ("buildctl/steps/pipeline.py", "import torch", "torch only in the aoti backend"),
-    "store-imports-pipeline": ("buildctl/artifact_store/read.py", "import buildctl.steps.pipeline", "Layers"),
+    "torch-in-the-build-step": ("buildctl/steps/build.py", "import torch", "torch only in the aoti backend"),
+    "store-imports-a-step": ("buildctl/artifact_store/read.py", "import buildctl.steps.build", "Layers"),
     "engines-import-store": ("buildctl/engines/model_hub.py", "import buildctl.artifact_store.backends.store", "Layers"),
     "core-imports-steps": ("buildctl/core/times.py", "import buildctl.steps.context", "Layers"),
     "context-imports-a-step": ("buildctl/steps/context.py", "import buildctl.steps.healing", "Steps layers"),
@@ -212,7 +212,7 @@ def test_settings_flags_win_over_environment_and_are_frozen(monkeypatch, tmp_pat
 
 
 def test_cli_imports_no_prefect():
-    code = ("import sys, buildctl.cli.main, buildctl.steps.pipeline, buildctl.steps.fleet; "
+    code = ("import sys, buildctl.cli.main, buildctl.steps.build, buildctl.steps.fleet; "
             "bad = sorted(m for m in sys.modules if m == 'prefect' or m.startswith('prefect.')); "
             "assert not bad, bad")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)

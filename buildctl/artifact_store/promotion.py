@@ -124,7 +124,7 @@ def promote(store: Store, artifact_ref: str, channel: str, *, auth: Authority = 
     deep verify that recent; the record says which. ``compat_key``: the ref's key when not the
     manifest's (see :func:`promotion_refusals`). ``provenance``: the inputs the artifact's build
     provenance must show (:func:`~buildctl.artifact_store.trust.provenance.provenance_refusals`); the
-    production channels get it from :func:`buildctl.steps.pipeline.promote_artifact`."""
+    production channels get it from :func:`buildctl.steps.promote.promote`."""
     artifact_id = resolve_artifact(store, artifact_ref)
     if force and not reason:
         raise StoreArgumentError("--force needs --reason: a break-glass promotion is recorded with why")

@@ -22,7 +22,7 @@ def build_cmd(
 ) -> None:
     """Build, publish and print an artifact id; a build key that already has an artifact is a cache hit."""
     from buildctl.engines.profile import load_profile
-    from buildctl.steps.pipeline import build
+    from buildctl.steps.build import build
 
     prof = load_profile(profile)
     quiet = want_json(ctx, json_out)
@@ -108,7 +108,7 @@ def generate_cmd(
 ) -> None:
     """Generate greedily from an installed engine (a smoke test on a node)."""
     from buildctl.core.errors import BadInputError
-    from buildctl.steps.pipeline import load_engine
+    from buildctl.steps.host import load_engine
 
     tok = _load_tokenizer(tokenizer) if tokenizer is not None else None
     if prompt_ids:

@@ -1,7 +1,7 @@
 """The ``buildctl`` entry point: builds the typer app and registers every command module.
 
-Like huggingface_hub's ``cli/hf.py``: the command modules (``build``, ``store``, ``validate``,
-``node``, ``profile``, ``fingerprint``) define their commands and import only
+Like huggingface_hub's ``cli/hf.py``: the command modules (``build``, ``artifacts``, ``promote``,
+``pull``, ``keys``, ``index``, ``validate``, ``node``, ``profile``, ``fingerprint``, ...) define their commands and import only
 :mod:`buildctl.cli._common`; this module imports them and registers them, so there is no import
 loop. Errors are reported by :func:`run`, which maps error *types* to exit codes with the one
 table :data:`EXIT_CODES`. Commands never pick exit codes themselves.
@@ -20,7 +20,8 @@ import typer
 from rich.console import Console
 from typer.core import TyperOption
 
-from buildctl.cli import alerts, build, fingerprint, heal, node, profile, rollout, store, upgrade, validate, worker
+from buildctl.cli import (alerts, artifacts, build, fingerprint, heal, index, keys, node, profile, promote, pull,
+                          rollout, upgrade, validate, worker)
 from buildctl.cli._common import CliState
 from buildctl.core.errors import (
     BadInputError,
@@ -119,20 +120,20 @@ app.add_typer(profile.profile_app, name="profile")
 app.command("build")(build.build_cmd)
 app.command("generate")(build.generate_cmd)
 app.add_typer(build.model_app, name="model")
-app.command("import")(store.import_cmd)
-app.command("ls")(store.ls_cmd)
-app.command("show")(store.show_cmd)
-app.command("verify")(store.verify_cmd)
-app.command("rehash")(store.rehash_cmd)
-app.command("export-signature")(store.export_signature_cmd)
-app.command("promote")(store.promote_cmd)
-app.command("history")(store.history_cmd)
-app.command("rollback")(store.rollback_cmd)
-app.command("pull")(store.pull_cmd)
+app.command("import")(artifacts.import_cmd)
+app.command("ls")(artifacts.ls_cmd)
+app.command("show")(artifacts.show_cmd)
+app.command("verify")(artifacts.verify_cmd)
+app.command("rehash")(artifacts.rehash_cmd)
+app.command("export-signature")(artifacts.export_signature_cmd)
+app.command("promote")(promote.promote_cmd)
+app.command("history")(promote.history_cmd)
+app.command("rollback")(promote.rollback_cmd)
+app.command("pull")(pull.pull_cmd)
 app.add_typer(rollout.rollout_app, name="rollout")
-app.command("gc")(store.gc_cmd)
-app.add_typer(store.key_app, name="key")
-app.add_typer(store.index_app, name="index")
+app.command("gc")(artifacts.gc_cmd)
+app.add_typer(keys.key_app, name="key")
+app.add_typer(index.index_app, name="index")
 app.command("quarantine")(heal.quarantine_cmd)
 app.command("repair")(heal.repair_cmd)
 app.command("scrub")(heal.scrub_cmd)

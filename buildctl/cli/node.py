@@ -104,7 +104,7 @@ def _check_profile_names(st, names: list[str]) -> None:
     a node without the profile directory records the names as given."""
     from buildctl.engines.errors import ProfileNotFoundError
     from buildctl.core.errors import BuildctlError
-    from buildctl.steps.pipeline import load_profiles
+    from buildctl.steps.profiles import load_profiles
 
     try:
         known = load_profiles(st)
@@ -120,7 +120,7 @@ def _backends_of(st, names: list[str]) -> set[str]:
     none of them is found there (a node without the profiles: nothing is left out)."""
     from buildctl.engines.registry import backend_names
     from buildctl.core.errors import BuildctlError
-    from buildctl.steps.pipeline import load_profiles
+    from buildctl.steps.profiles import load_profiles
 
     try:
         known = load_profiles(st)
@@ -176,13 +176,13 @@ def labels_cmd(
     each hard field. Run it in the builder image on the node, so the key covers its toolchain. Exit 2
     when a GPU profile's backend sees no GPU (or lacks its build tool) in this runtime."""
     from buildctl.steps import fleet
-    from buildctl.steps import pipeline
+    from buildctl.steps import profiles
     from buildctl.engines.errors import NoGpuLabelsError
     from buildctl.engines.fingerprint import host_fingerprint
 
     st = settings(ctx)
     fp = host_fingerprint(st)
-    missing = fleet.unlabelled_gpu_backends(st, fp, pipeline.load_profiles(st))
+    missing = fleet.unlabelled_gpu_backends(st, fp, profiles.load_profiles(st))
     if missing:
         raise NoGpuLabelsError(missing)
     labels = fleet.node_labels(st, fp)

@@ -48,7 +48,7 @@ def plan_cmd(
     """For each node of the inventory and each profile it serves, what the upgrade to TARGET
     leaves it: ready, promote, re-check, build or blocked."""
     from buildctl.engines.fingerprint import load_target
-    from buildctl.steps.pipeline import load_profiles
+    from buildctl.steps.profiles import load_profiles
     from buildctl.steps.upgrade import plan
 
     target = load_target(to)  # bad input first, before the store is looked at
@@ -74,7 +74,7 @@ def prepare_cmd(
     """Run the plan's re-checks and builds here, as a worker of this host's fingerprint; new builds
     go to staging. For prod, print the `buildctl promote` commands CI runs."""
     from buildctl.engines.fingerprint import load_target
-    from buildctl.steps.pipeline import load_profiles
+    from buildctl.steps.profiles import load_profiles
     from buildctl.steps.upgrade import prepare
 
     quiet = want_json(ctx, json_out)
@@ -107,7 +107,7 @@ def ready_cmd(
     """Exit 0 only when every profile the node serves is ready for the upgrade; else exit 5 and
     list what is missing (3: the node is not in the inventory). The gate a drain hook calls."""
     from buildctl.engines.fingerprint import load_target
-    from buildctl.steps.pipeline import load_profiles
+    from buildctl.steps.profiles import load_profiles
     from buildctl.steps.upgrade import NotReadyError, ready
 
     try:

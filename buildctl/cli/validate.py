@@ -38,7 +38,7 @@ def validate_cmd(
     json_out: bool = typer.Option(False, "--json", help="JSON output (the attestation)."),
 ) -> None:
     """Validate an artifact against vLLM (parity and speed); write an attestation; exit 5 on fail or inconclusive."""
-    from buildctl.steps.pipeline import validate
+    from buildctl.steps.validate import validate
     from buildctl.validators.errors import ValidationFailedError
 
     quiet = want_json(ctx, json_out)

@@ -1,4 +1,4 @@
-"""The Prefect flows (one per module), thin over :mod:`buildctl.steps.pipeline` and the other steps.
+"""The Prefect flows (one per module), thin over the steps (:mod:`buildctl.steps`).
 
 Importing the package installs :class:`OneLineExpectedFailures` on Prefect's run loggers: a flow
 run or task run that fails with a :class:`~buildctl.core.errors.BuildctlError` (an expected failure: a

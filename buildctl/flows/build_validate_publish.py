@@ -1,7 +1,7 @@
 """``build-validate-publish``: check the target, build (or take a cache hit) under a strict
 concurrency limit, publish (retried: a network step), validate (never retried blindly),
 optionally promote to a non-production channel, and publish Prefect artifacts. Every decision
-is a :mod:`buildctl.steps.pipeline` step."""
+is a step of :mod:`buildctl.steps` (build, validate, promote)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from prefect.cache_policies import NONE
 from prefect.concurrency.sync import concurrency
 
 from buildctl.steps import healing
-from buildctl.steps import pipeline
+from buildctl.steps import build, profiles, promote, validate
 from buildctl.artifact_store.layout import blob_key
 from buildctl.artifact_store.promotion import next_channel
 from buildctl.artifact_store.read import get_manifest
@@ -48,8 +48,8 @@ def _bvp_run_name() -> str:
 @task(name="plan", task_run_name="plan {profile_name}", cache_policy=NONE)
 def plan_task(settings: Settings, profile_name: str, model: str | None, target_compat_key: str | None,
               rebuild_of: str | None = None):
-    profile = pipeline.profile_by_name(settings, profile_name)
-    return pipeline.plan_build(Context.from_settings(settings), profile, model=model,
+    profile = profiles.profile_by_name(settings, profile_name)
+    return build.plan_build(Context.from_settings(settings), profile, model=model,
                                target_compat_key=target_compat_key, rebuild_of=rebuild_of, say=get_run_logger().info)
 
 
@@ -60,15 +60,15 @@ def build_slot(settings: Settings):
 
 
 @task(name="build", task_run_name="build {plan.profile.name}", cache_policy=NONE)
-def build_task(settings: Settings, plan: pipeline.BuildPlan) -> pipeline.BuiltEngine | str:
+def build_task(settings: Settings, plan: build.BuildPlan) -> build.BuiltEngine | str:
     """The build in a slot of the build limit; a str: the artifact another run published for the
     same build key while this one waited for its slot."""
-    return pipeline.build_in_slot(Context.from_settings(settings), plan, build_slot(settings), say=get_run_logger().info)
+    return build.build_in_slot(Context.from_settings(settings), plan, build_slot(settings), say=get_run_logger().info)
 
 
 @task(name="publish", task_run_name="publish", retries=3, retry_delay_seconds=[5, 15, 45], cache_policy=NONE)
-def publish_task(settings: Settings, built: pipeline.BuiltEngine) -> str:
-    res = pipeline.publish_build(Context.from_settings(settings), built, say=get_run_logger().info)
+def publish_task(settings: Settings, built: build.BuiltEngine) -> str:
+    res = build.publish(Context.from_settings(settings), built, say=get_run_logger().info)
     return res.build_key_owner or res.artifact_id
 
 
@@ -80,7 +80,7 @@ INCONCLUSIVE_RETRY_BUDGET = 2.0
 @task(name="validate", task_run_name="validate {artifact_id}", cache_policy=NONE)
 def validate_task(settings: Settings, artifact_id: str, compat_key: str, revalidate: bool,
                   speed_budget: float = 1.0) -> ValidationOutcome:
-    previous = None if revalidate else pipeline.reusable_attestation(Context.from_settings(settings), artifact_id,
+    previous = None if revalidate else validate.reusable_attestation(Context.from_settings(settings), artifact_id,
                                                                       compat_key, host_fingerprint(settings))
     if previous is not None:
         get_run_logger().info(f"already validated on {compat_key} with this host's soft values "
@@ -108,7 +108,7 @@ def validate_with_retry(settings: Settings, artifact_id: str, compat_key: str, r
 
 @task(name="promote", task_run_name="promote to {channel}", retries=3, retry_delay_seconds=[2, 5, 10], cache_policy=NONE)
 def promote_task(settings: Settings, artifact_id: str, channel: str) -> dict[str, Any]:
-    return pipeline.promote_artifact(Context.from_settings(settings), artifact_id, channel).model_dump(mode="json")
+    return promote.promote(Context.from_settings(settings), artifact_id, channel).model_dump(mode="json")
 
 
 @task(name="roll channels back", task_run_name="roll channels off {artifact_id}", retries=3,
@@ -146,7 +146,7 @@ def build_validate_publish(profile: ProfileName, model: str | None = None, targe
                                        trigger)
 
 
-def _build_and_publish(report: RunReport, settings: Settings, plan: pipeline.BuildPlan,
+def _build_and_publish(report: RunReport, settings: Settings, plan: build.BuildPlan,
                        done: str) -> tuple[str, bool, float]:
     """Build in a slot and publish: (artifact, whether it was a concurrent run's, build seconds)."""
     report.step = "build"
@@ -174,7 +174,7 @@ def _build_and_publish(report: RunReport, settings: Settings, plan: pipeline.Bui
         shutil.rmtree(built.run_dir, ignore_errors=True)
 
 
-def _log_artifact(plan: pipeline.BuildPlan, where: str, log_path: Path) -> None:
+def _log_artifact(plan: build.BuildPlan, where: str, log_path: Path) -> None:
     """The build log on the run's page: where it lives, and its last lines."""
     tail = log_tail(log_path).replace("```", "` ` `")
     create_markdown_artifact(key=_bvp_key(plan.profile.name, plan.compat_key) + "-build-log",
@@ -182,7 +182,7 @@ def _log_artifact(plan: pipeline.BuildPlan, where: str, log_path: Path) -> None:
                              description=f"{plan.profile.name}: the build's log")
 
 
-def check_recheck_worker(settings: Settings, plan: pipeline.BuildPlan, trigger: dict[str, Any] | None) -> None:
+def check_recheck_worker(settings: Settings, plan: build.BuildPlan, trigger: dict[str, Any] | None) -> None:
     """A driver upgrade's re-check names the node's soft values (``trigger["soft"]``): a worker
     whose own differ refuses it (:class:`WrongRecheckWorkerError`), so it never ends green on
     values nobody checked."""
@@ -228,7 +228,7 @@ def _route_hand_started(report: RunReport, settings: Settings, profile: str, tar
     pool, queue = _this_run_pool_and_queue()
     if trigger or pool is None:
         return None
-    backend = pipeline.profile_by_name(settings, profile).engine.backend
+    backend = profiles.profile_by_name(settings, profile).engine.backend
     with get_client(sync_client=True) as client:
         rows = [(q.name, str(getattr(q.status, "value", q.status)) == "READY" and q.name != queue)
                 for q in client.read_work_queues(work_pool_name=pool)]
@@ -261,7 +261,7 @@ def _build_validate_publish(report: RunReport, profile: str, model: str | None,
                             revalidate: bool, trigger: dict[str, Any] | None) -> dict[str, Any]:
     report.step = "plan"
     if promote_to:
-        pipeline.check_automatic_promotion(promote_to)
+        promote.check_automatic_promotion(promote_to)
     settings = run_settings(store)
     try:
         plan = plan_task(settings, profile, model, target_compat_key)

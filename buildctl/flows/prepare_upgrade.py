@@ -20,7 +20,8 @@ from typing import Any
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
-from buildctl.steps import pipeline
+from buildctl.artifact_store.promotion import PROTECTED_CHANNELS
+from buildctl.steps import profiles, promote
 from buildctl.steps import upgrade
 from buildctl.steps.context import Context
 from buildctl.engines.fingerprint import UpgradeTarget
@@ -94,9 +95,9 @@ def prepare_upgrade(target: dict[str, Any], channel: str = "prod", nodes: str | 
     logger = get_run_logger()
     tgt = UpgradeTarget.model_validate(target)
     ctx = Context.from_settings(settings)
-    profiles = pipeline.load_profiles(settings)
+    profiles = profiles.load_profiles(settings)
     before = upgrade.plan(ctx, tgt, profiles, channel=channel, nodes_glob=nodes, served=served_queues())
-    publish = "staging" if channel in pipeline.PROTECTED_CHANNELS else channel
+    publish = "staging" if channel in PROTECTED_CHANNELS else channel
     blocked = [g for g in before.groups if g.state == "blocked"]
     # One run per (profile, key, queue): a build on the key's queue; a re-check on the queue of the
     # key and the projected soft values, carrying them, so that only a worker that has them takes it
@@ -112,7 +113,7 @@ def prepare_upgrade(target: dict[str, Any], channel: str = "prod", nodes: str | 
                            publish, queues=[q for (_, _, q), _ in todo], triggers=triggers) if todo else []
     for g in before.groups:
         if g.state == "promote" and g.artifact_id and publish == channel:
-            pipeline.promote_artifact(ctx, g.artifact_id, channel)
+            promote.promote(ctx, g.artifact_id, channel)
             logger.info(f"{g.profile} [{g.compat_key}]: promoted {g.artifact_id} to {channel}")
     bad = wait_for_children(started, wait_s) if started else []
     after = upgrade.plan(ctx, tgt, profiles, channel=channel, nodes_glob=nodes, served=served_queues())

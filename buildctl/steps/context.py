@@ -2,7 +2,7 @@
 
 ``Context.from_settings(settings)`` opens the store the settings name and reads the signing key and
 the trusted keys once (a bad key layout fails here, before any work). Every step of
-:mod:`buildctl.steps.pipeline`, :mod:`buildctl.steps.healing`, :mod:`buildctl.steps.rollouts` and
+:mod:`buildctl.steps.build`, :mod:`buildctl.steps.validate`, :mod:`buildctl.steps.promote`, :mod:`buildctl.steps.healing`, :mod:`buildctl.steps.rollouts` and
 :mod:`buildctl.steps.node_agent` takes a ``Context``; store operations take its ``auth``
 (:class:`~buildctl.artifact_store.trust.authority.Authority`). The CLI makes one per command, a flow one
 per task run (a task may run on another worker).
@@ -11,12 +11,22 @@ per task run (a task may run on another worker).
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Callable
 
 from buildctl.artifact_store.trust.authority import Authority
 from buildctl.artifact_store.backends.store import Store, open_store
 from buildctl.artifact_store.trust.signing import load_signing_key, load_trusted_keys
 from buildctl.artifact_store.backends.memo import remember_manifests
 from buildctl.core.settings import Settings
+
+
+Say = Callable[[str], None]
+"""How a step reports progress: one line at a time (the CLI prints it, a flow logs it)."""
+
+
+def quiet(_: str) -> None:
+    """The default ``say``: report nothing."""
+    return None
 
 
 def authority_of(settings: Settings) -> Authority:

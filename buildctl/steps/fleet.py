@@ -350,7 +350,7 @@ def recheck_queues(settings: Settings, fingerprint: Fingerprint) -> dict[str, st
 
 def fleet_plan(store: Store, profiles: dict[str, BuildProfile], only_profiles: Iterable[str] | None = None,
                skipped: list[tuple[str, str]] | None = None) -> list[BuildNeed]:
-    """Read the inventory and the artifacts, and plan. ``profiles``: name -> profile (``pipeline.load_profiles``).
+    """Read the inventory and the artifacts, and plan. ``profiles``: name -> profile (``profiles.load_profiles``).
     ``skipped``: malformed node and quarantine records are listed there and passed over (an
     artifact whose quarantine record is malformed counts as quarantined: it is built again)."""
     skipped = [] if skipped is None else skipped

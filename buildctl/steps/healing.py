@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 
 from buildctl.steps.context import Context
 from buildctl.steps.node_index import IndexReport, index_built, rebuild as rebuild_index
-from buildctl.steps.pipeline import PROTECTED_CHANNELS, passing_attestation
+from buildctl.artifact_store.promotion import PROTECTED_CHANNELS
+from buildctl.steps.validate import passing_attestation
 from buildctl.artifact_store.backends.store import Store
 from buildctl.artifact_store.channels import all_channel_records, channels_pointing_at, checked_history, history
 from buildctl.artifact_store.promotion import rollback

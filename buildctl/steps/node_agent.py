@@ -28,7 +28,7 @@ from buildctl.core.errors import BuildctlError, UnavailableError
 from buildctl.steps.fleet import record_engine_state
 from buildctl.artifact_store.fleet.inventory import EngineState, HealthStatus
 from buildctl.steps.context import Context
-from buildctl.steps.pipeline import host_compat_keys, preflight_for
+from buildctl.steps.host import host_compat_keys, preflight_for
 from buildctl.core.settings import Settings
 from buildctl.core.times import now_utc, utc_now
 from buildctl.artifact_store.backends.store import ProgressFn, Store, fail_fast
@@ -110,7 +110,7 @@ def pull(ctx: Context, profile: str, channel: str, dest: str | Path, *,
     """Pull for this node, then smoke-check what was installed (see the module docstring).
     ``on_health`` is called with each state recorded (the CLI emits the event from it). Raises
     :class:`EngineUnhealthyError` (after switching back) when the check fails. ``target``: the
-    channel record and manifest already resolved for this node (``pipeline.channel_target``), so
+    channel record and manifest already resolved for this node (``host.channel_target``), so
     they are not read again. ``require_covered``: refuse, before downloading, an engine not
     validated on this host's soft values (:class:`NotCoveredError`, exit 5)."""
     settings, store = ctx.settings, ctx.store

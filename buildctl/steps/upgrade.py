@@ -35,28 +35,22 @@ from buildctl.artifact_store.fleet.inventory import NodeRecord, read_inventory, 
 from buildctl.artifact_store.node.pull import resolve_channel
 from buildctl.artifact_store.quarantine import active_quarantine
 from buildctl.artifact_store.read import get_manifest
-from buildctl.steps.context import Context
+from buildctl.steps.context import Context, Say, quiet
 from buildctl.steps.coverage import Coverage, artifacts_for_key, coverage, serving_key
 from buildctl.engines.errors import EngineLoadError, IncompatibleTargetError
 from buildctl.engines.fingerprint import Fingerprint, UpgradeTarget, host_fingerprint
 from buildctl.engines.profile import BuildProfile
 from buildctl.core.errors import GateRefusedError, NotFoundError
 from buildctl.steps.fleet import node_fingerprint, recheck_queue_for, recheck_queues, serving_queues, work_queue_for
-from buildctl.steps.pipeline import (
-    PROTECTED_CHANNELS,
-    build,
-    host_compat_keys,
-    plan_build,
-    promote_artifact,
-    publish_build,
-    run_build,
-    validate,
-)
+from buildctl.artifact_store.promotion import PROTECTED_CHANNELS
+from buildctl.steps.build import build, plan_build, publish, run_build
+from buildctl.steps.host import host_compat_keys
+from buildctl.steps.promote import promote
+from buildctl.steps.validate import validate
 from buildctl.validators.errors import ValidationFailedError
 
 State = Literal["ready", "promote", "re-check", "build", "blocked"]
 STATES: tuple[State, ...] = ("ready", "promote", "re-check", "build", "blocked")
-Say = Callable[[str], None]
 
 
 class UnknownNodeError(NotFoundError):
@@ -294,7 +288,7 @@ class KeyMove:
                 "artifact_id": self.artifact_id, "action": self.action, "detail": self.detail, "seq": self.seq}
 
 
-def migrate_keys(ctx: Context, *, apply: bool = False, say: Say = lambda _: None) -> list[KeyMove]:
+def migrate_keys(ctx: Context, *, apply: bool = False, say: Say = quiet) -> list[KeyMove]:
     """Every channel ref whose key is not its artifact's key now (a schema-1 key), and with
     ``apply`` a ref under the new key for the same artifact, recorded in history with the old key
     in its reason. The old ref stays: nodes of this version resolve the new key first, and older
@@ -345,7 +339,7 @@ class Prepared:
 
 
 def prepare(ctx: Context, target: UpgradeTarget, profiles: dict[str, BuildProfile], *, channel: str = "prod",
-            nodes_glob: str | None = None, say: Say = lambda _: None) -> tuple[list[Prepared], UpgradePlan]:
+            nodes_glob: str | None = None, say: Say = quiet) -> tuple[list[Prepared], UpgradePlan]:
     """Run the plan's re-checks and builds here, as a worker of this host's fingerprint: groups
     of another compat key are left to their workers, and a re-check of soft values other than this
     host's is left to a worker that has them (both are ``blocked`` here, naming the queue). New builds go to ``staging`` (and to ``channel`` when
@@ -368,11 +362,11 @@ def prepare(ctx: Context, target: UpgradeTarget, profiles: dict[str, BuildProfil
             return f"it did not load here: {str(err).splitlines()[0]}"
 
     def promoted(aid: str) -> list[str]:
-        promote_artifact(ctx, aid, "staging")
+        promote(ctx, aid, "staging")
         if channel in PROTECTED_CHANNELS:
             return [f"buildctl promote {aid} --channel {channel}"]
         if channel != "staging":
-            promote_artifact(ctx, aid, channel)
+            promote(ctx, aid, channel)
         return []
 
     for g in before.groups:
@@ -398,7 +392,7 @@ def prepare(ctx: Context, target: UpgradeTarget, profiles: dict[str, BuildProfil
             if bp.cached is None:
                 built = run_build(ctx.settings, bp, say=say)
                 try:
-                    pub = publish_build(ctx, built, say=say)
+                    pub = publish(ctx, built, say=say)
                 finally:
                     shutil.rmtree(built.run_dir, ignore_errors=True)
                 aid = pub.build_key_owner or pub.artifact_id

@@ -2,7 +2,7 @@
 
 vLLM keeps per-process global state (one engine per process), so long-lived callers (a Prefect
 worker, a test session) validate in a child. The parent hands the child its settings and the
-request as JSON; the child runs :func:`buildctl.steps.pipeline.validate` and writes a
+request as JSON; the child runs :func:`buildctl.steps.validate.validate` and writes a
 :class:`ChildResult` (the attestation, or the error it hit) to a file the parent reads back. The
 child's exit status is not interpreted: the result file is the answer.
 
@@ -95,14 +95,14 @@ def main(argv: list[str] | None = None) -> int:
     """The child: validate, write the result file. Any error is reported in the file."""
     args = sys.argv[1:] if argv is None else argv
     request_path, result_path = Path(args[0]), Path(args[1])
-    from buildctl.steps import pipeline
+    from buildctl.steps import validate
     from buildctl.steps.context import Context
     from buildctl.core.errors import BuildctlError
 
     req = ChildRequest.model_validate_json(request_path.read_text())
     settings = Settings(**req.settings)
     try:
-        res = pipeline.validate(Context.from_settings(settings), req.artifact_id,
+        res = validate.validate(Context.from_settings(settings), req.artifact_id,
                                          profile_path=req.profile_path, speed_budget=req.speed_budget,
                                          say=lambda m: (sys.stderr.write(f"{PHASE}{m}\n"), sys.stderr.flush()))
         out = ChildResult(attestation_id=res.attestation_id, attestation=res.attestation)

@@ -16,7 +16,7 @@ def test_profiles_are_found_from_any_directory_and_a_missing_directory_is_named(
     assert load_settings().profile_dir.resolve() == (REPO / "build_profiles").resolve()
     (tmp_path / "build_profiles").mkdir()  # a directory of one's own wins
     assert load_settings().profile_dir.resolve() == (tmp_path / "build_profiles").resolve()
-    from buildctl.steps.pipeline import load_profiles
+    from buildctl.steps.profiles import load_profiles
 
     with pytest.raises(NotFoundError, match="profile directory /nonexistent does not exist"):
         load_profiles(load_settings(profile_dir="/nonexistent"))

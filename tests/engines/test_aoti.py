@@ -13,7 +13,7 @@ import pytest
 import buildctl.artifact_store as ops
 from buildctl.artifact_store.errors import PreflightError
 from buildctl.artifact_store.node.install_dir import current_artifact, install_artifact
-from buildctl.steps import pipeline
+from buildctl.steps import build, host
 from buildctl.engines.aoti import AotiBackend
 from buildctl.engines.errors import EngineLoadError, IncompatibleTargetError
 from buildctl.engines.fingerprint import detect
@@ -54,10 +54,10 @@ def test_second_build_is_a_cache_hit_without_builder(tiny_build, monkeypatch):
     from buildctl.engines.aoti import AotiBackend
 
     monkeypatch.setattr(AotiBackend, "build", no_builder)  # the host check may construct the backend
-    monkeypatch.setattr(pipeline, "run_build", no_builder)
+    monkeypatch.setattr(build, "run_build", no_builder)
     monkeypatch.setattr("buildctl.engines.isolate.run_step", no_builder)
     t0 = time.monotonic()
-    again = pipeline.build(Context.from_settings(settings(), store=tiny_build["store"]), tiny_build["profile"])
+    again = build.build(Context.from_settings(settings(), store=tiny_build["store"]), tiny_build["profile"])
     hit_s = time.monotonic() - t0
     assert again.cache_hit and again.artifact_id == tiny_build["outcome"].artifact_id
     assert hit_s < 0.2 * tiny_build["first_s"], (hit_s, tiny_build["first_s"])
@@ -211,7 +211,7 @@ def test_pull_installs_an_engine_that_loads_and_generates(tiny_build, cli, tmp_p
 def test_preflight_keeps_a_foreign_engine_from_becoming_current(tiny_build, tmp_path, monkeypatch):
     store, aid = tiny_build["store"], tiny_build["outcome"].artifact_id
     dest = tmp_path / "node"
-    install_artifact(store, aid, dest, preflight=pipeline.preflight_for(settings()))
+    install_artifact(store, aid, dest, preflight=host.preflight_for(settings()))
     assert current_artifact(dest) == aid
     other = detect().model_copy(update={"torch_version": "2.99.0"})
     fp = tmp_path / "other-host.json"
@@ -219,7 +219,7 @@ def test_preflight_keeps_a_foreign_engine_from_becoming_current(tiny_build, tmp_
     monkeypatch.setenv("BUILDCTL_FINGERPRINT_FILE", str(fp))  # the preflight subprocess sees "another host"
     dest2 = tmp_path / "node2"
     with pytest.raises(PreflightError) as exc:
-        install_artifact(store, aid, dest2, preflight=pipeline.preflight_for(settings()))
+        install_artifact(store, aid, dest2, preflight=host.preflight_for(settings()))
     assert "torch" in str(exc.value) and "2.99.0" in str(exc.value)
     assert current_artifact(dest2) is None and not list(dest2.glob(".staging-*"))
 
@@ -234,15 +234,15 @@ def test_a_build_that_waited_for_its_slot_takes_the_artifact_a_concurrent_run_pu
 
     store = open_store(f"file://{tmp_path / 'store'}")
     ctx = Context.from_settings(settings(), store=store)
-    plan = pipeline.plan_build(ctx, tiny_build["profile"])
+    plan = build.plan_build(ctx, tiny_build["profile"])
     assert plan.cached is None  # nothing built yet when it planned
-    winner = pipeline.import_engine(ctx, tiny_build["engine"], tiny_build["profile"], plan.fingerprint,
+    winner = build.import_engine(ctx, tiny_build["engine"], tiny_build["profile"], plan.fingerprint,
                                     model_digest=plan.model_digest)  # the other run, meanwhile
     assert ops.get_manifest(store, winner.artifact_id).build_key == plan.build_key
 
     def no_builder(*a, **k):
         raise AssertionError("a second build of one build key")
 
-    monkeypatch.setattr(pipeline, "run_build", no_builder)
-    got = pipeline.build_in_slot(ctx, plan, nullcontext())
+    monkeypatch.setattr(build, "run_build", no_builder)
+    got = build.build_in_slot(ctx, plan, nullcontext())
     assert got == winner.artifact_id

@@ -128,13 +128,13 @@ def test_the_cache_is_sized_from_the_profile():
 
 @pytest.fixture(scope="module")
 def llama():
-    from buildctl.steps import pipeline
+    from buildctl.steps import profiles
     from buildctl.engines.kv_llama import EagerKVModel
     from buildctl.engines.profile import load_profile
 
     from ..support.helpers import PROFILES, settings
 
-    model_dir = pipeline.resolve_model(settings(), load_profile(PROFILES / "tiny-llama-cpu.yaml"))
+    model_dir = profiles.resolve_model(settings(), load_profile(PROFILES / "tiny-llama-cpu.yaml"))
     return model_dir, EagerKVModel(str(model_dir))
 
 

@@ -72,7 +72,7 @@ def fuzz_env(tmp_path_factory):
     from buildctl.artifact_store.backends.store import open_store
     from buildctl.engines.fingerprint import detect
     from buildctl.engines.profile import load_profile
-    from buildctl.steps.pipeline import manifest_draft
+    from buildctl.steps.build import manifest_draft
 
     from ..support.helpers import PROFILES, publish_files, staged
 

@@ -96,7 +96,7 @@ def test_every_command_with_wrong_names_and_places_says_which_with_a_documented_
     from buildctl.artifact_store.backends.store import open_store
     from buildctl.engines.fingerprint import detect
     from buildctl.engines.profile import load_profile
-    from buildctl.steps.pipeline import manifest_draft
+    from buildctl.steps.build import manifest_draft
 
     store = open_store(f"file://{tmp_path / 'store'}")
     draft = manifest_draft(load_profile(PROFILES / "tiny-llama-cpu.yaml"), detect())

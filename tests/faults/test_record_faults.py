@@ -68,7 +68,7 @@ def base(tmp_path_factory, draft_module):
 def draft_module():
     from buildctl.engines.fingerprint import detect
     from buildctl.engines.profile import load_profile
-    from buildctl.steps.pipeline import manifest_draft
+    from buildctl.steps.build import manifest_draft
 
     from ..support.helpers import PROFILES
 

@@ -119,7 +119,7 @@ def test_production_channels_are_refused_by_the_flow(prefect_api, in_repo):
     from prefect.exceptions import ParameterTypeError
 
     from buildctl.core.errors import BadInputError
-    from buildctl.steps.pipeline import check_automatic_promotion
+    from buildctl.steps.promote import check_automatic_promotion
 
     with pytest.raises(ParameterTypeError, match="promote_to"):  # refused by its type, before the run starts
         build_validate_publish(profile="tiny-llama-cpu", promote_to="prod")
@@ -481,7 +481,7 @@ def test_a_cache_hit_on_new_soft_values_is_rechecked_not_rebuilt(prefect_api, in
     summary says so and no builder runs."""
     import json
 
-    from buildctl.steps import pipeline
+    from buildctl.steps import build
     from buildctl.artifact_store.trust.attestations import list_attestations
     from buildctl.artifact_store.backends.store import open_store
     from buildctl.artifact_store.read import list_artifacts
@@ -497,7 +497,7 @@ def test_a_cache_hit_on_new_soft_values_is_rechecked_not_rebuilt(prefect_api, in
     ensure_limit("test-builds", 1)
     store = open_store("file://" + str(tmp_path / "store"))
     here = detect()
-    res = pipeline.import_engine(Context.from_settings(settings(), store=store), tiny_build["engine"],
+    res = build.import_engine(Context.from_settings(settings(), store=store), tiny_build["engine"],
                                  tiny_build["profile"], here, model_digest=tiny_build["outcome"].model_digest)
     write_attestation(store, res.artifact_id, here.compat_key("aoti"), "pass", validator=here)
     after = here.model_copy(update={"compiler_version": "gcc 13.2.0"})
@@ -525,7 +525,7 @@ def test_a_recheck_on_a_worker_with_other_soft_values_refuses_at_once(prefect_ap
     import json
 
     from buildctl.steps import fleet
-    from buildctl.steps import pipeline
+    from buildctl.steps import build
     from buildctl.artifact_store.trust.attestations import list_attestations
     from buildctl.artifact_store.backends.store import open_store
     from buildctl.steps.context import Context
@@ -542,7 +542,7 @@ def test_a_recheck_on_a_worker_with_other_soft_values_refuses_at_once(prefect_ap
     ensure_limit("test-builds", 1)
     store = open_store("file://" + str(tmp_path / "store"))
     worker = detect()
-    res = pipeline.import_engine(Context.from_settings(settings(), store=store), tiny_build["engine"],
+    res = build.import_engine(Context.from_settings(settings(), store=store), tiny_build["engine"],
                                  tiny_build["profile"], worker, model_digest=tiny_build["outcome"].model_digest)
     write_attestation(store, res.artifact_id, worker.compat_key("aoti"), "pass", validator=worker)  # the worker's own
     node = worker.model_copy(update={"compiler_version": "gcc 13.2.0"})  # soft for aoti: same compat key

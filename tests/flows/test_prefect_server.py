@@ -313,7 +313,7 @@ def test_builds_are_routed_to_workers_of_their_compat_key(tmp_path, tiny_build, 
     deployments from prefect.yaml (`prefect deploy --all`, no prompt), and three builds: each of the
     first two lands on the matching worker and completes (a worker of the other key would fail it
     with IncompatibleTargetError); the third, for a key no worker serves, waits."""
-    from buildctl.steps import pipeline
+    from buildctl.steps import build
     from buildctl.artifact_store.backends.store import open_store
 
     from ..support.helpers import settings, write_attestation
@@ -327,7 +327,7 @@ def test_builds_are_routed_to_workers_of_their_compat_key(tmp_path, tiny_build, 
     keys = {name: fp.compat_key("aoti") for name, fp in fps.items()}
     imported = {}
     for name in ("a", "b"):  # each key already has a validated artifact: the runs are cache hits
-        res = pipeline.import_engine(Context.from_settings(settings(), store=store), tiny_build["engine"], tiny_build["profile"], fps[name],
+        res = build.import_engine(Context.from_settings(settings(), store=store), tiny_build["engine"], tiny_build["profile"], fps[name],
                                      model_digest=tiny_build["outcome"].model_digest)
         write_attestation(store, res.artifact_id, keys[name], "pass", validator=fps[name])
         imported[name] = res.artifact_id
@@ -469,7 +469,7 @@ def prepare_upgrade_readies_a_two_fingerprint_fleet(url: str, env: dict, tmp_pat
     rebuild, not two: the first part already routes a run to each key's queue, and a second
     rebuild with its validation doubled this test's time past CI's budget.)"""
     from buildctl.steps import fleet
-    from buildctl.steps import pipeline
+    from buildctl.steps import build
     from buildctl.artifact_store.backends.store import open_store
     from buildctl.artifact_store.promotion import promote
 
@@ -479,7 +479,7 @@ def prepare_upgrade_readies_a_two_fingerprint_fleet(url: str, env: dict, tmp_pat
     gcc = fps["a"].compiler_version
     for name in ("a", "b"):
         before = fps[name].model_copy(update={"compiler_version": "gcc 11.4.0"})
-        res = pipeline.import_engine(Context.from_settings(settings(), store=store2), tiny_build["engine"],
+        res = build.import_engine(Context.from_settings(settings(), store=store2), tiny_build["engine"],
                                      tiny_build["profile"], before, model_digest=tiny_build["outcome"].model_digest)
         write_attestation(store2, res.artifact_id, keys[name], "pass", validator=before)
         if name == "b":
@@ -611,7 +611,7 @@ def test_a_driver_upgrade_recheck_goes_to_the_worker_with_the_nodes_soft_values(
     gets a run that pages: its re-check waits on its queue and the driver-upgrade run ends Failed
     naming that queue."""
     from buildctl.steps import fleet
-    from buildctl.steps import pipeline
+    from buildctl.steps import build
     from buildctl.artifact_store.trust.attestations import list_attestations
     from buildctl.artifact_store.backends.store import open_store
 
@@ -626,7 +626,7 @@ def test_a_driver_upgrade_recheck_goes_to_the_worker_with_the_nodes_soft_values(
            "new": base.model_copy(update={"compiler_version": "gcc 13.2.0"})}
     key = base.compat_key("aoti")
     assert {fp.compat_key("aoti") for fp in fps.values()} == {key}
-    res = pipeline.import_engine(Context.from_settings(settings(), store=store), tiny_build["engine"],
+    res = build.import_engine(Context.from_settings(settings(), store=store), tiny_build["engine"],
                                  tiny_build["profile"], fps["old"], model_digest=tiny_build["outcome"].model_digest)
     write_attestation(store, res.artifact_id, key, "pass", validator=fps["old"])
     env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect-home"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",

@@ -238,7 +238,7 @@ def test_cache_check_quarantines_a_rotted_hit_and_rebuilds(store_uri, hf_model, 
 def test_validation_quarantines_an_artifact_whose_store_copy_is_bad(tmp_path, draft):
     """The validator pulls the artifact with verification first: bad bytes quarantine it before
     any engine or reference runs (the reference given here would fail if it were used)."""
-    from buildctl.steps import pipeline
+    from buildctl.steps import validate
     from buildctl.artifact_store.errors import VerificationError
     from buildctl.artifact_store.quarantine import active_quarantine
 
@@ -246,7 +246,7 @@ def test_validation_quarantines_an_artifact_whose_store_copy_is_bad(tmp_path, dr
     aid = ops.publish_tree(store, make_tree(tmp_path / "e", {"engine.json": b"{}", "model.pt2": 50_000}), draft).artifact_id
     rot(store, digest_of(store, aid, "model.pt2"), "flip")
     with pytest.raises(VerificationError) as exc:
-        pipeline.validate(Context.from_settings(settings(), store=store), aid, profile_path=PROFILES / "tiny-llama-cpu.yaml",
+        validate.validate(Context.from_settings(settings(), store=store), aid, profile_path=PROFILES / "tiny-llama-cpu.yaml",
                                    reference=object())
     assert "model.pt2" in str(exc.value) and exc.value.quarantine_key
     assert "validation" in active_quarantine(store, aid)[1].reason

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from buildctl.steps import fleet
-from buildctl.steps import pipeline
+from buildctl.steps import build, host, profiles, promote
 from buildctl.steps import upgrade
 from buildctl.artifact_store.backends.store import open_store
 from buildctl.artifact_store.channels import channel_compat_keys, history, read_channel
@@ -61,13 +61,13 @@ REFS = [(CPU, "staging", "cpu"), (CPU, "prod", "cpu"), (TRT, "staging", "h100"),
 
 def test_every_channel_of_an_old_store_still_resolves_for_its_nodes(legacy, tmp_path):
     store = legacy["store"]
-    for profile, ch, host in REFS:
-        fp = legacy["hosts"][host]
-        rec = resolve_channel(store, profile, ch, pipeline.host_compat_keys(fp))
-        assert rec.compat_key == legacy["old_keys"][host] != fp.compat_key(rec.compat_key.split("-")[0])
-        assert rec.artifact_id == legacy["artifacts"][host]
+    for profile, ch, hostname in REFS:
+        fp = legacy["hosts"][hostname]
+        rec = resolve_channel(store, profile, ch, host.host_compat_keys(fp))
+        assert rec.compat_key == legacy["old_keys"][hostname] != fp.compat_key(rec.compat_key.split("-")[0])
+        assert rec.artifact_id == legacy["artifacts"][hostname]
     # a real pull of an old ref: downloaded, verified, installed
-    res = pull(store, TRT, "prod", tmp_path / "node", pipeline.host_compat_keys(legacy["hosts"]["h100"]))
+    res = pull(store, TRT, "prod", tmp_path / "node", host.host_compat_keys(legacy["hosts"]["h100"]))
     assert res.installed and res.artifact_id == legacy["artifacts"]["h100"]
 
 
@@ -82,16 +82,16 @@ def test_migrate_keys_is_a_dry_run_by_default_and_then_repoints_every_ref(legacy
 
     code, out, err = cli("--store", legacy["uri"], "--json", "migrate-keys", "--apply")
     assert code == 0, err
-    for profile, ch, host in REFS:
-        fp = legacy["hosts"][host]
+    for profile, ch, hostname in REFS:
+        fp = legacy["hosts"][hostname]
         backend = "aoti" if profile == CPU else "trtllm"
         new = read_channel(store, profile, ch, fp.compat_key(backend))
-        assert new is not None and new[0].artifact_id == legacy["artifacts"][host]
-        assert new[0].action == "migrate-keys" and new[0].migrated_from == legacy["old_keys"][host]
-        assert legacy["old_keys"][host] in new[0].reason
-        assert read_channel(store, profile, ch, legacy["old_keys"][host]) is not None  # the old ref stays
+        assert new is not None and new[0].artifact_id == legacy["artifacts"][hostname]
+        assert new[0].action == "migrate-keys" and new[0].migrated_from == legacy["old_keys"][hostname]
+        assert legacy["old_keys"][hostname] in new[0].reason
+        assert read_channel(store, profile, ch, legacy["old_keys"][hostname]) is not None  # the old ref stays
         # nodes of this version now resolve the new key first
-        assert resolve_channel(store, profile, ch, pipeline.host_compat_keys(fp)).compat_key == fp.compat_key(backend)
+        assert resolve_channel(store, profile, ch, host.host_compat_keys(fp)).compat_key == fp.compat_key(backend)
         assert [r.seq for r in history(store, profile, ch, fp.compat_key(backend))] == [1]
 
     code, out, _ = cli("--store", legacy["uri"], "--json", "migrate-keys", "--apply")
@@ -102,7 +102,7 @@ def test_migrate_keys_is_a_dry_run_by_default_and_then_repoints_every_ref(legacy
 def test_an_old_artifact_promotes_and_rolls_back_under_its_new_key(legacy):
     store, ctx = legacy["store"], legacy["ctx"]
     l40s = legacy["hosts"]["l40s"]
-    rec = pipeline.promote_artifact(ctx, legacy["artifacts"]["l40s"], "prod")  # its attestation is under the old key
+    rec = promote.promote(ctx, legacy["artifacts"]["l40s"], "prod")  # its attestation is under the old key
     assert rec.compat_key == l40s.compat_key("trtllm") and rec.artifact_id == legacy["artifacts"]["l40s"]
     upgrade.migrate_keys(ctx, apply=True)
     h100_key = legacy["hosts"]["h100"].compat_key("trtllm")
@@ -111,8 +111,8 @@ def test_an_old_artifact_promotes_and_rolls_back_under_its_new_key(legacy):
 
 
 def test_the_fleet_plan_builds_nothing_for_nodes_an_old_artifact_serves(legacy):
-    profiles = pipeline.load_profiles(settings())
-    assert fleet.fleet_plan(legacy["store"], profiles) == []
+    by_name = profiles.load_profiles(settings())
+    assert fleet.fleet_plan(legacy["store"], by_name) == []
     node = fleet.report_node(legacy["store"], "gpu-a-1", legacy["hosts"]["h100"], [TRT])
     assert not node.compat_changed and not node.soft_changed  # schema-1 keys on record are not a change
 
@@ -130,7 +130,7 @@ def states(p) -> dict[str, dict[str, str]]:
 
 def test_a_mixed_fleet_gives_the_right_plan_table(legacy):
     store, ctx = legacy["store"], legacy["ctx"]
-    profiles = pipeline.load_profiles(settings())
+    by_name = profiles.load_profiles(settings())
     l40s = legacy["hosts"]["l40s"]
     fleet.report_node(store, "gpu-b-1", l40s, [TRT])
     a100 = l40s.model_copy(update={"gpus": (GpuInfo(name="NVIDIA A100-SXM4-80GB", sm="8.0", memory_mib=81920),)})
@@ -139,7 +139,7 @@ def test_a_mixed_fleet_gives_the_right_plan_table(legacy):
     # A driver-branch upgrade: soft for trtllm. H100 on prod: its artifact exists for the (same)
     # key but was validated on 550 -> re-check. L40S: staging only, nothing on prod, artifact
     # exists -> re-check. A100: no artifact -> build. The CPU node: aoti does not care -> ready.
-    p = upgrade.plan(ctx, target(driver_version="560.35.03"), profiles)
+    p = upgrade.plan(ctx, target(driver_version="560.35.03"), by_name)
     assert states(p) == {"gpu-a-1": {TRT: "re-check"}, "gpu-a-2": {TRT: "re-check"}, "gpu-b-1": {TRT: "re-check"},
                          "gpu-c-1": {TRT: "build"}, "cpu-1": {CPU: "ready"}}
     h100 = next(g for g in p.groups if g.nodes == ["gpu-a-1", "gpu-a-2"])
@@ -151,14 +151,14 @@ def test_a_mixed_fleet_gives_the_right_plan_table(legacy):
     assert p.counts() == {"ready": 1, "re-check": 3, "build": 1}
 
     # A field no backend's engines depend on: every node whose channel covers it is ready.
-    assert states(upgrade.plan(ctx, target(torch_version="2.8.0"), profiles, nodes_glob="gpu-a-*")) == {
+    assert states(upgrade.plan(ctx, target(torch_version="2.8.0"), by_name, nodes_glob="gpu-a-*")) == {
         "gpu-a-1": {TRT: "ready"}, "gpu-a-2": {TRT: "ready"}}
     # A TensorRT-LLM upgrade: hard, a new key with no artifact.
-    assert {s[TRT] for n, s in states(upgrade.plan(ctx, target(tensorrt_llm_version="1.2.2"), profiles)).items()
+    assert {s[TRT] for n, s in states(upgrade.plan(ctx, target(tensorrt_llm_version="1.2.2"), by_name)).items()
             if n.startswith("gpu")} == {"build"}
     # A key no worker serves is blocked, naming its queue.
     served = {legacy["hosts"]["h100"].compat_key("trtllm")}
-    blocked = upgrade.plan(ctx, target(driver_version="560.35.03"), profiles, served=served)
+    blocked = upgrade.plan(ctx, target(driver_version="560.35.03"), by_name, served=served)
     c = next(g for g in blocked.groups if g.nodes == ["gpu-c-1"])
     assert c.state == "blocked" and f"no worker serves queue {a100.compat_key('trtllm')}" in c.detail
     # #48 item 13: a re-check goes to the queue of its key and the projected soft values, which only a
@@ -169,20 +169,20 @@ def test_a_mixed_fleet_gives_the_right_plan_table(legacy):
     a1 = next(g for g in blocked.groups if g.nodes == ["gpu-a-1", "gpu-a-2"])
     assert a1.state == "blocked" and f"no worker serves queue {soft_queue} (needed to re-check)" in a1.detail
     assert a1.queue == soft_queue and "driver_version=560.35.03" in a1.detail
-    served_soft = upgrade.plan(ctx, target(driver_version="560.35.03"), profiles, served=served | {soft_queue})
+    served_soft = upgrade.plan(ctx, target(driver_version="560.35.03"), by_name, served=served | {soft_queue})
     assert states(served_soft)["gpu-a-1"] == {TRT: "re-check"}
     # Below a floor: CUDA 12 needs a 525 driver.
-    low = upgrade.plan(ctx, target(driver_version="520.61.05"), profiles, nodes_glob="gpu-a-1")
+    low = upgrade.plan(ctx, target(driver_version="520.61.05"), by_name, nodes_glob="gpu-a-1")
     assert low.groups[0].state == "blocked" and "CUDA 12 needs driver >= 525.60.13" in low.groups[0].detail
 
 
 def test_a_staging_artifact_that_covers_the_target_is_to_promote(legacy):
-    profiles = pipeline.load_profiles(settings())
+    by_name = profiles.load_profiles(settings())
     fleet.report_node(legacy["store"], "gpu-b-1", legacy["hosts"]["l40s"], [TRT])
-    p = upgrade.plan(legacy["ctx"], target(torch_version="2.8.0"), profiles, nodes_glob="gpu-b-*")
+    p = upgrade.plan(legacy["ctx"], target(torch_version="2.8.0"), by_name, nodes_glob="gpu-b-*")
     (g,) = p.groups
     assert g.state == "promote" and f"buildctl promote {legacy['artifacts']['l40s']} --channel prod" in g.detail
-    assert upgrade.plan(legacy["ctx"], target(torch_version="2.8.0"), profiles, nodes_glob="gpu-b-*",
+    assert upgrade.plan(legacy["ctx"], target(torch_version="2.8.0"), by_name, nodes_glob="gpu-b-*",
                         channel="staging").groups[0].state == "ready"
 
 
@@ -256,14 +256,14 @@ def tiny_fleet(tiny_build, quick_profiles, tmp_path, monkeypatch):
     monkeypatch.setenv("BUILDCTL_STORE", store.uri)
     here = detect()
     ctx = Context.from_settings(settings(), store=store)
-    res = pipeline.import_engine(ctx, tiny_build["engine"], tiny_build["profile"], here,
+    res = build.import_engine(ctx, tiny_build["engine"], tiny_build["profile"], here,
                                  model_digest=tiny_build["outcome"].model_digest)
     write_attestation(store, res.artifact_id, here.compat_key("aoti"), "pass", validator=here)
     promote(store, staged(store, res.artifact_id), "prod")
     for node in ("cpu-1", "cpu-2"):
         fleet.report_node(store, node, here, [CPU])
     return {"store": store, "ctx": ctx, "here": here, "artifact": res.artifact_id, "tmp": tmp_path,
-            "profiles": pipeline.load_profiles(settings())}
+            "profiles": profiles.load_profiles(settings())}
 
 
 def host_file(tmp_path: Path, fp: Fingerprint, monkeypatch) -> Fingerprint:

@@ -12,7 +12,7 @@ import pytest
 
 import buildctl.artifact_store as ops
 from buildctl.artifact_store.backends.store import open_store
-from buildctl.steps import pipeline
+from buildctl.steps import build, validate
 from buildctl.engines.aoti import AotiBackend
 from buildctl.engines.fingerprint import detect
 from buildctl.validators.errors import ModelMismatchError, ValidationFailedError, ValidationInconclusiveError
@@ -29,14 +29,14 @@ def fresh_store(tiny_build, tmp_path, engine_dir: Path | None = None, model_dige
     store = open_store(str(tmp_path / "store"))
     fp = detect()
     digest = tiny_build["outcome"].model_digest if model_digest == "same" else model_digest
-    res = pipeline.import_engine(Context.from_settings(settings(), store=store), engine_dir or tiny_build["engine"], tiny_build["profile"], fp, model_digest=digest)
+    res = build.import_engine(Context.from_settings(settings(), store=store), engine_dir or tiny_build["engine"], tiny_build["profile"], fp, model_digest=digest)
     return store, res.artifact_id
 
 
 @pytest.mark.speedgate
 def test_aoti_engine_passes_against_vllm_and_can_be_promoted(tiny_build, vllm_reference, tmp_path, cli):
     store, aid = fresh_store(tiny_build, tmp_path)
-    res = pipeline.validate(Context.from_settings(settings(), store=store), aid, profile_path=TINY, reference=vllm_reference)
+    res = validate.validate(Context.from_settings(settings(), store=store), aid, profile_path=TINY, reference=vllm_reference)
     att = res.attestation
     assert res.passed and att.verdict == "pass" and att.reasons == () and att.schema_version == 2
     assert att.parity.failed == 0 and att.parity.identical == att.parity.prompts >= 16
@@ -100,7 +100,7 @@ def test_slow_candidate_fails_the_speed_gate_and_blocks_promotion(tiny_build, vl
     profile = tiny_profile_with_speed(tmp_path, levels={c: {"min_throughput_ratio": round(g, 3)} for c, g in gates.items()})
     store, aid = fresh_store(tiny_build, tmp_path)
     with pytest.raises(ValidationFailedError) as exc:
-        pipeline.validate(Context.from_settings(settings(), store=store), aid, profile_path=profile, reference=vllm_reference,
+        validate.validate(Context.from_settings(settings(), store=store), aid, profile_path=profile, reference=vllm_reference,
                           wrap_candidate=lambda r: SlowedRunner(r, 1.5))
     assert not isinstance(exc.value, ValidationInconclusiveError)
     assert any("throughput ratio" in r and "fails the gate" in r for r in exc.value.reasons)
@@ -150,7 +150,7 @@ def test_an_undecidable_speed_gate_records_inconclusive_and_promote_refuses_it(t
     profile = tiny_profile_with_speed(tmp_path, {**UNDECIDABLE, "min_throughput_ratio": threshold})
     store, aid = fresh_store(tiny_build, tmp_path)
     with pytest.raises(ValidationInconclusiveError) as exc:
-        pipeline.validate(Context.from_settings(settings(), store=store), aid, profile_path=profile, reference=vllm_reference,
+        validate.validate(Context.from_settings(settings(), store=store), aid, profile_path=profile, reference=vllm_reference,
                           wrap_candidate=Alternating)
     assert "inconclusive" in str(exc.value) and "--speed-budget 2" in str(exc.value)
     assert f"straddles the gate >= {threshold}" in str(exc.value)  # the interval is in the message
@@ -199,7 +199,7 @@ def test_perturbed_weights_fail_parity_exit_5(tiny_build, quick_profiles, tmp_pa
 def test_engine_from_other_weights_is_refused_before_running(tiny_build, tmp_path):
     store, aid = fresh_store(tiny_build, tmp_path, model_digest="xxh3-128:" + "e" * 32)
     with pytest.raises(ModelMismatchError):
-        pipeline.validate(Context.from_settings(settings(), store=store), aid, profile_path=TINY, reference=object())  # never used
+        validate.validate(Context.from_settings(settings(), store=store), aid, profile_path=TINY, reference=object())  # never used
     assert ops.list_attestations(store, aid) == []
 
 
@@ -209,7 +209,7 @@ def test_user_prompt_file(tiny_build, vllm_reference, quick_profiles, tmp_path):
     f.write_text('{"prompt_token_ids": [1, 5, 9, 13]}\n\n{"prompt": "Channels point at"}\n')
     quick = quick_profiles / "tiny-llama-cpu.yaml"  # this test is about the prompt set, not the speed gate
     try:
-        pipeline.validate(Context.from_settings(settings(), store=store), aid, profile_path=quick, prompts_file=f, reference=vllm_reference)
+        validate.validate(Context.from_settings(settings(), store=store), aid, profile_path=quick, prompts_file=f, reference=vllm_reference)
     except ValidationFailedError:
         pass  # this test is about the prompt set; the verdict's speed part depends on machine noise
     att = ops.list_attestations(store, aid)[-1].attestation
@@ -219,5 +219,5 @@ def test_user_prompt_file(tiny_build, vllm_reference, quick_profiles, tmp_path):
     from buildctl.validators.errors import PromptFileError
 
     with pytest.raises(PromptFileError) as exc:
-        pipeline.validate(Context.from_settings(settings(), store=store), aid, profile_path=quick, prompts_file=f, reference=vllm_reference)
+        validate.validate(Context.from_settings(settings(), store=store), aid, profile_path=quick, prompts_file=f, reference=vllm_reference)
     assert exc.value.line == 1

@@ -1,6 +1,6 @@
 """Build provenance: an in-toto Statement v1 with a SLSA Provenance v1 predicate, in a DSSE envelope.
 
-Every build writes one (:func:`buildctl.steps.pipeline.publish_build`), signed with the builder key and
+Every build writes one (:func:`buildctl.steps.build.publish`), signed with the builder key and
 stored create-only at ``provenance/<artifact hex>.json``, beside the manifest. It says what built
 what, in the standard form other tools read (docs/provenance.md has the field-by-field meaning):
 

@@ -98,9 +98,9 @@ def test_the_schema_check_can_fail():
 
 
 def _build(tmp_path: Path, ctx: Context, *, seed: int = 1, calibration: bool = False):
-    """pipeline.publish_build over an engine tree made here (the real aoti build is the slow test
+    """build.publish over an engine tree made here (the real aoti build is the slow test
     below): a plan for the tiny profile and a small checkpoint directory."""
-    from buildctl.steps import pipeline
+    from buildctl.steps import build
     from buildctl.artifact_store.manifest import tree_digests, tree_stat
     from buildctl.engines.buildkey import build_key_for
     from buildctl.engines.fingerprint import detect
@@ -113,14 +113,14 @@ def _build(tmp_path: Path, ctx: Context, *, seed: int = 1, calibration: bool = F
                       seed=seed)
     stamps = tree_stat(model)
     digest, blake3 = tree_digests(model)
-    plan = pipeline.BuildPlan(profile, fp, model, digest, blake3, stamps, build_key_for(profile, digest, fp),
+    plan = build.BuildPlan(profile, fp, model, digest, blake3, stamps, build_key_for(profile, digest, fp),
                               fp.compat_key(profile.engine.backend), None)
     run = tmp_path / f"run{seed}"
     engine = make_tree(run / "engine", {"model.pt2": 70_000, "record.json": b"{}"}, seed=seed)
     (run / "build.log").write_text("$ python -m buildctl.engines.aoti_compile\nok\n")
     cmd = (("python", "-m", "buildctl.engines.aoti_compile", "--model", str(model)),)
-    built = pipeline.BuiltEngine(plan, run, engine, run / "build.log", 1.0, {"torch": "2.13.0"}, cmd, utc_now(), utc_now())
-    return pipeline.publish_build(ctx, built), plan
+    built = build.BuiltEngine(plan, run, engine, run / "build.log", 1.0, {"torch": "2.13.0"}, cmd, utc_now(), utc_now())
+    return build.publish(ctx, built), plan
 
 
 @pytest.fixture
@@ -170,16 +170,16 @@ def test_a_build_writes_provenance_that_validates_and_names_its_inputs(ctx, stor
 
 
 def test_a_checkpoint_changed_during_the_build_publishes_nothing(ctx, store, tmp_path, monkeypatch):
-    from buildctl.steps import pipeline
+    from buildctl.steps import build
     from buildctl.engines.errors import ModelSourceError
 
-    real = pipeline.tree_stat
+    real = build.tree_stat
 
     def changed(path):
         (Path(path) / "model.safetensors").write_bytes(b"swapped")  # the checkpoint changes under the build
         return real(path)
 
-    monkeypatch.setattr(pipeline, "tree_stat", changed)
+    monkeypatch.setattr(build, "tree_stat", changed)
     with pytest.raises(ModelSourceError, match="changed during the build"):
         _build(tmp_path, ctx)
     assert list(store.list("manifests/")) == []
@@ -193,7 +193,7 @@ def test_a_build_reads_its_checkpoint_once_and_a_file_changed_since_is_caught_by
     import os
 
     import buildctl.artifact_store.manifest as manifest_mod
-    from buildctl.steps import pipeline
+    from buildctl.steps import build
     from buildctl.artifact_store.manifest import tree_digests
     from buildctl.engines.errors import ModelSourceError
     from buildctl.engines.fingerprint import detect
@@ -212,13 +212,13 @@ def test_a_build_reads_its_checkpoint_once_and_a_file_changed_since_is_caught_by
 
     monkeypatch.setattr(manifest_mod, "file_hasher", counted)
     profile, fp = load_profile(PROFILES / "tiny-llama-cpu.yaml"), detect()
-    plan = pipeline.plan_build(ctx, profile, model=str(model), fingerprint=fp)
+    plan = build.plan_build(ctx, profile, model=str(model), fingerprint=fp)
     run = tmp_path / "run"
     engine = make_tree(run / "engine", {"model.pt2": 7_000, "record.json": b"{}"})
     (run / "build.log").write_text("ok\n")
-    built = pipeline.BuiltEngine(plan, run, engine, run / "build.log", 1.0, {"torch": "2.13.0"}, (), utc_now(), utc_now())
-    draft = pipeline.manifest_draft(profile, fp)
-    facts = pipeline.build_facts(ctx, built, draft)
+    built = build.BuiltEngine(plan, run, engine, run / "build.log", 1.0, {"torch": "2.13.0"}, (), utc_now(), utc_now())
+    draft = build.manifest_draft(profile, fp)
+    facts = build.build_facts(ctx, built, draft)
     size = sum(p.stat().st_size for p in model.rglob("*") if p.is_file())
     assert sum(hashed) == size  # each byte of the checkpoint hashed once, for both digests
     monkeypatch.setattr(manifest_mod, "file_hasher", real)
@@ -230,7 +230,7 @@ def test_a_build_reads_its_checkpoint_once_and_a_file_changed_since_is_caught_by
     target.write_bytes(bytes(data))  # same size, and its mtime put back: the ctime still moves
     os.utime(target, ns=(st.st_atime_ns, st.st_mtime_ns))
     with pytest.raises(ModelSourceError, match=r"changed during the build \(model.safetensors\)"):
-        pipeline.build_facts(ctx, built, draft)
+        build.build_facts(ctx, built, draft)
 
 
 VALIDATOR = make_signer()
@@ -253,12 +253,12 @@ def _trusting(ctx, builder):
 
 def test_prod_requires_provenance_signed_by_a_builder_with_the_profiles_inputs(ctx, store, tmp_path, draft):
     from buildctl.artifact_store.trust.provenance import TreeRef
-    from buildctl.steps.pipeline import promote_artifact
+    from buildctl.steps.promote import promote
 
     builder, other = make_signer(), make_signer()
     tctx = _trusting(ctx, builder)
     ok = _promotable(store, tmp_path, draft, "ok", 1, signer=builder)
-    assert promote_artifact(tctx, ok, "prod").artifact_id == ok
+    assert promote(tctx, ok, "prod").artifact_id == ok
 
     cases = {
         "none": ({"write": False}, "no build provenance"),
@@ -273,19 +273,19 @@ def test_prod_requires_provenance_signed_by_a_builder_with_the_profiles_inputs(c
     for seed, (name, (prov, why)) in enumerate(cases.items(), start=2):
         aid = _promotable(store, tmp_path, draft, name, seed, **prov)
         with pytest.raises(PromotionRefusedError, match="provenance|no build provenance") as exc:
-            promote_artifact(tctx, aid, "prod")
+            promote(tctx, aid, "prod")
         assert why in str(exc.value), (name, str(exc.value))
-        assert promote_artifact(tctx, aid, "staging").artifact_id == aid  # staging takes it: prod only
+        assert promote(tctx, aid, "staging").artifact_id == aid  # staging takes it: prod only
     # provenance of other bytes, copied beside this manifest, is not this artifact's
     copied = _promotable(store, tmp_path, draft, "copied", 20, write=False)
     store.put_bytes(provenance_key(copied), store.get_bytes(provenance_key(ok)))
     with pytest.raises(PromotionRefusedError, match=f"provenance subject '{ok}'"):
-        promote_artifact(tctx, copied, "prod")
+        promote(tctx, copied, "prod")
     # break-glass, recorded; and the policy can be turned off
-    assert promote_artifact(tctx, copied, "prod", force=True, reason="imported by hand, INC-9").forced
+    assert promote(tctx, copied, "prod", force=True, reason="imported by hand, INC-9").forced
     lax = Context(ctx.settings.model_copy(update={"require_provenance": False}), store, tctx.auth)
     unsigned = _promotable(store, tmp_path, draft, "lax", 21, write=False)
-    assert promote_artifact(lax, unsigned, "prod").artifact_id == unsigned
+    assert promote(lax, unsigned, "prod").artifact_id == unsigned
 
 
 @pytest.mark.parametrize("payload", [b"[]", b'{"_type": "https://in-toto.io/Statement/v1", "subject": 7, "predicate": []}',
@@ -305,7 +305,7 @@ def test_malformed_provenance_is_refused_with_exit_5_not_a_crash(ctx, store, tmp
 def test_prod_checks_the_promoters_profile_not_only_the_manifests(ctx, store, tmp_path, draft):
     """The promoter's profile directory has the profile with other build-affecting settings: an
     artifact built from the old settings is refused for prod, though its provenance matches its manifest."""
-    from buildctl.steps.pipeline import promote_artifact
+    from buildctl.steps.promote import promote
 
     profiles = tmp_path / "profiles"
     profiles.mkdir()
@@ -316,10 +316,10 @@ def test_prod_checks_the_promoters_profile_not_only_the_manifests(ctx, store, tm
     tctx = _trusting(ctx, builder)
     moved = Context(ctx.settings.model_copy(update={"profile_dir": profiles}), store, tctx.auth)
     aid = _promotable(store, tmp_path, draft, "old", 1, signer=builder)
-    assert promote_artifact(tctx, aid, "prod")  # the checkout's profile: its build hash
+    assert promote(tctx, aid, "prod")  # the checkout's profile: its build hash
     aid2 = _promotable(store, tmp_path, draft, "old2", 2, signer=builder)
     with pytest.raises(PromotionRefusedError, match="is not the promoter's profile's build hash"):
-        promote_artifact(moved, aid2, "prod")
+        promote(moved, aid2, "prod")
 
 
 def test_gc_removes_an_artifacts_provenance_with_it(store, tmp_path, draft):
@@ -359,7 +359,7 @@ def test_only_artifacts_from_before_provenance_are_exempt(ctx, store, tmp_path, 
     manifest that names another schema 2 artifact as rehashed_from is not."""
     from buildctl.artifact_store.layout import manifest_key
     from buildctl.core.digest import digest_bytes
-    from buildctl.steps.pipeline import promote_artifact
+    from buildctl.steps.promote import promote
 
     real = _promotable(store, tmp_path, draft, "real", 1, write=False)
     forged = ops.get_manifest(store, real).model_copy(update={"rehashed_from": real})
@@ -369,7 +369,7 @@ def test_only_artifacts_from_before_provenance_are_exempt(ctx, store, tmp_path, 
     write_attestation(store, aid, draft.compat_key, signer=VALIDATOR)
     staged(store, aid, provenance=False)
     with pytest.raises(PromotionRefusedError, match="no build provenance"):
-        promote_artifact(ctx, aid, "prod")
+        promote(ctx, aid, "prod")
 
 
 # --- provenance_refusals, rule by rule (each rule's pass and its refusal) -------------------------

@@ -1,16 +1,13 @@
-"""The pipeline steps as plain functions: every decision of build, validate, promote and pull.
+"""Build with the build cache: plan, build in an isolated step, hash the checkpoint once, publish with provenance; and import an engine built elsewhere.
 
 The CLI and the Prefect flows both call these and add only their own concerns (argument
-parsing and printing; retries, concurrency, artifacts and events). A step that works on the store
-takes the :class:`~buildctl.steps.context.Context` (settings, store and authority, made once per
-command); one that needs only configuration takes the :class:`~buildctl.core.settings.Settings`.
+parsing and printing; retries, concurrency, artifacts and events).
 """
 
 from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -23,117 +20,33 @@ from urllib.parse import quote
 import buildctl
 from buildctl.core.digest import canonical_json, crypto_bytes, is_digest
 from buildctl.core.logtail import tailing
-from buildctl.engines.backend import Runner
 from buildctl.engines.buildkey import build_key_for
 from buildctl.engines.errors import (
     EngineBuildError,
-    FieldProblem,
     HostRequirementsError,
     IncompatibleTargetError,
     ModelSourceError,
-    PreflightLoadError,
-    ProfileError,
-    ProfileNotFoundError,
 )
 from buildctl.engines.fingerprint import Fingerprint, host_fingerprint
-from buildctl.engines.profile import BuildProfile, load_profile, profile_path
-from buildctl.engines.registry import backend_names, backend_of_engine_dir, get_backend
-from buildctl.steps.coverage import artifacts_for_key, coverage, serving_key
-from buildctl.steps.fleet import record_pull_failure
-from buildctl.artifact_store.fleet.inventory import PullFailure
-from buildctl.steps.context import Context
-from buildctl.core.errors import BadInputError, BuildctlError, BuildFailedError
+from buildctl.engines.profile import BuildProfile
+from buildctl.engines.registry import get_backend
+from buildctl.steps.coverage import artifacts_for_key
+from buildctl.steps.context import Context, Say, quiet
+from buildctl.core.errors import BadInputError, BuildFailedError
 from buildctl.core.settings import Settings
-from buildctl.artifact_store.trust.attestations import StoredAttestation, latest_attestation, list_attestations
-from buildctl.artifact_store.backends.store import ProgressFn, Store, open_store
-from buildctl.artifact_store.channels import ChannelRecord
-from buildctl.artifact_store.promotion import PROTECTED_CHANNELS, promote
-from buildctl.artifact_store.node.checkpoints import download_checkpoint
-from buildctl.artifact_store.errors import StoreArgumentError, UnknownChannelError, VerificationError
-from buildctl.artifact_store.layout import CHANNELS, provenance_key
-from buildctl.artifact_store.manifest import Manifest, tree_digests, tree_stat
-from buildctl.artifact_store.trust.provenance import BuildFacts, ExpectedInputs, TreeRef, write_provenance
+from buildctl.artifact_store.backends.store import ProgressFn, Store
+from buildctl.artifact_store.errors import VerificationError
+from buildctl.artifact_store.layout import provenance_key
+from buildctl.artifact_store.manifest import tree_digests, tree_stat
+from buildctl.artifact_store.trust.provenance import BuildFacts, TreeRef, write_provenance
 from buildctl.core.times import utc_now
 from buildctl.artifact_store.publish import ManifestDraft, PublishResult, lookup_build_key, publish_tree
-from buildctl.artifact_store.node.pull import resolve_channel
-from buildctl.artifact_store.fleet.waves import RolloutPlan
-from buildctl.artifact_store.upkeep.integrity import verify_recent_or_quarantine, verify_deep_or_quarantine
-from buildctl.artifact_store.read import get_manifest, get_manifest_and_bytes, resolve_artifact
-
-Say = Callable[[str], None]
+from buildctl.artifact_store.upkeep.integrity import verify_deep_or_quarantine
+from buildctl.artifact_store.read import get_manifest_and_bytes
+from buildctl.steps.profiles import profile_file, resolve_model
 
 
-def _quiet(_: str) -> None:
-    return None
 
-
-# --- profiles and models ---------------------------------------------------------------------
-
-
-def profile_file(settings: Settings, name: str) -> Path:
-    """Where the profile called ``name`` lives in the profile directory."""
-    return profile_path(name, settings.profile_dir)
-
-
-def profile_names(settings: Settings) -> tuple[str, ...]:
-    """The names of the profiles in the profile directory, sorted."""
-    return tuple(sorted(f.stem for f in Path(settings.profile_dir).glob("*.yaml")))
-
-
-def profile_by_name(settings: Settings, name: str) -> BuildProfile:
-    """The profile called ``name`` in the profile directory; a missing one lists those that exist."""
-    path = profile_file(settings, name)
-    if not path.is_file():
-        raise ProfileNotFoundError(str(path), profile_names(settings))
-    return load_profile(path)
-
-
-def load_profiles(settings: Settings) -> dict[str, BuildProfile]:
-    """Every profile in the profile directory, by name; a directory that does not exist is an
-    error naming it (run from elsewhere, ``build_profiles`` is not found relative to it)."""
-    if not Path(settings.profile_dir).is_dir():
-        from buildctl.core.errors import NotFoundError
-
-        raise NotFoundError(f"profile directory {settings.profile_dir} does not exist (set BUILDCTL_PROFILE_DIR)")
-    out = {}
-    for f in sorted(Path(settings.profile_dir).glob("*.yaml")):
-        p = load_profile(f)
-        out[p.name] = p
-    return out
-
-
-def find_profile(settings: Settings, name: str, expected_hash: str, path: str | Path | None = None) -> BuildProfile:
-    """An artifact's profile: ``path``, else ``<profile dir>/<name>.yaml``. Its build-affecting hash
-    must equal the artifact's (the gates may differ)."""
-    where = Path(path) if path else profile_file(settings, name)
-    profile = load_profile(where)
-    if profile.name != name or profile.build_hash() != expected_hash:
-        raise ProfileError(str(where), [FieldProblem("", "matches-artifact",
-                           f"profile {profile.name} ({profile.build_hash()}) is not the one the artifact was built "
-                           f"from ({name}, {expected_hash})")])
-    return profile
-
-
-def resolve_model(settings: Settings, profile: BuildProfile, override: str | None = None) -> Path:
-    """A local checkpoint directory for ``profile`` (``override`` replaces the profile's source).
-
-    ``s3://`` checkpoints are downloaded, verified, into the cache first; the tiny model is made or
-    taken from its cache.
-    """
-    src = override or profile.model.path or profile.model.uri
-    if src is None and profile.model.tiny is not None:
-        from buildctl.engines.tiny import make_tiny
-
-        return make_tiny(profile.model.tiny, settings.cache_dir)
-    if src is None:
-        raise ModelSourceError(profile.name, "the profile names no model source")
-    if src.startswith("s3://"):
-        dest = Path(settings.cache_dir) / "models" / src[len("s3://"):].replace("/", "_")
-        return download_checkpoint(open_store(src, endpoint_url=settings.endpoint_url), dest)
-    p = Path(src).expanduser()
-    if not (p / "config.json").is_file():
-        raise ModelSourceError(src, "not an HF checkpoint directory (no config.json)")
-    return p
 
 
 # --- manifests and import --------------------------------------------------------------------
@@ -169,47 +82,6 @@ def import_engine(ctx: Context, engine_dir: str | Path, profile: BuildProfile,
     return publish_tree(ctx.store, engine_dir, manifest_draft(profile, fingerprint, model_digest=model_digest),
                         on_bytes=on_bytes, auth=ctx.auth, grace_s=ctx.settings.gc_grace_s,
                         delete_window_s=ctx.settings.gc_delete_window_s)
-
-
-# --- preflight and engines -------------------------------------------------------------------
-
-PREFLIGHT_TIMEOUT_S = 900
-
-
-def preflight_for(settings: Settings) -> Callable[[Manifest, Path], None]:
-    """The preflight load of a staged engine by its manifest's backend, run in a subprocess so
-    that a crash while loading (a segfault in a C++ runtime, SIGILL from a foreign ISA) cannot take
-    the caller down. Raises :class:`PreflightLoadError` with the output's tail."""
-
-    def run(manifest: Manifest, staged: Path) -> None:
-        backend = manifest.backend
-        cmd = [sys.executable, "-m", "buildctl.engines.preflight", backend, str(staged)]
-        if settings.fingerprint_file:
-            cmd += ["--fingerprint-file", str(settings.fingerprint_file)]
-        try:
-            r = subprocess.run(cmd, capture_output=True, text=True, timeout=PREFLIGHT_TIMEOUT_S,
-                               stdin=subprocess.DEVNULL)
-        except subprocess.TimeoutExpired:
-            raise PreflightLoadError(backend, f"timed out after {PREFLIGHT_TIMEOUT_S}s") from None
-        if r.returncode != 0:
-            tail = "\n".join((r.stdout + r.stderr).strip().splitlines()[-5:])
-            how = f"killed by signal {-r.returncode}" if r.returncode < 0 else f"exit {r.returncode}"
-            raise PreflightLoadError(backend, f"({how}): {tail}")
-
-    return run
-
-
-def load_engine(settings: Settings, engine_dir: str | Path) -> Runner:
-    """Load an engine directory with its backend's runner."""
-    return get_backend(backend_of_engine_dir(engine_dir), settings).load(Path(engine_dir))
-
-
-def host_compat_keys(fingerprint: Fingerprint) -> list[str]:
-    """This host's compat key for every registered backend, in registration order, then its
-    schema-1 keys: a channel written before the hard/soft split resolves until ``migrate-keys``
-    gives it a ref under the new key, which then wins."""
-    keys = [fingerprint.compat_key(b) for b in backend_names()]
-    return list(dict.fromkeys(keys + [fingerprint.legacy_compat_key(b) for b in backend_names()]))
 
 
 # --- build with the build cache --------------------------------------------------------------
@@ -271,7 +143,7 @@ class BuiltEngine:
 
 def plan_build(ctx: Context, profile: BuildProfile, *, model: str | None = None,
                target_compat_key: str | None = None, fingerprint: Fingerprint | None = None,
-               rebuild_of: str | None = None, say: Say = _quiet) -> BuildPlan:
+               rebuild_of: str | None = None, say: Say = quiet) -> BuildPlan:
     """Check the target, resolve the model, compute the build key and look it up in the cache: by
     key first, then (for artifacts published under a schema-1 key) by the same inputs under this
     key. ``rebuild_of``: the artifact that failed its re-check here; the plan then has the rebuild's
@@ -325,7 +197,7 @@ def same_inputs_artifact(store: Store, profile: BuildProfile, model_digest: str,
     return None
 
 
-def run_build(settings: Settings, plan: BuildPlan, *, workdir: Path | None = None, say: Say = _quiet) -> BuiltEngine:
+def run_build(settings: Settings, plan: BuildPlan, *, workdir: Path | None = None, say: Say = quiet) -> BuiltEngine:
     """Run the backend's isolated build; a failure keeps the log and raises ``BuildFailedError``."""
     profile = plan.profile
     backend = get_backend(profile.engine.backend, settings)
@@ -352,7 +224,7 @@ def run_build(settings: Settings, plan: BuildPlan, *, workdir: Path | None = Non
 
 
 def build_in_slot(ctx: Context, plan: BuildPlan, slot: ContextManager, *, workdir: Path | None = None,
-                  say: Say = _quiet) -> BuiltEngine | str:
+                  say: Say = quiet) -> BuiltEngine | str:
     """Run the plan's build holding ``slot`` (the build pool's concurrency limit), after looking its
     build key up again inside it: a run that waited while another built and published the same key
     takes that artifact (returned as its id, deep-verified) instead of building it twice."""
@@ -368,7 +240,7 @@ def build_in_slot(ctx: Context, plan: BuildPlan, slot: ContextManager, *, workdi
         return run_build(ctx.settings, plan, workdir=workdir, say=say)
 
 
-def publish_build(ctx: Context, built: BuiltEngine, *, say: Say = _quiet) -> PublishResult:
+def publish(ctx: Context, built: BuiltEngine, *, say: Say = quiet) -> PublishResult:
     """Publish a built engine with its log and claim its build key; idempotent, so safe to retry."""
     plan = built.plan
     draft = manifest_draft(plan.profile, plan.fingerprint, model_digest=plan.model_digest,
@@ -433,7 +305,7 @@ def build(
     target_compat_key: str | None = None,
     fingerprint: Fingerprint | None = None,
     workdir: Path | None = None,
-    say: Say = _quiet,
+    say: Say = quiet,
 ) -> BuildOutcome:
     """Build the profile for this host and publish it, unless its build key already has an
     artifact that verifies (then no builder runs at all)."""
@@ -446,7 +318,7 @@ def build(
     built = run_build(ctx.settings, plan, workdir=workdir, say=say)
     try:
         t1 = time.monotonic()
-        pub = publish_build(ctx, built, say=say)
+        pub = publish(ctx, built, say=say)
         publish_s = time.monotonic() - t1
     finally:
         shutil.rmtree(built.run_dir, ignore_errors=True)
@@ -470,136 +342,3 @@ def _with_kept_log(err: BuildFailedError, kept: Path | None) -> BuildFailedError
         return EngineBuildError(err.backend, err.kind, err.detail, returncode=err.returncode, signal=err.signal,
                                 log_path=str(kept), log_tail=err.log_tail)
     return err
-
-
-# --- validation ------------------------------------------------------------------------------
-
-
-def validate(ctx: Context, artifact_ref: str, *, profile_path: str | Path | None = None,
-             prompts_file: str | Path | None = None, fingerprint: Fingerprint | None = None,
-             reference: Runner | None = None, wrap_candidate: Callable[[Runner], Runner] | None = None,
-             speed_budget: float = 1.0, say: Say = _quiet):
-    """Validate one artifact on this host against vLLM and store the attestation (see
-    :func:`buildctl.validators.validate.run_validation`). Resolves the artifact's profile and
-    model first. A failing verdict raises ``ValidationFailedError`` after the attestation is written
-    (``ValidationInconclusiveError`` when the speed gate could not decide within its budget, which
-    ``speed_budget`` scales)."""
-    from buildctl.validators.validate import run_validation
-
-    settings, store = ctx.settings, ctx.store
-    artifact_id = resolve_artifact(store, artifact_ref)
-    manifest = get_manifest(store, artifact_id)
-    profile = find_profile(settings, manifest.profile_name, manifest.profile_hash, profile_path)
-    return run_validation(settings, store, artifact_id, profile=profile, model_dir=resolve_model(settings, profile),
-                          prompts_file=prompts_file, fingerprint=fingerprint or host_fingerprint(settings),
-                          reference=reference, wrap_candidate=wrap_candidate, auth=ctx.auth,
-                          speed_budget=speed_budget, say=say)
-
-
-def passing_attestation(store: Store, artifact_id: str, compat_key: str) -> StoredAttestation | None:
-    """The newest attestation of the artifact for ``compat_key`` (or for the manifest's own key,
-    a schema-1 one whose hosts the new key includes), if it passed."""
-    keys = {compat_key, get_manifest(store, artifact_id).compat_key}
-    stored = latest_attestation(store, artifact_id, keys)
-    return stored if stored is not None and stored.attestation.passed else None
-
-
-def reusable_attestation(ctx: Context, artifact_id: str, compat_key: str,
-                         fingerprint: Fingerprint | None = None) -> StoredAttestation | None:
-    """A passing attestation that lets validation be skipped: the same bytes were judged on a host
-    with this compat key and, with ``fingerprint``, the same soft values (else validation runs: a
-    re-check), and the bytes are still those (a deep verify within the settings' window, or now; a
-    mismatch quarantines the artifact and raises)."""
-    if fingerprint is None:
-        stored = passing_attestation(ctx.store, artifact_id, compat_key)
-    else:
-        cov = coverage(ctx.store, artifact_id, get_manifest(ctx.store, artifact_id), fingerprint)
-        stored = next((a for a in list_attestations(ctx.store, artifact_id) if a.attestation_id == cov.attestation_id),
-                      None) if cov.covered else None
-    if stored is not None:
-        verify_recent_or_quarantine(ctx.store, artifact_id, detector="validation skip check", auth=ctx.auth)
-    return stored
-
-
-# --- promotion and pull ----------------------------------------------------------------------
-
-
-def check_automatic_promotion(channel: str) -> None:
-    """Flows promote only to non-production channels; CI promotes to the protected ones."""
-    if channel in PROTECTED_CHANNELS:
-        raise StoreArgumentError(f"the flow promotes to non-production channels only; promote to {channel!r} from CI")
-
-
-def promote_artifact(ctx: Context, artifact_ref: str, channel: str, *, force: bool = False,
-                     reason: str | None = None, rollout: RolloutPlan | None = None,
-                     trust_verify_within_s: float = 0.0, new_channel: bool = False) -> ChannelRecord:
-    """Promote through the gates, signed and attributed as the settings say; with ``rollout``,
-    in waves (the rollout-channel flow moves it on). The gate re-hashes every blob unless
-    ``trust_verify_within_s`` trusts a deep verify that recent. A channel outside the settings'
-    ``channels`` that the store does not have yet is refused unless ``new_channel``
-    (:class:`UnknownChannelError`, exit 2): a typo never creates a channel."""
-    manifest = get_manifest(ctx.store, resolve_artifact(ctx.store, artifact_ref))
-    check_channel_name(ctx, manifest.profile_name, channel, new_channel=new_channel)
-    key = serving_key(manifest)
-    # Artifacts published before provenance (schema 1 manifests, and their rehashed successors) have no
-    # build to describe: they are exempt, as they were promoted before (docs/provenance.md).
-    predates = manifest.schema_version < 2 or (manifest.rehashed_from is not None
-                                               and _schema_of(ctx.store, manifest.rehashed_from) < 2)
-    wanted = (expected_inputs(ctx.settings, manifest)
-              if ctx.settings.require_provenance and channel in PROTECTED_CHANNELS and not predates else None)
-    return promote(ctx.store, artifact_ref, channel, auth=ctx.auth, force=force, reason=reason, rollout=rollout,
-                   compat_key=key if key != manifest.compat_key else None, trust_verify_within_s=trust_verify_within_s,
-                   provenance=wanted)
-
-
-def check_channel_name(ctx: Context, profile: str, channel: str, *, new_channel: bool = False) -> None:
-    """A channel is known when the settings name it or the store has it for ``profile``."""
-    if new_channel or channel in ctx.settings.channels:
-        return
-    if next(iter(ctx.store.list(f"{CHANNELS}{profile}/{channel}/")), None) is not None:
-        return
-    raise UnknownChannelError(channel, list(ctx.settings.channels))
-
-
-def _schema_of(store: Store, artifact_id: str) -> int:
-    """The schema of an artifact's manifest; one that cannot be read counts as current (no exemption)."""
-    try:
-        return get_manifest(store, artifact_id).schema_version
-    except BuildctlError:
-        return 2
-
-
-def expected_inputs(settings: Settings, manifest: Manifest) -> ExpectedInputs:
-    """The inputs a production channel's artifact must have been built from: the promoter's profile
-    of that name where its profile directory has one (its build hash and calibration set), else the
-    profile the manifest names."""
-    where = profile_file(settings, manifest.profile_name)
-    if not where.is_file():
-        return ExpectedInputs(profile_name=manifest.profile_name, profile_hash=manifest.profile_hash)
-    profile = load_profile(where)
-    calib = profile.engine.calibration
-    return ExpectedInputs(profile_name=profile.name, profile_hash=profile.build_hash(),
-                          calibration_uri=calib.dataset if calib else None, calibration_size=calib.size if calib else None)
-
-
-def channel_target(ctx: Context, profile: str, channel: str,
-                   fingerprint: Fingerprint | None = None, node_id: str | None = None) -> tuple[ChannelRecord, Manifest]:
-    """The record and the manifest a pull on this host (as ``node_id``, during a rollout) would install."""
-    rec = resolve_channel(ctx.store, profile, channel, host_compat_keys(fingerprint or host_fingerprint(ctx.settings)))
-    return rec, get_manifest(ctx.store, rec.artifact_for(node_id))
-
-
-def report_pull_failure(ctx: Context, node_id: str, fingerprint: Fingerprint,
-                        record: ChannelRecord, err: BuildctlError, artifact_id: str | None = None) -> PullFailure | None:
-    """Record a refused pull of ``artifact_id`` (default: the record's) in the node's inventory
-    record (the node cannot write anything else); ``None`` when even that write failed (the error
-    is what the operator sees either way)."""
-    failure = PullFailure(artifact_id=artifact_id or record.artifact_id, profile=record.profile, channel=record.channel,
-                          compat_key=record.compat_key,
-                          files=tuple(p.path for p in err.problems) if isinstance(err, VerificationError) else (),
-                          error=f"{type(err).__name__}: {str(err).splitlines()[0]}", when=utc_now())
-    try:
-        record_pull_failure(ctx.store, node_id, fingerprint, failure)
-    except BuildctlError:
-        return None
-    return failure
