@@ -30,6 +30,7 @@ import tempfile
 from pathlib import Path
 
 from benchmarks.common import GIB, finish, fmt_spread, interleaved, make_engine_tree, spread, table
+from buildctl.artifact_store.node.pull import PullOptions
 
 KINDS = ("flip", "flip-keep-mtime", "truncate", "delete", "empty-dir", "add-file", "file-symlink", "dir-symlink")
 
@@ -131,8 +132,8 @@ def main(argv: list[str] | None = None) -> int:
         settings = load_settings(cache_dir=work / "cache")
         ctx = Context.from_settings(settings, store=store)
         dest = work / "node"
-        node_agent.pull(ctx, profile, "prod", dest, fingerprint=before, skip_preflight=True, health_check=False)
-        node_agent.stage(ctx, profile, "prod", dest, None, fingerprint=after)
+        node_agent.pull(ctx.with_fingerprint(before), profile, 'prod', dest, PullOptions(skip_preflight=True, health_check=False))
+        node_agent.stage(ctx.with_fingerprint(after), profile, 'prod', dest, None)
         (entry_file,) = (dest / ".buildctl-staged").glob("*.json")
         entry_json = entry_file.read_text()
         a_link = os.readlink(dest / "current")

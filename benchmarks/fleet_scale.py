@@ -37,6 +37,7 @@ from pathlib import Path
 
 from benchmarks.common import finish, fmt_spread, spread, table
 from benchmarks.counting import CountingStore
+from buildctl.artifact_store.gc import GcPolicy
 
 REPO = Path(__file__).resolve().parent.parent
 PROFILE = "tiny-llama-cpu"
@@ -139,7 +140,7 @@ def operations(ctx, profiles, keys):
         "rollout status --compat-key": lambda s: rollouts.status(s, PROFILE, "prod", keys[0]),
         "rollout tick": lambda s: rollouts.tick(ctx.with_store(s), channel="prod", profile=PROFILE, now=now),
         "driver-upgrade reconcile": lambda s: fleet.fleet_plan(s, profiles, only_profiles=[PROFILE]),
-        "gc --dry-run": lambda s: gc(s, dry_run=True, grace_s=0, now=now),
+        "gc --dry-run": lambda s: gc(s, GcPolicy(grace_s=0), dry_run=True, now=now),
     }
 
 

@@ -79,8 +79,10 @@ class GcPolicy(Record):
     built by :func:`buildctl.steps.fleet.gc_policy` from the settings, which hold the grace period and
     the delete window every publish also uses."""
 
-    grace_s: float = Field(..., ge=0, description="never remove a manifest created, or a blob a publish touched, within this")
-    delete_window_s: float = Field(..., ge=0, description="remove a blob within this of checking its touch")
+    grace_s: float | None = Field(None, ge=0, description="never remove a manifest created, or a blob a publish "
+                                  "touched, within this (None: the settings' default, gc_grace_s)")
+    delete_window_s: float | None = Field(None, ge=0, description="remove a blob within this of checking its touch "
+                                          "(None: the settings' default, gc_delete_window_s)")
     keep: int = Field(DEFAULT_KEEP, ge=0, description="newest artifacts kept per (profile, compat key)")
     keep_history: int = Field(DEFAULT_KEEP_HISTORY, ge=0, description="artifacts of each channel's last N records kept")
     quarantine_retention_s: float = Field(DEFAULT_QUARANTINE_RETENTION_S, ge=0,
@@ -214,16 +216,14 @@ def protections(store: Store, arts: list[tuple[str, Manifest]], *, keep: int, ke
     return {a: list(why) for a, why in out.items()}
 
 
-def gc(store: Store, *, keep: int = DEFAULT_KEEP, keep_history: int = DEFAULT_KEEP_HISTORY,
-       grace_s: float | None = None, delete_window_s: float | None = None,
-       quarantine_retention_s: float = DEFAULT_QUARANTINE_RETENTION_S, dry_run: bool = False,
-       now: datetime | None = None, compact_history: bool = True,
+def gc(store: Store, policy: GcPolicy = GcPolicy(), *, dry_run: bool = False, now: datetime | None = None,
        clock: Callable[[], float] = time.monotonic) -> GcResult:
-    """Decide and (unless ``dry_run``) remove; see the module docstring for what is protected.
-    ``compact_history``: also remove superseded re-sign records from channel history
-    (:func:`history_compaction`)."""
-    grace = grace_mod.DEFAULT_GRACE_S if grace_s is None else grace_s
-    window = grace_mod.DEFAULT_DELETE_WINDOW_S if delete_window_s is None else delete_window_s
+    """Decide and (unless ``dry_run``) remove what ``policy`` does not keep; see the module
+    docstring for what is protected. ``policy.compact_history``: also remove superseded re-sign
+    records from channel history (:func:`history_compaction`)."""
+    keep, keep_history = policy.keep, policy.keep_history
+    grace = grace_mod.DEFAULT_GRACE_S if policy.grace_s is None else policy.grace_s
+    window = grace_mod.DEFAULT_DELETE_WINDOW_S if policy.delete_window_s is None else policy.delete_window_s
     now = now or now_utc()
     started = clock()
 
@@ -238,7 +238,7 @@ def gc(store: Store, *, keep: int = DEFAULT_KEEP, keep_history: int = DEFAULT_KE
     # one LIST per 1,000 held markers instead of a GET per node
     nodes = node_protections((), held=read_held(store)) if indexed else _record_protections(store, result.skipped)
     keep_for = protections(store, arts, keep=keep, keep_history=keep_history, grace_s=grace,
-                           quarantine_retention_s=quarantine_retention_s, now=now,
+                           quarantine_retention_s=policy.quarantine_retention_s, now=now,
                            also=nodes, skipped=result.skipped)
     if indexed and any(not why for why in keep_for.values()):
         _confirm_with_node_records(store, keep_for, result)
@@ -255,7 +255,7 @@ def gc(store: Store, *, keep: int = DEFAULT_KEEP, keep_history: int = DEFAULT_KE
             d.error = _remove_artifact(store, d.artifact_id, m, result)
             d.removed = d.error is None
     _sweep_blobs(store, result, grace, window, clock, wall, dry_run, {d.artifact_id for d, _ in doomed}, scanned)
-    if compact_history:
+    if policy.compact_history:
         _compact_history(store, keep_history, result, dry_run=dry_run)
     return result
 

@@ -30,13 +30,15 @@ from datetime import datetime
 from typing import Iterable
 
 from buildctl.core.records import Record
+from buildctl.core.settings import Settings
 from buildctl.core.digest import canonical_json
 from buildctl.artifact_store.backends.store import Store
 from buildctl.artifact_store.layout import touch_key
 from buildctl.core.times import now_utc, parse_utc, utc_now
 
-DEFAULT_GRACE_S = 24 * 3600.0
-DEFAULT_DELETE_WINDOW_S = 5.0
+# The defaults live in the settings (one place); a caller without settings gets the same values.
+DEFAULT_GRACE_S: float = Settings.model_fields["gc_grace_s"].default
+DEFAULT_DELETE_WINDOW_S: float = Settings.model_fields["gc_delete_window_s"].default
 
 
 class Touch(Record):

@@ -50,9 +50,10 @@ def context(ctx: typer.Context, *, require_crypto: bool = False, existing: bool 
     st = state(ctx)
     if "context" not in st.made:
         st.made["context"] = Context.from_settings(st.settings)
-    if require_crypto and not st.made["context"].settings.require_crypto:
+    if require_crypto and not st.made["context"].auth.require_crypto:
         made = st.made["context"]
-        st.made["context"] = replace(made, settings=made.settings.with_flags(require_crypto=True))
+        st.made["context"] = replace(made, settings=made.settings.with_flags(require_crypto=True),
+                                     auth=made.auth.but(require_crypto=True))
     if existing:
         from buildctl.artifact_store.backends.store import require_store
 

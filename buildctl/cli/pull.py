@@ -34,7 +34,7 @@ def pull_cmd(
 ) -> None:
     """Install the channel's engine for this node: verify, preflight, swap atomically, smoke-check.
     With --for-upgrade TARGET --stage-only: stage the engine for after an upgrade instead."""
-    from buildctl.engines.fingerprint import host_fingerprint
+    from buildctl.artifact_store.node.pull import PullOptions
     from buildctl.steps.coverage import coverage
     from buildctl.core.errors import BadInputError, GateRefusedError, IntegrityError
     from buildctl.steps import node_agent
@@ -44,14 +44,16 @@ def pull_cmd(
         raise BadInputError("--for-upgrade needs --stage-only: the engine for the upgraded host cannot load before "
                             "the upgrade; stage it now and run `buildctl node activate` after the upgrade")
     c = context(ctx, require_crypto=require_crypto)  # a bad trusted-key layout is reported before anything else
-    st = c.settings
-    fp = host_fingerprint(st)
+    fp = c.fingerprint
     quiet = want_json(ctx, json_out)
+    checks = health_check if health_check is not None else bool(node_id or health_cmd)
+    options = PullOptions(node_id=node_id, keep=keep, min_seq=min_seq, skip_preflight=skip_preflight,
+                          health_check=checks, health_cmd=health_cmd, retry_failed=retry_failed,
+                          require_covered=require_covered)
     if stage_only:
-        _stage(c, profile, channel, dest, for_upgrade, node_id, fp, min_seq, quiet)
+        _stage(c, profile, channel, dest, for_upgrade, options, quiet)
         return
     rec, manifest = channel_target(c, profile, channel, fp, node_id=node_id)
-    checks = health_check if health_check is not None else bool(node_id or health_cmd)
 
     def on_health(state) -> None:
         if not node_id:
@@ -66,10 +68,8 @@ def pull_cmd(
     t0 = time.monotonic()
     try:
         with byte_progress("downloading + verifying", manifest.total_size, enabled=not quiet) as on_bytes:
-            got = node_agent.pull(c, profile, channel, dest, node_id=node_id, fingerprint=fp, health_cmd=health_cmd,
-                            health_check=checks, skip_preflight=skip_preflight, retry_failed=retry_failed, keep=keep,
-                            min_seq=min_seq, on_bytes=on_bytes, on_health=on_health, target=(rec, manifest),
-                            require_covered=require_covered)
+            got = node_agent.pull(c, profile, channel, dest, options, on_bytes=on_bytes, on_health=on_health,
+                                  target=(rec, manifest))
     except (IntegrityError, GateRefusedError) as err:
         if node_id:
             failure = report_pull_failure(c, node_id, fp, rec, err, artifact_id=rec.artifact_for(node_id))
@@ -100,18 +100,16 @@ def pull_cmd(
         typer.echo(f"warning: could not record the smoke-check verdict in {node_key(node_id)}", err=True)
 
 
-def _stage(c, profile: str, channel: str, dest: Path, for_upgrade: Path | None, node_id: str | None, fp,
-           min_seq: int, quiet: bool) -> None:
+def _stage(c, profile: str, channel: str, dest: Path, for_upgrade: Path | None, options, quiet: bool) -> None:
     from buildctl.steps import node_agent
     from buildctl.engines.fingerprint import load_target
     from buildctl.steps.host import channel_target
 
     target = load_target(for_upgrade) if for_upgrade is not None else None
-    projected = target.apply(fp) if target is not None else fp
-    rec, manifest = channel_target(c, profile, channel, projected, node_id=node_id)
+    projected = target.apply(c.fingerprint) if target is not None else c.fingerprint
+    rec, manifest = channel_target(c, profile, channel, projected, node_id=options.node_id)
     with byte_progress("staging: downloading + verifying", manifest.total_size, enabled=not quiet) as on_bytes:
-        got = node_agent.stage(c, profile, channel, dest, target, node_id=node_id, fingerprint=fp, min_seq=min_seq,
-                               on_bytes=on_bytes, target_record=rec)
+        got = node_agent.stage(c, profile, channel, dest, target, options, on_bytes=on_bytes, target_record=rec)
     if quiet:
         emit_json(got.to_json())
         return

@@ -11,6 +11,7 @@ per task run (a task may run on another worker).
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import cached_property
 from typing import Callable
 
 from buildctl.artifact_store.trust.authority import Authority
@@ -18,6 +19,7 @@ from buildctl.artifact_store.backends.store import Store, open_store
 from buildctl.artifact_store.trust.signing import load_signing_key, load_trusted_keys
 from buildctl.artifact_store.backends.memo import remember_manifests
 from buildctl.core.settings import Settings
+from buildctl.engines.fingerprint import Fingerprint, host_fingerprint
 
 
 Say = Callable[[str], None]
@@ -33,7 +35,7 @@ def authority_of(settings: Settings) -> Authority:
     """The actor, keys and policies the settings name (key files read here)."""
     return Authority(who=settings.actor, signer=load_signing_key(settings.signing_key),
                      trusted=load_trusted_keys(settings.trusted_keys), ttl_s=settings.record_ttl_s,
-                     verify_window_s=settings.verify_window_s)
+                     verify_window_s=settings.verify_window_s, require_crypto=settings.require_crypto)
 
 
 def open_store_of(settings: Settings, uri: str | None = None) -> Store:
@@ -56,6 +58,19 @@ class Context:
         command or run: :mod:`~buildctl.artifact_store.backends.memo`)."""
         return cls(settings, store if store is not None else remember_manifests(open_store_of(settings)),
                    auth if auth is not None else authority_of(settings))
+
+    @cached_property
+    def fingerprint(self) -> Fingerprint:
+        """This host's fingerprint, detected once per context (the settings' fingerprint file, or
+        the host measured in the runtime that serves)."""
+        return host_fingerprint(self.settings)
+
+    def with_fingerprint(self, fingerprint: Fingerprint) -> "Context":
+        """The same context for another host: ``fingerprint`` (a node's own, projected for an
+        upgrade, or given by a test) instead of this host's."""
+        other = replace(self)
+        other.__dict__["fingerprint"] = fingerprint  # what cached_property would have stored
+        return other
 
     def with_store(self, store: Store) -> "Context":
         """The same settings and authority on another store."""

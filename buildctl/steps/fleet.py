@@ -22,7 +22,8 @@ from buildctl.steps.context import Context
 from buildctl.core.settings import Settings
 from buildctl.artifact_store.backends.store import Store
 from buildctl.artifact_store.errors import StoreArgumentError
-from buildctl.artifact_store.gc import GcPolicy, GcResult, gc as store_gc
+from buildctl.artifact_store.gc import gc as store_gc  # this module's own step is gc
+from buildctl.artifact_store.gc import GcPolicy, GcResult
 from buildctl.artifact_store.fleet.inventory import (
     MAX_PULL_FAILURES,
     EngineState,
@@ -391,4 +392,4 @@ def gc_policy(settings: Settings, *, keep: int | None = None, keep_history: int 
 def gc(ctx: Context, policy: GcPolicy, *, dry_run: bool = False, now: datetime | None = None) -> GcResult:
     """``buildctl gc`` and the gc-store flow: the store's gc (which keeps what the nodes report)
     under ``policy`` (:func:`gc_policy`)."""
-    return store_gc(ctx.store, **policy.model_dump(), dry_run=dry_run, now=now)
+    return store_gc(ctx.store, policy, dry_run=dry_run, now=now)

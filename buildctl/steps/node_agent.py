@@ -49,13 +49,12 @@ from buildctl.artifact_store.node.install_dir import (
     switch_back,
 )
 from buildctl.artifact_store.manifest import Manifest
-from buildctl.artifact_store.node.pull import pull as store_pull
-from buildctl.artifact_store.node.pull import resolve_channel
+import buildctl.artifact_store.node.pull
+from buildctl.artifact_store.node.pull import HEALTH_TIMEOUT_S, PullOptions, resolve_channel
 from buildctl.artifact_store.quarantine import check_not_quarantined
 from buildctl.artifact_store.node.admission import check_fresh, check_trust
 from buildctl.artifact_store.read import get_manifest
 
-HEALTH_TIMEOUT_S = 600.0
 SMOKE_TOKENS = 8
 
 
@@ -100,37 +99,35 @@ def _record(store: Store, node_id: str, fp: Fingerprint, state: EngineState) -> 
     return True
 
 
-def pull(ctx: Context, profile: str, channel: str, dest: str | Path, *,
-         node_id: str | None = None, fingerprint: Fingerprint | None = None, health_cmd: str | None = None,
-         health_check: bool = True, skip_preflight: bool = False, retry_failed: bool = False, keep: int = 2,
-         min_seq: int = 0, on_bytes: ProgressFn | None = None,
-         on_health: Callable[[EngineState], None] | None = None,
-         health_timeout_s: float = HEALTH_TIMEOUT_S,
-         target: tuple[ChannelRecord, Manifest] | None = None, require_covered: bool = False) -> NodePull:
-    """Pull for this node, then smoke-check what was installed (see the module docstring).
-    ``on_health`` is called with each state recorded (the CLI emits the event from it). Raises
-    :class:`EngineUnhealthyError` (after switching back) when the check fails. ``target``: the
-    channel record and manifest already resolved for this node (``host.channel_target``), so
-    they are not read again. ``require_covered``: refuse, before downloading, an engine not
-    validated on this host's soft values (:class:`NotCoveredError`, exit 5)."""
-    settings, store = ctx.settings, ctx.store
-    fp = fingerprint or host_fingerprint(settings)
+def pull(ctx: Context, profile: str, channel: str, dest: str | Path, options: PullOptions = PullOptions(), *,
+         on_bytes: ProgressFn | None = None, on_health: Callable[[EngineState], None] | None = None,
+         target: tuple[ChannelRecord, Manifest] | None = None) -> NodePull:
+    """Pull for this node (``ctx.fingerprint``), then smoke-check what was installed (see the
+    module docstring). ``on_health`` is called with each state recorded (the CLI emits the event
+    from it). Raises :class:`EngineUnhealthyError` (after switching back) when the check fails.
+    ``target``: the channel record and manifest already resolved for this node
+    (``host.channel_target``), so they are not read again. ``options.require_covered``: refuse,
+    before downloading, an engine not validated on this host's soft values
+    (:class:`NotCoveredError`, exit 5)."""
+    settings, node_id = ctx.settings, options.node_id
+    fp = ctx.fingerprint
     dest = Path(dest)
-    rec = target[0] if target else resolve_channel(store, profile, channel, host_compat_keys(fp))
+    rec = target[0] if target else resolve_channel(ctx.store, profile, channel, host_compat_keys(fp))
     manifest = target[1] if target else None
     target_id = rec.artifact_for(node_id)
-    if require_covered:
-        check_covered(store, target_id, manifest or get_manifest(store, target_id), fp)
+    if options.require_covered:
+        check_covered(ctx.store, target_id, manifest or get_manifest(ctx.store, target_id), fp)
     verdict = health_marks(dest).get(target_id, {})
-    if verdict.get("status") == "failed" and not retry_failed and current_artifact(dest) != target_id:
+    if verdict.get("status") == "failed" and not options.retry_failed and current_artifact(dest) != target_id:
         raise EngineUnhealthyError(target_id, verdict.get("detail") or "failed", current_artifact(dest), held_back=True)
-    res = store_pull(store, profile, channel, dest, host_compat_keys(fp), record=rec, node_id=node_id, keep=keep,
-               preflight=None if skip_preflight else preflight_for(settings), on_bytes=on_bytes,
-               trusted=ctx.auth.trusted, min_seq=min_seq, require_crypto=settings.require_crypto)
-    runs_check = health_check and (health_cmd is not None or not skip_preflight)
+    preflight = None if options.skip_preflight else preflight_for(settings)
+    res = buildctl.artifact_store.node.pull.pull(ctx.store, rec, dest, auth=ctx.auth, options=options,
+                                                 preflight=preflight, on_bytes=on_bytes)
+    health_cmd = options.health_cmd
+    runs_check = options.health_check and (health_cmd is not None or not options.skip_preflight)
     if not runs_check or (not res.installed and verdict.get("status") == "healthy"):
         if node_id and res.installed:  # what it runs and keeps, for rollouts and gc: no verdict to add
-            reported = _record(store, node_id, fp, EngineState(
+            reported = _record(ctx.store, node_id, fp, EngineState(
                 profile=profile, channel=channel, compat_key=rec.compat_key, artifact_id=target_id, seq=rec.seq,
                 status="installed", detail="no smoke check", current=target_id, previous=previous_artifact(dest),
                 when=utc_now()))
@@ -143,15 +140,15 @@ def pull(ctx: Context, profile: str, channel: str, dest: str | Path, *,
         state = EngineState(profile=profile, channel=channel, compat_key=rec.compat_key, artifact_id=target_id,
                             seq=rec.seq, status=status, detail=detail, current=current,
                             previous=previous_artifact(dest), when=utc_now())
-        if node_id and not _record(store, node_id, fp, state):
+        if node_id and not _record(ctx.store, node_id, fp, state):
             reported = False  # the verdict still holds on this node; the caller says it was not recorded
         if on_health is not None:
             on_health(state)
         return state
 
     report("installed", None, target_id)
-    detail = smoke_check(settings, manifest or get_manifest(store, target_id), target_id, dest / "current", health_cmd,
-                         health_timeout_s)
+    detail = smoke_check(settings, manifest or get_manifest(ctx.store, target_id), target_id, dest / "current",
+                         health_cmd, options.health_timeout_s)
     if detail is None:
         mark_health(dest, target_id, "healthy", utc_now())
         return NodePull(res, rec, report("healthy", None, target_id), reported)
@@ -190,26 +187,27 @@ class Staged:
                 "coverage": self.coverage.to_json()}
 
 
-def stage(ctx: Context, profile: str, channel: str, dest: str | Path, target: UpgradeTarget | None = None, *,
-          node_id: str | None = None, fingerprint: Fingerprint | None = None, min_seq: int = 0,
-          on_bytes: ProgressFn | None = None, target_record: ChannelRecord | None = None) -> Staged:
+def stage(ctx: Context, profile: str, channel: str, dest: str | Path, target: UpgradeTarget | None = None,
+          options: PullOptions = PullOptions(), *, on_bytes: ProgressFn | None = None,
+          target_record: ChannelRecord | None = None) -> Staged:
     """Download and deep-verify the engine this node will need after ``target``'s upgrade into
     ``DIR/versions/`` without touching ``current`` (no preflight: this host cannot load it yet).
-    The node's own fingerprint is projected with the target's fields; the channel record is
-    checked as a pull checks it (freshness, and with trusted keys signatures and rollback).
+    The node's own fingerprint (``ctx.fingerprint``) is projected with the target's fields; the
+    channel record is checked as a pull checks it (freshness against ``options.min_seq``, and with
+    trusted keys signatures and rollback); ``options.node_id`` picks the node's side of a rollout.
     ``target_record``: the record already resolved for the projected host, so it is not read again."""
     store = ctx.store
-    fp = fingerprint or host_fingerprint(ctx.settings)
+    fp = ctx.fingerprint
     projected = target.apply(fp) if target is not None else fp
     dest = Path(dest)
     rec = target_record or resolve_channel(store, profile, channel, host_compat_keys(projected))
-    check_fresh(rec, min_seq)
-    aid = rec.artifact_for(node_id)
+    check_fresh(rec, options.min_seq)
+    aid = rec.artifact_for(options.node_id)
     if ctx.auth.trusted is not None:
         check_trust(store, rec, ctx.auth.trusted, seen=installed_seqs(dest).get(channel_ref(rec), 0), artifact_id=aid)
     cov = coverage(store, aid, get_manifest(store, aid), projected)
     entry, downloaded = stage_artifact(store, rec, aid, dest, when=utc_now(), on_bytes=on_bytes,
-                                       require_crypto=ctx.settings.require_crypto)
+                                       require_crypto=ctx.auth.require_crypto)
     return Staged(entry, downloaded, projected, cov)
 
 
@@ -257,18 +255,17 @@ def activate(ctx: Context, profile: str, dest: str | Path, *, channel: str | Non
     unreachable store then fails with ``current`` as it was."""
     t0 = time.monotonic()
     channel = channel or DEFAULT_CHANNEL
-    fp = fingerprint or host_fingerprint(ctx.settings)
-    keys = host_compat_keys(fp)
+    ctx = ctx.with_fingerprint(fingerprint) if fingerprint is not None else ctx
+    keys = host_compat_keys(ctx.fingerprint)
     found = sorted((e for e in staged_engines(dest) if e.record.profile == profile and e.compat_key in keys
                     and e.record.channel == channel),
                    key=lambda e: (keys.index(e.compat_key), -e.record.seq))
     if found:
         checked, note = _quarantine_check(ctx.store, found[0].artifact_id)
-        res = activate_staged(dest, found[0], trusted=ctx.auth.trusted, now=now_utc(),
-                              verify_window_s=ctx.auth.verify_window_s, require_crypto=ctx.settings.require_crypto,
+        res = activate_staged(dest, found[0], auth=ctx.auth, now=now_utc(),
                               preflight=None if skip_preflight else preflight_for(ctx.settings))
         return Activation(res, found[0], time.monotonic() - t0, checked, note)
-    got = pull(ctx, profile, channel, dest, node_id=node_id, fingerprint=fp, skip_preflight=skip_preflight)
+    got = pull(ctx, profile, channel, dest, PullOptions(node_id=node_id, skip_preflight=skip_preflight))
     return Activation(got.result, None, time.monotonic() - t0)
 
 

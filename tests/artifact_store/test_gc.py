@@ -21,6 +21,7 @@ from buildctl.artifact_store.trust.authority import Authority
 from buildctl.steps.context import Context
 
 from ..support.helpers import make_tree, publish_files, settings, staged
+from buildctl.artifact_store.gc import GcPolicy
 
 PROFILE = "tiny-llama-cpu"
 LATER = datetime.now(timezone.utc) + timedelta(days=3)  # everything below is past the 24 h grace by then
@@ -79,14 +80,14 @@ def test_ten_compat_keys_four_rounds_every_rollback_target_survives(store, tmp_p
 def test_keep_counts_per_profile_and_compat_key_and_dry_run_gives_reasons(store, tmp_path, cli, s3_env_if_needed):
     a = [publish(store, tmp_path, "aoti-a" + "0" * 30, f"v{i}") for i in range(3)]
     b = [publish(store, tmp_path, "aoti-b" + "0" * 30, f"v{i}") for i in range(3)]
-    res = gc(store, keep=2, keep_history=0, dry_run=True, now=LATER)
+    res = gc(store, GcPolicy(keep=2, keep_history=0), dry_run=True, now=LATER)
     assert set(res.removed_artifacts) == {a[0], b[0]}  # the oldest of each pair, not the 4 oldest of the profile
     d = {x.artifact_id: x for x in res.decisions}
     assert "not among the newest 2 of tiny-llama-cpu [aoti-b" in d[b[0]].why_removable
     assert d[b[2]].protected_by == [f"newest 1 of 2 for tiny-llama-cpu [{('aoti-b' + '0' * 30)[:20]}]"]
     assert all(ops.get_manifest(store, x) for x in a + b)  # a dry run removes nothing
     # within the grace period nothing goes, whatever the counts
-    assert gc(store, keep=0, keep_history=0, dry_run=True).removed_artifacts == []
+    assert gc(store, GcPolicy(keep=0, keep_history=0), dry_run=True).removed_artifacts == []
     code, out, err = cli("--store", store.uri, "gc", "--keep", "2", "--keep-history", "0", "--grace", "0", "--dry-run")
     assert code == 0 and f"would remove {a[0]}" in out and "keep " + b[2] in out and "newest 1 of 2" in out, out
 
@@ -96,10 +97,10 @@ def test_quarantined_artifacts_are_kept_for_their_retention(store, tmp_path):
     from buildctl.artifact_store.quarantine import quarantine
 
     quarantine(store, aid, "segfaults past 4096 tokens", auth=Authority(who="test"))
-    res = gc(store, keep=0, keep_history=0, dry_run=True, now=LATER)
+    res = gc(store, GcPolicy(keep=0, keep_history=0), dry_run=True, now=LATER)
     assert res.removed_artifacts == [] and "for forensics" in res.decisions[0].protected_by[0]
     much_later = LATER + timedelta(days=31)
-    assert gc(store, keep=0, keep_history=0, now=much_later).removed_artifacts == [aid]
+    assert gc(store, GcPolicy(keep=0, keep_history=0), now=much_later).removed_artifacts == [aid]
     assert list(store.list(f"quarantine/{aid[9:]}/")) == []  # its records go with it
 
 
@@ -139,7 +140,7 @@ def test_gc_between_a_publish_checking_a_blob_and_writing_its_manifest(store, tm
     time.sleep(1.1)  # A is older than the 1 s grace, and so is its touch
     ran = []
     racing = RaceStore(store, blob_key(digest), nth,
-                       lambda: ran.append(gc(store, keep=0, keep_history=0, grace_s=grace_s)))
+                       lambda: ran.append(gc(store, GcPolicy(keep=0, keep_history=0, grace_s=grace_s))))
     b = ops.publish_tree(racing, make_tree(tmp_path / "b", {"rank0.engine": big}), draft_for("k"), grace_s=1.0)
     (g,) = ran
     assert g.removed_artifacts == [a]  # A went either way
@@ -169,10 +170,10 @@ class LockedStore:
 def test_object_lock_refusals_are_reported_not_fatal(store, tmp_path):
     a = publish(store, tmp_path, "aoti-l" + "0" * 30, "v0")
     publish(store, tmp_path, "aoti-l" + "0" * 30, "v1")
-    res = gc(LockedStore(store, "blobs/"), keep=1, keep_history=0, now=LATER)
+    res = gc(LockedStore(store, 'blobs/'), GcPolicy(keep=1, keep_history=0), now=LATER)
     assert res.removed_artifacts == [a] and res.removed_blobs == 0
     assert res.not_removed and all(k.startswith("blobs/") and "object lock" in why for k, why in res.not_removed)
-    res = gc(LockedStore(store, "manifests/"), keep=0, keep_history=0, now=LATER)
+    res = gc(LockedStore(store, 'manifests/'), GcPolicy(keep=0, keep_history=0), now=LATER)
     assert [d.error for d in res.decisions if d.error] and all(d.error.startswith("manifest not removed")
                                                               for d in res.decisions if d.error)
     assert res.removed_artifacts == []  # refused: still there, and not counted as removed
@@ -184,7 +185,7 @@ def test_touch_markers_are_written_and_swept(store, tmp_path):
     for f in m.files:
         got = store.get_ref(touch_key(f.digest))
         assert got is not None and json.loads(got[0])["touched_at"] <= ops.utc_now()
-    gc(store, keep=0, keep_history=0, now=LATER)
+    gc(store, GcPolicy(keep=0, keep_history=0), now=LATER)
     assert list(store.list("touches/")) == [] and list(store.list("blobs/")) == []
 
 
@@ -204,7 +205,7 @@ def test_gc_never_deletes_the_blobs_of_an_artifact_whose_manifest_rotted(store, 
     import time
 
     time.sleep(1.2)  # past a grace of 1 s: nothing protects the blobs but the manifest that names them
-    res = gc(store, keep=0, keep_history=0, grace_s=1.0, delete_window_s=0.2)
+    res = gc(store, GcPolicy(keep=0, keep_history=0, grace_s=1.0, delete_window_s=0.2))
     assert all(store.stat(blob_key(d)) is not None for d in digests), res.to_json()
     assert res.removed_blobs == 0 and aid in json.dumps(res.to_json())  # reported, not silently skipped
 

@@ -33,6 +33,7 @@ from pathlib import Path
 import pytest
 
 from ..support.helpers import REPO
+from buildctl.artifact_store.node.pull import PullOptions
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(shutil.which("strace") is None, reason="strace is not installed")]
 
@@ -81,7 +82,7 @@ def node(tmp_path_factory):
     for name, seed in (("p0", 1), ("a", 2)):
         ids[name] = _publish(store, tmp, before, seed)
         promote(store, staged(store, ids[name]), "prod")
-        node_agent.pull(ctx, PROFILE, "prod", dest, fingerprint=before, skip_preflight=True, health_check=False)
+        node_agent.pull(ctx.with_fingerprint(before), PROFILE, 'prod', dest, PullOptions(skip_preflight=True, health_check=False))
     ids["c"] = _publish(store, tmp, after, 4)
     promote(store, staged(store, ids["c"]), "prod")
     ids["b"] = _publish(store, tmp, before, 3)
@@ -89,7 +90,7 @@ def node(tmp_path_factory):
     staged_dest = tmp / "node-staged"
     shutil.copytree(dest, staged_dest, symlinks=True)
     target = UpgradeTarget(tensorrt_llm_version="1.2.2", tensorrt_version="10.14.1.48")
-    node_agent.stage(ctx, PROFILE, "prod", staged_dest, target, fingerprint=before)
+    node_agent.stage(ctx.with_fingerprint(before), PROFILE, 'prod', staged_dest, target)
     (tmp / "target.yaml").write_text('tensorrt_llm_version: "1.2.2"\ntensorrt_version: "10.14.1.48"\n')
     for name, fp in (("before", before), ("after", after)):
         (tmp / f"fp-{name}.json").write_text(json.dumps(fp.model_dump(mode="json")))

@@ -165,11 +165,11 @@ print("done", flush=True)
 RACE_GC = r"""
 import sys
 from buildctl.artifact_store.backends.store import open_store
-from buildctl.artifact_store.gc import gc
+from buildctl.artifact_store.gc import GcPolicy, gc
 store = open_store(sys.argv[1])
 print("ready", flush=True)
 sys.stdin.readline()
-gc(store, keep=0, keep_history=0, grace_s=float(sys.argv[2]), delete_window_s=float(sys.argv[3]))
+gc(store, GcPolicy(keep=0, keep_history=0, grace_s=float(sys.argv[2]), delete_window_s=float(sys.argv[3])))
 print("done", flush=True)
 """
 

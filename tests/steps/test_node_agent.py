@@ -27,6 +27,7 @@ from buildctl.engines.fingerprint import UpgradeTarget
 from ..support.helpers import make_signer, publish_files, settings, write_attestation, staged
 from ..support.s3server import free_ports
 from ..support.trtllm_kit import h100x8
+from buildctl.artifact_store.node.pull import PullOptions
 
 PROFILE = "llama-3-8b-instruct-fp8-tp1"
 BEFORE = h100x8()
@@ -60,7 +61,7 @@ def fleet_store(tmp_path, monkeypatch):
     target.write_text('tensorrt_llm_version: "1.2.2"\ntensorrt_version: "10.14.1.48"\n')
     dest = tmp_path / "node"
     ctx = Context.from_settings(settings(), store=store)
-    node_agent.pull(ctx, PROFILE, "prod", dest, fingerprint=BEFORE, skip_preflight=True, health_check=False)
+    node_agent.pull(ctx.with_fingerprint(BEFORE), PROFILE, 'prod', dest, PullOptions(skip_preflight=True, health_check=False))
     assert current_artifact(dest) == a
     return {"store": store, "a": a, "b": b, "fp_file": fp_file, "target": target, "dest": dest, "ctx": ctx}
 
@@ -122,9 +123,7 @@ def test_for_upgrade_without_stage_only_is_refused(fleet_store, cli):
 
 def test_activation_rehashes_an_old_staging_and_refuses_damaged_bytes(fleet_store, monkeypatch):
     f = fleet_store
-    node_agent.stage(f["ctx"], PROFILE, "prod", f["dest"], UpgradeTarget(tensorrt_llm_version="1.2.2",
-                                                                          tensorrt_version="10.14.1.48"),
-                     fingerprint=BEFORE)
+    node_agent.stage(f['ctx'].with_fingerprint(BEFORE), PROFILE, 'prod', f['dest'], UpgradeTarget(tensorrt_llm_version='1.2.2', tensorrt_version='10.14.1.48'))
     engine = f["dest"] / "versions" / f["b"].split(":")[1] / "rank0.engine"
     os.chmod(engine, 0o644)
     data = bytearray(engine.read_bytes())
@@ -148,7 +147,7 @@ def test_a_signed_staging_activates_offline_and_a_tampered_one_does_not(fleet_st
     set_channel(f["store"], f["b"], get_manifest(f["store"], f["b"]), "prod", auth=auth)  # a signed record (#2)
     ctx = Context(f["ctx"].settings, f["store"], auth)
     target = UpgradeTarget(tensorrt_llm_version="1.2.2", tensorrt_version="10.14.1.48")
-    node_agent.stage(ctx, PROFILE, "prod", f["dest"], target, fingerprint=BEFORE)
+    node_agent.stage(ctx.with_fingerprint(BEFORE), PROFILE, 'prod', f['dest'], target)
     (entry_file,) = (f["dest"] / ".buildctl-staged").glob("*.json")
     good = entry_file.read_text()
     entry = json.loads(good)
@@ -271,8 +270,8 @@ def staged_b(tmp_path, monkeypatch):
     monkeypatch.setenv("BUILDCTL_STORE", store.uri)
     dest = tmp_path / "node"
     ctx = Context.from_settings(settings(), store=store)
-    node_agent.pull(ctx, PROFILE, "prod", dest, fingerprint=BEFORE, skip_preflight=True, health_check=False)
-    node_agent.stage(ctx, PROFILE, "prod", dest, TARGET, fingerprint=BEFORE)
+    node_agent.pull(ctx.with_fingerprint(BEFORE), PROFILE, 'prod', dest, PullOptions(skip_preflight=True, health_check=False))
+    node_agent.stage(ctx.with_fingerprint(BEFORE), PROFILE, 'prod', dest, TARGET)
     return {"store": store, "a": a, "b": b, "dest": dest, "ctx": ctx,
             "engine": dest / "versions" / b.split(":")[1]}
 
@@ -364,12 +363,12 @@ def _target_file(tmp_path: Path) -> Path:
 
 def test_staging_again_rehashes_the_engine_already_there_instead_of_downloading(staged_b):
     s = staged_b
-    again = node_agent.stage(s["ctx"], PROFILE, "prod", s["dest"], TARGET, fingerprint=BEFORE)
+    again = node_agent.stage(s['ctx'].with_fingerprint(BEFORE), PROFILE, 'prod', s['dest'], TARGET)
     assert not again.downloaded and again.entry.artifact_id == s["b"]
     with open(s["engine"] / "rank0.engine", "r+b") as f:  # damaged: downloaded again
         os.chmod(s["engine"] / "rank0.engine", 0o644)
         f.write(b"X")
-    fixed = node_agent.stage(s["ctx"], PROFILE, "prod", s["dest"], TARGET, fingerprint=BEFORE)
+    fixed = node_agent.stage(s['ctx'].with_fingerprint(BEFORE), PROFILE, 'prod', s['dest'], TARGET)
     assert fixed.downloaded and not local_problems(get_manifest(s["store"], s["b"]), s["engine"])
 
 

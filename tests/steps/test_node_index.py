@@ -28,6 +28,7 @@ from buildctl.core.times import utc_now
 
 from ..support.helpers import PROFILES, settings, staged
 from .test_rollouts import PROFILE, Fleet, _fail_on_node, publish
+from buildctl.artifact_store.gc import GcPolicy
 
 N = 1100  # nodes in the request-count test: more than one S3 list page of each marker kind
 
@@ -43,8 +44,7 @@ def answers(store, profiles) -> dict:
              for view in rollouts.status(store, PROFILE, "prod")]
     return {"status": views,
             "plan": [(n.profile, n.compat_key, n.nodes) for n in fleet.fleet_plan(store, profiles)],
-            "gc": sorted((d.artifact_id, tuple(d.protected_by)) for d in gc(store, dry_run=True, grace_s=0,
-                                                                             now=datetime(2030, 1, 1, tzinfo=timezone.utc)).decisions)}
+            "gc": sorted((d.artifact_id, tuple(d.protected_by)) for d in gc(store, GcPolicy(grace_s=0), dry_run=True, now=datetime(2030, 1, 1, tzinfo=timezone.utc)).decisions)}
 
 
 def rollout_in_flight(store, tmp_path, draft, n=40) -> tuple[Fleet, object, list[str]]:
@@ -156,7 +156,7 @@ def test_fleet_commands_list_markers_instead_of_reading_each_node(store, tmp_pat
     assert counted.by_area[("list", "inventory")] == 2  # 1,100 demand markers: two pages
     assert counted.by_area[("get_ref", "inventory")] == 0
     counted.reset()
-    decisions = gc(counted, dry_run=True, grace_s=0).decisions
+    decisions = gc(counted, GcPolicy(grace_s=0), dry_run=True).decisions
     assert any(f"held by {N} node(s)" in why for d in decisions for why in d.protected_by)
     # 2,200 held markers: three pages on the local store; on S3 two pages, then the rest as up to 16
     # key ranges at once (listing.list_ranges), each a request even when it is empty.
@@ -276,7 +276,7 @@ def test_fleet_commands_overlap_their_requests_and_answer_as_one_at_a_time(tmp_p
         return {"tick": [{k: v for k, v in view.to_json().items() if k != "bake_left_s"} for view in views],
                 "plan": [(n.profile, n.compat_key, n.nodes) for n in fleet.fleet_plan(s, profiles)],
                 "demand": node_index.demand_counts(s, fleet_scale.PROFILE, "aoti"),
-                "gc": sorted((d.artifact_id, tuple(d.protected_by)) for d in gc(s, dry_run=True, grace_s=0, now=now).decisions)}
+                "gc": sorted((d.artifact_id, tuple(d.protected_by)) for d in gc(s, GcPolicy(grace_s=0), dry_run=True, now=now).decisions)}
 
     monkeypatch.setattr(listing, "LIST_WORKERS", 1)
     one = _InFlight(store)
@@ -286,7 +286,7 @@ def test_fleet_commands_overlap_their_requests_and_answer_as_one_at_a_time(tmp_p
     monkeypatch.setattr(listing, "LIST_WORKERS", 16)
     for name, op in (("tick", lambda s: rollouts.tick(ctx.with_store(s), channel="prod", profile=fleet_scale.PROFILE, now=now)),
                      ("plan", lambda s: fleet.fleet_plan(s, profiles)),
-                     ("gc", lambda s: gc(s, dry_run=True, grace_s=0, now=now))):
+                     ("gc", lambda s: gc(s, GcPolicy(grace_s=0), dry_run=True, now=now))):
         wrapped = _InFlight(store)
         op(wrapped)
         assert wrapped.most >= 4, name
@@ -525,7 +525,7 @@ def test_gc_reads_the_node_records_before_it_removes_what_no_held_marker_names(s
     assert len(lost) == 2  # previous, on each node
     for key in lost:
         store.delete(key)
-    res = gc(store, keep=0, keep_history=0, grace_s=0, dry_run=dry_run, now=datetime(2030, 1, 1, tzinfo=timezone.utc))
+    res = gc(store, GcPolicy(keep=0, keep_history=0, grace_s=0), dry_run=dry_run, now=datetime(2030, 1, 1, tzinfo=timezone.utc))
     kept = {d.artifact_id: d.protected_by for d in res.decisions}
     assert v1 not in res.removed_artifacts and v2 not in res.removed_artifacts
     assert any("held by 2 node(s)" in why and "no held marker" in why for why in kept[v1]), kept[v1]

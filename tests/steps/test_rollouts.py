@@ -23,6 +23,8 @@ from buildctl.artifact_store.fleet.waves import RolloutPlan, in_wave, parse_wave
 from buildctl.steps.context import Context
 
 from ..support.helpers import publish_files, settings, staged
+from buildctl.artifact_store.node.pull import PullOptions
+from buildctl.artifact_store.node.pull import resolve_channel
 
 PROFILE = "tiny-llama-cpu"
 # Fails on an engine that ships a file named BROKEN: the operator's health command, as a node runs it.
@@ -52,8 +54,7 @@ class Fleet:
 
     def pull(self, node: str, health_cmd: str = HEALTH):
         st = settings(fingerprint_file=self.root / node / "fingerprint.json", store=self.store.uri)
-        return node_agent.pull(Context.from_settings(st, store=self.store), PROFILE, "prod", self.dest(node), node_id=node, health_cmd=health_cmd,
-                         skip_preflight=True)
+        return node_agent.pull(Context.from_settings(st, store=self.store), PROFILE, 'prod', self.dest(node), PullOptions(node_id=node, health_cmd=health_cmd, skip_preflight=True))
 
     def pull_all(self) -> dict[str, str]:
         failed = {}
@@ -110,7 +111,7 @@ def test_canary_wave_gets_the_new_engine_and_the_rest_keep_the_old(store, tmp_pa
     assert fleet.pull_all() == {}
     assert fleet.current() == {n: (v2 if n in canaries else v1) for n in fleet.ids}
     # a node without an id is in no partial wave
-    plain = pull(store, PROFILE, "prod", tmp_path / "anonymous", [draft.compat_key])
+    plain = pull(store, resolve_channel(store, PROFILE, 'prod', [draft.compat_key]), tmp_path / 'anonymous')
     assert plain.artifact_id == v1
 
     code, out, err = cli("--store", store.uri, "--json", "rollout", "status", "--profile", PROFILE, "--channel", "prod")
@@ -250,7 +251,7 @@ def test_the_default_smoke_check_loads_a_real_engine_and_generates(tiny_build, t
     ops.promote(store, aid, "smoke", force=True, reason="test channel")
     st = settings(store=store.uri)
     dest = tmp_path / "node"
-    got = node_agent.pull(Context.from_settings(st, store=store), tiny_build["profile"].name, "smoke", dest, node_id="cpu-node-1")
+    got = node_agent.pull(Context.from_settings(st, store=store), tiny_build['profile'].name, 'smoke', dest, PullOptions(node_id='cpu-node-1'))
     assert got.state is not None and got.state.status == "healthy" and current_artifact(dest) == aid
     assert read_node(store, "cpu-node-1")[0].engine(tiny_build["profile"].name, "smoke").status == "healthy"
 

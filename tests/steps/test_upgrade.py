@@ -67,7 +67,7 @@ def test_every_channel_of_an_old_store_still_resolves_for_its_nodes(legacy, tmp_
         assert rec.compat_key == legacy["old_keys"][hostname] != fp.compat_key(rec.compat_key.split("-")[0])
         assert rec.artifact_id == legacy["artifacts"][hostname]
     # a real pull of an old ref: downloaded, verified, installed
-    res = pull(store, TRT, "prod", tmp_path / "node", host.host_compat_keys(legacy["hosts"]["h100"]))
+    res = pull(store, resolve_channel(store, TRT, 'prod', host.host_compat_keys(legacy['hosts']['h100'])), tmp_path / 'node')
     assert res.installed and res.artifact_id == legacy["artifacts"]["h100"]
 
 

@@ -46,6 +46,7 @@ from buildctl.artifact_store.errors import (
     VerificationError,
 )
 from buildctl.artifact_store.layout import manifest_key
+from buildctl.artifact_store.trust.authority import Authority
 from buildctl.artifact_store.trust.binding import check_bound
 from buildctl.artifact_store.manifest import Manifest, change_stamp, entry_problem, parse_manifest
 from buildctl.artifact_store.quarantine import check_not_quarantined
@@ -628,22 +629,23 @@ def local_problems(manifest: Manifest, root: Path, *, unchanged: dict[str, list[
     return problems
 
 
-def activate_staged(dest: str | Path, entry: StagedEngine, *, trusted: TrustedKeys | None, now: datetime,
-                    verify_window_s: float, require_crypto: bool = False,
+def activate_staged(dest: str | Path, entry: StagedEngine, *, auth: Authority, now: datetime,
                     preflight: Preflight | None = None) -> PullResult:
     """Swap ``current`` to a staged engine, reading nothing from the store: the staged manifest
-    must hash to the artifact id and, with ``trusted`` keys, carry a trusted builder signature
-    under a record signed by a trusted promoter key (revocations are those the keys file holds);
+    must hash to the artifact id and, with the authority's ``trusted`` keys, carry a trusted
+    builder signature under a record signed by a trusted promoter key (revocations are those the keys file holds);
     the record must be fresh. The staged tree must be exactly the manifest's files (no extra,
     missing or linked entry, every size equal: :func:`tree_problems`); a file is re-hashed when its
     stat changed since the staging's deep verify, and every file when that verify is older than
-    ``verify_window_s``. Then ``preflight`` loads it, and only then does ``current`` move. The
+    the authority's ``verify_window_s``; its ``require_crypto`` refuses an engine bound by
+    xxh3-128 only. Then ``preflight`` loads it, and only then does ``current`` move. The
     staged entry is removed once it is current."""
     dest = Path(dest)
     aid = entry.artifact_id
     manifest = parse_verified_manifest(entry.manifest_body, aid, f"staged manifest of {aid}")
-    check_bound(aid, entry.manifest_body, manifest, entry.record.bound(aid), require_crypto=require_crypto)
+    check_bound(aid, entry.manifest_body, manifest, entry.record.bound(aid), require_crypto=auth.require_crypto)
     check_fresh(entry.record)
+    trusted, verify_window_s = auth.trusted, auth.verify_window_s
     if trusted is not None:
         verify_signature(f"channel record {entry.record.channel} #{entry.record.seq}", entry.record.signed_bytes(),
                          entry.record.signature, trusted, "promoter", signed_at=entry.record.when)

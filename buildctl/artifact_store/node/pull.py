@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from pydantic import Field
+
 from buildctl.artifact_store.backends.store import ProgressFn, Store
 from buildctl.artifact_store.channels import ChannelRecord, read_channel
 from buildctl.artifact_store.errors import ChannelNotFoundError, StoreNotFoundError
@@ -22,8 +24,28 @@ from buildctl.artifact_store.node.install_dir import (
     record_verified,
     verified_refs,
 )
-from buildctl.artifact_store.trust.signing import TrustedKeys
 from buildctl.artifact_store.node.admission import check_fresh, check_trust
+from buildctl.artifact_store.trust.authority import Authority
+from buildctl.core.records import Record
+
+HEALTH_TIMEOUT_S = 600.0
+
+
+class PullOptions(Record):
+    """How a node pulls: ``buildctl pull``'s flags as one frozen record. The store's pull reads
+    ``node_id``, ``keep`` and ``min_seq``; the node agent (:func:`buildctl.steps.node_agent.pull`)
+    the smoke check's and coverage's. Who may be trusted, and whether BLAKE3 is required, are the
+    :class:`~buildctl.artifact_store.trust.authority.Authority`'s."""
+
+    node_id: str | None = Field(None, description="this node's id: picks its side of a rollout, and its record gets the verdict")
+    keep: int = Field(2, description="installed versions to keep (current and previous at least)")
+    min_seq: int = Field(0, ge=0, description="refuse a channel record older than this sequence")
+    skip_preflight: bool = Field(False, description="install after byte verification only, without a test load")
+    health_check: bool = Field(True, description="smoke-check a newly installed engine, switching back if it fails")
+    health_cmd: str | None = Field(None, description="the smoke check's command (default: load and generate)")
+    health_timeout_s: float = Field(HEALTH_TIMEOUT_S, gt=0, description="how long the smoke check may run")
+    retry_failed: bool = Field(False, description="install again an artifact that failed its smoke check here")
+    require_covered: bool = Field(False, description="refuse an engine not validated on this host's soft values")
 
 
 def resolve_channel(store: Store, profile: str, channel: str, compat_keys: list[str]) -> ChannelRecord:
@@ -53,41 +75,27 @@ def unknown_name(store: Store, profile: str, channel: str) -> str | None:
             + (f"profiles with channels: {', '.join(profiles)}" if profiles else "no profile has a channel there yet"))
 
 
-def pull(
-    store: Store,
-    profile: str,
-    channel: str,
-    dest: str | Path,
-    compat_keys: list[str],
-    *,
-    preflight: Preflight | None = None,
-    keep: int = 2,
-    on_bytes: ProgressFn | None = None,
-    trusted: TrustedKeys | None = None,
-    min_seq: int = 0,
-    node_id: str | None = None,
-    record: ChannelRecord | None = None,
-    require_crypto: bool = False,
-) -> PullResult:
-    """Resolve the channel for this host's compat keys and install its artifact. With ``trusted``
-    keys (the CLI loads them from ``BUILDCTL_TRUSTED_KEYS``), signatures and rollback protection
-    are enforced, and a ref older than the newest signed history record is refused; a record
-    below ``min_seq`` and an expired record are refused always. During a rollout the record gives
-    ``node_id`` the new artifact or the old one by its wave bucket (no id: the old one).
-    ``record``: the one already resolved (its refusals are still checked here). The manifest bytes
-    must hash to the BLAKE3 the record signs, when it carries one; ``require_crypto`` refuses a
-    record that carries none and a manifest without per-file BLAKE3."""
-    record = record or resolve_channel(store, profile, channel, compat_keys)
+def pull(store: Store, record: ChannelRecord, dest: str | Path, *, auth: Authority = Authority(),
+         options: PullOptions = PullOptions(), preflight: Preflight | None = None,
+         on_bytes: ProgressFn | None = None) -> PullResult:
+    """Install the artifact of ``record`` (:func:`resolve_channel`: the channel's record for this
+    host's compat keys) for ``options.node_id``. With the authority's ``trusted`` keys (the CLI
+    loads them from ``BUILDCTL_TRUSTED_KEYS``), signatures and rollback protection are enforced,
+    and a ref older than the newest signed history record is refused; a record below
+    ``options.min_seq`` and an expired record are refused always. During a rollout the record
+    gives the node the new artifact or the old one by its wave bucket (no id: the old one). The
+    manifest bytes must hash to the BLAKE3 the record signs, when it carries one; the authority's
+    ``require_crypto`` refuses a record that carries none and a manifest without per-file BLAKE3."""
     dest = Path(dest)
-    check_fresh(record, min_seq)
-    artifact_id = record.artifact_for(node_id)
+    check_fresh(record, options.min_seq)
+    artifact_id = record.artifact_for(options.node_id)
     proof = None
-    if trusted is not None:
+    if auth.trusted is not None:
         ref = channel_ref(record)
-        proof = check_trust(store, record, trusted, seen=installed_seqs(dest).get(ref, 0), artifact_id=artifact_id,
+        proof = check_trust(store, record, auth.trusted, seen=installed_seqs(dest).get(ref, 0), artifact_id=artifact_id,
                             known=verified_refs(dest).get(ref) if current_artifact(dest) == artifact_id else None)
-    result = install_artifact(store, artifact_id, dest, preflight=preflight, keep=keep, on_bytes=on_bytes,
-                              bound=record.bound(artifact_id), require_crypto=require_crypto, record=record)
+    result = install_artifact(store, artifact_id, dest, preflight=preflight, keep=options.keep, on_bytes=on_bytes,
+                              bound=record.bound(artifact_id), require_crypto=auth.require_crypto, record=record)
     result.record = record
     if proof is not None:
         try:

@@ -1,7 +1,8 @@
 """Who acts on the store, and with which keys: one value, made once per command.
 
 Every store operation that writes a signed record, checks signatures or trusts a recent deep
-verify takes an :class:`Authority` instead of five keyword arguments. The CLI and the flows make
+verify takes an :class:`Authority` instead of six keyword arguments (its policies too: how recent a
+deep verify the gates trust, and whether an engine must be bound by BLAKE3). The CLI and the flows make
 it once from the settings (:class:`buildctl.steps.context.Context`), so a command reads its key files
 once. ``Authority()`` is an anonymous, unsigned actor that enforces no signatures (tests, local
 experiments).
@@ -12,9 +13,10 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from buildctl.artifact_store.trust.signing import SigningKey, TrustedKeys
+from buildctl.core.settings import Settings
 
 UNKNOWN_ACTOR = "unknown"
-DEFAULT_VERIFY_WINDOW_S = 24 * 3600.0
+DEFAULT_VERIFY_WINDOW_S: float = Settings.model_fields["verify_window_s"].default  # the one default, in the settings
 
 
 @dataclass(frozen=True)
@@ -26,6 +28,7 @@ class Authority:
     trusted: TrustedKeys | None = None  # when set, signatures are enforced (pull, promote, k-of-n)
     ttl_s: float | None = None  # signed channel records expire this long after they are written
     verify_window_s: float = DEFAULT_VERIFY_WINDOW_S  # a deep verify this recent is trusted at the gates
+    require_crypto: bool = False  # refuse engines bound by xxh3-128 only (pull, stage, activate)
 
     def but(self, **changes: object) -> "Authority":
         """A copy with some fields changed."""

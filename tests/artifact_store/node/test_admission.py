@@ -26,6 +26,8 @@ from buildctl.artifact_store.trust.signing import TrustedKeys
 from buildctl.artifact_store.trust.authority import Authority
 
 from ...support.helpers import make_signer
+from buildctl.artifact_store.node.pull import resolve_channel
+from buildctl.artifact_store.gc import GcPolicy
 
 MiB = 1024 * 1024
 P = "tiny-llama-cpu"
@@ -48,19 +50,19 @@ def test_pull_records_the_seq_and_refuses_older_records(signed_env):
     store, (a, b, *_), dest, trusted, p1, _ = signed_env
     m = ops.get_manifest(store, a)
     set_channel(store, a, m, "prod", auth=Authority(signer=p1))
-    r = pull(store, P, "prod", dest, [m.compat_key], trusted=trusted)
+    r = pull(store, resolve_channel(store, P, 'prod', [m.compat_key]), dest, auth=Authority(trusted=trusted))
     assert r.installed and r.record.seq == 1
     assert installed_seqs(dest) == {f"{P}/prod/{m.compat_key}": 1}
     assert (dest / "current" / "tok" / "a" / "merges.txt").read_bytes() == b"a b"
-    again = pull(store, P, "prod", dest, [m.compat_key], trusted=trusted)  # the same record again: fine
+    again = pull(store, resolve_channel(store, P, 'prod', [m.compat_key]), dest, auth=Authority(trusted=trusted))  # the same record again: fine
     assert not again.installed
     rec2 = set_channel(store, b, m, "prod", auth=Authority(signer=p1))
-    pull(store, P, "prod", dest, [m.compat_key], trusted=trusted)
+    pull(store, resolve_channel(store, P, 'prod', [m.compat_key]), dest, auth=Authority(trusted=trusted))
     set_channel(store, ids_c := signed_env[1][2], m, "prod", auth=Authority(signer=p1))
-    pull(store, P, "prod", dest, [m.compat_key], trusted=trusted)
+    pull(store, resolve_channel(store, P, 'prod', [m.compat_key]), dest, auth=Authority(trusted=trusted))
     assert len(list((dest / "versions").iterdir())) == 2 and current_artifact(dest) == ids_c  # keep 2 by default
     set_channel(store, b, m, "prod", auth=Authority(signer=p1))
-    pull(store, P, "prod", dest, [m.compat_key], trusted=trusted)
+    pull(store, resolve_channel(store, P, 'prod', [m.compat_key]), dest, auth=Authority(trusted=trusted))
     old = ops.history(store, P, "prod", m.compat_key)[0]
     with pytest.raises(RollbackError):
         check_trust(store, old, trusted, seen=installed_seqs(dest)[channel_ref(old)])
@@ -174,11 +176,11 @@ def test_a_poll_of_an_unchanged_ref_makes_three_requests_however_long_its_histor
     m = ops.get_manifest(store, a)
     _long_history(store, a, m, p1, 1000)
     counting = CountingStore(store)
-    first = pull(counting, P, "prod", dest, [m.compat_key], trusted=trusted)
+    first = pull(counting, resolve_channel(counting, P, 'prod', [m.compat_key]), dest, auth=Authority(trusted=trusted))
     assert first.installed and first.record.seq == 1000
     for _ in range(2):
         counting.reset()
-        again = pull(counting, P, "prod", dest, [m.compat_key], trusted=trusted)
+        again = pull(counting, resolve_channel(counting, P, 'prod', [m.compat_key]), dest, auth=Authority(trusted=trusted))
         assert not again.installed and counting.total() == 3, counting.counts
         assert counting.counts == {"get_ref": 1, "list": 2}
     # A replayed or frozen ref is still refused: a signed record newer than it is found.
@@ -187,17 +189,17 @@ def test_a_poll_of_an_unchanged_ref_makes_three_requests_however_long_its_histor
     newer = resign(store, first.record, auth=Authority(signer=p1))
     assert newer.seq == 1001 and store.cas(ref, frozen, store.get_ref(ref)[1])  # the ref frozen back at #1000
     with pytest.raises(StaleRecordError, match="1001"):
-        pull(counting, P, "prod", dest, [m.compat_key], trusted=trusted)
+        pull(counting, resolve_channel(counting, P, 'prod', [m.compat_key]), dest, auth=Authority(trusted=trusted))
     assert store.cas(ref, newer.to_bytes(), store.get_ref(ref)[1])
     # Other trusted keys check the signatures again: p1 is not among them, refused.
     other = TrustedKeys({"builder": trusted.by_role["builder"], "promoter": {p2.key_id: p2.private.public_key()}})
     with pytest.raises(SignatureError):
-        pull(store, P, "prod", dest, [m.compat_key], trusted=other)
-    assert pull(store, P, "prod", dest, [m.compat_key], trusted=trusted).record.seq == 1001  # verified and kept
+        pull(store, resolve_channel(store, P, 'prod', [m.compat_key]), dest, auth=Authority(trusted=other))
+    assert pull(store, resolve_channel(store, P, 'prod', [m.compat_key]), dest, auth=Authority(trusted=trusted)).record.seq == 1001  # verified and kept
     # A revocation written since checks them again too: p1 revoked from before #1001, refused.
     revoke(store, p1.key_id, "leaked", auth=Authority(signer=p2, trusted=trusted), revoked_at=first.record.when)
     with pytest.raises(SignatureError, match="revoked"):
-        pull(store, P, "prod", dest, [m.compat_key], trusted=trusted)
+        pull(store, resolve_channel(store, P, 'prod', [m.compat_key]), dest, auth=Authority(trusted=trusted))
 
 
 def counting_gets(store) -> list[str]:
@@ -238,10 +240,10 @@ def test_history_compaction_keeps_decisions_and_the_replay_protection(signed_env
     resigns(6)  # #9-#14
     replay = store.get_bytes(history_key(P, "prod", key, 3))
     reads = counting_gets(store)
-    ops.gc(store, keep=100, keep_history=2, grace_s=0, delete_window_s=0, dry_run=True, compact_history=False)
+    ops.gc(store, GcPolicy(keep=100, keep_history=2, grace_s=0, delete_window_s=0, compact_history=False), dry_run=True)
     without = list(reads)
     reads.clear()
-    plan = ops.gc(store, keep=100, keep_history=2, grace_s=0, delete_window_s=0, dry_run=True)
+    plan = ops.gc(store, GcPolicy(keep=100, keep_history=2, grace_s=0, delete_window_s=0), dry_run=True)
     # it says how many records a real run would examine (#1-#12), from LISTs: it reads no record
     # more than a dry run without compaction does
     assert reads == without and plan.history_examined == 12 and plan.to_json()["history_examined"] == 12
@@ -249,7 +251,7 @@ def test_history_compaction_keeps_decisions_and_the_replay_protection(signed_env
     code, out, err = cli("--store", store.uri, "gc", "--keep", "100", "--keep-history", "2", "--grace", "0s", "--dry-run")
     assert code == 0 and "would examine 12 channel history record(s)" in out, (out, err)
     reads.clear()
-    done = ops.gc(store, keep=100, keep_history=2, grace_s=0, delete_window_s=0)
+    done = ops.gc(store, GcPolicy(keep=100, keep_history=2, grace_s=0, delete_window_s=0))
     assert done.compacted_history == [history_key(P, "prod", key, s) for s in (*range(2, 8), *range(9, 13))]
     assert done.history_examined == 12
     assert not done.not_removed
@@ -257,7 +259,7 @@ def test_history_compaction_keeps_decisions_and_the_replay_protection(signed_env
         (1, "promote"), (8, "promote"), (13, "resign"), (14, "resign")]
     resigns(3)  # #15-#17: the next gc reads only the records past its mark (#13-#15), not #1 or #8 again
     reads.clear()
-    again = ops.gc(store, keep=100, keep_history=2, grace_s=0, delete_window_s=0)
+    again = ops.gc(store, GcPolicy(keep=100, keep_history=2, grace_s=0, delete_window_s=0))
     assert again.compacted_history == [history_key(P, "prod", key, s) for s in (13, 14, 15)]
     assert again.history_examined == 3
     assert sorted(k for k in reads if k.startswith("history/")) == [history_key(P, "prod", key, s) for s in (13, 14, 15, 16, 17)]
@@ -332,5 +334,5 @@ def test_a_trust_proof_that_cannot_be_kept_costs_nothing_but_the_next_full_check
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(pull_module, "record_verified", full)
-    r = pull(store, P, "prod", dest, [m.compat_key], trusted=trusted)
+    r = pull(store, resolve_channel(store, P, 'prod', [m.compat_key]), dest, auth=Authority(trusted=trusted))
     assert r.installed and current_artifact(dest) == a and verified_refs(dest) == {}

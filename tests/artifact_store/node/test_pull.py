@@ -17,7 +17,7 @@ import buildctl.artifact_store as ops
 from buildctl.artifact_store.errors import PreflightError, VerificationError
 from buildctl.artifact_store.manifest import FileEntry
 from buildctl.artifact_store.node.install_dir import current_artifact, install_artifact
-from buildctl.artifact_store.node.pull import pull
+from buildctl.artifact_store.node.pull import pull, resolve_channel
 from buildctl.artifact_store.layout import blob_key, manifest_key
 from buildctl.engines.fingerprint import detect
 
@@ -46,7 +46,7 @@ def installed(store, tmp_path, draft):
     """v1 installed as current; v2 (one big blob) promoted but not installed."""
     v1 = publish_and_promote(store, make_tree(tmp_path / "v1", {"config.json": b"{}", "rank0.engine": 100_000}, seed=1), draft)
     dest = tmp_path / "node"
-    res = pull(store, draft.profile_name, "prod", dest, keys())
+    res = pull(store, resolve_channel(store, draft.profile_name, 'prod', keys()), dest)
     assert res.installed and current_artifact(dest) == v1
     before = tree_bytes(dest / "current")
     v2 = publish_and_promote(store, make_tree(tmp_path / "v2", {"config.json": b"{ }", "rank0.engine": BIG}, seed=2), draft)
@@ -87,7 +87,7 @@ def test_flipped_byte_in_middle_of_large_blob(store, installed, draft):
     data[len(data) // 2] ^= 0x01
     overwrite(store, key, bytes(data))
     with pytest.raises(VerificationError) as exc:
-        pull(store, draft.profile_name, "prod", dest, keys())
+        pull(store, resolve_channel(store, draft.profile_name, 'prod', keys()), dest)
     assert [(p.path, p.kind) for p in exc.value.problems] == [("rank0.engine", "digest")]
     assert_untouched(dest, v1, before)
     with pytest.raises(VerificationError):
@@ -100,7 +100,7 @@ def test_truncated_blob(store, installed, draft):
     key = big_blob(store, v2)
     overwrite(store, key, store.get_bytes(key)[: BIG // 3])
     with pytest.raises(VerificationError) as exc:
-        pull(store, draft.profile_name, "prod", dest, keys())
+        pull(store, resolve_channel(store, draft.profile_name, 'prod', keys()), dest)
     assert [(p.path, p.kind, p.expected, p.actual) for p in exc.value.problems] == [("rank0.engine", "size", BIG, BIG // 3)]
     assert_untouched(dest, v1, before)
 
@@ -109,7 +109,7 @@ def test_missing_blob(store, installed, draft):
     dest, v1, v2, before = installed
     overwrite(store, big_blob(store, v2), None)
     with pytest.raises(VerificationError) as exc:
-        pull(store, draft.profile_name, "prod", dest, keys())
+        pull(store, resolve_channel(store, draft.profile_name, 'prod', keys()), dest)
     assert [(p.path, p.kind) for p in exc.value.problems] == [("rank0.engine", "missing")]
     assert_untouched(dest, v1, before)
 
@@ -143,10 +143,10 @@ def test_interrupted_pull_and_stale_staging(store, installed, draft):
     stale = dest / ".staging-deadbeef"
     (stale / "sub").mkdir(parents=True)
     (stale / "sub" / "half.engine").write_bytes(b"partial")
-    res = pull(store, draft.profile_name, "prod", dest, keys())
+    res = pull(store, resolve_channel(store, draft.profile_name, 'prod', keys()), dest)
     assert res.installed and current_artifact(dest) == v2 and not stale.exists()
     assert (dest / "previous").resolve().name == v1[9:]
-    again = pull(store, draft.profile_name, "prod", dest, keys())
+    again = pull(store, resolve_channel(store, draft.profile_name, 'prod', keys()), dest)
     assert not again.installed
 
 
@@ -186,7 +186,7 @@ def test_pulls_keep_current_and_previous_only(store, tmp_path, draft):
     ids = []
     for i in range(4):
         ids.append(publish_and_promote(store, make_tree(tmp_path / f"v{i}", {"e": f"engine-{i}".encode()}), draft))
-        pull(store, draft.profile_name, "prod", dest, keys())
+        pull(store, resolve_channel(store, draft.profile_name, 'prod', keys()), dest)
     assert sorted(p.name for p in (dest / "versions").iterdir()) == sorted(a[9:] for a in ids[-2:])
     assert current_artifact(dest) == ids[-1]
     assert (dest / "previous").resolve().name == ids[-2][9:]

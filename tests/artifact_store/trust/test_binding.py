@@ -29,6 +29,7 @@ from buildctl.artifact_store.trust.signing import TrustedKeys
 from buildctl.core.digest import crypto_bytes, digest_bytes
 
 from ...support.helpers import attestation, make_signer, make_tree, overwrite, publish_schema1, xxh3_collision
+from buildctl.artifact_store.node.pull import resolve_channel
 
 
 def test_the_constructed_pair_has_one_xxh3_128_and_two_blake3_digests():
@@ -69,7 +70,7 @@ def test_a_node_with_trusted_keys_refuses_a_colliding_blob_by_blake3(store, tmp_
     overwrite(store, blob_key(entry.digest), evil)
     dest = tmp_path / "node"
     with pytest.raises(VerificationError) as exc:
-        pull(store, draft.profile_name, "prod", dest, [draft.compat_key], trusted=trusted)
+        pull(store, resolve_channel(store, draft.profile_name, 'prod', [draft.compat_key]), dest, auth=Authority(trusted=trusted))
     assert [(p.path, p.kind, p.expected) for p in exc.value.problems] == [("rank0.engine", "blake3", entry.blake3)]
     assert "blake3 mismatch" in str(exc.value) and current_artifact(dest) is None
     # the store's own deep check finds it too, by BLAKE3 (xxh3 alone passes), and quarantines it
@@ -79,7 +80,7 @@ def test_a_node_with_trusted_keys_refuses_a_colliding_blob_by_blake3(store, tmp_
     # the honest bytes, whose BLAKE3 proves them, are put back by a repair: then it serves again
     fixed = repair(store, aid, tree_source(tmp_path / "engine"), auth=Authority())
     assert fixed.replaced == ["rank0.engine"] and fixed.healthy
-    got = pull(store, draft.profile_name, "prod", dest, [draft.compat_key], trusted=trusted)
+    got = pull(store, resolve_channel(store, draft.profile_name, 'prod', [draft.compat_key]), dest, auth=Authority(trusted=trusted))
     assert got.installed and (dest / "current" / "rank0.engine").read_bytes() == good
 
 
@@ -91,15 +92,15 @@ def test_a_schema_1_artifact_falls_to_the_collision_and_require_crypto_refuses_i
     # Why BLAKE3 is needed: with xxh3-128 only, a signed manifest and a trusted node install the
     # attacker's bytes.
     old = tmp_path / "old-node"
-    assert pull(store, draft.profile_name, "prod", old, [draft.compat_key], trusted=trusted).installed
+    assert pull(store, resolve_channel(store, draft.profile_name, 'prod', [draft.compat_key]), old, auth=Authority(trusted=trusted)).installed
     assert (old / "current" / "rank0.engine").read_bytes() == evil
     dest = tmp_path / "node"
     with pytest.raises(CryptoRequiredError, match="schema 1.*xxh3-128 digests only.*buildctl rehash"):
-        pull(store, draft.profile_name, "prod", dest, [draft.compat_key], trusted=trusted, require_crypto=True)
+        pull(store, resolve_channel(store, draft.profile_name, 'prod', [draft.compat_key]), dest, auth=Authority(trusted=trusted, require_crypto=True))
     assert current_artifact(dest) is None and not (dest / "versions").exists() or not any((dest / "versions").iterdir())
     # an engine already current is held to the policy too (from the manifest kept beside it)
     with pytest.raises(CryptoRequiredError):
-        pull(store, draft.profile_name, "prod", old, [draft.compat_key], trusted=trusted, require_crypto=True)
+        pull(store, resolve_channel(store, draft.profile_name, 'prod', [draft.compat_key]), old, auth=Authority(trusted=trusted, require_crypto=True))
 
 
 def test_a_channel_record_binds_the_manifest_bytes_and_a_record_binding_other_bytes_is_refused(store, tmp_path, draft):
@@ -112,7 +113,7 @@ def test_a_channel_record_binds_the_manifest_bytes_and_a_record_binding_other_by
     forged = forged.model_copy(update={"signature": promoter.sign(forged.signed_bytes())})
     assert store.cas(channel_key(draft.profile_name, "prod", draft.compat_key), forged.to_bytes(), token)
     with pytest.raises(CorruptObjectError, match="other bytes with the same xxh3-128 id"):
-        pull(store, draft.profile_name, "prod", tmp_path / "node", [draft.compat_key], trusted=trusted)
+        pull(store, resolve_channel(store, draft.profile_name, 'prod', [draft.compat_key]), tmp_path / 'node', auth=Authority(trusted=trusted))
 
 
 def test_require_crypto_refuses_a_record_written_before_blake3(store, tmp_path, draft, monkeypatch):
@@ -121,10 +122,9 @@ def test_require_crypto_refuses_a_record_written_before_blake3(store, tmp_path, 
     rec = set_channel(store, aid, ops.get_manifest(store, aid), "canary", auth=Authority(signer=promoter))
     monkeypatch.undo()
     assert rec.manifest_blake3 is None and b"manifest_blake3" not in rec.to_bytes()
-    assert pull(store, draft.profile_name, "canary", tmp_path / "a", [draft.compat_key], trusted=trusted).installed
+    assert pull(store, resolve_channel(store, draft.profile_name, 'canary', [draft.compat_key]), tmp_path / 'a', auth=Authority(trusted=trusted)).installed
     with pytest.raises(CryptoRequiredError, match="carries no BLAKE3 of its manifest"):
-        pull(store, draft.profile_name, "canary", tmp_path / "b", [draft.compat_key], trusted=trusted,
-             require_crypto=True)
+        pull(store, resolve_channel(store, draft.profile_name, 'canary', [draft.compat_key]), tmp_path / 'b', auth=Authority(trusted=trusted, require_crypto=True))
 
 
 def test_an_attestation_binds_the_manifest_bytes_it_validated(tmp_path, draft):

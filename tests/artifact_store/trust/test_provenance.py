@@ -39,6 +39,7 @@ from ...support.helpers import (
     write_attestation,
     write_build_provenance,
 )
+from buildctl.artifact_store.gc import GcPolicy
 
 
 def schema_problems(stmt: dict) -> list[str]:
@@ -326,7 +327,7 @@ def test_gc_removes_an_artifacts_provenance_with_it(store, tmp_path, draft):
     aid = publish_files(store, tmp_path / "a", draft, {"rank0.engine": 5000})
     write_build_provenance(store, aid)
     assert read_provenance(store, aid) is not None
-    ops.gc(store, keep=0, grace_s=0, delete_window_s=0)
+    ops.gc(store, GcPolicy(keep=0, grace_s=0, delete_window_s=0))
     assert store.stat(provenance_key(aid)) is None and list(store.list("manifests/")) == []
 
 

@@ -23,6 +23,7 @@ from buildctl.artifact_store.trust.signing import TrustedKeys, verify_manifest_s
 from buildctl.core.times import utc_now
 
 from ...support.helpers import make_signer, make_tree, publish_schema1, rot, write_attestation
+from buildctl.artifact_store.node.pull import resolve_channel
 
 
 @pytest.fixture
@@ -54,21 +55,19 @@ def test_an_old_store_keeps_serving_every_channel(old_store, tmp_path, draft, cl
         rec = ops.read_channel(store, P, channel, draft.compat_key)[0]
         assert rec.manifest_blake3 is None  # as written before BLAKE3
         dest = tmp_path / channel
-        got = pull(store, P, channel, dest, K, trusted=trusted)
+        got = pull(store, resolve_channel(store, P, channel, K), dest, auth=Authority(trusted=trusted))
         assert got.installed and current_artifact(dest) == want
-        assert not pull(store, P, channel, dest, K, trusted=trusted).installed  # the next poll: current
+        assert not pull(store, resolve_channel(store, P, channel, K), dest, auth=Authority(trusted=trusted)).installed  # the next poll: current
         assert ops.verify(store, want, deep=True).schema_version == 1
     # staged and activated offline, as a driver upgrade does
     rec = ops.read_channel(store, P, "prod", draft.compat_key)[0]
     entry, _ = stage_artifact(store, rec, a, tmp_path / "staged", when=utc_now())
-    res = activate_staged(tmp_path / "staged", entry, trusted=trusted, now=datetime.now(timezone.utc),
-                          verify_window_s=3600)
+    res = activate_staged(tmp_path / 'staged', entry, auth=Authority(trusted=trusted, verify_window_s=3600), now=datetime.now(timezone.utc))
     assert res.installed and current_artifact(tmp_path / "staged") == a
     # a rollback and a new promotion of an old artifact still work; the new record binds its manifest
     rec = ops.promote(store, b, "prod", auth=Authority(signer=promoter, trusted=trusted))
     assert rec.bound(b) is not None
-    assert current_artifact(tmp_path / "prod") == a and pull(store, P, "prod", tmp_path / "prod", K,
-                                                               trusted=trusted).installed
+    assert current_artifact(tmp_path / "prod") == a and pull(store, resolve_channel(store, P, 'prod', K), tmp_path / 'prod', auth=Authority(trusted=trusted)).installed
     ops.rollback(store, P, "prod", auth=Authority(signer=promoter), reason="test")
     assert gc(store, dry_run=True).removed_artifacts == []
     # and the CLI says what they are
@@ -77,7 +76,7 @@ def test_an_old_store_keeps_serving_every_channel(old_store, tmp_path, draft, cl
     code, out, err = cli("--store", store_uri, "verify", a, "--deep", "--require-crypto")
     assert code == 4 and "--require-crypto" in err and "buildctl rehash" in err
     with pytest.raises(CryptoRequiredError):
-        pull(store, P, "staging", tmp_path / "strict", K, trusted=trusted, require_crypto=True)
+        pull(store, resolve_channel(store, P, 'staging', K), tmp_path / 'strict', auth=Authority(trusted=trusted, require_crypto=True))
 
 
 def test_rehash_publishes_a_signed_blake3_manifest_linked_to_the_old_one(old_store, tmp_path, draft):
@@ -96,8 +95,7 @@ def test_rehash_publishes_a_signed_blake3_manifest_linked_to_the_old_one(old_sto
     ops.promote(store, res.new, "staging", auth=auth)
     rec = ops.promote(store, res.new, "prod", auth=auth)
     assert rec.bound(res.new) is not None
-    got = pull(store, draft.profile_name, "prod", tmp_path / "node", [draft.compat_key], trusted=trusted,
-               require_crypto=True)
+    got = pull(store, resolve_channel(store, draft.profile_name, 'prod', [draft.compat_key]), tmp_path / 'node', auth=Authority(trusted=trusted, require_crypto=True))
     assert got.installed and got.artifact_id == res.new
 
 
