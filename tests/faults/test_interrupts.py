@@ -3,6 +3,7 @@ included, with one line and no traceback; re-running finishes the job (#29 item 
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
@@ -74,6 +75,14 @@ def test_an_import_interrupted_mid_upload_says_so_and_a_rerun_finishes_it(tmp_pa
                  1, outcome=f"ok (exit {code}, one line, no manifest; the re-run published and deep-verified)")
 
 
+def _complete_json(out: str) -> bool:
+    try:
+        json.loads(out)
+    except ValueError:
+        return False
+    return True
+
+
 def _handles_sigterm(pid: int) -> bool:
     """Whether the process has a handler for SIGTERM (buildctl's first statement installs one)."""
     try:
@@ -99,6 +108,11 @@ def test_a_signal_during_start_up_exits_cleanly(sig, code, record_fault):
         out, err = p.communicate(timeout=60)
         if p.returncode == 0:  # it finished first: nothing to see at this delay
             continue
+        if p.returncode == -sig and not err and _complete_json(out):
+            # It finished first, and the signal landed in the interpreter's teardown, after Python
+            # put back the default handlers: the shell sees 128+sig, as it does for buildctl's own
+            # exit, and the output is whole. (`fingerprint` starts in about 0.4 s since #51.)
+            continue
         seen += 1
         assert p.returncode == code, (delay, p.returncode, err[-2000:])
         assert "Traceback" not in err and len(err.strip().splitlines()) == 1, (delay, err)
@@ -111,7 +125,8 @@ def test_a_pull_interrupted_mid_download_exits_at_once_not_after_its_ranges(tmp_
                                                                              record_fault):
     """Through a proxy that moves 1 MiB/s per connection, each 8 MiB range takes 8 s: a SIGINT
     1.5 s in must not wait for the ranges in flight. current stays, staging is gone."""
-    import buildctl.artifact_store as ops
+    from buildctl.artifact_store.promotion import promote
+    from buildctl.artifact_store.publish import publish_tree
     from buildctl.artifact_store.backends.store import open_store
 
     from .proxy import FaultProxy
@@ -119,11 +134,11 @@ def test_a_pull_interrupted_mid_download_exits_at_once_not_after_its_ranges(tmp_
     bucket = seaweed.new_bucket()
     store = open_store(f"s3://{bucket}/buildctl")
     tree = make_tree(tmp_path / "engine", {"config.json": b"{}", "rank0.engine": 32 * 1024 * 1024})
-    aid = ops.publish_tree(store, tree, draft).artifact_id
+    aid = publish_tree(store, tree, draft).artifact_id
     from ..support.helpers import write_attestation
 
     write_attestation(store, aid, draft.compat_key, "pass")
-    ops.promote(store, aid, "staging")
+    promote(store, aid, "staging")
     dest = tmp_path / "node"
     with FaultProxy(seaweed.s3_port, every=0, rate=1024 * 1024) as proxy:
         p = _cli("--store", store.uri, "pull", "--profile", draft.profile_name, "--channel", "staging", "--dest",
