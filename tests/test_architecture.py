@@ -5,6 +5,7 @@ exit-code table and help output."""
 from __future__ import annotations
 
 import ast
+import re
 import os
 import shutil
 import subprocess
@@ -331,3 +332,36 @@ def test_every_model_is_a_frozen_record_that_refuses_unknown_fields():
         cfg = cls.model_config
         assert cfg.get("frozen") and cfg.get("extra") == "forbid", f"{cls.__module__}.{cls.__name__}"
         assert issubclass(cls, Record) or cls.__name__ == "Settings", f"{cls.__module__}.{cls.__name__}: not a Record"
+
+
+def _untested_modules(root: Path = REPO) -> list[str]:
+    """Modules of ``root/buildctl`` with neither ``tests/<package path>/test_<module>.py`` nor a row
+    in tests/README.md's table of modules tested elsewhere (whose test file must exist)."""
+    readme = (root / "tests" / "README.md").read_text()
+    rows = dict(re.findall(r"^\| `buildctl/([\w/]+\.py)` \| `(tests/[\w/]+\.py)` \|", readme, flags=re.M))
+    out = []
+    for p in sorted((root / "buildctl").rglob("*.py")):
+        if p.name in ("__init__.py", "__main__.py") or "__pycache__" in p.parts:
+            continue
+        rel = p.relative_to(root / "buildctl")
+        mirror = root / "tests" / rel.parent / f"test_{p.stem}.py"
+        named = rows.get(rel.as_posix())
+        if not mirror.exists() and not (named and (root / named).exists()):
+            out.append(rel.as_posix())
+    out += [f"stale row: {m}" for m in rows if not (root / "buildctl" / m).exists()]
+    return out
+
+
+def test_every_module_has_a_mirrored_test_file_or_a_line_naming_where_it_is_tested():
+    """#51: tests mirror the package (tests/README.md)."""
+    assert _untested_modules() == []
+
+
+def test_the_mirror_check_names_a_new_module_without_tests_and_a_stale_row(tmp_path):
+    (tmp_path / "buildctl" / "steps").mkdir(parents=True)
+    (tmp_path / "buildctl" / "steps" / "new.py").write_text("")
+    (tmp_path / "buildctl" / "steps" / "old.py").write_text("")
+    (tmp_path / "tests" / "steps").mkdir(parents=True)
+    (tmp_path / "tests" / "steps" / "test_old.py").write_text("")
+    (tmp_path / "tests" / "README.md").write_text("| `buildctl/steps/gone.py` | `tests/steps/test_old.py` | why |\n")
+    assert _untested_modules(tmp_path) == ["steps/new.py", "stale row: steps/gone.py"]

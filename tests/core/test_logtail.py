@@ -63,13 +63,14 @@ def test_pull_says_files_bytes_and_throughput(cli, tmp_path, draft):
     """`buildctl pull` ends with what it moved: files, MB and MB/s, verified."""
     import re
 
-    import buildctl.artifact_store as ops
+    from buildctl.artifact_store.backends.store import open_store
+    from buildctl.artifact_store.promotion import promote
 
-    from .support.helpers import publish_files, staged
+    from ..support.helpers import publish_files, staged
 
-    store = ops.open_store(f"file://{tmp_path / 'store'}")
+    store = open_store(f"file://{tmp_path / 'store'}")
     aid = publish_files(store, tmp_path / "a", draft, {"config.json": b"{}", "rank0.engine": 3_000_000})
-    ops.promote(store, staged(store, aid), "prod")
+    promote(store, staged(store, aid), "prod")
     code, out, err = cli("--store", store.uri, "pull", "--profile", draft.profile_name, "--channel", "prod", "--dest",
                          tmp_path / "node", "--skip-preflight")
     assert code == 0, err
