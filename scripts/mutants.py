@@ -178,11 +178,64 @@ def read_clone(module: str, spec: dict, clone: Path, cr_bin: Path, *, seconds: f
             "finished_at": time.strftime("%Y-%m-%d %H:%M", time.gmtime())}
 
 
+# #51 moved modules into rooms without changing their code (imports aside): a run from before the
+# move reads as the module's run under its new path, and the report says it predates the move.
+MOVED_51 = {
+    "buildctl/artifact_store/attestations.py": "buildctl/artifact_store/trust/attestations.py",
+    "buildctl/artifact_store/authority.py": "buildctl/artifact_store/trust/authority.py",
+    "buildctl/artifact_store/backend.py": "buildctl/artifact_store/backends/store.py",
+    "buildctl/artifact_store/binding.py": "buildctl/artifact_store/trust/binding.py",
+    "buildctl/artifact_store/checkpoints.py": "buildctl/artifact_store/node/checkpoints.py",
+    "buildctl/artifact_store/download.py": "buildctl/artifact_store/node/download.py",
+    "buildctl/artifact_store/export_signature.py": "buildctl/artifact_store/node/export_signature.py",
+    "buildctl/artifact_store/install_dir.py": "buildctl/artifact_store/node/install_dir.py",
+    "buildctl/artifact_store/integrity.py": "buildctl/artifact_store/upkeep/integrity.py",
+    "buildctl/artifact_store/inventory.py": "buildctl/artifact_store/fleet/inventory.py",
+    "buildctl/artifact_store/listing.py": "buildctl/artifact_store/backends/listing.py",
+    "buildctl/artifact_store/local.py": "buildctl/artifact_store/backends/local.py",
+    "buildctl/artifact_store/memo.py": "buildctl/artifact_store/backends/memo.py",
+    "buildctl/artifact_store/pools.py": "buildctl/artifact_store/backends/pools.py",
+    "buildctl/artifact_store/provenance.py": "buildctl/artifact_store/trust/provenance.py",
+    "buildctl/artifact_store/pull.py": "buildctl/artifact_store/node/pull.py",
+    "buildctl/artifact_store/ranged.py": "buildctl/artifact_store/backends/ranged.py",
+    "buildctl/artifact_store/rehash.py": "buildctl/artifact_store/upkeep/rehash.py",
+    "buildctl/artifact_store/repair.py": "buildctl/artifact_store/upkeep/repair.py",
+    "buildctl/artifact_store/revocation.py": "buildctl/artifact_store/trust/revocation.py",
+    "buildctl/artifact_store/rollout.py": "buildctl/artifact_store/fleet/waves.py",
+    "buildctl/artifact_store/s3.py": "buildctl/artifact_store/backends/s3.py",
+    "buildctl/artifact_store/signing.py": "buildctl/artifact_store/trust/signing.py",
+    "buildctl/artifact_store/trust.py": "buildctl/artifact_store/node/admission.py",
+    "buildctl/artifact_store/verify.py": "buildctl/artifact_store/read.py",
+    "buildctl/context.py": "buildctl/steps/context.py",
+    "buildctl/coverage.py": "buildctl/steps/coverage.py",
+    "buildctl/digest.py": "buildctl/core/digest.py",
+    "buildctl/errors.py": "buildctl/core/errors.py",
+    "buildctl/fleet.py": "buildctl/steps/fleet.py",
+    "buildctl/healing.py": "buildctl/steps/healing.py",
+    "buildctl/logtail.py": "buildctl/core/logtail.py",
+    "buildctl/node_agent.py": "buildctl/steps/node_agent.py",
+    "buildctl/node_index.py": "buildctl/steps/node_index.py",
+    "buildctl/pipeline.py": "buildctl/steps/pipeline.py",
+    "buildctl/records.py": "buildctl/core/records.py",
+    "buildctl/rollouts.py": "buildctl/steps/rollouts.py",
+    "buildctl/settings.py": "buildctl/core/settings.py",
+    "buildctl/stats.py": "buildctl/core/stats.py",
+    "buildctl/times.py": "buildctl/core/times.py",
+    "buildctl/upgrade.py": "buildctl/steps/upgrade.py",
+    "buildctl/validate_process.py": "buildctl/steps/validate_process.py",
+    "buildctl/worker_queues.py": "buildctl/steps/worker_queues.py",
+}
+
+
 def _normalise(r: dict) -> dict:
     """Results written before the equivalent table existed read as having none; module paths from
-    before the package folders moved under buildctl/ read as their paths now."""
+    before the package folders moved under buildctl/, and from before #51's rooms, read as their
+    paths now."""
     if not r["module"].startswith("buildctl/"):
         r["module"] = "buildctl/" + r["module"]
+    if r["module"] in MOVED_51:
+        r["moved_from"] = r["module"]
+        r["module"] = MOVED_51[r["module"]]
     if "error" not in r:
         r.setdefault("equivalent", 0)
         for x in r.get("survivors", []):
@@ -260,6 +313,8 @@ def report(results: list[dict], exclude: list[str]) -> str:
                      f"{r['seconds'] / 60:.1f} | {r.get('finished_at', '-')} | "
                      + (f"{100 * r['score_since']:.1f}% |" if r.get("score_since") is not None else "- |"))
     notes = [f"- `{r['module']}`: {r['resumed']}." for r in results if r.get("resumed")]
+    notes += [f"- `{r['module']}`: run as `{r['moved_from']}`, before #51 moved it into its room (the code moved "
+              "unchanged but for its imports)." for r in results if r.get("moved_from")]
     if notes:
         lines += [""] + notes
     for r in results:
@@ -339,7 +394,7 @@ def _merge_and_report(results: list[dict], conf: dict, modules: dict) -> int:
     RESULTS.mkdir(parents=True, exist_ok=True)
     if (RESULTS / "mutants.json").exists():
         ran = {r["module"] for r in results}
-        kept = [_normalise(r) for r in json.loads((RESULTS / "mutants.json").read_text()) if r["module"] not in ran]
+        kept = [r for r in map(_normalise, json.loads((RESULTS / "mutants.json").read_text())) if r["module"] not in ran]
         order = list(modules)
         results = sorted(kept + results, key=lambda r: order.index(r["module"]) if r["module"] in order else len(order))
     return _write(annotate(results, conf), conf)

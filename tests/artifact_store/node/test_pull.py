@@ -13,13 +13,16 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings as hsettings, strategies as st
 
-import buildctl.artifact_store as ops
+from buildctl.artifact_store.promotion import promote
+from buildctl.artifact_store.publish import publish_tree
+from buildctl.artifact_store.read import get_manifest, verify
 from buildctl.artifact_store.errors import PreflightError, VerificationError
 from buildctl.artifact_store.manifest import FileEntry
 from buildctl.artifact_store.node.install_dir import current_artifact, install_artifact
 from buildctl.artifact_store.node.pull import pull, resolve_channel
 from buildctl.artifact_store.layout import blob_key, manifest_key
 from buildctl.engines.fingerprint import detect
+from buildctl.artifact_store.backends.store import open_store
 
 from ...support.helpers import REPO, make_tree, publish_files, staged
 
@@ -32,7 +35,7 @@ def tree_bytes(root: Path) -> dict[str, bytes]:
 
 def publish_and_promote(store, root: Path, draft) -> str:
     aid = publish_files(store, root, draft)
-    ops.promote(store, staged(store, aid), "prod")
+    promote(store, staged(store, aid), "prod")
     return aid
 
 
@@ -70,7 +73,7 @@ def overwrite(store, key: str, data: bytes | None) -> None:
 
 
 def big_blob(store, v2) -> str:
-    m = ops.get_manifest(store, v2)
+    m = get_manifest(store, v2)
     return blob_key(next(f.digest for f in m.files if f.path == "rank0.engine"))
 
 
@@ -91,8 +94,8 @@ def test_flipped_byte_in_middle_of_large_blob(store, installed, draft):
     assert [(p.path, p.kind) for p in exc.value.problems] == [("rank0.engine", "digest")]
     assert_untouched(dest, v1, before)
     with pytest.raises(VerificationError):
-        ops.verify(store, v2, deep=True)
-    ops.verify(store, v2)  # shallow verify sees sizes only
+        verify(store, v2, deep=True)
+    verify(store, v2)  # shallow verify sees sizes only
 
 
 def test_truncated_blob(store, installed, draft):
@@ -116,7 +119,7 @@ def test_missing_blob(store, installed, draft):
 
 def test_manifest_naming_a_file_that_is_not_there(store, installed, draft, tmp_path):
     dest, v1, v2, before = installed
-    m = ops.get_manifest(store, v2)
+    m = get_manifest(store, v2)
     ghost = FileEntry(path="rank1.engine", size=10, digest="xxh3-128:" + "ab" * 16, blake3="blake3:" + "cd" * 32)
     forged = m.model_copy(update={"files": tuple(sorted(m.files + (ghost,), key=lambda f: f.path))})
     fid = forged.artifact_id()
@@ -197,7 +200,7 @@ def test_pull_progress_bar_only_on_a_terminal(store_uri, tmp_path, draft, s3_env
     import pty
     import select
 
-    store = ops.open_store(store_uri)
+    store = open_store(store_uri)
     publish_and_promote(store, make_tree(tmp_path / "v", {"config.json": b"{}", "rank0.engine": BIG}, seed=5), draft)
     exe = os.path.join(os.path.dirname(sys.executable), "buildctl")
     base = [exe, "--store", store_uri, "pull", "--profile", draft.profile_name, "--channel", "prod", "--skip-preflight"]
@@ -239,11 +242,11 @@ def _tree(root: Path) -> Path:
 def test_pull_refuses_a_corrupted_first_middle_or_last_file(store, tmp_path, draft, which):
     from ...support.helpers import rot
 
-    good = ops.publish_tree(store, make_tree(tmp_path / "good", {"x": b"good"}), draft).artifact_id
+    good = publish_tree(store, make_tree(tmp_path / "good", {"x": b"good"}), draft).artifact_id
     dest = tmp_path / "node"
     install_artifact(store, good, dest)
-    bad = ops.publish_tree(store, _tree(tmp_path / "bad"), draft).artifact_id
-    rot(store, next(f.digest for f in ops.get_manifest(store, bad).files if f.path == which), "flip")
+    bad = publish_tree(store, _tree(tmp_path / "bad"), draft).artifact_id
+    rot(store, next(f.digest for f in get_manifest(store, bad).files if f.path == which), "flip")
     with pytest.raises(VerificationError) as exc:
         install_artifact(store, bad, dest)
     assert [p.path for p in exc.value.problems] == [which]
@@ -264,10 +267,10 @@ def test_any_single_byte_change_in_any_file_is_refused(tmp_path_factory, draft, 
     files = data.draw(st.dictionaries(st.sampled_from(["a", "b/c.bin", "d.json", "z"]), st.binary(min_size=1, max_size=64),
                                       min_size=1, max_size=4))
     src = make_tree(root / "tree", files)
-    good = ops.publish_tree(store, make_tree(root / "good", {"g": b"good"}), draft).artifact_id
+    good = publish_tree(store, make_tree(root / "good", {"g": b"good"}), draft).artifact_id
     install_artifact(store, good, root / "node")
-    aid = ops.publish_tree(store, src, draft).artifact_id
-    m = ops.get_manifest(store, aid)
+    aid = publish_tree(store, src, draft).artifact_id
+    m = get_manifest(store, aid)
     entry = data.draw(st.sampled_from(sorted(m.files, key=lambda f: f.path)))
     blob = store.root / blob_key(entry.digest)
     body = bytearray(blob.read_bytes())
@@ -298,7 +301,7 @@ def test_a_miss_names_the_wrong_name_and_the_known_ones(tmp_path, draft):
     with pytest.raises(ChannelNotFoundError) as exc:  # objects, but no channel anywhere
         resolve_channel(store, "p", "prod", ["k"])
     assert "no profile has a channel there yet" in str(exc.value)
-    set_channel(store, aid, ops.get_manifest(store, aid), "staging")
+    set_channel(store, aid, get_manifest(store, aid), "staging")
     P = draft.profile_name
     with pytest.raises(ChannelNotFoundError) as exc:
         resolve_channel(store, P, "stagin", [draft.compat_key])
@@ -310,3 +313,22 @@ def test_a_miss_names_the_wrong_name_and_the_known_ones(tmp_path, draft):
         resolve_channel(store, P, "staging", ["aoti-" + "9" * 32])
     assert "has no channel" not in str(exc.value)
     assert resolve_channel(store, P, "staging", ["aoti-" + "9" * 32, draft.compat_key]).artifact_id == aid
+
+
+@pytest.mark.guard
+def test_pull_options_default_to_the_safe_pull():
+    """A caller that names no flag (a flow, `node activate`'s fallback pull) gets what `buildctl
+    pull` gives without flags: preflight and smoke check on, an engine that failed here held back,
+    coverage not required, ten minutes for the smoke check, current and previous kept. The check's
+    time must be positive and the sequence floor non-negative."""
+    from pydantic import ValidationError
+
+    from buildctl.artifact_store.node.pull import PullOptions
+
+    o = PullOptions()
+    assert (o.skip_preflight, o.health_check, o.retry_failed, o.require_covered) == (False, True, False, False)
+    assert (o.health_timeout_s, o.keep, o.min_seq, o.node_id, o.health_cmd) == (600.0, 2, 0, None, None)
+    assert PullOptions(health_timeout_s=0.5).health_timeout_s == 0.5
+    for bad in ({"health_timeout_s": 0}, {"min_seq": -1}, {"keep_versions": 3}):
+        with pytest.raises(ValidationError):
+            PullOptions(**bad)
