@@ -71,7 +71,7 @@ $PY - "$ARTIFACT" <<'PY'
 import os, sys
 from buildctl.artifact_store.backends.store import open_store
 from buildctl.artifact_store.layout import blob_key
-from buildctl.artifact_store import get_manifest
+from buildctl.artifact_store.read import get_manifest
 store = open_store(os.environ["BUILDCTL_STORE"])
 path = os.path.join(store.root, blob_key(get_manifest(store, sys.argv[1]).files[0].digest))
 data = bytearray(open(path, "rb").read())

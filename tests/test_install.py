@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
-import buildctl.artifact_store as ops
+from buildctl.artifact_store.backends.store import open_store
+from buildctl.artifact_store.promotion import promote
+from buildctl.artifact_store.publish import publish_tree
 from buildctl.artifact_store.layout import node_key
 
 from .support.helpers import PROFILES, REPO, make_tree, staged, write_attestation
@@ -65,10 +67,10 @@ def test_slim_install_pulls_from_seaweedfs_without_prefect(slim_venv, seaweed, s
     assert r.returncode == 0 and r.stdout.strip() == "[]", (r.stdout, r.stderr)
 
     uri = f"s3://{seaweed.new_bucket()}/fleet"
-    store = ops.open_store(uri)
-    res = ops.publish_tree(store, make_tree(tmp_path / "engine", {"rank0.engine": 300_000, "config.json": b"{}"}), draft)
+    store = open_store(uri)
+    res = publish_tree(store, make_tree(tmp_path / "engine", {"rank0.engine": 300_000, "config.json": b"{}"}), draft)
     write_attestation(store, res.artifact_id, draft.compat_key)
-    ops.promote(store, staged(store, res.artifact_id), "prod")
+    promote(store, staged(store, res.artifact_id), "prod")
 
     # the node is the host the engine was built for: the same fingerprint, saved to a file (a slim
     # install has no torch, so its own aoti compat key differs, as it should)

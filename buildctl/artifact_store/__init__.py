@@ -16,31 +16,5 @@ top to bottom (import-linter keeps them, and no module imports one above its flo
 * :mod:`.backends`: the key/bytes interface, local and S3, ranged reads, listings, the manifest memo;
 * :mod:`.manifest`, then :mod:`.layout` (every key name) and :mod:`.errors`.
 
-The names below are re-exported for callers that want the whole API in one import.
+Nothing is re-exported here: a caller imports each name from the module that holds it.
 """
-
-from buildctl.artifact_store.trust.attestations import (
-    Attestation,
-    StoredAttestation,
-    latest_attestation,
-    list_attestations,
-    write_attestation,
-)
-from buildctl.artifact_store.backends.store import ProgressFn, Store, open_store
-from buildctl.artifact_store.trust.authority import Authority
-from buildctl.artifact_store.channels import ChannelRecord, channels_pointing_at, history, read_channel, set_channel
-from buildctl.artifact_store.promotion import promote, rollback
-from buildctl.artifact_store.gc import GcResult, gc
-from buildctl.artifact_store.layout import manifest_signature_prefix
-from buildctl.artifact_store.manifest import Manifest
-from buildctl.core.times import utc_now
-from buildctl.artifact_store.publish import ManifestDraft, PublishResult, lookup_build_key, publish_tree
-from buildctl.artifact_store.read import get_manifest, list_artifacts, resolve_artifact, verify
-
-__all__ = [
-    "Attestation", "Authority", "ChannelRecord", "GcResult", "Manifest", "ManifestDraft", "ProgressFn", "PublishResult",
-    "Store", "StoredAttestation", "channels_pointing_at", "gc", "get_manifest", "history", "latest_attestation",
-    "list_artifacts", "list_attestations", "lookup_build_key", "manifest_signature_prefix", "open_store",
-    "promote", "publish_tree", "read_channel", "resolve_artifact", "rollback", "set_channel", "utc_now", "verify",
-    "write_attestation",
-]

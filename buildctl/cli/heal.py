@@ -19,9 +19,9 @@ def quarantine_cmd(
     json_out: bool = JSON_OPT,
 ) -> None:
     """Take an artifact out of service: never a cache hit, never promoted, never pulled."""
-    from buildctl.steps.healing import quarantine_artifact
+    from buildctl.steps.healing import quarantine
 
-    aid, key = quarantine_artifact(context(ctx), artifact, reason)
+    aid, key = quarantine(context(ctx), artifact, reason)
     if want_json(ctx, json_out):
         emit_json({"artifact_id": aid, "quarantine_record": key})
     else:
@@ -35,12 +35,12 @@ def repair_cmd(
     json_out: bool = JSON_OPT,
 ) -> None:
     """Put back exactly the blobs whose digests match the manifest, then lift the quarantine."""
-    from buildctl.steps.healing import repair_artifact
+    from buildctl.steps.healing import repair
     from buildctl.artifact_store.read import verify
 
     c = context(ctx)
     store = c.store
-    res = repair_artifact(c, artifact, source)
+    res = repair(c, artifact, source)
     if want_json(ctx, json_out):
         emit_json(res.to_json())
     else:

@@ -25,7 +25,7 @@ def report_cmd(
     """Record this host's fingerprint in the store's inventory; emit buildctl.node.driver-upgraded
     when a field its engines depend on changed since the last report: a hard one (its compat key
     changed: rebuild) or a soft one (re-check the engines it serves on the new values)."""
-    from buildctl.steps import fleet
+    from buildctl.steps import fleet, node_index
     from buildctl.engines.fingerprint import host_fingerprint
 
     names = sorted({p.strip() for item in profiles for p in item.split(",") if p.strip()})
@@ -54,7 +54,7 @@ def report_cmd(
     summary = {"node_id": node_id, "profiles": names, "first_report": res.previous is None,
                "backends": sorted(backends), "upgraded": upgraded,
                "compat_changed": res.compat_changed, "compat_keys": res.record.compat_keys,
-               "previous_compat_keys": fleet.node_compat_keys(res.previous) if res.previous else None,
+               "previous_compat_keys": node_index.node_compat_keys(res.previous) if res.previous else None,
                "soft_changed": {b: {k: list(v) for k, v in d.items()} for b, d in res.soft_changed.items()},
                "event_emitted": event_id is not None, "event_id": event_id, "event_resent": resent and event_id is not None,
                "event_pending": undelivered is not None}
@@ -81,7 +81,7 @@ def report_cmd(
         after = parse_fingerprint(res.record.fingerprint, "this report")
         out().print(f"{node_id}: compat key changed; "
                     + (f"emitted buildctl.node.driver-upgraded ({event_id})" if event_id else "no event emitted"))
-        previous = fleet.node_compat_keys(res.previous)
+        previous = node_index.node_compat_keys(res.previous)
         for b, key in sorted(res.record.compat_keys.items()):
             was = previous.get(b)
             if key == was:

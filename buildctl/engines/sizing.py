@@ -83,7 +83,7 @@ def _int_field(obj: dict[str, Any], keys: tuple[str, ...]) -> int | str:
     return f"no {' or '.join(keys)}"
 
 
-def _timestamp(v: Any) -> float | None:
+def _request_time(v: Any) -> float | None:
     if isinstance(v, bool):
         return None
     if isinstance(v, (int, float)):
@@ -110,7 +110,7 @@ def _parse_line(line: str) -> tuple[int, int, int | None, float | None] | str:
     if isinstance(o, str):
         return o
     ts, c = obj.get("timestamp"), obj.get("concurrency")
-    stamp = _timestamp(ts) if ts is not None else None
+    stamp = _request_time(ts) if ts is not None else None
     if ts is not None and stamp is None:
         return "timestamp is neither a number nor an ISO-8601 time"
     if c is not None and (isinstance(c, bool) or not isinstance(c, int) or c < 1):

@@ -80,8 +80,8 @@ INCONCLUSIVE_RETRY_BUDGET = 2.0
 @task(name="validate", task_run_name="validate {artifact_id}", cache_policy=NONE)
 def validate_task(settings: Settings, artifact_id: str, compat_key: str, revalidate: bool,
                   speed_budget: float = 1.0) -> ValidationOutcome:
-    previous = None if revalidate else validate.reusable_attestation(Context.from_settings(settings), artifact_id,
-                                                                      compat_key, host_fingerprint(settings))
+    ctx = Context.from_settings(settings)
+    previous = None if revalidate else validate.reusable_attestation(ctx, artifact_id, compat_key, ctx.fingerprint)
     if previous is not None:
         get_run_logger().info(f"already validated on {compat_key} with this host's soft values "
                               f"({previous.attestation.created_at}): not re-running")

@@ -22,7 +22,7 @@ from buildctl.steps.context import Context
 from buildctl.core.settings import Settings
 from buildctl.artifact_store.backends.store import Store
 from buildctl.artifact_store.errors import StoreArgumentError
-from buildctl.artifact_store.gc import gc as store_gc  # this module's own step is gc
+import buildctl.artifact_store.gc
 from buildctl.artifact_store.gc import GcPolicy, GcResult
 from buildctl.artifact_store.fleet.inventory import (
     MAX_PULL_FAILURES,
@@ -41,8 +41,6 @@ from buildctl.artifact_store.manifest import Manifest
 from buildctl.artifact_store.quarantine import active_quarantine
 from buildctl.artifact_store.read import artifacts_built_from, list_artifacts
 from buildctl.steps.node_index import demand_counts, index_built, node_compat_keys, node_fingerprint, node_markers
-
-__all__ = ["node_compat_keys", "node_fingerprint"]  # re-exported: callers know them as fleet's
 
 
 # The event a node report emits when a field its engines depend on changed (buildctl.flows.events).
@@ -392,4 +390,4 @@ def gc_policy(settings: Settings, *, keep: int | None = None, keep_history: int 
 def gc(ctx: Context, policy: GcPolicy, *, dry_run: bool = False, now: datetime | None = None) -> GcResult:
     """``buildctl gc`` and the gc-store flow: the store's gc (which keeps what the nodes report)
     under ``policy`` (:func:`gc_policy`)."""
-    return store_gc(ctx.store, policy, dry_run=dry_run, now=now)
+    return buildctl.artifact_store.gc.gc(ctx.store, policy, dry_run=dry_run, now=now)

@@ -15,7 +15,8 @@ import random
 from dataclasses import dataclass, field
 
 from buildctl.steps.context import Context
-from buildctl.steps.node_index import IndexReport, index_built, rebuild as rebuild_index
+from buildctl.steps import node_index
+from buildctl.steps.node_index import IndexReport, index_built
 from buildctl.artifact_store.promotion import PROTECTED_CHANNELS
 from buildctl.steps.validate import passing_attestation
 from buildctl.artifact_store.backends.store import Store
@@ -24,7 +25,8 @@ from buildctl.artifact_store.promotion import rollback
 from buildctl.artifact_store.errors import (ArtifactNotFoundError, CorruptObjectError, QuarantinedError, StoreArgumentError,
                                            VerificationError)
 from buildctl.artifact_store.upkeep.integrity import verify_recent_or_quarantine, verify_deep_or_quarantine
-from buildctl.artifact_store.quarantine import active_quarantine, quarantine
+import buildctl.artifact_store.quarantine
+from buildctl.artifact_store.quarantine import active_quarantine
 from buildctl.artifact_store.records import check_records
 from buildctl.artifact_store.upkeep.repair import RepairResult, manifest_copies, repair_from, restore_manifest
 from buildctl.artifact_store.read import get_manifest, list_artifacts, resolve_artifact, scan_manifests
@@ -65,12 +67,12 @@ class HealReport:
                 "rebuild": [{"profile": p, "compat_key": k} for p, k in self.rebuild]}
 
 
-def quarantine_artifact(ctx: Context, artifact_ref: str, reason: str) -> tuple[str, str]:
+def quarantine(ctx: Context, artifact_ref: str, reason: str) -> tuple[str, str]:
     """Quarantine by hand (``buildctl quarantine``); returns (artifact id, record key)."""
     if not reason.strip():
         raise StoreArgumentError("--reason must say why the artifact is quarantined")
     artifact_id = resolve_artifact(ctx.store, artifact_ref)
-    key, _ = quarantine(ctx.store, artifact_id, reason, auth=ctx.auth)
+    key, _ = buildctl.artifact_store.quarantine.quarantine(ctx.store, artifact_id, reason, auth=ctx.auth)
     return artifact_id, key
 
 
@@ -136,7 +138,7 @@ def heal_artifact(ctx: Context, artifact_ref: str, *, repair_source: str | None 
     return report
 
 
-def repair_artifact(ctx: Context, artifact_ref: str, source: str) -> RepairResult:
+def repair(ctx: Context, artifact_ref: str, source: str) -> RepairResult:
     """``buildctl repair ARTIFACT --from DIR|STORE-URI``."""
     artifact_id = resolve_artifact(ctx.store, artifact_ref)
     restore_manifest(ctx.store, artifact_id, manifest_copies(artifact_id, source, ctx.open_other))
@@ -250,7 +252,7 @@ def scrub(ctx: Context, *, sample: float = 1.0, channels_only: bool = False,
             continue  # the ref turned malformed since it was listed: check_records names it
         report.history += [(e.key, e.problem) for e in chain if e.problem]
     if index_built(store):  # and the node index against the node records: missing markers written, stale deleted
-        report.node_index = rebuild_index(store, repair=True)
+        report.node_index = node_index.rebuild(store, repair=True)
     return report
 
 

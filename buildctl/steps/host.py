@@ -11,7 +11,7 @@ from typing import Callable
 
 from buildctl.engines.backend import Runner
 from buildctl.engines.errors import PreflightLoadError
-from buildctl.engines.fingerprint import Fingerprint, host_fingerprint
+from buildctl.engines.fingerprint import Fingerprint
 from buildctl.engines.registry import backend_names, backend_of_engine_dir, get_backend
 from buildctl.steps.fleet import record_pull_failure
 from buildctl.artifact_store.fleet.inventory import PullFailure
@@ -70,7 +70,7 @@ def host_compat_keys(fingerprint: Fingerprint) -> list[str]:
 def channel_target(ctx: Context, profile: str, channel: str,
                    fingerprint: Fingerprint | None = None, node_id: str | None = None) -> tuple[ChannelRecord, Manifest]:
     """The record and the manifest a pull on this host (as ``node_id``, during a rollout) would install."""
-    rec = resolve_channel(ctx.store, profile, channel, host_compat_keys(fingerprint or host_fingerprint(ctx.settings)))
+    rec = resolve_channel(ctx.store, profile, channel, host_compat_keys(fingerprint or ctx.fingerprint))
     return rec, get_manifest(ctx.store, rec.artifact_for(node_id))
 
 

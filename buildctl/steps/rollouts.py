@@ -31,7 +31,7 @@ from datetime import datetime, timedelta
 from typing import Any, Iterable
 
 from buildctl.steps.context import Context
-from buildctl.steps.fleet import node_fingerprint
+from buildctl.steps.node_index import node_fingerprint
 from buildctl.steps.node_index import index_built, scope_nodes, state_of, status_states
 from buildctl.core.times import now_utc, parse_utc, utc_now
 from buildctl.artifact_store.trust.authority import Authority

@@ -38,10 +38,11 @@ from buildctl.artifact_store.read import get_manifest
 from buildctl.steps.context import Context, Say, quiet
 from buildctl.steps.coverage import Coverage, artifacts_for_key, coverage, serving_key
 from buildctl.engines.errors import EngineLoadError, IncompatibleTargetError
-from buildctl.engines.fingerprint import Fingerprint, UpgradeTarget, host_fingerprint
+from buildctl.engines.fingerprint import Fingerprint, UpgradeTarget
 from buildctl.engines.profile import BuildProfile
 from buildctl.core.errors import GateRefusedError, NotFoundError
-from buildctl.steps.fleet import node_fingerprint, recheck_queue_for, recheck_queues, serving_queues, work_queue_for
+from buildctl.steps.node_index import node_fingerprint
+from buildctl.steps.fleet import recheck_queue_for, recheck_queues, serving_queues, work_queue_for
 from buildctl.artifact_store.promotion import PROTECTED_CHANNELS
 from buildctl.steps.build import build, plan_build, publish, run_build
 from buildctl.steps.host import host_compat_keys
@@ -345,7 +346,7 @@ def prepare(ctx: Context, target: UpgradeTarget, profiles: dict[str, BuildProfil
     host's is left to a worker that has them (both are ``blocked`` here, naming the queue). New builds go to ``staging`` (and to ``channel`` when
     it is not a protected one); a re-check only adds an attestation. For a protected channel the
     ``buildctl promote`` commands CI runs are returned. Returns what was done and the plan after."""
-    host = host_fingerprint(ctx.settings)
+    host = ctx.fingerprint
     served = set(serving_queues(ctx.settings, host).values()) | set(recheck_queues(ctx.settings, host).values())
     before = plan(ctx, target, profiles, channel=channel, nodes_glob=nodes_glob, served=served)
     done: list[Prepared] = []
@@ -354,7 +355,7 @@ def prepare(ctx: Context, target: UpgradeTarget, profiles: dict[str, BuildProfil
         """Why validation here failed (its reasons, or that the engine did not load: a soft change
         can break loading), or None when it passed."""
         try:
-            validate(ctx, aid, fingerprint=host, say=say)
+            validate(ctx, aid, say=say)
             return None
         except ValidationFailedError as err:
             return "; ".join(err.attestation.reasons) or err.attestation.verdict

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from buildctl.engines.backend import Runner
-from buildctl.engines.fingerprint import Fingerprint, host_fingerprint
+from buildctl.engines.fingerprint import Fingerprint
 from buildctl.engines.profile import profile_path
 from buildctl.steps.coverage import coverage
 from typing import Callable
@@ -24,10 +24,9 @@ from buildctl.steps.profiles import find_profile, resolve_model
 
 
 def validate(ctx: Context, artifact_ref: str, *, profile_path: str | Path | None = None,
-             prompts_file: str | Path | None = None, fingerprint: Fingerprint | None = None,
-             reference: Runner | None = None, wrap_candidate: Callable[[Runner], Runner] | None = None,
-             speed_budget: float = 1.0, say: Say = quiet):
-    """Validate one artifact on this host against vLLM and store the attestation (see
+             prompts_file: str | Path | None = None, reference: Runner | None = None,
+             wrap_candidate: Callable[[Runner], Runner] | None = None, speed_budget: float = 1.0, say: Say = quiet):
+    """Validate one artifact on this host (``ctx.fingerprint``) against vLLM and store the attestation (see
     :func:`buildctl.validators.validate.run_validation`). Resolves the artifact's profile and
     model first. A failing verdict raises ``ValidationFailedError`` after the attestation is written
     (``ValidationInconclusiveError`` when the speed gate could not decide within its budget, which
@@ -39,7 +38,7 @@ def validate(ctx: Context, artifact_ref: str, *, profile_path: str | Path | None
     manifest = get_manifest(store, artifact_id)
     profile = find_profile(settings, manifest.profile_name, manifest.profile_hash, profile_path)
     return run_validation(settings, store, artifact_id, profile=profile, model_dir=resolve_model(settings, profile),
-                          prompts_file=prompts_file, fingerprint=fingerprint or host_fingerprint(settings),
+                          prompts_file=prompts_file, fingerprint=ctx.fingerprint,
                           reference=reference, wrap_candidate=wrap_candidate, auth=ctx.auth,
                           speed_budget=speed_budget, say=say)
 

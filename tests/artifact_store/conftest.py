@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-import buildctl.artifact_store as ops
+from buildctl.artifact_store.publish import publish_tree
 from buildctl.artifact_store.backends.store import open_store
 from buildctl.artifact_store.trust.signing import TrustedKeys, sign_manifest
 
@@ -23,7 +23,7 @@ def node_env(tmp_path, draft):
                                              "rank0.engine": 20_000 + i, "tok/a/vocab.json": b"{}",
                                              "tok/a/merges.txt": b"a b"}, seed=i)
         os.chmod(root / "run.sh", 0o755)
-        aid = ops.publish_tree(store, root, draft).artifact_id
+        aid = publish_tree(store, root, draft).artifact_id
         write_attestation(store, aid, draft.compat_key, "pass")
         ids.append(aid)
     return store, ids, tmp_path / "deep" / "er" / "node", draft

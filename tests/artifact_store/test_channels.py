@@ -10,7 +10,10 @@ from datetime import timedelta
 
 import pytest
 
-import buildctl.artifact_store as ops
+import buildctl.artifact_store.trust.attestations
+from buildctl.artifact_store.promotion import promote
+from buildctl.artifact_store.publish import publish_tree
+from buildctl.artifact_store.read import get_manifest
 from buildctl.artifact_store.backends.store import open_store
 from buildctl.artifact_store.channels import (
     ChannelRecord,
@@ -38,6 +41,7 @@ from buildctl.artifact_store.layout import channel_key, history_key, pending_key
 from buildctl.artifact_store.fleet.waves import RolloutPlan, parse_waves
 from buildctl.artifact_store.trust.signing import SigningKey, TrustedKeys
 from buildctl.artifact_store.trust.authority import Authority
+from buildctl.artifact_store.channels import history
 
 from ..support.helpers import forged_history_record, make_signer, make_tree, write_attestation, staged
 
@@ -54,10 +58,10 @@ def env(tmp_path, draft):
     store = open_store(f"file://{tmp_path / 'store'}")
     ids = []
     for i in range(3):
-        aid = ops.publish_tree(store, make_tree(tmp_path / f"t{i}", {"config.json": f"{i}".encode()}), draft).artifact_id
+        aid = publish_tree(store, make_tree(tmp_path / f"t{i}", {"config.json": f"{i}".encode()}), draft).artifact_id
         write_attestation(store, aid, draft.compat_key, "pass")
         ids.append(aid)
-    return store, ids, ops.get_manifest(store, ids[0]), draft.compat_key
+    return store, ids, get_manifest(store, ids[0]), draft.compat_key
 
 
 def fields(aid: str) -> dict:
@@ -69,7 +73,7 @@ def test_moves_number_records_and_name_the_previous_artifact(env):
     r1 = set_channel(store, a, m, "prod", auth=Authority(who="ci"))
     r2 = set_channel(store, b, m, "prod", auth=Authority(who="ci"))
     assert (r1.seq, r1.previous, r2.seq, r2.previous) == (1, None, 2, a)
-    assert [r.seq for r in ops.history(store, P, "prod", compat)] == [1, 2]
+    assert [r.seq for r in history(store, P, "prod", compat)] == [1, 2]
     assert read_channel(store, P, "prod", compat)[0] == r2
     assert set_channel(store, b, m, "prod", auth=Authority(who="ci")) == r2  # the same promotion again: no new record
 
@@ -297,8 +301,8 @@ def test_history_includes_a_record_whose_history_write_was_lost(env):
     set_channel(store, a, m, "prod")
     r2 = set_channel(store, b, m, "prod")
     store.delete(history_key(P, "prod", compat, 2))
-    assert [r.seq for r in ops.history(store, P, "prod", compat)] == [1, 2]
-    assert [r.seq for r in ops.history(store, P, "prod")] == [1, 2]
+    assert [r.seq for r in history(store, P, "prod", compat)] == [1, 2]
+    assert [r.seq for r in history(store, P, "prod")] == [1, 2]
     assert store.get_bytes(history_key(P, "prod", compat, 2)) == r2.to_bytes()  # settled again
 
 
@@ -309,13 +313,13 @@ def test_history_pages_by_limit_and_since_seq_and_reads_only_what_it_returns(env
     for aid in (a, b, a, b, a):
         set_channel(store, aid, m, "prod")
     counting = CountingStore(store)
-    assert [r.seq for r in ops.history(counting, P, "prod", compat, limit=2)] == [4, 5]
+    assert [r.seq for r in history(counting, P, "prod", compat, limit=2)] == [4, 5]
     assert counting.by_area[("get_bytes", "history")] == 2
     counting.reset()
-    assert [r.seq for r in ops.history(counting, P, "prod", compat, since_seq=3)] == [4, 5]
+    assert [r.seq for r in history(counting, P, "prod", compat, since_seq=3)] == [4, 5]
     assert counting.by_area[("get_bytes", "history")] == 2
-    assert [r.seq for r in ops.history(store, P, "prod", since_seq=1, limit=3)] == [3, 4, 5]  # every compat key
-    assert ops.history(store, P, "prod", compat, since_seq=5) == []
+    assert [r.seq for r in history(store, P, "prod", since_seq=1, limit=3)] == [3, 4, 5]  # every compat key
+    assert history(store, P, "prod", compat, since_seq=5) == []
     code, out, err = cli("--store", store.uri, "--json", "history", "--profile", P, "--channel", "prod",
                          "--limit", "1")
     assert code == 0, err
@@ -351,13 +355,13 @@ def test_promote_refuses_a_pass_whose_figures_fail_and_records_force_only_when_i
         "levels": (good.speed.levels[0].model_copy(update={"ratios": (
             good.speed.levels[0].ratios[0].model_copy(update={"samples": (0.1,) * 6}),
             good.speed.levels[0].ratios[1])}),)})})
-    ops.write_attestation(store, slow)
+    buildctl.artifact_store.trust.attestations.write_attestation(store, slow)
     with pytest.raises(PromotionRefusedError) as exc:
-        ops.promote(store, staged(store, b), "prod")
+        promote(store, staged(store, b), "prod")
     assert any("says pass but its recorded figures give fail: " in r for r in exc.value.reasons)
-    plain = ops.promote(store, staged(store, a), "prod", force=True, reason="nothing to override")
+    plain = promote(store, staged(store, a), "prod", force=True, reason="nothing to override")
     assert plain.forced is False  # the gates passed: nothing was forced
-    forced = ops.promote(store, staged(store, b), "prod", force=True, reason="known slow; hotfix")
+    forced = promote(store, staged(store, b), "prod", force=True, reason="known slow; hotfix")
     assert forced.forced is True and forced.reason == "known slow; hotfix"
 
 
@@ -368,7 +372,7 @@ def test_promote_with_trusted_keys_refuses_an_unsigned_attestation(env):
     k = make_signer()
     trusted = TrustedKeys({"promoter": {k.key_id: k.private.public_key()}})
     with pytest.raises(PromotionRefusedError) as exc:
-        ops.promote(store, staged(store, a), "prod", auth=Authority(signer=k, trusted=trusted))
+        promote(store, staged(store, a), "prod", auth=Authority(signer=k, trusted=trusted))
     assert any(r.startswith("attestation signature: unsigned") for r in exc.value.reasons)
 
 
@@ -404,10 +408,10 @@ def test_rollback_refuses_another_profiles_artifact_and_an_ambiguous_channel(env
     set_channel(store, a, m, "prod")
     set_channel(store, b, m, "prod")
     other = dataclasses.replace(draft, profile_name="other-profile")
-    foreign = ops.publish_tree(store, make_tree(tmp_path / "f", {"config.json": b"foreign"}), other).artifact_id
+    foreign = publish_tree(store, make_tree(tmp_path / "f", {"config.json": b"foreign"}), other).artifact_id
     with pytest.raises(StoreArgumentError, match="is for other-profile/"):
         rollback(store, P, "prod", to=foreign)
-    elsewhere = ops.get_manifest(store, a).model_copy(update={"compat_key": "aoti-elsewhere"})
+    elsewhere = get_manifest(store, a).model_copy(update={"compat_key": "aoti-elsewhere"})
     set_channel(store, a, elsewhere, "prod")  # a second compat key on the same channel
     with pytest.raises(StoreArgumentError, match="refs for 2 compat keys; pass --compat-key"):
         rollback(store, P, "prod")
@@ -432,7 +436,7 @@ def test_channel_lookups_defaults_and_record_rules(env):
     with pytest.raises(ValidationError):
         ChannelRecord.model_validate(rec.model_dump() | {"seq": 0})  # sequences start at 1
     with pytest.raises(StoreArgumentError, match="--force needs --reason"):
-        ops.promote(store, staged(store, b), "prod", force=True)
+        promote(store, staged(store, b), "prod", force=True)
 
 
 def test_promote_retries_30_times_by_default(env, monkeypatch):
@@ -441,7 +445,7 @@ def test_promote_retries_30_times_by_default(env, monkeypatch):
     monkeypatch.setattr(channels_mod.random, "uniform", lambda lo, hi: 0.0)  # no waiting between attempts
     store, (a, *_), _, _ = env
     with pytest.raises(CasConflictError) as exc:
-        ops.promote(Contended(store, 1000), staged(store, a), "prod")
+        promote(Contended(store, 1000), staged(store, a), "prod")
     assert exc.value.attempts == 30
 
 
@@ -482,21 +486,21 @@ def two_keys(store, tmp_path, draft):
     """Three artifacts of key A and one of key B in one store (local or S3)."""
     a_ids, b_id = [], None
     for i in range(3):
-        aid = ops.publish_tree(store, make_tree(tmp_path / f"a{i}", {"config.json": f"a{i}".encode()}), draft).artifact_id
+        aid = publish_tree(store, make_tree(tmp_path / f"a{i}", {"config.json": f"a{i}".encode()}), draft).artifact_id
         write_attestation(store, aid, draft.compat_key, "pass")
         a_ids.append(aid)
     other = dataclasses.replace(draft, compat_key="aoti-" + "b" * 32)
-    b_id = ops.publish_tree(store, make_tree(tmp_path / "b", {"config.json": b"b"}), other).artifact_id
+    b_id = publish_tree(store, make_tree(tmp_path / "b", {"config.json": b"b"}), other).artifact_id
     write_attestation(store, b_id, other.compat_key, "pass")
     return store, a_ids, b_id, draft.compat_key
 
 
 def test_a_promote_whose_history_slot_was_squatted_fails_before_moving_the_ref(two_keys, cli):
     store, (a0, a1, _), b, compat = two_keys
-    r1 = set_channel(store, a0, ops.get_manifest(store, a0), "prod", auth=Authority(who="ci"))
+    r1 = set_channel(store, a0, get_manifest(store, a0), "prod", auth=Authority(who="ci"))
     store.put_bytes(history_key(P, "prod", compat, 2), forged_history_record(r1, 2, b, a0))
     with pytest.raises(HistoryConflictError) as err:
-        set_channel(store, a1, ops.get_manifest(store, a1), "prod", auth=Authority(who="ci"))
+        set_channel(store, a1, get_manifest(store, a1), "prod", auth=Authority(who="ci"))
     assert history_key(P, "prod", compat, 2) in str(err.value)
     assert read_channel(store, P, "prod", compat)[0] == r1  # the ref did not move
     code, out, err = cli("--store", store.uri, "--json", "scrub", "--channels-only")
@@ -509,7 +513,7 @@ def test_a_writer_whose_history_put_lost_after_its_swap_says_so(two_keys, monkey
     from buildctl.artifact_store import channels
 
     store, (a0, a1, _), b, compat = two_keys
-    r1 = set_channel(store, a0, ops.get_manifest(store, a0), "prod", auth=Authority(who="ci"))
+    r1 = set_channel(store, a0, get_manifest(store, a0), "prod", auth=Authority(who="ci"))
     real_cas = store.cas
 
     def cas_then_squat(key, data, expected):
@@ -520,7 +524,7 @@ def test_a_writer_whose_history_put_lost_after_its_swap_says_so(two_keys, monkey
 
     monkeypatch.setattr(store, "cas", cas_then_squat)
     with pytest.raises(HistoryConflictError, match="moved"):
-        set_channel(store, a1, ops.get_manifest(store, a1), "prod", auth=Authority(who="ci"))
+        set_channel(store, a1, get_manifest(store, a1), "prod", auth=Authority(who="ci"))
 
 
 def test_rollback_skips_a_forged_record_and_history_marks_it(two_keys, cli):
@@ -530,12 +534,12 @@ def test_rollback_skips_a_forged_record_and_history_marks_it(two_keys, cli):
     k = make_signer()
     trusted = TrustedKeys({"promoter": {k.key_id: k.private.public_key()}})
     auth = Authority(who="ci", signer=k, trusted=trusted)
-    r1 = set_channel(store, a0, ops.get_manifest(store, a0), "prod", auth=auth)
+    r1 = set_channel(store, a0, get_manifest(store, a0), "prod", auth=auth)
     store.put_bytes(history_key(P, "prod", compat, 2), forged_history_record(r1, 2, b, a0))
     ref = ChannelRecord(**{**r1.model_dump(), "seq": 2, "artifact_id": a1, "previous": a0, "signature": None})
     ref = ref.model_copy(update={"signature": k.sign(ref.signed_bytes())})
     assert store.cas(channel_key(P, "prod", compat), ref.to_bytes(), store.get_ref(channel_key(P, "prod", compat))[1])
-    set_channel(store, a2, ops.get_manifest(store, a2), "prod", auth=auth)  # #3 (its #2 is the ref's record)
+    set_channel(store, a2, get_manifest(store, a2), "prod", auth=auth)  # #3 (its #2 is the ref's record)
     rec = rollback(store, P, "prod", auth=auth)
     assert rec.artifact_id == a1 and rec.compat_key == compat  # not B
     shown = [r for r in checked_history(store, P, "prod", compat, trusted)]
@@ -550,8 +554,8 @@ def test_rollback_never_picks_an_artifact_of_another_compat_key_from_history(two
     """Without trusted keys a forged record cannot be told by its signature: its compat key and
     its link still give it away."""
     store, (a0, a1, _), b, compat = two_keys
-    set_channel(store, a0, ops.get_manifest(store, a0), "prod", auth=Authority(who="ci"))
-    r2 = set_channel(store, a1, ops.get_manifest(store, a1), "prod", auth=Authority(who="ci"))
+    set_channel(store, a0, get_manifest(store, a0), "prod", auth=Authority(who="ci"))
+    r2 = set_channel(store, a1, get_manifest(store, a1), "prod", auth=Authority(who="ci"))
     # a squatter's record ahead of the ref, naming B
     store.put_bytes(history_key(P, "prod", compat, 3), forged_history_record(r2, 3, b, a1))
     with pytest.raises(StoreArgumentError):
@@ -581,7 +585,7 @@ def test_history_raises_on_a_malformed_record_or_ref_or_lists_it_as_skipped(two_
 
     store, (a0, a1, a2), _b, compat = two_keys
     for a in (a0, a1, a2):
-        set_channel(store, a, ops.get_manifest(store, a), "prod", auth=Authority(who="ci"))
+        set_channel(store, a, get_manifest(store, a), "prod", auth=Authority(who="ci"))
     bad = history_key(P, "prod", compat, 1)
     store.delete(bad)
     store.put_bytes(bad, b"{not json")
@@ -609,9 +613,9 @@ def test_a_misplaced_or_unlinked_record_is_marked_and_record_problems_agree(two_
     from buildctl.artifact_store.channels import history, record_problems
 
     store, (a0, a1, a2), b, compat = two_keys
-    r1 = set_channel(store, a0, ops.get_manifest(store, a0), "prod", auth=Authority(who="ci"))
-    set_channel(store, a1, ops.get_manifest(store, a1), "prod", auth=Authority(who="ci"))
-    set_channel(store, a2, ops.get_manifest(store, a2), "prod", auth=Authority(who="ci"))
+    r1 = set_channel(store, a0, get_manifest(store, a0), "prod", auth=Authority(who="ci"))
+    set_channel(store, a1, get_manifest(store, a1), "prod", auth=Authority(who="ci"))
+    set_channel(store, a2, get_manifest(store, a2), "prod", auth=Authority(who="ci"))
     # #1 replaced by a record of another artifact: #2's previous no longer names it
     k1 = history_key(P, "prod", compat, 1)
     store.delete(k1)
@@ -634,8 +638,8 @@ def test_record_problems_check_links_alone_where_the_ref_is_malformed(two_keys):
     from buildctl.artifact_store.channels import history, record_problems
 
     store, (a0, a1, _), b, compat = two_keys
-    set_channel(store, a0, ops.get_manifest(store, a0), "prod", auth=Authority(who="ci"))
-    r2 = set_channel(store, a1, ops.get_manifest(store, a1), "prod", auth=Authority(who="ci"))
+    set_channel(store, a0, get_manifest(store, a0), "prod", auth=Authority(who="ci"))
+    r2 = set_channel(store, a1, get_manifest(store, a1), "prod", auth=Authority(who="ci"))
     records = history(store, P, "prod", compat)
     ref = channel_key(P, "prod", compat)
     assert store.cas(ref, b"[]", store.get_ref(ref)[1])
@@ -654,8 +658,8 @@ def test_record_problems_mark_an_unsigned_record_on_a_signed_channel(two_keys):
     k = make_signer()
     trusted = TrustedKeys({"promoter": {k.key_id: k.private.public_key()}})
     auth = Authority(who="ci", signer=k, trusted=trusted)
-    r1 = set_channel(store, a0, ops.get_manifest(store, a0), "prod", auth=auth)
-    set_channel(store, a1, ops.get_manifest(store, a1), "prod", auth=auth)
+    r1 = set_channel(store, a0, get_manifest(store, a0), "prod", auth=auth)
+    set_channel(store, a1, get_manifest(store, a1), "prod", auth=auth)
     unsigned = r1.model_copy(update={"signature": None})
     problems = record_problems(store, [unsigned, *history(store, P, "prod", compat)[1:]], trusted)
     assert problems == {(compat, 1): "not signed by a trusted promoter key"}
@@ -665,14 +669,14 @@ def test_resign_needs_a_signing_key(two_keys):
     from buildctl.artifact_store.channels import resign
 
     store, (a0, *_), _b, _compat = two_keys
-    r1 = set_channel(store, a0, ops.get_manifest(store, a0), "prod", auth=Authority(who="ci"))
+    r1 = set_channel(store, a0, get_manifest(store, a0), "prod", auth=Authority(who="ci"))
     with pytest.raises(StoreArgumentError, match="re-signing needs a signing key"):
         resign(store, r1, auth=Authority(who="ci"))
 
 
 def test_history_without_its_ref_is_all_ahead_of_ref_zero(two_keys):
     store, (a0, *_), _b, compat = two_keys
-    set_channel(store, a0, ops.get_manifest(store, a0), "prod", auth=Authority(who="ci"))
+    set_channel(store, a0, get_manifest(store, a0), "prod", auth=Authority(who="ci"))
     store.delete(channel_key(P, "prod", compat))  # the ref gone, its history left
     (e,) = checked_history(store, P, "prod", compat)
     assert e.problem == "ahead of the ref (#0): written before the ref reached it"
@@ -684,7 +688,7 @@ def test_a_first_promotion_whose_slot_one_was_squatted_fails_before_writing_the_
                                       "who": "mallory", "when": "2026-12-05T00:00:00Z"})
     store.put_bytes(history_key(P, "prod", compat, 1), r.to_bytes())
     with pytest.raises(HistoryConflictError):
-        set_channel(store, a0, ops.get_manifest(store, a0), "prod", auth=Authority(who="ci"))
+        set_channel(store, a0, get_manifest(store, a0), "prod", auth=Authority(who="ci"))
     assert read_channel(store, P, "prod", compat) is None
 
 
@@ -693,7 +697,7 @@ def test_history_reads_from_seq_one_and_limits_per_key(two_keys):
 
     store, (a0, a1, a2), _b, compat = two_keys
     for a in (a0, a1, a2):
-        set_channel(store, a, ops.get_manifest(store, a), "prod", auth=Authority(who="ci"))
+        set_channel(store, a, get_manifest(store, a), "prod", auth=Authority(who="ci"))
     assert [r.seq for r in history(store, P, "prod", compat)] == [1, 2, 3]
     assert [r.seq for r in history(store, P, "prod", compat, limit=2)] == [2, 3]
     assert [r.seq for r in history(store, P, "prod", compat, limit=1)] == [3]
@@ -709,9 +713,9 @@ def test_history_reads_every_key_past_a_malformed_ref(two_keys):
 
     store, (a0, a1, _), b, compat = two_keys
     other = "aoti-" + "b" * 32
-    set_channel(store, a0, ops.get_manifest(store, a0), "prod", auth=Authority(who="ci"))
-    set_channel(store, b, ops.get_manifest(store, b), "prod", compat_key=other, auth=Authority(who="ci"))
-    set_channel(store, a1, ops.get_manifest(store, a1), "prod", auth=Authority(who="ci"))
+    set_channel(store, a0, get_manifest(store, a0), "prod", auth=Authority(who="ci"))
+    set_channel(store, b, get_manifest(store, b), "prod", compat_key=other, auth=Authority(who="ci"))
+    set_channel(store, a1, get_manifest(store, a1), "prod", auth=Authority(who="ci"))
     keys = sorted([compat, other])
     bad, good = keys[0], keys[1]
     ref = channel_key(P, "prod", bad)
@@ -727,8 +731,8 @@ def test_records_ahead_of_the_ref_name_its_seq_and_the_refs_own_record_comes_fir
     from buildctl.artifact_store.channels import history, record_problems
 
     store, (a0, a1, _), b, compat = two_keys
-    r1 = set_channel(store, a0, ops.get_manifest(store, a0), "prod", auth=Authority(who="ci"))
-    r2 = set_channel(store, a1, ops.get_manifest(store, a1), "prod", auth=Authority(who="ci"))
+    r1 = set_channel(store, a0, get_manifest(store, a0), "prod", auth=Authority(who="ci"))
+    r2 = set_channel(store, a1, get_manifest(store, a1), "prod", auth=Authority(who="ci"))
     store.put_bytes(history_key(P, "prod", compat, 3), forged_history_record(r2, 3, b, a1))
     checked = checked_history(store, P, "prod", compat)
     ahead = next(e for e in checked if e.record.seq == 3)
@@ -750,10 +754,10 @@ def test_a_history_limit_counts_per_compat_key(two_keys):
     store, (a0, a1, _), b, compat = two_keys
     other = "aoti-" + "b" * 32
     for a in (a0, a1):
-        set_channel(store, a, ops.get_manifest(store, a), "prod", auth=Authority(who="ci"))
+        set_channel(store, a, get_manifest(store, a), "prod", auth=Authority(who="ci"))
     store, (a0, a1, a2), b, compat = two_keys
     for x in (b, a2):  # two records under the other key too (set_channel takes the key it is given)
-        set_channel(store, x, ops.get_manifest(store, x), "prod", compat_key=other, auth=Authority(who="ci"))
+        set_channel(store, x, get_manifest(store, x), "prod", compat_key=other, auth=Authority(who="ci"))
     got = sorted((r.compat_key, r.seq) for r in history(store, P, "prod", None, limit=1))
     assert got == sorted([(compat, 2), (other, 2)])
     got = sorted((r.compat_key, r.seq) for r in history(store, P, "prod", None, limit=2))
@@ -764,16 +768,16 @@ def test_a_promoter_that_finds_its_slot_taken_by_a_move_meanwhile_decides_again(
     """Between reading the ref and checking its next history slot, another promoter moved the ref
     and wrote that slot: this promoter reads the ref again and moves it one further."""
     store, (a0, a1, a2), _b, compat = two_keys
-    set_channel(store, a0, ops.get_manifest(store, a0), "prod", auth=Authority(who="ci"))
+    set_channel(store, a0, get_manifest(store, a0), "prod", auth=Authority(who="ci"))
     real_stat = store.stat
     raced = []
 
     def stat(key):
         if key == history_key(P, "prod", compat, 2) and not raced:
             raced.append(None)  # the other promoter's own check of this slot passes through
-            raced[0] = set_channel(store, a1, ops.get_manifest(store, a1), "prod", auth=Authority(who="other"))
+            raced[0] = set_channel(store, a1, get_manifest(store, a1), "prod", auth=Authority(who="other"))
         return real_stat(key)
 
     monkeypatch.setattr(store, "stat", stat)
-    rec = set_channel(store, a2, ops.get_manifest(store, a2), "prod", auth=Authority(who="ci"))
+    rec = set_channel(store, a2, get_manifest(store, a2), "prod", auth=Authority(who="ci"))
     assert raced and raced[0].seq == 2 and (rec.seq, rec.artifact_id, rec.previous) == (3, a2, a1)

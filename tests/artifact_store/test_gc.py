@@ -7,7 +7,10 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-import buildctl.artifact_store as ops
+from buildctl.artifact_store.promotion import promote, rollback
+from buildctl.artifact_store.publish import ManifestDraft, publish_tree
+from buildctl.artifact_store.read import get_manifest, verify
+from buildctl.core.times import utc_now
 from buildctl.steps import fleet
 from buildctl.steps.fleet import record_engine_state
 from buildctl.artifact_store.fleet.inventory import EngineState
@@ -27,8 +30,8 @@ PROFILE = "tiny-llama-cpu"
 LATER = datetime.now(timezone.utc) + timedelta(days=3)  # everything below is past the 24 h grace by then
 
 
-def draft_for(key: str) -> ops.ManifestDraft:
-    return ops.ManifestDraft(profile_name=PROFILE, profile_hash="xxh3-128:" + "1" * 32, backend="aoti",
+def draft_for(key: str) -> ManifestDraft:
+    return ManifestDraft(profile_name=PROFILE, profile_hash="xxh3-128:" + "1" * 32, backend="aoti",
                              compat_key=key, fingerprint={})
 
 
@@ -46,13 +49,13 @@ def test_ten_compat_keys_four_rounds_every_rollback_target_survives(store, tmp_p
     for rnd in range(4):
         for k in keys:
             aid = publish(store, tmp_path, k, f"round-{rnd}")
-            ops.promote(store, staged(store, aid), "prod")
+            promote(store, staged(store, aid), "prod")
             prod[k].append(aid)
     # a node that runs one of them reports what it keeps as previous: an artifact nothing else protects
     kept_by_node = never_promoted[keys[0]][0]
     record_engine_state(store, "gpu-node-7", detect(), EngineState(
         profile=PROFILE, channel="canary", compat_key=keys[0], artifact_id=prod[keys[0]][-1], seq=1,
-        status="healthy", current=prod[keys[0]][-1], previous=kept_by_node, when=ops.utc_now()))
+        status="healthy", current=prod[keys[0]][-1], previous=kept_by_node, when=utc_now()))
 
     # The defaults (keep 3, keep-history 5), with a delete window of a minute: the tests' 50 ms
     # window (conftest) can pass between a blob's check and its delete on a busy machine, and gc
@@ -69,12 +72,12 @@ def test_ten_compat_keys_four_rounds_every_rollback_target_survives(store, tmp_p
     # rollback works for every compat key, back to each of its history records
     for k in keys:
         for target in reversed(prod[k][:-1]):
-            rec = ops.rollback(store, PROFILE, "prod", to=target, compat_key=k, reason="test")
+            rec = rollback(store, PROFILE, "prod", to=target, compat_key=k, reason="test")
             assert rec.artifact_id == target
     code, out, err = cli("--store", store.uri, "--json", "rollback", "--profile", PROFILE, "--channel", "prod",
                          "--compat-key", keys[5], "--to", prod[keys[5]][2])
     assert code == 0, err
-    ops.verify(store, kept_by_node, deep=True)
+    verify(store, kept_by_node, deep=True)
 
 
 def test_keep_counts_per_profile_and_compat_key_and_dry_run_gives_reasons(store, tmp_path, cli, s3_env_if_needed):
@@ -85,7 +88,7 @@ def test_keep_counts_per_profile_and_compat_key_and_dry_run_gives_reasons(store,
     d = {x.artifact_id: x for x in res.decisions}
     assert "not among the newest 2 of tiny-llama-cpu [aoti-b" in d[b[0]].why_removable
     assert d[b[2]].protected_by == [f"newest 1 of 2 for tiny-llama-cpu [{('aoti-b' + '0' * 30)[:20]}]"]
-    assert all(ops.get_manifest(store, x) for x in a + b)  # a dry run removes nothing
+    assert all(get_manifest(store, x) for x in a + b)  # a dry run removes nothing
     # within the grace period nothing goes, whatever the counts
     assert gc(store, GcPolicy(keep=0, keep_history=0), dry_run=True).removed_artifacts == []
     code, out, err = cli("--store", store.uri, "gc", "--keep", "2", "--keep-history", "0", "--grace", "0", "--dry-run")
@@ -134,22 +137,22 @@ def test_gc_between_a_publish_checking_a_blob_and_writing_its_manifest(store, tm
     import time
 
     big = f"A's engine {nth} {grace_s}, reused by B ".encode() * 4000
-    a = ops.publish_tree(store, make_tree(tmp_path / "a", {"rank0.engine": big, "a.json": b"a"}), draft_for("k"),
+    a = publish_tree(store, make_tree(tmp_path / "a", {"rank0.engine": big, "a.json": b"a"}), draft_for("k"),
                          grace_s=1.0).artifact_id
-    digest = next(f.digest for f in ops.get_manifest(store, a).files if f.path == "rank0.engine")
+    digest = next(f.digest for f in get_manifest(store, a).files if f.path == "rank0.engine")
     time.sleep(1.1)  # A is older than the 1 s grace, and so is its touch
     ran = []
     racing = RaceStore(store, blob_key(digest), nth,
                        lambda: ran.append(gc(store, GcPolicy(keep=0, keep_history=0, grace_s=grace_s))))
-    b = ops.publish_tree(racing, make_tree(tmp_path / "b", {"rank0.engine": big}), draft_for("k"), grace_s=1.0)
+    b = publish_tree(racing, make_tree(tmp_path / "b", {"rank0.engine": big}), draft_for("k"), grace_s=1.0)
     (g,) = ran
     assert g.removed_artifacts == [a]  # A went either way
     if whole:
-        ops.verify(store, b.artifact_id, deep=True)
+        verify(store, b.artifact_id, deep=True)
     else:
         assert store.stat(blob_key(digest)) is None
         with pytest.raises(ops_errors.VerificationError):
-            ops.verify(store, b.artifact_id)
+            verify(store, b.artifact_id)
 
 
 class LockedStore:
@@ -181,10 +184,10 @@ def test_object_lock_refusals_are_reported_not_fatal(store, tmp_path):
 
 def test_touch_markers_are_written_and_swept(store, tmp_path):
     aid = publish(store, tmp_path, "aoti-t" + "0" * 30, "v0")
-    m = ops.get_manifest(store, aid)
+    m = get_manifest(store, aid)
     for f in m.files:
         got = store.get_ref(touch_key(f.digest))
-        assert got is not None and json.loads(got[0])["touched_at"] <= ops.utc_now()
+        assert got is not None and json.loads(got[0])["touched_at"] <= utc_now()
     gc(store, GcPolicy(keep=0, keep_history=0), now=LATER)
     assert list(store.list("touches/")) == [] and list(store.list("blobs/")) == []
 
@@ -199,8 +202,8 @@ def test_gc_never_deletes_the_blobs_of_an_artifact_whose_manifest_rotted(store, 
     from ..support.helpers import publish_files, rot_manifest
 
     aid = publish_files(store, tmp_path / "a", draft, {"config.json": b"{}", "rank0.engine": 50_000}, seed=1)
-    ops.promote(store, staged(store, aid), "prod")
-    digests = [f.digest for f in ops.get_manifest(store, aid).files]
+    promote(store, staged(store, aid), "prod")
+    digests = [f.digest for f in get_manifest(store, aid).files]
     rot_manifest(store, aid)
     import time
 
@@ -226,7 +229,7 @@ def test_gc_reads_each_manifest_once_lists_quarantine_once_and_gives_one_reason_
     for n in range(300):
         record_engine_state(store, f"node-{n:03d}", fp, EngineState(
             profile=PROFILE, channel="prod", compat_key=keys[0], artifact_id=arts[1], seq=1, status="healthy",
-            current=arts[1], previous=arts[2] if n % 3 == 0 else None, when=ops.utc_now()))
+            current=arts[1], previous=arts[2] if n % 3 == 0 else None, when=utc_now()))
     counting = CountingStore(store)
     res = gc(counting, dry_run=True, now=LATER)
     c = counting.by_area

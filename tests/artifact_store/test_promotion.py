@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-import buildctl.artifact_store as ops
+from buildctl.artifact_store.promotion import promote
+from buildctl.artifact_store.read import get_manifest
 from buildctl.artifact_store.channels import history, read_channel
 from buildctl.artifact_store.errors import VerificationError
 from buildctl.artifact_store.upkeep.integrity import verify_deep_or_quarantine
@@ -21,7 +22,7 @@ def _published(store, tmp_path, draft, name: str, seed: int) -> str:
 
 
 def _engine_blob(store, aid: str) -> str:
-    return next(f.digest for f in ops.get_manifest(store, aid).files if f.path == "rank0.engine")
+    return next(f.digest for f in get_manifest(store, aid).files if f.path == "rank0.engine")
 
 
 def test_a_byte_flipped_after_a_deep_verify_is_caught_by_promote(store, tmp_path, draft, cli):
@@ -60,8 +61,8 @@ def test_trusting_an_earlier_verify_is_an_explicit_opt_in_and_is_recorded(store,
 
 def test_rollback_re_hashes_its_target(store, tmp_path, draft):
     v1, v2 = _published(store, tmp_path, draft, "v1", 1), _published(store, tmp_path, draft, "v2", 2)
-    ops.promote(store, staged(store, v1), "prod")
-    ops.promote(store, staged(store, v2), "prod")
+    promote(store, staged(store, v1), "prod")
+    promote(store, staged(store, v2), "prod")
     rot(store, _engine_blob(store, v1), "flip")  # v1 verified deep at its promotion, minutes ago
     with pytest.raises(VerificationError):
         rollback(store, draft.profile_name, "prod")
@@ -94,9 +95,9 @@ def test_a_channel_move_signed_by_a_key_nodes_will_not_trust_is_refused_before_i
 
     aid, trusted, keys, Authority = _trusted(store, tmp_path, draft)
     with pytest.raises(GateRefusedError, match="promoter"):
-        set_channel(store, aid, ops.get_manifest(store, aid), "prod", auth=Authority(signer=keys[who], trusted=trusted))
+        set_channel(store, aid, get_manifest(store, aid), "prod", auth=Authority(signer=keys[who], trusted=trusted))
     assert read_channel(store, draft.profile_name, "prod", draft.compat_key) is None
-    rec = set_channel(store, aid, ops.get_manifest(store, aid), "prod",
+    rec = set_channel(store, aid, get_manifest(store, aid), "prod",
                       auth=Authority(signer=keys["promoter"], trusted=trusted))
     assert rec.seq == 1
 
@@ -112,7 +113,7 @@ def test_a_revoked_promoter_key_is_refused_before_writing(store, tmp_path, draft
     revoked = TrustedKeys(trusted.by_role, revoked={keys["promoter"].key_id: (datetime(2020, 1, 1, tzinfo=timezone.utc),
                                                                               "lost laptop")})
     with pytest.raises(GateRefusedError, match="revoked"):
-        set_channel(store, aid, ops.get_manifest(store, aid), "prod",
+        set_channel(store, aid, get_manifest(store, aid), "prod",
                     auth=Authority(signer=keys["promoter"], trusted=revoked))
     assert read_channel(store, draft.profile_name, "prod", draft.compat_key) is None
 

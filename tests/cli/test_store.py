@@ -8,7 +8,7 @@ import unicodedata
 
 import pytest
 
-import buildctl.artifact_store as ops
+from buildctl.artifact_store.publish import ManifestDraft, publish_tree
 from buildctl.artifact_store.layout import blob_key
 
 from ..support.helpers import PROFILES, make_tree, write_attestation
@@ -92,7 +92,7 @@ def test_walkthrough(cli, store, store_uri, engine_tree, tmp_path):
 
 
 def test_verify_names_bad_files(cli, store, store_uri, engine_tree):
-    res = ops.publish_tree(store, engine_tree, ops.ManifestDraft(
+    res = publish_tree(store, engine_tree, ManifestDraft(
         profile_name="tiny-llama-cpu", profile_hash="xxh3-128:" + "1" * 32, backend="aoti", compat_key="aoti-x",
         fingerprint={}))
     m = res.manifest

@@ -13,7 +13,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-import buildctl.artifact_store as ops
+from buildctl.artifact_store.channels import history, read_channel
+from buildctl.artifact_store.promotion import promote
+from buildctl.artifact_store.publish import publish_tree
+from buildctl.artifact_store.read import verify
+from buildctl.core.times import utc_now
 from buildctl.artifact_store.trust.authority import Authority
 from buildctl.artifact_store.errors import StoreUnavailableError
 from buildctl.artifact_store.backends.s3 import S3Store
@@ -311,7 +315,7 @@ def test_roles_on_seaweedfs(role_server, tmp_path, draft):
     server, creds = role_server
     builder, promoter, node, validator = (role_store(server, creds, r) for r in ("builder", "promoter", "node", "validator"))
     signer = make_signer()
-    res = ops.publish_tree(builder, make_tree(tmp_path / "e", {"rank0.engine": 5000}), draft,
+    res = publish_tree(builder, make_tree(tmp_path / "e", {"rank0.engine": 5000}), draft,
                            auth=Authority(signer=signer))  # its manifest signature lands
     assert builder.list(f"signatures/manifests/{res.artifact_id.split(':')[1]}/")
     # the build's provenance is the builder's to write, and no one else's
@@ -321,21 +325,21 @@ def test_roles_on_seaweedfs(role_server, tmp_path, draft):
     assert write_build_provenance(builder, res.artifact_id, signer=signer)
     # the builder cannot vouch for its own engine: attestations are the validator's to write
     with pytest.raises(StoreUnavailableError) as exc:
-        write_attestation(builder, res.artifact_id, draft.compat_key, "pass", ops.utc_now())
+        write_attestation(builder, res.artifact_id, draft.compat_key, "pass", utc_now())
     assert "AccessDenied" in str(exc.value)
-    write_attestation(validator, res.artifact_id, draft.compat_key, "pass", ops.utc_now())
+    write_attestation(validator, res.artifact_id, draft.compat_key, "pass", utc_now())
     with pytest.raises(StoreUnavailableError):
         validator.put_bytes("manifests/" + "0" * 32 + ".json", b"{}")  # and that is all the validator may write
     # the builder cannot move a channel
     with pytest.raises(StoreUnavailableError) as exc:
-        ops.promote(builder, res.artifact_id, "staging")
+        promote(builder, res.artifact_id, "staging")
     assert "AccessDenied" in str(exc.value)
-    assert ops.read_channel(node, draft.profile_name, "prod", draft.compat_key) is None
+    assert read_channel(node, draft.profile_name, "prod", draft.compat_key) is None
     # the promoter (CI) can, and its history record lands
-    rec = ops.promote(promoter, staged(promoter, res.artifact_id), "prod")
-    assert rec.seq == 1 and [r.seq for r in ops.history(node, draft.profile_name, "prod")] == [1]
+    rec = promote(promoter, staged(promoter, res.artifact_id), "prod")
+    assert rec.seq == 1 and [r.seq for r in history(node, draft.profile_name, "prod")] == [1]
     # the node reads and verifies, but cannot write artifacts, channels or history
-    assert ops.verify(node, res.artifact_id, deep=True)
+    assert verify(node, res.artifact_id, deep=True)
     for key in ("blobs/00/" + "0" * 32, "manifests/x.json", "channels/p/prod/k.json", "history/p/prod/k/000000000009.json"):
         with pytest.raises(StoreUnavailableError):
             node.put_bytes(key, b"tamper")

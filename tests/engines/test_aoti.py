@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-import buildctl.artifact_store as ops
+from buildctl.artifact_store.read import get_manifest, verify
+from buildctl.core.times import utc_now
 from buildctl.artifact_store.errors import PreflightError
 from buildctl.artifact_store.node.install_dir import current_artifact, install_artifact
 from buildctl.steps import build, host
@@ -29,7 +30,7 @@ FIXTURES = Path(__file__).resolve().parent.parent / "support" / "fixtures"
 def test_build_published_with_log_and_record(tiny_build):
     o = tiny_build["outcome"]
     assert not o.cache_hit and o.build_s > 1
-    m = ops.verify(tiny_build["store"], o.artifact_id, deep=True)
+    m = verify(tiny_build["store"], o.artifact_id, deep=True)
     assert [f.path for f in m.files] == ["decode.pt2", "engine.json", "prefill.pt2"]
     assert m.build_key == o.build_key and m.model_digest == o.model_digest and m.build_log
     log = tiny_build["store"].get_bytes(f"blobs/{m.build_log[9:11]}/{m.build_log[9:]}").decode()
@@ -192,7 +193,7 @@ def test_load_refuses_a_tampered_record(tiny_build, tmp_path):
 
 def test_pull_installs_an_engine_that_loads_and_generates(tiny_build, cli, tmp_path):
     store, aid = tiny_build["store"], tiny_build["outcome"].artifact_id
-    write_attestation(store, aid, tiny_build["outcome"].compat_key, "pass", ops.utc_now())
+    write_attestation(store, aid, tiny_build["outcome"].compat_key, "pass", utc_now())
     code, _, err = cli("--store", tiny_build["uri"], "promote", aid, "--channel", "staging")
     assert code == 0, err
     dest = tmp_path / "node"
@@ -238,7 +239,7 @@ def test_a_build_that_waited_for_its_slot_takes_the_artifact_a_concurrent_run_pu
     assert plan.cached is None  # nothing built yet when it planned
     winner = build.import_engine(ctx, tiny_build["engine"], tiny_build["profile"], plan.fingerprint,
                                     model_digest=plan.model_digest)  # the other run, meanwhile
-    assert ops.get_manifest(store, winner.artifact_id).build_key == plan.build_key
+    assert get_manifest(store, winner.artifact_id).build_key == plan.build_key
 
     def no_builder(*a, **k):
         raise AssertionError("a second build of one build key")

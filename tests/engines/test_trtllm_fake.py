@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-import buildctl.artifact_store as ops
+from buildctl.artifact_store.read import get_manifest
 from buildctl.engines.errors import EngineBuildError, HostRequirementsError
 from buildctl.engines.profile import load_profile, parse_profile
 from buildctl.engines.trtllm import TrtllmBackend, TrtllmTools, build_command, check_complete, convert_command
@@ -141,7 +141,7 @@ def test_cli_build_publishes_and_caches(cli, hf_model, fake_tools, prod, tmp_pat
     assert not res["cache_hit"]
     from buildctl.artifact_store.backends.store import open_store
 
-    m = ops.get_manifest(open_store(str(store)), res["artifact_id"])
+    m = get_manifest(open_store(str(store)), res["artifact_id"])
     assert m.backend == "trtllm" and m.build_key == res["build_key"] and m.build_log is not None
     assert len([f for f in m.files if f.path.endswith(".engine")]) == 8
     assert m.compat_key == h100x8().compat_key("trtllm") and m.tool_versions["backend"] == "1.2.1"

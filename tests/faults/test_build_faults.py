@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-import buildctl.artifact_store as ops
+from buildctl.artifact_store.read import list_artifacts
 from buildctl.artifact_store.backends.store import open_store
 from buildctl.steps import build
 from buildctl.core.errors import BuildFailedError
@@ -34,11 +34,11 @@ def test_build_faults_publish_nothing(mode, kind, fake_tools, hf_model, prod, tm
     assert exc.value.kind == kind
     if mode == "oom":
         assert "passed the 1024 MiB limit" in exc.value.log_tail
-    assert ops.list_artifacts(store) == [] and list(store.root.glob("blobs/*/*")) == []
+    assert list_artifacts(store) == [] and list(store.root.glob("blobs/*/*")) == []
     assert [p.name for p in (tmp_path / "work").iterdir() if not p.name.startswith("buildctl-failed-")] == []
     # the orchestrator (this process) carries on: the next build works
     monkeypatch.setenv("FAKE_TRTLLM_MODE", "ok")
     ok = build.build(Context.from_settings(settings(), store=store), profile, model=str(hf_model), fingerprint=h100x8(), workdir=tmp_path / "work")
-    assert not ok.cache_hit and len(ops.list_artifacts(store)) == 1
+    assert not ok.cache_hit and len(list_artifacts(store)) == 1
     record_fault(f"builder {mode}", f"fake trtllm-build: {mode}" + (" past a 1 GiB resident-memory limit" if mode == "oom" else ""), 1,
                  outcome=f"ok (BuildFailedError {kind}, nothing published, next build fine)")

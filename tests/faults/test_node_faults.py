@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-import buildctl.artifact_store as ops
+from buildctl.artifact_store.publish import publish_tree
+from buildctl.artifact_store.read import get_manifest
 from buildctl.artifact_store.errors import VerificationError
 from buildctl.artifact_store.node.install_dir import current_artifact, install_artifact
 from buildctl.artifact_store.backends.store import open_store
@@ -38,8 +39,8 @@ def tree_bytes(root: Path) -> dict[str, bytes]:
 @pytest.fixture
 def two_versions(tmp_path, draft):
     store = open_store(f"file://{tmp_path}/store")
-    v1 = ops.publish_tree(store, make_tree(tmp_path / "v1", {"rank0.engine": 300_000, "config.json": b"{}"}, seed=1), draft)
-    v2 = ops.publish_tree(store, make_tree(tmp_path / "v2", {f"rank{i}.engine": 3_000_000 for i in range(6)}, seed=2), draft)
+    v1 = publish_tree(store, make_tree(tmp_path / "v1", {"rank0.engine": 300_000, "config.json": b"{}"}, seed=1), draft)
+    v2 = publish_tree(store, make_tree(tmp_path / "v2", {f"rank{i}.engine": 3_000_000 for i in range(6)}, seed=2), draft)
     return store, v1.artifact_id, v2.artifact_id
 
 
@@ -101,7 +102,7 @@ def test_corrupted_blobs(tmp_path, two_versions, record_fault):
     dest = tmp_path / "node"
     install_artifact(store, v1, dest)
     before = tree_bytes(dest / "current")
-    m = ops.get_manifest(store, v2)
+    m = get_manifest(store, v2)
     rng = random.Random(5)
     cases = scale(12)
     for i in range(cases):

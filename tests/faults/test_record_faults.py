@@ -10,7 +10,7 @@ import shutil
 
 import pytest
 
-import buildctl.artifact_store as ops
+from buildctl.artifact_store.promotion import promote
 from buildctl.artifact_store.backends.store import open_store
 from buildctl.artifact_store.upkeep.integrity import verify_deep_or_quarantine
 from buildctl.artifact_store.trust.revocation import Revocation
@@ -49,7 +49,7 @@ def base(tmp_path_factory, draft_module):
     draft = draft_module
     a = publish_files(store, root / "a", draft, {"config.json": b"{}", "rank0.engine": 4096}, seed=1)
     b = publish_files(store, root / "b", draft, {"config.json": b"[]", "rank0.engine": 4096}, seed=2)
-    ops.promote(store, staged(store, a), "prod")
+    promote(store, staged(store, a), "prod")
     verify_deep_or_quarantine(store, b, detector="test")
     quarantine(store, b, "suspect", auth=Authority(who="test"))
     ref = store.get_ref(channel_key(draft.profile_name, "prod", draft.compat_key))[0]

@@ -10,7 +10,10 @@ import time
 
 import pytest
 
-import buildctl.artifact_store as ops
+from buildctl.artifact_store.channels import read_channel
+from buildctl.artifact_store.promotion import promote
+from buildctl.artifact_store.publish import publish_tree
+from buildctl.artifact_store.read import get_manifest, verify
 from buildctl.steps.healing import heal_artifact
 from buildctl.artifact_store.errors import QuarantinedError
 from buildctl.artifact_store.upkeep.integrity import verify_deep_or_quarantine
@@ -32,21 +35,21 @@ def test_rot_in_place_is_detected_quarantined_and_recovered(store, draft, tmp_pa
     for i in range(n):
         sizes = {"rank0.engine": rng.randrange(10_000, 300_000), "rank1.engine": rng.randrange(1, 50_000)}
         # no blob shared between the two (a shared blob that rots takes both down, as it should)
-        good = ops.publish_tree(store, make_tree(tmp_path / f"g{i}", {"config.json": f'{{"case": {i}, "v": 1}}'.encode(),
+        good = publish_tree(store, make_tree(tmp_path / f"g{i}", {"config.json": f'{{"case": {i}, "v": 1}}'.encode(),
                                                                       **sizes}, seed=2 * i), draft).artifact_id
-        bad = ops.publish_tree(store, make_tree(tmp_path / f"b{i}", {"config.json": f'{{"case": {i}, "v": 2}}'.encode(),
+        bad = publish_tree(store, make_tree(tmp_path / f"b{i}", {"config.json": f'{{"case": {i}, "v": 2}}'.encode(),
                                                                      **sizes}, seed=2 * i + 1), draft).artifact_id
         for a in (good, bad):
             write_attestation(store, a, draft.compat_key)
-            ops.promote(store, staged(store, a), "prod", auth=Authority(verify_window_s=0))
-        victim = rng.choice([f for f in ops.get_manifest(store, bad).files])
+            promote(store, staged(store, a), "prod", auth=Authority(verify_window_s=0))
+        victim = rng.choice([f for f in get_manifest(store, bad).files])
         rot(store, victim.digest, kind, rng)
         t0 = time.monotonic()
         rep = heal_artifact(Context.from_settings(st, store=store), bad)  # one pipeline run
         seconds.append(time.monotonic() - t0)
         assert not rep.store_copy_ok and victim.path in " ".join(rep.problems)
         assert active_quarantine(store, bad) is not None
-        rec = ops.read_channel(store, draft.profile_name, "prod", draft.compat_key)[0]
+        rec = read_channel(store, draft.profile_name, "prod", draft.compat_key)[0]
         assert rec.artifact_id == good and rec.action == "rollback" and bad in rec.reason
         verify_deep_or_quarantine(store, rec.artifact_id, detector="test", auth=Authority(who="test"))  # the channel is on verified bytes
         with pytest.raises(QuarantinedError):
@@ -72,15 +75,15 @@ def test_a_publish_that_reuses_a_rotted_blob_puts_it_back(store, draft, tmp_path
         tree = make_tree(tmp_path / f"t{i}", {"config.json": f'{{"case": {i}}}'.encode(),
                                               "rank0.engine": rng.randrange(10_000, 300_000),
                                               "rank1.engine": rng.randrange(1, 50_000)}, seed=i)
-        old = ops.publish_tree(store, tree, draft)
+        old = publish_tree(store, tree, draft)
         victim = rng.choice([f for f in old.manifest.files if f.path.endswith(".engine")])
         rot(store, victim.digest, kind, rng=rng if kind != "missing" else None)
         shutil.copytree(tree, tmp_path / f"n{i}")
         (tmp_path / f"n{i}" / "extra.txt").write_bytes(f"new {i}".encode())
-        new = ops.publish_tree(store, tmp_path / f"n{i}", draft)
+        new = publish_tree(store, tmp_path / f"n{i}", draft)
         for aid in (new.artifact_id, old.artifact_id):
             try:
-                ops.verify(store, aid, deep=True)
+                verify(store, aid, deep=True)
             except Exception:  # noqa: BLE001 - counted: the assertion below says which
                 broken += 1
         assert active_quarantine(store, old.artifact_id) is None
@@ -100,12 +103,12 @@ def test_a_rotted_manifest_is_restored_by_scrub(store, draft, tmp_path, record_f
     n, restored = scale(3), 0
     ctx = Context.from_settings(settings(), store=store)
     for i in range(n):
-        aid = ops.publish_tree(store, make_tree(tmp_path / f"m{i}", {"config.json": f'{{"m": {i}}}'.encode(),
+        aid = publish_tree(store, make_tree(tmp_path / f"m{i}", {"config.json": f'{{"m": {i}}}'.encode(),
                                                                      "rank0.engine": 20_000 + i}, seed=i), draft).artifact_id
         rot_manifest(store, aid)
         report = scrub(ctx)
         restored += sum(1 for r in report.rows if r.artifact_id == aid and r.status == "repaired")
-        ops.verify(store, aid, deep=True)
+        verify(store, aid, deep=True)
     record_fault("manifest rot", "one digit flipped inside a manifest, then scrub; restored from the identity index",
                  n, lost_artifacts=n - restored, outcome="ok" if restored == n else "FAILED")
     assert restored == n

@@ -10,7 +10,9 @@ import time
 
 import pytest
 
-import buildctl.artifact_store as ops
+from buildctl.artifact_store.channels import history
+from buildctl.artifact_store.publish import ManifestDraft, lookup_build_key, publish_tree
+from buildctl.artifact_store.read import list_artifacts, verify
 from buildctl.artifact_store import errors as ops_errors
 from buildctl.artifact_store.backends.store import open_store
 from buildctl.artifact_store.layout import blob_key
@@ -23,21 +25,21 @@ from .proxy import FaultProxy
 PUBLISHER = r"""
 import sys
 from buildctl.artifact_store.backends.store import open_store
-import buildctl.artifact_store as ops
+from buildctl.artifact_store.publish import ManifestDraft, publish_tree
 store = open_store(sys.argv[1])
-draft = ops.ManifestDraft(profile_name="p", profile_hash="xxh3-128:" + "1" * 32, backend="aoti",
-                          compat_key="aoti-x", fingerprint={}, build_key="xxh3-128:" + "3" * 32)
+draft = ManifestDraft(profile_name="p", profile_hash="xxh3-128:" + "1" * 32, backend="aoti",
+                      compat_key="aoti-x", fingerprint={}, build_key="xxh3-128:" + "3" * 32)
 print("ready", flush=True)
 sys.stdin.readline()
-ops.publish_tree(store, sys.argv[2], draft)
+publish_tree(store, sys.argv[2], draft)
 print("done", flush=True)
 """
 
 
 def visible_artifacts_verify(store) -> int:
-    arts = ops.list_artifacts(store)
+    arts = list_artifacts(store)
     for a, _ in arts:
-        ops.verify(store, a, deep=True)
+        verify(store, a, deep=True)
     return len(arts)
 
 
@@ -55,12 +57,12 @@ def test_publish_sigkilled_at_random_points_then_rerun(tmp_path, draft, record_f
         store = open_store(uri)
         seen = visible_artifacts_verify(store)  # whatever is visible is complete
         completed_before_kill += seen
-        res = ops.publish_tree(store, tree, ops.ManifestDraft(
+        res = publish_tree(store, tree, ManifestDraft(
             profile_name="p", profile_hash="xxh3-128:" + "1" * 32, backend="aoti", compat_key="aoti-x",
             fingerprint={}, build_key="xxh3-128:" + "3" * 32))
-        assert [a for a, _ in ops.list_artifacts(store)] == [res.artifact_id]
-        ops.verify(store, res.artifact_id, deep=True)
-        assert ops.lookup_build_key(store, "xxh3-128:" + "3" * 32) == res.artifact_id
+        assert [a for a, _ in list_artifacts(store)] == [res.artifact_id]
+        verify(store, res.artifact_id, deep=True)
+        assert lookup_build_key(store, "xxh3-128:" + "3" * 32) == res.artifact_id
     assert 0 < completed_before_kill < runs, "kill times should cover both early and late points"
     record_fault("publish killed (SIGKILL)", f"random kill time 0-{window * 1000:.0f} ms into publish (4/3 of its "
                  "own time here), then re-run", runs)
@@ -82,7 +84,7 @@ def test_s3_server_killed_mid_upload_then_restarted(tmp_path, draft, record_faul
 
     def publish():
         try:
-            ops.publish_tree(store, tree, draft)
+            publish_tree(store, tree, draft)
         except BaseException as err:  # noqa: BLE001
             errors.append(err)
 
@@ -95,9 +97,9 @@ def test_s3_server_killed_mid_upload_then_restarted(tmp_path, draft, record_faul
     try:
         store = open_store(f"s3://{bucket}/buildctl")
         visible_artifacts_verify(store)
-        res = ops.publish_tree(store, tree, draft)
-        assert [a for a, _ in ops.list_artifacts(store)] == [res.artifact_id]
-        ops.verify(store, res.artifact_id, deep=True)
+        res = publish_tree(store, tree, draft)
+        assert [a for a, _ in list_artifacts(store)] == [res.artifact_id]
+        verify(store, res.artifact_id, deep=True)
     finally:
         server.stop()
     record_fault("S3 server killed mid-upload", "SIGKILL weed 0.4 s into a 128 MB publish, restart, re-run", 1,
@@ -111,8 +113,8 @@ def test_throttling_and_5xx_are_retried(tmp_path, draft, seaweed, s3_env, monkey
         monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
         store = open_store(f"s3://{bucket}/buildctl")
         tree = make_tree(tmp_path / "tree", {f"f{i}": 20_000 + i for i in range(20)})
-        res = ops.publish_tree(store, tree, draft)
-        ops.verify(store, res.artifact_id, deep=True)
+        res = publish_tree(store, tree, draft)
+        verify(store, res.artifact_id, deep=True)
         from buildctl.artifact_store.node.install_dir import install_artifact
 
         install_artifact(store, res.artifact_id, tmp_path / "node")
@@ -125,14 +127,14 @@ def test_sixteen_concurrent_promoters_over_rounds(store, store_uri, tmp_path, dr
     rounds, per_round = scale(3), 16
     artifacts = []
     for i in range(per_round):
-        res = ops.publish_tree(store, make_tree(tmp_path / f"t{i}", {"e": f"engine {i}".encode()}), draft)
+        res = publish_tree(store, make_tree(tmp_path / f"t{i}", {"e": f"engine {i}".encode()}), draft)
         write_attestation(store, res.artifact_id, draft.compat_key, "pass", "2026-01-01T00:00:00.000000Z")
         artifacts.append(res.artifact_id)
     promoter = r"""
 import sys
 from buildctl.artifact_store.backends.store import open_store
-import buildctl.artifact_store as ops
-ops.promote(open_store(sys.argv[1]), sys.argv[2], "staging", attempts=400)
+from buildctl.artifact_store.promotion import promote
+promote(open_store(sys.argv[1]), sys.argv[2], "staging", attempts=400)
 """
     for r in range(rounds):
         procs = [subprocess.Popen([sys.executable, "-c", promoter, store_uri, a], cwd=REPO, stderr=subprocess.PIPE,
@@ -140,7 +142,7 @@ ops.promote(open_store(sys.argv[1]), sys.argv[2], "staging", attempts=400)
         errs = [p.communicate(timeout=300)[1] for p in procs]
         assert all(p.returncode == 0 for p in procs), [e[-300:] for e in errs]
         artifacts = artifacts[1:] + artifacts[:1]  # a different order each round
-    hist = ops.history(store, draft.profile_name, "staging")
+    hist = history(store, draft.profile_name, "staging")
     seqs = [h.seq for h in hist]
     assert seqs == list(range(1, len(seqs) + 1)), "a single linear chain with no gaps and no duplicates"
     assert [h.previous for h in hist[1:]] == [h.artifact_id for h in hist[:-1]]
@@ -152,13 +154,13 @@ ops.promote(open_store(sys.argv[1]), sys.argv[2], "staging", attempts=400)
 RACE_PUBLISH = r"""
 import sys
 from buildctl.artifact_store.backends.store import open_store
-import buildctl.artifact_store as ops
+from buildctl.artifact_store.publish import ManifestDraft, publish_tree
 store = open_store(sys.argv[1])
-draft = ops.ManifestDraft(profile_name="p", profile_hash="xxh3-128:" + "1" * 32, backend="aoti",
-                          compat_key="aoti-x", fingerprint={})
+draft = ManifestDraft(profile_name="p", profile_hash="xxh3-128:" + "1" * 32, backend="aoti",
+                      compat_key="aoti-x", fingerprint={})
 print("ready", flush=True)
 sys.stdin.readline()
-ops.publish_tree(store, sys.argv[2], draft, grace_s=float(sys.argv[3]), delete_window_s=float(sys.argv[4]))
+publish_tree(store, sys.argv[2], draft, grace_s=float(sys.argv[3]), delete_window_s=float(sys.argv[4]))
 print("done", flush=True)
 """
 
@@ -186,7 +188,7 @@ def test_publish_and_gc_killed_concurrently_leave_no_broken_artifact(store, stor
     grace, window = 1.0, 0.2
     runs = scale(12)
     rng = random.Random(77)
-    draft = ops.ManifestDraft(profile_name="p", profile_hash="xxh3-128:" + "1" * 32, backend="aoti",
+    draft = ManifestDraft(profile_name="p", profile_hash="xxh3-128:" + "1" * 32, backend="aoti",
                               compat_key="aoti-x", fingerprint={})
     killed = {"publish": 0, "gc": 0}
     broken = reused = 0
@@ -194,7 +196,7 @@ def test_publish_and_gc_killed_concurrently_leave_no_broken_artifact(store, stor
     spans = {"publish": 2.5, "gc": 1.5} if store_uri.startswith("s3://") else {"publish": 0.4, "gc": 0.15}
     for i in range(runs):
         big = rng.randbytes(1_000_000)
-        ops.publish_tree(store, make_tree(tmp_path / f"a{i}", {"rank0.engine": big, "a.json": f"a{i}".encode()}), draft,
+        publish_tree(store, make_tree(tmp_path / f"a{i}", {"rank0.engine": big, "a.json": f"a{i}".encode()}), draft,
                          grace_s=grace, delete_window_s=window)
         time.sleep(grace + 0.1)  # A and its touches are past the grace: gc may take A and its blob
         reused += store.stat(blob_key(digest_bytes(big))) is not None
@@ -221,9 +223,9 @@ def test_publish_and_gc_killed_concurrently_leave_no_broken_artifact(store, stor
             assert p.returncode in (0, -9), (name, p.returncode, p.stdout.read())
         for t in timers:
             t.cancel()
-        for a, _ in ops.list_artifacts(store):
+        for a, _ in list_artifacts(store):
             try:
-                ops.verify(store, a, deep=True)
+                verify(store, a, deep=True)
             except ops_errors.VerificationError:
                 broken += 1
     assert broken == 0

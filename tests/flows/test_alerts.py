@@ -59,7 +59,10 @@ class Receiver:
 
 
 def test_a_failed_build_a_corruption_and_a_halted_rollout_each_page_once_with_the_run_link(tmp_path, draft, monkeypatch):
-    import buildctl.artifact_store as ops
+    from buildctl.artifact_store.backends.store import open_store
+    from buildctl.artifact_store.promotion import promote
+    from buildctl.artifact_store.publish import publish_tree
+    from buildctl.artifact_store.read import get_manifest
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     from buildctl.artifact_store.fleet.waves import RolloutPlan, parse_waves
@@ -99,18 +102,18 @@ def test_a_failed_build_a_corruption_and_a_halted_rollout_each_page_once_with_th
                                             store="file://" + str(tmp_path / "s0"), return_state=True)  # not this host
             assert failed.is_failed()
             uri = "file://" + str(tmp_path / "s1")
-            store = ops.open_store(uri)
-            aid = ops.publish_tree(store, make_tree(tmp_path / "t", {"rank0.engine": 20_000}), draft).artifact_id
-            rot(store, ops.get_manifest(store, aid).files[0].digest, "flip")
+            store = open_store(uri)
+            aid = publish_tree(store, make_tree(tmp_path / "t", {"rank0.engine": 20_000}), draft).artifact_id
+            rot(store, get_manifest(store, aid).files[0].digest, "flip")
             scrub = scrub_store(store=uri, return_state=True)
             assert scrub.is_failed()
 
-            store2 = ops.open_store("file://" + str(tmp_path / "s2"))
+            store2 = open_store("file://" + str(tmp_path / "s2"))
             v1, bad = publish(store2, tmp_path, "v1", draft), publish(store2, tmp_path, "bad", draft, broken=True)
             fleet = Fleet(store2, tmp_path, 10)
-            ops.promote(store2, staged(store2, v1), "prod")
+            promote(store2, staged(store2, v1), "prod")
             fleet.pull_all()
-            ops.promote(store2, staged(store2, bad), "prod", rollout=RolloutPlan(waves=parse_waves("30,100", "0"), bake_s=0))
+            promote(store2, staged(store2, bad), "prod", rollout=RolloutPlan(waves=parse_waves("30,100", "0"), bake_s=0))
             fleet.pull_all()
             rollout = rollout_channel(channel="prod", store=store2.uri, return_state=True)
             (view,) = rollout.result()

@@ -8,6 +8,9 @@ import time
 
 import pytest
 import yaml
+from buildctl.artifact_store.backends.store import open_store
+from buildctl.artifact_store.read import get_manifest, list_artifacts
+from buildctl.artifact_store.channels import read_channel
 
 from ..support.helpers import REPO, settings, staged
 
@@ -196,17 +199,18 @@ def test_driver_upgrade_trigger_creates_a_run_with_mapped_parameters(prefect_api
 
 
 def test_scrub_store_flow_quarantines_and_emits_an_event_per_corrupt_artifact(prefect_api, tmp_path, draft):
-    import buildctl.artifact_store as ops
+    from buildctl.artifact_store.promotion import promote
+    from buildctl.artifact_store.publish import publish_tree
     from buildctl.flows.scrub_store import scrub_store
     from buildctl.artifact_store.quarantine import active_quarantine
 
     from ..support.helpers import make_tree, rot
 
     uri = "file://" + str(tmp_path / "store")
-    store = ops.open_store(uri)
-    ids = [ops.publish_tree(store, make_tree(tmp_path / f"t{i}", {"rank0.engine": 20_000}, seed=i), draft).artifact_id
+    store = open_store(uri)
+    ids = [publish_tree(store, make_tree(tmp_path / f"t{i}", {"rank0.engine": 20_000}, seed=i), draft).artifact_id
            for i in range(3)]
-    digest = ops.get_manifest(store, ids[1]).files[0].digest
+    digest = get_manifest(store, ids[1]).files[0].digest
     rot(store, digest, "flip")
     state = scrub_store(store=uri, return_state=True)
     assert state.is_failed() and ids[1] in state.message, state.message  # #30: it used to end Completed
@@ -333,7 +337,8 @@ def test_rollout_channel_flow_takes_a_healthy_rollout_to_100_percent(prefect_api
     """Simulated nodes pull between runs of the rollout-channel flow: each run advances one wave
     (bake 0, no failures) until the last completes; a second rollout whose canary fails is halted
     by the flow and the channel rolled back."""
-    import buildctl.artifact_store as ops
+    from buildctl.artifact_store.promotion import promote
+    from buildctl.artifact_store.publish import publish_tree
     from buildctl.flows.common import artifact_key
     from buildctl.flows.rollout_channel import rollout_channel
     from buildctl.artifact_store.backends.store import open_store
@@ -345,9 +350,9 @@ def test_rollout_channel_flow_takes_a_healthy_rollout_to_100_percent(prefect_api
     store = open_store("file://" + str(tmp_path / "store"))
     v1, v2 = publish(store, tmp_path, "v1", draft), publish(store, tmp_path, "v2", draft)
     fleet = Fleet(store, tmp_path, 20)
-    ops.promote(store, staged(store, v1), "prod")
+    promote(store, staged(store, v1), "prod")
     fleet.pull_all()
-    ops.promote(store, staged(store, v2), "prod", rollout=RolloutPlan(waves=parse_waves("5,30,100", "0"), bake_s=0))
+    promote(store, staged(store, v2), "prod", rollout=RolloutPlan(waves=parse_waves("5,30,100", "0"), bake_s=0))
     decisions, shares = [], []
     for _ in range(5):
         assert fleet.pull_all() == {}
@@ -366,7 +371,7 @@ def test_rollout_channel_flow_takes_a_healthy_rollout_to_100_percent(prefect_api
     assert table is not None and "complete" in str(table.data)
 
     bad = publish(store, tmp_path, "bad", draft, broken=True)
-    ops.promote(store, staged(store, bad), "prod", rollout=RolloutPlan(waves=parse_waves("30,100", "0"), bake_s=0))
+    promote(store, staged(store, bad), "prod", rollout=RolloutPlan(waves=parse_waves("30,100", "0"), bake_s=0))
     canaries = sorted(n for n in fleet.ids if wave_bucket(PROFILE, "prod", n) < 30)
     assert sorted(fleet.pull_all()) == canaries
     (view,) = rollout_channel(channel="prod", store=store.uri)
@@ -380,7 +385,8 @@ def test_rollout_channel_runs_every_five_minutes_only_while_a_rollout_is_live(pr
     """#50: a quiet rollout-channel. Deployed with prefect.yaml's schedules (as flows.serve does),
     a run that finds no live rollout turns the 5-minute schedule off (the hourly sweep stays), a
     run during one turns it back on, and a run for one profile leaves it alone."""
-    import buildctl.artifact_store as ops
+    from buildctl.artifact_store.promotion import promote
+    from buildctl.artifact_store.publish import publish_tree
     from buildctl.artifact_store.backends.store import open_store
     from buildctl.artifact_store.fleet.waves import RolloutPlan, parse_waves
     from buildctl.flows.rollout_channel import WHILE_ROLLING_OUT, rollout_channel
@@ -403,11 +409,11 @@ def test_rollout_channel_runs_every_five_minutes_only_while_a_rollout_is_live(pr
     store = open_store("file://" + str(tmp_path / "store"))
     v1, v2 = publish(store, tmp_path, "v1", draft), publish(store, tmp_path, "v2", draft)
     fleet = Fleet(store, tmp_path, 4)
-    ops.promote(store, staged(store, v1), "prod")
+    promote(store, staged(store, v1), "prod")
     fleet.pull_all()
     assert rollout_channel(channel="prod", store=store.uri) == []
     assert active() == {WHILE_ROLLING_OUT: False, "hourly-sweep": True}  # nothing live: quiet
-    ops.promote(store, staged(store, v2), "prod", rollout=RolloutPlan(waves=parse_waves("50,100", "0"), bake_s=3600))
+    promote(store, staged(store, v2), "prod", rollout=RolloutPlan(waves=parse_waves("50,100", "0"), bake_s=3600))
     rollout_channel(channel="prod", store=store.uri, profile=PROFILE)
     assert active()[WHILE_ROLLING_OUT] is False  # one profile's run does not know the others'
     (view,) = rollout_channel(channel="prod", store=store.uri)
@@ -418,7 +424,8 @@ def test_rollout_channel_runs_every_five_minutes_only_while_a_rollout_is_live(pr
 
 
 def test_resign_channels_flow_re_signs_what_is_due(prefect_api, tmp_path, draft, monkeypatch):
-    import buildctl.artifact_store as ops
+    from buildctl.artifact_store.promotion import promote
+    from buildctl.artifact_store.publish import publish_tree
     from buildctl.flows.resign_channels import resign_channels
     from buildctl.artifact_store.backends.store import open_store
     from buildctl.artifact_store.errors import StoreArgumentError
@@ -428,7 +435,7 @@ def test_resign_channels_flow_re_signs_what_is_due(prefect_api, tmp_path, draft,
 
     store = open_store("file://" + str(tmp_path / "store"))
     a = publish(store, tmp_path, "a", draft)
-    ops.promote(store, staged(store, a), "prod")  # unsigned: no expiry, so due
+    promote(store, staged(store, a), "prod")  # unsigned: no expiry, so due
     monkeypatch.delenv("BUILDCTL_SIGNING_KEY", raising=False)
     with pytest.raises(StoreArgumentError, match="needs a signing key"):
         resign_channels(store=store.uri)
@@ -436,13 +443,14 @@ def test_resign_channels_flow_re_signs_what_is_due(prefect_api, tmp_path, draft,
     monkeypatch.setenv("BUILDCTL_SIGNING_KEY", str(key))
     got = next(g for g in resign_channels(store=store.uri) if g["channel"] == "prod")  # staging's is due too
     assert got["seq"] == 2 and got["expires"]
-    rec = ops.read_channel(store, draft.profile_name, "prod", draft.compat_key)[0]
+    rec = read_channel(store, draft.profile_name, "prod", draft.compat_key)[0]
     assert rec.signature["key_id"] == key_id == load_signing_key(key).key_id and rec.action == "resign"
     assert resign_channels(store=store.uri) == []  # a week of validity left: nothing due
 
 
 def test_gc_store_flow_publishes_the_dry_run_then_removes(prefect_api, tmp_path, draft):
-    import buildctl.artifact_store as ops
+    from buildctl.artifact_store.promotion import promote
+    from buildctl.artifact_store.publish import publish_tree
     from buildctl.flows.gc_store import gc_store
     from buildctl.artifact_store.backends.store import open_store
 
@@ -450,14 +458,14 @@ def test_gc_store_flow_publishes_the_dry_run_then_removes(prefect_api, tmp_path,
 
     store = open_store("file://" + str(tmp_path / "store"))
     old, new = publish(store, tmp_path, "old", draft), publish(store, tmp_path, "new", draft)
-    ops.promote(store, staged(store, new), "prod")
+    promote(store, staged(store, new), "prod")
     planned = gc_store(store=store.uri, keep=0, keep_history=0, grace_s=0, dry_run_only=True)
-    assert planned["planned"] == [old] and ops.get_manifest(store, old)  # a dry run removes nothing
+    assert planned["planned"] == [old] and get_manifest(store, old)  # a dry run removes nothing
     plan = read_artifact("gc-store-plan")
     rows = {r["artifact"]: r for r in plan.data} if isinstance(plan.data, list) else None
     assert plan is not None and old in str(plan.data) and "channel prod #1 points at it" in str(plan.data), rows
     done = gc_store(store=store.uri, keep=0, keep_history=0, grace_s=0)
-    assert done["removed"] == [old] and [a for a, _ in ops.list_artifacts(store)] == [new]
+    assert done["removed"] == [old] and [a for a, _ in list_artifacts(store)] == [new]
     assert "removed **1** artifacts" in read_artifact("gc-store-result").data
 
 

@@ -21,6 +21,7 @@ from buildctl.engines.fingerprint import detect
 from buildctl.artifact_store.trust.authority import Authority
 from buildctl.steps.context import Context
 from buildctl.artifact_store.layout import node_key
+from buildctl.artifact_store.backends.store import open_store
 
 from ..support.helpers import REPO, checkout_like, rot, run_docs_block
 from ..support.s3server import free_ports
@@ -211,16 +212,18 @@ def heal_through_the_automation(url: str, env: dict, tmp_path, compat_key: str) 
     """The rebuilt artifact rots in the store; a node's pull of it fails and emits
     buildctl.node.pull-failed; the heal-artifact automation quarantines it and, in that one run,
     rebuilds, validates and promotes a good artifact to staging."""
-    import buildctl.artifact_store as ops
+    from buildctl.artifact_store.channels import read_channel
+    from buildctl.artifact_store.read import get_manifest, list_artifacts
+    from buildctl.artifact_store.trust.attestations import latest_attestation
     from buildctl.artifact_store.upkeep.integrity import verify_deep_or_quarantine
     from buildctl.artifact_store.quarantine import active_quarantine
 
-    store = ops.open_store(env["BUILDCTL_STORE"])
-    (aid,) = [a for a, m in ops.list_artifacts(store) if m.compat_key == compat_key]
+    store = open_store(env["BUILDCTL_STORE"])
+    (aid,) = [a for a, m in list_artifacts(store) if m.compat_key == compat_key]
     cli = [sys.executable, "-m", "buildctl"]
     r = subprocess.run([*cli, "promote", aid, "--channel", "staging"], env=env, cwd=REPO, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
-    blob = next(f for f in ops.get_manifest(store, aid).files if f.path == "prefill.pt2")
+    blob = next(f for f in get_manifest(store, aid).files if f.path == "prefill.pt2")
     rot(store, blob.digest, "flip")  # 4 bytes flipped in the middle, the size kept
     t0 = time.monotonic()
     r = subprocess.run([*cli, "pull", "--profile", "tiny-llama-cpu", "--channel", "staging", "--dest",
@@ -239,10 +242,10 @@ def heal_through_the_automation(url: str, env: dict, tmp_path, compat_key: str) 
     assert heal[0]["state_type"] == "COMPLETED", (tmp_path / "serve.log").read_text()[-4000:]
     assert heal[0]["parameters"]["node_id"] == "gpu-node-1"
     assert active_quarantine(store, aid) is not None
-    rec = ops.read_channel(store, "tiny-llama-cpu", "staging", compat_key)[0]
+    rec = read_channel(store, "tiny-llama-cpu", "staging", compat_key)[0]
     assert rec.artifact_id != aid and active_quarantine(store, rec.artifact_id) is None
     verify_deep_or_quarantine(store, rec.artifact_id, detector="test", auth=Authority(who="test"))  # staging is on bytes that verify
-    att = ops.latest_attestation(store, rec.artifact_id, compat_key)
+    att = latest_attestation(store, rec.artifact_id, compat_key)
     assert att is not None and att.attestation.passed  # the rebuild was validated
     node = json.loads(store.get_bytes(node_key("gpu-node-1")))
     assert node["pull_failures"][-1]["artifact_id"] == aid
@@ -253,13 +256,15 @@ def rollout_halted_through_the_automation(url: str, env: dict, tmp_path, compat_
     """A rollout to prod whose canary fails its smoke check: the node switches back, reports
     `failed` and emits buildctl.node.engine-health; the rollout-channel automation halts the
     rollout at once (no scheduled run needed) and rolls prod back, naming the node."""
-    import buildctl.artifact_store as ops
+    from buildctl.artifact_store.channels import read_channel
+    from buildctl.artifact_store.read import get_manifest, list_artifacts
+    from buildctl.artifact_store.trust.attestations import latest_attestation
 
     from ..support.helpers import staged, write_attestation
 
-    store = ops.open_store(env["BUILDCTL_STORE"])
+    store = open_store(env["BUILDCTL_STORE"])
     cli = [sys.executable, "-m", "buildctl"]
-    good = ops.read_channel(store, "tiny-llama-cpu", "staging", compat_key)[0].artifact_id
+    good = read_channel(store, "tiny-llama-cpu", "staging", compat_key)[0].artifact_id
     r = subprocess.run([*cli, "promote", good, "--channel", "prod"], env=env, cwd=REPO, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     node = tmp_path / "rollout-node"
@@ -270,7 +275,7 @@ def rollout_halted_through_the_automation(url: str, env: dict, tmp_path, compat_
     broken = tmp_path / "broken-engine"
     subprocess.run(["cp", "-r", str(node / "current") + "/.", str(broken)], check=True)
     (broken / "BROKEN").write_text("segfaults past 4096 tokens")
-    m = ops.get_manifest(store, good)
+    m = get_manifest(store, good)
     imp = subprocess.run([*cli, "--json", "import", str(broken), "--profile", str(REPO / "build_profiles" / "tiny-llama-cpu.yaml"),
                           "--model-digest", m.model_digest or ""], env=env, cwd=REPO, capture_output=True, text=True)
     assert imp.returncode == 0, imp.stderr
@@ -285,7 +290,7 @@ def rollout_halted_through_the_automation(url: str, env: dict, tmp_path, compat_
     deadline = time.monotonic() + 180
     rec = None
     while time.monotonic() < deadline:
-        rec = ops.read_channel(store, "tiny-llama-cpu", "prod", compat_key)[0]
+        rec = read_channel(store, "tiny-llama-cpu", "prod", compat_key)[0]
         if rec.action == "rollback":
             break
         time.sleep(2)
@@ -428,10 +433,12 @@ def start_worker(tmp_path, env: dict, name: str, fp, *, builds_only: bool) -> su
 def heal_rebuilds_on_the_matching_worker(url: str, store, env: dict, tmp_path, artifact_id: str, key: str) -> None:
     """Artifact a rots; a heal-artifact run (on 'default', which worker a serves) quarantines it and
     starts its rebuild on a's compat-key queue, waits for it, and reports what staging points at."""
-    import buildctl.artifact_store as ops
+    from buildctl.artifact_store.channels import read_channel
+    from buildctl.artifact_store.read import get_manifest, list_artifacts
+    from buildctl.artifact_store.trust.attestations import latest_attestation
     from buildctl.artifact_store.quarantine import active_quarantine
 
-    blob = next(f for f in ops.get_manifest(store, artifact_id).files if f.path == "prefill.pt2")
+    blob = next(f for f in get_manifest(store, artifact_id).files if f.path == "prefill.pt2")
     rot(store, blob.digest, "flip")
     heal_id = create_run(url, "heal-artifact/heal-artifact", {"artifact_id": artifact_id, "store": env["BUILDCTL_STORE"]})
     deadline = time.monotonic() + 420
@@ -447,7 +454,7 @@ def heal_rebuilds_on_the_matching_worker(url: str, store, env: dict, tmp_path, a
                 and x["parameters"].get("target_compat_key") == key and x["parameters"].get("promote_to") == "staging"]
     assert children and children[0]["work_queue_name"] == key and children[0]["state_type"] == "COMPLETED"
     assert active_quarantine(store, artifact_id) is not None
-    rec = ops.read_channel(store, "tiny-llama-cpu", "staging", key)[0]
+    rec = read_channel(store, "tiny-llama-cpu", "staging", key)[0]
     assert rec.artifact_id != artifact_id and active_quarantine(store, rec.artifact_id) is None
     from buildctl.flows.common import artifact_key
 

@@ -8,10 +8,16 @@ from pathlib import Path
 
 import pytest
 
-import buildctl.artifact_store as ops
+from buildctl.artifact_store.backends.store import open_store
+from buildctl.artifact_store.channels import history
+from buildctl.artifact_store.promotion import promote
+from buildctl.artifact_store.publish import publish_tree
+from buildctl.artifact_store.read import get_manifest, verify
+from buildctl.artifact_store.trust.attestations import list_attestations
 from buildctl.artifact_store.trust.authority import Authority
 from buildctl.steps.context import Context
 from buildctl.artifact_store.layout import node_key
+from buildctl.artifact_store.channels import read_channel
 
 from ..support.helpers import PROFILES, make_tree, publish_files, rot, settings, staged
 from ..support.trtllm_kit import calib, fake_tools, h100x8, hf_model, prod  # noqa: F401  (fixtures)
@@ -20,7 +26,7 @@ KINDS = ("flip", "truncate", "missing")
 
 
 def digest_of(store, aid: str, path: str) -> str:
-    return next(f.digest for f in ops.get_manifest(store, aid).files if f.path == path)
+    return next(f.digest for f in get_manifest(store, aid).files if f.path == path)
 
 
 def published(store, root: Path, draft, content: bytes | int = 200_000, seed: int = 0) -> str:
@@ -41,7 +47,7 @@ def test_promote_refuses_a_rotted_artifact_and_quarantines_it(store, store_uri, 
     staged(store_uri, aid)
     code, _, err = cli("--store", store_uri, "promote", aid, "--channel", "prod")
     assert code == 4 and "rank0.engine" in err and "quarantined: quarantine/" in err, err
-    assert ops.read_channel(store, draft.profile_name, "prod", draft.compat_key) is None
+    assert read_channel(store, draft.profile_name, "prod", draft.compat_key) is None
     shown = j(cli("--store", store_uri, "--json", "show", aid))
     assert shown["quarantined"] and "promote to prod" in shown["quarantine"][-1]["reason"]
     assert any("rank0.engine" in p for p in shown["quarantine"][-1]["problems"])
@@ -53,24 +59,24 @@ def test_promote_refuses_a_rotted_artifact_and_quarantines_it(store, store_uri, 
 
 def test_promote_trusts_a_recent_deep_verify_only_when_asked_and_records_it(store, draft, tmp_path):
     aid = published(store, tmp_path / "a", draft)
-    first = ops.promote(store, aid, "staging", auth=Authority(verify_window_s=3600))
+    first = promote(store, aid, "staging", auth=Authority(verify_window_s=3600))
     assert first.verified_at is not None and first.verify_window_s == 0  # the gate re-hashed: the default
-    again = ops.promote(store, staged(store, aid), "prod", trust_verify_within_s=3600)
+    again = promote(store, staged(store, aid), "prod", trust_verify_within_s=3600)
     assert again.verified_at == first.verified_at and again.verify_window_s == 3600  # trusted, as asked
-    fresh = ops.promote(store, aid, "canary", auth=Authority(verify_window_s=3600))
+    fresh = promote(store, aid, "canary", auth=Authority(verify_window_s=3600))
     assert fresh.verified_at > first.verified_at  # the settings' window is not an opt-in: re-hashed
 
 
 def test_pull_refuses_a_quarantined_artifact_the_channel_points_at(store, store_uri, draft, tmp_path, cli,
                                                                    s3_env_if_needed):
     v1 = published(store, tmp_path / "v1", draft, seed=1)
-    ops.promote(store, staged(store, v1), "prod")
+    promote(store, staged(store, v1), "prod")
     node = tmp_path / "node"
     args = ("--store", store_uri, "--json", "pull", "--profile", draft.profile_name, "--channel", "prod", "--dest", node,
             "--skip-preflight", "--node-id", "gpu-node-3")
     assert j(cli(*args))["artifact_id"] == v1
     v2 = published(store, tmp_path / "v2", draft, seed=2)
-    ops.promote(store, staged(store, v2), "prod")
+    promote(store, staged(store, v2), "prod")
     code, _, err = cli("--store", store_uri, "quarantine", v2, "--reason", "segfaults over 4096 tokens (INC-7)")
     assert code == 0, err
     code, _, err = cli(*args)
@@ -84,7 +90,7 @@ def test_pull_refuses_a_quarantined_artifact_the_channel_points_at(store, store_
 def test_a_rotted_blob_makes_the_pull_fail_and_the_node_report_it(store, store_uri, draft, tmp_path, cli,
                                                                   s3_env_if_needed):
     aid = published(store, tmp_path / "a", draft)
-    ops.promote(store, staged(store, aid), "prod")
+    promote(store, staged(store, aid), "prod")
     rot(store, digest_of(store, aid, "rank0.engine"), "flip")
     code, _, err = cli("--store", store_uri, "pull", "--profile", draft.profile_name, "--channel", "prod",
                        "--dest", tmp_path / "node", "--skip-preflight", "--node-id", "gpu-node-4")
@@ -97,16 +103,16 @@ def test_a_rotted_blob_makes_the_pull_fail_and_the_node_report_it(store, store_u
 def test_recovery_rolls_the_channel_back_and_names_the_rebuild(store, store_uri, draft, tmp_path, cli, kind,
                                                                s3_env_if_needed):
     good = published(store, tmp_path / "good", draft, seed=1)
-    ops.promote(store, staged(store, good), "prod")
+    promote(store, staged(store, good), "prod")
     bad = published(store, tmp_path / "bad", draft, seed=2)
-    ops.promote(store, staged(store, bad), "prod")
+    promote(store, staged(store, bad), "prod")
     rot(store, digest_of(store, bad, "rank0.engine"), kind)
     rep = j(cli("--store", store_uri, "--json", "heal", bad))
     assert not rep["store_copy_ok"] and rep["quarantine_record"].startswith("quarantine/")
     chan = next(c for c in rep["channels"] if c["channel"] == "prod")  # staging had it too
     assert chan["rolled_back_to"] == good and chan["seq"] == 3
     assert rep["rebuild"] == [{"profile": draft.profile_name, "compat_key": draft.compat_key}]
-    last = ops.history(store, draft.profile_name, "prod", draft.compat_key)[-1]
+    last = history(store, draft.profile_name, "prod", draft.compat_key)[-1]
     assert last.action == "rollback" and last.artifact_id == good and f"quarantine of {bad}" in last.reason
 
 
@@ -114,11 +120,11 @@ def test_recovery_skips_earlier_artifacts_that_are_bad_or_unvalidated(store, dra
     from buildctl.steps.healing import recover_channels
 
     oldest = published(store, tmp_path / "o", draft, seed=1)
-    ops.promote(store, staged(store, oldest), "prod")
+    promote(store, staged(store, oldest), "prod")
     rotten = published(store, tmp_path / "r", draft, seed=2)
-    ops.promote(store, staged(store, rotten), "prod")
+    promote(store, staged(store, rotten), "prod")
     newest = published(store, tmp_path / "n", draft, seed=3)
-    ops.promote(store, staged(store, newest), "prod")
+    promote(store, staged(store, newest), "prod")
     rot(store, digest_of(store, rotten, "rank0.engine"), "flip")
     from buildctl.artifact_store.quarantine import quarantine
 
@@ -134,7 +140,7 @@ def test_recovery_skips_earlier_artifacts_that_are_bad_or_unvalidated(store, dra
 def test_repair_from_a_node_versions_dir_restores_the_same_artifact(store, store_uri, draft, tmp_path, cli, kind,
                                                                     s3_env_if_needed):
     aid = published(store, tmp_path / "a", draft)
-    ops.promote(store, staged(store, aid), "prod")
+    promote(store, staged(store, aid), "prod")
     node = tmp_path / "node"
     assert j(cli("--store", store_uri, "--json", "pull", "--profile", draft.profile_name, "--channel", "prod",
                  "--dest", node, "--skip-preflight"))["installed"]
@@ -153,10 +159,10 @@ def test_repair_from_a_node_versions_dir_restores_the_same_artifact(store, store
 
 
 def test_repair_from_another_store_and_refuses_a_wrong_copy(store, store_uri, draft, tmp_path, cli, s3_env_if_needed):
-    mirror = ops.open_store(str(tmp_path / "mirror"))  # a second store holding the same files (blobs)
+    mirror = open_store(str(tmp_path / "mirror"))  # a second store holding the same files (blobs)
     tree = make_tree(tmp_path / "a", {"config.json": b"{}", "rank0.engine": 100_000})
-    aid = ops.publish_tree(store, tree, draft).artifact_id
-    ops.publish_tree(mirror, tree, draft)
+    aid = publish_tree(store, tree, draft).artifact_id
+    publish_tree(mirror, tree, draft)
     rot(store, digest_of(store, aid, "rank0.engine"), "flip")
     uri = store_uri
     wrong = make_tree(tmp_path / "wrong", {"config.json": b"{}", "rank0.engine": 100_000}, seed=9)
@@ -169,7 +175,7 @@ def test_repair_from_another_store_and_refuses_a_wrong_copy(store, store_uri, dr
 def test_a_bad_node_copy_does_not_quarantine_a_good_artifact(store, store_uri, draft, tmp_path, cli,
                                                              s3_env_if_needed):
     aid = published(store, tmp_path / "a", draft)
-    ops.promote(store, staged(store, aid), "prod")
+    promote(store, staged(store, aid), "prod")
     rep = j(cli("--store", store_uri, "--json", "heal", aid))
     assert rep["store_copy_ok"] and rep["channels"] == [] and rep["quarantine_record"] is None
     assert not j(cli("--store", store_uri, "--json", "show", aid))["quarantined"]
@@ -178,7 +184,7 @@ def test_a_bad_node_copy_does_not_quarantine_a_good_artifact(store, store_uri, d
 def test_scrub_checks_channel_artifacts_first_and_quarantines_failures(store, store_uri, draft, tmp_path, cli,
                                                                        s3_env_if_needed):
     referenced = published(store, tmp_path / "r", draft, seed=1)
-    ops.promote(store, staged(store, referenced), "prod")
+    promote(store, staged(store, referenced), "prod")
     loose = [published(store, tmp_path / f"l{i}", draft, seed=10 + i) for i in range(3)]
     rot(store, digest_of(store, loose[1], "rank0.engine"), "truncate")
     code, out, err = cli("--store", store_uri, "--json", "scrub")
@@ -218,7 +224,7 @@ def test_cache_check_quarantines_a_rotted_hit_and_rebuilds(store_uri, hf_model, 
     monkeypatch.setenv("BUILDCTL_FINGERPRINT_FILE", str(fp))
     build = ("--store", store_uri, "--json", "build", prod, "--model", hf_model)
     first = j(cli(*build))
-    store = ops.open_store(store_uri)
+    store = open_store(store_uri)
     rot(store, digest_of(store, first["artifact_id"], "rank3.engine"), kind)
     second = j(cli(*build))
     assert not second["cache_hit"], "a rotted cached artifact is no hit"
@@ -226,7 +232,7 @@ def test_cache_check_quarantines_a_rotted_hit_and_rebuilds(store_uri, hf_model, 
 
     records = [r.action for _, r in quarantine_records(store, first["artifact_id"])]
     assert records[0] == "quarantine"
-    ops.verify(store, second["artifact_id"], deep=True)  # the rebuild is whole
+    verify(store, second["artifact_id"], deep=True)  # the rebuild is whole
     if second["artifact_id"] == first["artifact_id"]:  # identical bytes: the rebuild put the blob back
         assert records == ["quarantine", "lift"]
     third = j(cli(*build))
@@ -242,15 +248,15 @@ def test_validation_quarantines_an_artifact_whose_store_copy_is_bad(tmp_path, dr
     from buildctl.artifact_store.errors import VerificationError
     from buildctl.artifact_store.quarantine import active_quarantine
 
-    store = ops.open_store(str(tmp_path / "store"))
-    aid = ops.publish_tree(store, make_tree(tmp_path / "e", {"engine.json": b"{}", "model.pt2": 50_000}), draft).artifact_id
+    store = open_store(str(tmp_path / "store"))
+    aid = publish_tree(store, make_tree(tmp_path / "e", {"engine.json": b"{}", "model.pt2": 50_000}), draft).artifact_id
     rot(store, digest_of(store, aid, "model.pt2"), "flip")
     with pytest.raises(VerificationError) as exc:
         validate.validate(Context.from_settings(settings(), store=store), aid, profile_path=PROFILES / "tiny-llama-cpu.yaml",
                                    reference=object())
     assert "model.pt2" in str(exc.value) and exc.value.quarantine_key
     assert "validation" in active_quarantine(store, aid)[1].reason
-    assert ops.list_attestations(store, aid) == []
+    assert list_attestations(store, aid) == []
 
 
 def test_scrub_and_heal_restore_a_rotted_manifest_from_its_identity_copy(store, store_uri, draft, tmp_path, cli,
@@ -260,18 +266,18 @@ def test_scrub_and_heal_restore_a_rotted_manifest_from_its_identity_copy(store, 
     from ..support.helpers import rot_manifest
 
     aid = published(store, tmp_path / "a", draft, seed=1)
-    ops.promote(store, staged(store, aid), "prod")
+    promote(store, staged(store, aid), "prod")
     rot_manifest(store, aid)
     code, out, err = cli("--store", store_uri, "--json", "scrub")
     assert code == 0, err
     rows = json.loads(out)["artifacts"]
     fixed = [r for r in rows if r["artifact_id"] == aid and r["status"] == "repaired"]
     assert fixed and "restored from index/identity/" in fixed[0]["problems"][0], rows
-    assert ops.verify(store, aid, deep=True) is not None  # whole again, blobs and manifest
+    assert verify(store, aid, deep=True) is not None  # whole again, blobs and manifest
     rot_manifest(store, aid)
     code, out, err = cli("--store", store_uri, "--json", "heal", aid)
     assert code == 0, err
-    assert "restored from index/identity/" in json.dumps(json.loads(out)) and ops.verify(store, aid, deep=True)
+    assert "restored from index/identity/" in json.dumps(json.loads(out)) and verify(store, aid, deep=True)
 
 
 def test_a_node_directory_with_the_engine_installed_restores_its_rotted_manifest(store, store_uri, draft, tmp_path,
@@ -284,7 +290,7 @@ def test_a_node_directory_with_the_engine_installed_restores_its_rotted_manifest
     from ..support.helpers import overwrite, rot_manifest
 
     aid = published(store, tmp_path / "a", draft, seed=1)
-    ops.promote(store, staged(store, aid), "prod")
+    promote(store, staged(store, aid), "prod")
     node = tmp_path / "node"
     code, _, err = cli("--store", store_uri, "--json", "pull", "--profile", draft.profile_name, "--channel", "prod", "--dest",
                        node, "--skip-preflight")
@@ -294,11 +300,11 @@ def test_a_node_directory_with_the_engine_installed_restores_its_rotted_manifest
     rot_manifest(store, aid)
     code, out, err = cli("--store", store_uri, "--json", "repair", aid, "--from", node)
     assert code == 0, err
-    assert ops.verify(store, aid, deep=True) is not None
+    assert verify(store, aid, deep=True) is not None
     rot_manifest(store, aid)
     code, out, err = cli("--store", store_uri, "--json", "heal", aid, "--from", node)
     assert code == 0, err
-    assert f"restored from {node}" in json.dumps(json.loads(out)) and ops.verify(store, aid, deep=True)
+    assert f"restored from {node}" in json.dumps(json.loads(out)) and verify(store, aid, deep=True)
 
 
 def test_heal_and_repair_restore_a_rotted_manifest_from_another_store_or_a_node(store, store_uri, draft, tmp_path, cli,
@@ -310,7 +316,7 @@ def test_heal_and_repair_restore_a_rotted_manifest_from_another_store_or_a_node(
     from ..support.helpers import overwrite, rot_manifest
 
     aid = published(store, tmp_path / "a", draft, seed=1)
-    mirror = ops.open_store(f"file://{tmp_path / 'mirror'}")
+    mirror = open_store(f"file://{tmp_path / 'mirror'}")
     mirror.put_bytes(manifest_key(aid), store.get_bytes(manifest_key(aid)))
     for key in store.list(IDENTITY_INDEX):
         overwrite(store, key, b"{}")  # the store's own copy is no good either
@@ -319,10 +325,10 @@ def test_heal_and_repair_restore_a_rotted_manifest_from_another_store_or_a_node(
     assert code == 4, err  # nothing here to restore it from
     code, out, err = cli("--store", store_uri, "--json", "heal", aid, "--from", mirror.uri)
     assert code == 0, err
-    assert f"restored from {mirror.uri}" in json.dumps(json.loads(out)) and ops.verify(store, aid, deep=True)
+    assert f"restored from {mirror.uri}" in json.dumps(json.loads(out)) and verify(store, aid, deep=True)
     rot_manifest(store, aid)
     code, _, err = cli("--store", store_uri, "--json", "repair", aid, "--from", mirror.uri)
-    assert code == 0 and ops.verify(store, aid, deep=True), err
+    assert code == 0 and verify(store, aid, deep=True), err
 
 
 @pytest.mark.parametrize("channels_only", [False, True])
@@ -333,7 +339,7 @@ def test_scrub_fails_when_a_channel_points_at_an_artifact_whose_manifest_is_gone
     from buildctl.artifact_store.layout import IDENTITY_INDEX, manifest_key
 
     aid = published(store, tmp_path / "a", draft, seed=1)
-    ops.promote(store, staged(store, aid), "prod")
+    promote(store, staged(store, aid), "prod")
     store.delete(manifest_key(aid))
     for key in list(store.list(IDENTITY_INDEX)):
         store.delete(key)  # no copy left to restore it from
@@ -351,16 +357,16 @@ def test_scrub_fails_when_a_channel_points_at_an_artifact_whose_manifest_is_gone
 
 def test_quarantine_needs_a_reason_and_scrub_a_fraction(store, draft, tmp_path):
     from buildctl.artifact_store.errors import StoreArgumentError
-    from buildctl.steps.healing import quarantine_artifact, scrub
+    from buildctl.steps.healing import quarantine, scrub
 
     ctx = Context.from_settings(settings(), store=store)
     aid = published(store, tmp_path / "a", draft)
     with pytest.raises(StoreArgumentError, match="--reason must say why"):
-        quarantine_artifact(ctx, aid, "  ")
+        quarantine(ctx, aid, "  ")
     for bad in (0, -0.5, 1.01):
         with pytest.raises(StoreArgumentError, match="a fraction in"):
             scrub(ctx, sample=bad)
-    assert quarantine_artifact(ctx, aid, "bad engine")[0] == aid
+    assert quarantine(ctx, aid, "bad engine")[0] == aid
 
 
 def test_recovery_with_no_earlier_artifact_that_qualifies_rolls_nothing_back(store, draft, tmp_path):
@@ -369,9 +375,9 @@ def test_recovery_with_no_earlier_artifact_that_qualifies_rolls_nothing_back(sto
     from buildctl.steps.healing import recover_channels
 
     unvalidated = publish_files(store, tmp_path / "u", draft, {"rank0.engine": 1000}, seed=5, verdict=None)
-    ops.promote(store, staged(store, unvalidated), "prod", force=True, reason="test: no attestation")
+    promote(store, staged(store, unvalidated), "prod", force=True, reason="test: no attestation")
     only = published(store, tmp_path / "o", draft, seed=6)
-    ops.promote(store, staged(store, only), "prod")
+    promote(store, staged(store, only), "prod")
     quarantine(store, only, "bad engine", auth=Authority(who="test"))
     got = {r.channel: r for r in recover_channels(Context.from_settings(settings(), store=store), only)}
     assert got["prod"].rolled_back_to is None and got["prod"].detail == "no earlier artifact deep-verifies and qualifies"
@@ -384,7 +390,7 @@ def test_recovery_with_no_earlier_artifact_that_qualifies_rolls_nothing_back(sto
 
 @pytest.fixture
 def local(tmp_path):
-    return ops.open_store(str(tmp_path / "store"))
+    return open_store(str(tmp_path / "store"))
 
 
 def _ctx(store) -> Context:
@@ -392,7 +398,7 @@ def _ctx(store) -> Context:
 
 
 def _same_size(store, ids: list[str]) -> int:
-    (size,) = {ops.get_manifest(store, a).total_size for a in ids}
+    (size,) = {get_manifest(store, a).total_size for a in ids}
     return size
 
 
@@ -426,7 +432,7 @@ def test_scrub_passes_over_a_quarantined_artifact_and_checks_the_rest(local, dra
     from buildctl.steps.healing import scrub
 
     held = published(local, tmp_path / "q", draft, seed=1)
-    ops.promote(local, staged(local, held), "prod")  # a channel points at it: checked first
+    promote(local, staged(local, held), "prod")  # a channel points at it: checked first
     others = [published(local, tmp_path / f"o{i}", draft, seed=2 + i) for i in range(3)]
     quarantine(local, held, "INC-9", auth=Authority(who="test"))
     report = scrub(_ctx(local))
@@ -465,7 +471,7 @@ def test_scrub_reports_a_forged_history_record_while_another_ref_turns_malformed
     P, compat = draft.profile_name, draft.compat_key
     a0 = published(local, tmp_path / "a0", draft, seed=1)
     a1 = published(local, tmp_path / "a1", draft, seed=2)
-    ops.promote(local, staged(local, a0), "prod")
+    promote(local, staged(local, a0), "prod")
     ref = read_channel(local, P, "staging", compat)[0]
     squatted = history_key(P, "staging", compat, 2)
     local.put_bytes(squatted, forged_history_record(ref, 2, a1, a0))
@@ -487,26 +493,26 @@ def test_heal_of_an_already_quarantined_artifact_keeps_its_record_and_names_its_
     from buildctl.steps.healing import heal_artifact
 
     good = published(local, tmp_path / "g", draft, seed=1)
-    ops.promote(local, staged(local, good), "prod")
+    promote(local, staged(local, good), "prod")
     bad = published(local, tmp_path / "b", draft, seed=2)
-    ops.promote(local, staged(local, bad), "prod")
+    promote(local, staged(local, bad), "prod")
     key, _ = quarantine(local, bad, "segfaults (INC-9)", problems=["rank0.engine: 4 bytes differ"],
                         auth=Authority(who="test"))
     report = heal_artifact(_ctx(local), bad)
     assert report.quarantine_key == key and report.problems == ["rank0.engine: 4 bytes differ"]
     assert not report.store_copy_ok and report.rebuild == [(draft.profile_name, draft.compat_key)]
     assert next(r for r in report.recoveries if r.channel == "prod").rolled_back_to == good
-    last = ops.history(local, draft.profile_name, "prod", draft.compat_key)[-1]
+    last = history(local, draft.profile_name, "prod", draft.compat_key)[-1]
     assert last.reason == f"quarantine of {bad}: segfaults (INC-9)"
 
 
 def test_heal_whose_repair_makes_the_artifact_whole_names_no_rebuild(local, draft, tmp_path):
     from buildctl.steps.healing import heal_artifact
 
-    mirror = ops.open_store(str(tmp_path / "mirror"))
+    mirror = open_store(str(tmp_path / "mirror"))
     tree = make_tree(tmp_path / "a", {"config.json": b"{}", "rank0.engine": 100_000})
-    aid = ops.publish_tree(local, tree, draft).artifact_id
-    ops.publish_tree(mirror, tree, draft)
+    aid = publish_tree(local, tree, draft).artifact_id
+    publish_tree(mirror, tree, draft)
     rot(local, digest_of(local, aid, "rank0.engine"), "flip")
     report = heal_artifact(_ctx(local), aid, repair_source=mirror.uri)
     assert report.repair.healthy and report.repair.replaced == ["rank0.engine"] and report.rebuild == []
@@ -517,11 +523,11 @@ def test_recovery_passes_over_an_unvalidated_artifact_to_an_older_validated_one(
     from buildctl.steps.healing import recover_channels
 
     validated = published(local, tmp_path / "v", draft, seed=1)
-    ops.promote(local, staged(local, validated), "prod")
+    promote(local, staged(local, validated), "prod")
     unvalidated = publish_files(local, tmp_path / "u", draft, {"rank0.engine": 1000}, seed=5, verdict=None)
-    ops.promote(local, staged(local, unvalidated), "prod", force=True, reason="test: no attestation")
+    promote(local, staged(local, unvalidated), "prod", force=True, reason="test: no attestation")
     newest = published(local, tmp_path / "n", draft, seed=3)
-    ops.promote(local, staged(local, newest), "prod")
+    promote(local, staged(local, newest), "prod")
     quarantine(local, newest, "bad engine", auth=Authority(who="test"))
     got = {r.channel: r for r in recover_channels(_ctx(local), newest)}
     assert got["prod"].rolled_back_to == validated  # prod needs a passing attestation for the key

@@ -11,7 +11,9 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from benchmarks.counting import CountingStore
-import buildctl.artifact_store as ops
+from buildctl.artifact_store.backends.store import open_store
+from buildctl.artifact_store.promotion import promote
+from buildctl.artifact_store.read import get_manifest
 from buildctl.steps import fleet
 from buildctl.steps import node_index
 from buildctl.steps import rollouts
@@ -51,9 +53,9 @@ def rollout_in_flight(store, tmp_path, draft, n=40) -> tuple[Fleet, object, list
     """v1 on prod everywhere, v2 rolling out (25%, then 100%), two late nodes failed on it."""
     v1, v2 = publish(store, tmp_path, "v1", draft), publish(store, tmp_path, "v2", draft)
     nodes = Fleet(store, tmp_path, n)
-    ops.promote(store, staged(store, v1), "prod")
+    promote(store, staged(store, v1), "prod")
     nodes.pull_all()
-    rec = ops.promote(store, staged(store, v2), "prod", rollout=RolloutPlan(waves=parse_waves("25,100", "0,5%"), bake_s=600))
+    rec = promote(store, staged(store, v2), "prod", rollout=RolloutPlan(waves=parse_waves("25,100", "0,5%"), bake_s=600))
     nodes.pull_all()
     late = [x for x in nodes.ids if wave_bucket(PROFILE, "prod", x) >= 25]
     return nodes, rec, late
@@ -133,7 +135,7 @@ def test_fleet_commands_list_markers_instead_of_reading_each_node(store, tmp_pat
     """At 1,100 nodes (two list pages): rollout status of one ref, the tick, the reconcile plan's demand and gc's
     node protections make a handful of requests, none of them a node record's GET."""
     v1 = publish(store, tmp_path, "v1", draft)
-    rec = ops.promote(store, staged(store, v1), "prod")
+    rec = promote(store, staged(store, v1), "prod")
     node_index.rebuild(store)
     fp, when = detect(), utc_now()
 
@@ -145,7 +147,7 @@ def test_fleet_commands_list_markers_instead_of_reading_each_node(store, tmp_pat
     with ThreadPoolExecutor(8) as pool:
         list(pool.map(report, range(N)))
     v2 = publish(store, tmp_path, "v2", draft)
-    ops.promote(store, staged(store, v2), "prod", rollout=RolloutPlan(waves=parse_waves("10,100", "1%"), bake_s=0))
+    promote(store, staged(store, v2), "prod", rollout=RolloutPlan(waves=parse_waves("10,100", "1%"), bake_s=0))
     counted = CountingStore(store)
     (v,) = rollouts.status(counted, PROFILE, "prod", draft.compat_key)
     assert v.waves[-1].nodes == N and v.waves[-1].pending == N
@@ -266,7 +268,7 @@ def test_fleet_commands_overlap_their_requests_and_answer_as_one_at_a_time(tmp_p
     from benchmarks import fleet_scale
     from buildctl.artifact_store.backends import listing
 
-    store = ops.open_store(str(tmp_path / "store"))
+    store = open_store(str(tmp_path / "store"))
     profiles, keys, ctx = fleet_scale.seed(store, tmp_path / "seed", 300)
     monkeypatch.setattr(listing, "PAGE", 20)  # 300 demand and 600 held markers: the ranged path
     now = datetime.now(timezone.utc)
@@ -516,9 +518,9 @@ def test_gc_reads_the_node_records_before_it_removes_what_no_held_marker_names(s
 
     v1, v2 = publish(store, tmp_path, "v1", draft), publish(store, tmp_path, "v2", draft)
     nodes = Fleet(store, tmp_path, 2)
-    ops.promote(store, staged(store, v1), "prod")
+    promote(store, staged(store, v1), "prod")
     nodes.pull_all()
-    ops.promote(store, staged(store, v2), "prod")
+    promote(store, staged(store, v2), "prod")
     nodes.pull_all()  # v1 is each node's previous: its rollback target
     node_index.rebuild(store)
     lost = [k for k in store.list(HELD_INDEX) if k.startswith(f"{HELD_INDEX}{hex_of(v1)}/")]
@@ -530,4 +532,4 @@ def test_gc_reads_the_node_records_before_it_removes_what_no_held_marker_names(s
     assert v1 not in res.removed_artifacts and v2 not in res.removed_artifacts
     assert any("held by 2 node(s)" in why and "no held marker" in why for why in kept[v1]), kept[v1]
     assert res.index_missing == [v1] and res.to_json()["index_missing"] == [v1]
-    assert ops.get_manifest(store, v1) is not None
+    assert get_manifest(store, v1) is not None

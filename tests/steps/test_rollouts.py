@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
-import buildctl.artifact_store as ops
+from buildctl.artifact_store.promotion import promote
+from buildctl.artifact_store.read import get_manifest
+from buildctl.core.times import utc_now
 from buildctl.steps import rollouts
 from buildctl.engines.fingerprint import detect
 from buildctl.artifact_store.fleet.inventory import read_node
@@ -101,10 +103,10 @@ def test_rollout_arguments():
 def test_canary_wave_gets_the_new_engine_and_the_rest_keep_the_old(store, tmp_path, draft, cli):
     v1, v2 = publish(store, tmp_path, "v1", draft), publish(store, tmp_path, "v2", draft)
     fleet = Fleet(store, tmp_path, 24)
-    ops.promote(store, staged(store, v1), "prod")
+    promote(store, staged(store, v1), "prod")
     assert fleet.pull_all() == {} and set(fleet.current().values()) == {v1}
     plan = RolloutPlan(waves=parse_waves("20,100", "0"), bake_s=3600)
-    rec = ops.promote(store, staged(store, v2), "prod", rollout=plan)
+    rec = promote(store, staged(store, v2), "prod", rollout=plan)
     assert rec.rollout.base == v1 and rec.rollout.target == v2 and rec.artifact_id == v2 and rec.previous == v1
     canaries = {n for n in fleet.ids if wave_bucket(PROFILE, "prod", n) < 20}
     assert 0 < len(canaries) < len(fleet.ids)  # the node ids were chosen so that the wave splits them
@@ -126,7 +128,7 @@ def test_canary_wave_gets_the_new_engine_and_the_rest_keep_the_old(store, tmp_pa
 
     # a new promotion would abandon the rollout: refused; a plain promote after it ends is a 100% flip
     with pytest.raises(RolloutInProgressError):
-        ops.promote(store, staged(store, v1), "prod")
+        promote(store, staged(store, v1), "prod")
     code, _, err = cli("--store", store.uri, "promote", v1, "--channel", "prod")
     assert code == 6 and "rollout abort" in err
     for step, state in (("pause", "paused"), ("resume", "active")):
@@ -139,16 +141,16 @@ def test_canary_wave_gets_the_new_engine_and_the_rest_keep_the_old(store, tmp_pa
                          "--reason", "testing abort")
     assert code == 0 and json.loads(out)[0]["artifact_id"] == v1, err
     assert fleet.pull_all() == {} and set(fleet.current().values()) == {v1}
-    assert ops.promote(store, staged(store, v2), "prod").rollout is None
+    assert promote(store, staged(store, v2), "prod").rollout is None
     assert fleet.pull_all() == {} and set(fleet.current().values()) == {v2}
 
 
 def test_a_failing_canary_halts_the_rollout_and_rolls_the_channel_back(store, tmp_path, draft):
     v1, bad = publish(store, tmp_path, "v1", draft), publish(store, tmp_path, "bad", draft, broken=True)
     fleet = Fleet(store, tmp_path, 30)
-    ops.promote(store, staged(store, v1), "prod")
+    promote(store, staged(store, v1), "prod")
     fleet.pull_all()
-    rec = ops.promote(store, staged(store, bad), "prod", rollout=RolloutPlan(waves=parse_waves("10,50,100", "0"), bake_s=0))
+    rec = promote(store, staged(store, bad), "prod", rollout=RolloutPlan(waves=parse_waves("10,50,100", "0"), bake_s=0))
     canaries = sorted(n for n in fleet.ids if wave_bucket(PROFILE, "prod", n) < 10)
     assert canaries
     failed = fleet.pull_all()
@@ -172,8 +174,8 @@ def test_a_failing_canary_halts_the_rollout_and_rolls_the_channel_back(store, tm
 def test_decisions_wait_bake_advance_complete_and_halt_when_paused(store, tmp_path, draft):
     v1, v2 = publish(store, tmp_path, "v1", draft), publish(store, tmp_path, "v2", draft)
     fleet = Fleet(store, tmp_path, 40)
-    ops.promote(store, staged(store, v1), "prod")
-    rec = ops.promote(store, staged(store, v2), "prod", rollout=RolloutPlan(waves=parse_waves("25,100", "0,5%"), bake_s=600))
+    promote(store, staged(store, v1), "prod")
+    rec = promote(store, staged(store, v2), "prod", rollout=RolloutPlan(waves=parse_waves("25,100", "0,5%"), bake_s=600))
     fleet.pull_all()
     now = datetime.now(timezone.utc)
     assert rollouts.view(store, rec, now=now).decision == "wait"  # baking
@@ -218,12 +220,12 @@ def test_a_nodes_failed_smoke_check_switches_it_back_to_previous(store, tmp_path
     (node,) = fleet.ids
     dest = fleet.dest(node)
     for a in (v0, v1):
-        ops.promote(store, staged(store, a), "prod")
+        promote(store, staged(store, a), "prod")
         fleet.pull(node)
     assert (current_artifact(dest), previous_artifact(dest)) == (v1, v0)
     reported = read_node(store, node)[0].engine(PROFILE, "prod")
     assert (reported.current, reported.previous, reported.status) == (v1, v0, "healthy")  # what gc keeps for it
-    ops.promote(store, staged(store, v2), "prod")  # a plain promotion: every node at once
+    promote(store, staged(store, v2), "prod")  # a plain promotion: every node at once
     fp = tmp_path / "fleet" / node / "fingerprint.json"
     code, out, err = cli("--store", store.uri, "pull", "--profile", PROFILE, "--channel", "prod", "--dest", dest,
                          "--node-id", node, "--health-cmd", HEALTH, "--skip-preflight", "--keep", "3")
@@ -248,7 +250,7 @@ def test_the_default_smoke_check_loads_a_real_engine_and_generates(tiny_build, t
     """Without --health-cmd the node loads the installed aoti engine and generates tokens; an
     engine whose package is damaged after install fails, and the node switches back."""
     store, aid = tiny_build["store"], tiny_build["outcome"].artifact_id
-    ops.promote(store, aid, "smoke", force=True, reason="test channel")
+    promote(store, aid, "smoke", force=True, reason="test channel")
     st = settings(store=store.uri)
     dest = tmp_path / "node"
     got = node_agent.pull(Context.from_settings(st, store=store), tiny_build['profile'].name, 'smoke', dest, PullOptions(node_id='cpu-node-1'))
@@ -262,10 +264,10 @@ def test_a_canary_that_refuses_a_rotted_target_counts_as_failed(store, tmp_path,
     from ..support.helpers import rot
 
     v1, v2 = publish(store, tmp_path, "v1", draft), publish(store, tmp_path, "v2", draft)
-    ops.promote(store, staged(store, v1), "prod")
-    ops.promote(store, staged(store, v2), "prod", rollout=RolloutPlan(waves=parse_waves("50,100", "0"), bake_s=0))
+    promote(store, staged(store, v1), "prod")
+    promote(store, staged(store, v2), "prod", rollout=RolloutPlan(waves=parse_waves("50,100", "0"), bake_s=0))
     canary = next(f"n{i}" for i in range(100) if wave_bucket(PROFILE, "prod", f"n{i}") < 50)
-    rot(store, next(f.digest for f in ops.get_manifest(store, v2).files if f.path == "rank0.engine"), "flip")
+    rot(store, next(f.digest for f in get_manifest(store, v2).files if f.path == "rank0.engine"), "flip")
     code, _, err = cli("--store", store.uri, "pull", "--profile", PROFILE, "--channel", "prod", "--dest",
                        tmp_path / canary, "--node-id", canary, "--skip-preflight")
     assert code == 4 and "rank0.engine: digest mismatch" in err, err
@@ -280,9 +282,9 @@ def test_only_refusals_about_the_artifact_count_as_failures():
 
     def node(error: str) -> NodeRecord:
         f = PullFailure(artifact_id="xxh3-128:" + "2" * 32, profile=PROFILE, channel="prod", compat_key="k",
-                        error=error, when=ops.utc_now())
+                        error=error, when=utc_now())
         return NodeRecord(node_id="n", fingerprint={}, compat_keys={"aoti": "k"}, profiles=(PROFILE,),
-                          reported_at=ops.utc_now(), pull_failures=(f,))
+                          reported_at=utc_now(), pull_failures=(f,))
 
     target = "xxh3-128:" + "2" * 32
     for error, status in (("VerificationError: rank0.engine: digest mismatch", "failed"),
@@ -332,8 +334,8 @@ def test_a_views_labels_counts_and_json_are_exact(tmp_path, draft):
 
     store = open_store(f"file://{tmp_path / 'store'}")
     v1, v2 = publish(store, tmp_path, "v1", draft), publish(store, tmp_path, "v2", draft)
-    ops.promote(store, staged(store, v1), "prod")
-    rec = ops.promote(store, staged(store, v2), "prod", rollout=RolloutPlan(waves=parse_waves("50,100", "1"), bake_s=600))
+    promote(store, staged(store, v1), "prod")
+    rec = promote(store, staged(store, v2), "prod", rollout=RolloutPlan(waves=parse_waves("50,100", "1"), bake_s=600))
     key = draft.compat_key
     ids = [f"n{i:03d}" for i in range(40)]
     first = [n for n in ids if wave_bucket(PROFILE, "prod", n) < 50]
@@ -358,7 +360,7 @@ def test_a_views_labels_counts_and_json_are_exact(tmp_path, draft):
     assert [w.state for w in rollouts.decide(last, nodes, now).waves] == ["done", "current"]  # wave 1 is behind it
     done = rollouts.decide(last, nodes, datetime.now(timezone.utc) + timedelta(seconds=601))
     assert done.decision == "complete" and done.why.startswith("wave 2 (100%) baked with 1 failure(s)")
-    none = rollouts.decide(ops.promote(store, v1, "staging"), nodes, now)
+    none = rollouts.decide(promote(store, v1, "staging"), nodes, now)
     assert none.decision == "none" and none.to_json()["bake_left_s"] == 0.0 and none.to_json()["wave"] is None
 
 
@@ -374,10 +376,10 @@ def test_tick_decides_every_live_rollout_past_channels_without_one(tmp_path, dra
 
     store = open_store(f"file://{tmp_path / 'store'}")
     v1, v2 = publish(store, tmp_path, "v1", draft), publish(store, tmp_path, "v2", draft)
-    m = ops.get_manifest(store, v1)
+    m = get_manifest(store, v1)
     set_channel(store, v1, m, "prod", compat_key="aaa-first")  # no rollout, sorts first
-    ops.promote(store, staged(store, v1), "prod")
-    ops.promote(store, staged(store, v2), "prod", rollout=RolloutPlan(waves=parse_waves("50,100", "0"), bake_s=0))
+    promote(store, staged(store, v1), "prod")
+    promote(store, staged(store, v2), "prod", rollout=RolloutPlan(waves=parse_waves("50,100", "0"), bake_s=0))
     views = rollouts.tick(Context.from_settings(settings(), store=store), channel="prod")
     assert [(v.record.compat_key, v.decision) for v in views] == [(draft.compat_key, "advance")]
 
@@ -393,8 +395,8 @@ def test_tick_keeps_each_decided_waves_count_in_the_record_it_writes(tmp_path, d
 
     store = open_store(f"file://{tmp_path / 'store'}")
     v1, v2 = publish(store, tmp_path, "v1", draft), publish(store, tmp_path, "v2", draft)
-    ops.promote(store, staged(store, v1), "prod")
-    rec = ops.promote(store, staged(store, v2), "prod", rollout=RolloutPlan(waves=parse_waves("50,100", "1"), bake_s=0))
+    promote(store, staged(store, v1), "prod")
+    rec = promote(store, staged(store, v2), "prod", rollout=RolloutPlan(waves=parse_waves("50,100", "1"), bake_s=0))
     assert "summaries" not in rec.body()["rollout"]  # unset: left out of the signed bytes
     key = draft.compat_key
     ids = [f"n{i:03d}" for i in range(20)]
@@ -428,9 +430,9 @@ def test_control_acts_on_live_rollouts_only_and_names_the_key_it_was_given(tmp_p
 
     store = open_store(f"file://{tmp_path / 'store'}")
     v1, v2 = publish(store, tmp_path, "v1", draft), publish(store, tmp_path, "v2", draft)
-    set_channel(store, v1, ops.get_manifest(store, v1), "prod", compat_key="aaa-plain")  # a ref without a rollout
-    ops.promote(store, staged(store, v1), "prod")
-    ops.promote(store, staged(store, v2), "prod", rollout=RolloutPlan(waves=parse_waves("50,100", "0"), bake_s=0))
+    set_channel(store, v1, get_manifest(store, v1), "prod", compat_key="aaa-plain")  # a ref without a rollout
+    promote(store, staged(store, v1), "prod")
+    promote(store, staged(store, v2), "prod", rollout=RolloutPlan(waves=parse_waves("50,100", "0"), bake_s=0))
     ctx = Context.from_settings(settings(), store=store)
     (paused,) = rollouts.control(ctx, "pause", PROFILE, "prod")
     assert paused.compat_key == draft.compat_key and paused.rollout.state == "paused"
@@ -458,8 +460,8 @@ def test_the_next_wave_named_is_the_next_one_and_baking_ends_exactly(tmp_path, d
 
     store = open_store(f"file://{tmp_path / 'store'}")
     v1, v2 = publish(store, tmp_path, "v1", draft), publish(store, tmp_path, "v2", draft)
-    ops.promote(store, staged(store, v1), "prod")
-    rec = ops.promote(store, staged(store, v2), "prod", rollout=RolloutPlan(waves=parse_waves("10,50,100", "0"), bake_s=600))
+    promote(store, staged(store, v1), "prod")
+    rec = promote(store, staged(store, v2), "prod", rollout=RolloutPlan(waves=parse_waves("10,50,100", "0"), bake_s=600))
     started = datetime.fromisoformat(rec.rollout.wave_started_at.replace("Z", "+00:00"))
     almost = rollouts.decide(rec, [], started + timedelta(seconds=599.5))
     assert almost.decision == "wait" and almost.bake_left_s == pytest.approx(0.5)
@@ -476,8 +478,8 @@ def test_a_channel_that_moved_while_tick_decided_is_decided_again_next_time(tmp_
 
     store = open_store(f"file://{tmp_path / 'store'}")
     v1, v2 = publish(store, tmp_path, "v1", draft), publish(store, tmp_path, "v2", draft)
-    ops.promote(store, staged(store, v1), "prod")
-    ops.promote(store, staged(store, v2), "prod", rollout=RolloutPlan(waves=parse_waves("50,100", "0"), bake_s=0))
+    promote(store, staged(store, v1), "prod")
+    promote(store, staged(store, v2), "prod", rollout=RolloutPlan(waves=parse_waves("50,100", "0"), bake_s=0))
 
     def moved(*a, **k):
         raise CasConflictError("channels/x", 1)
@@ -520,7 +522,7 @@ def test_status_passes_over_a_malformed_ref_and_reads_the_ones_after_it(store, t
     keys = ["aoti-" + "1" * 32, "aoti-" + "2" * 32, "aoti-" + "3" * 32]
     for i, key in enumerate(keys):
         aid = publish(store, tmp_path, f"k{i}", dataclasses.replace(draft, compat_key=key))
-        ops.promote(store, staged(store, aid), "prod")
+        promote(store, staged(store, aid), "prod")
     bad = channel_key(draft.profile_name, "prod", keys[0])
     assert store.cas(bad, b"{not a record", store.get_ref(bad)[1])
     skipped: list[tuple[str, str]] = []
@@ -540,8 +542,8 @@ def test_resign_due_re_signs_only_what_is_due_and_leaves_a_record_that_moved(tmp
     store = open_store(f"file://{tmp_path / 'store'}")
     signer = make_signer()
     v1 = publish(store, tmp_path, "v1", draft)
-    ops.promote(store, staged(store, v1), "prod", auth=Authority(signer=signer, ttl_s=3600))  # fresh for an hour
-    st_rec = ops.promote(store, v1, "staging", auth=Authority(signer=signer, ttl_s=60))  # due within the margin
+    promote(store, staged(store, v1), "prod", auth=Authority(signer=signer, ttl_s=3600))  # fresh for an hour
+    st_rec = promote(store, v1, "staging", auth=Authority(signer=signer, ttl_s=60))  # due within the margin
     ctx = Context(settings(record_ttl_s=3600), store, Authority(signer=signer, ttl_s=3600))
     real = rollouts.read_channel
     monkeypatch.setattr(rollouts, "read_channel", lambda *a: (lambda got: (got[0].model_copy(update={"seq": got[0].seq + 1}),

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-import buildctl.artifact_store as ops
+from buildctl.artifact_store.trust.attestations import list_attestations
 from buildctl.artifact_store.backends.store import open_store
 from buildctl.steps import build, validate
 from buildctl.engines.aoti import AotiBackend
@@ -57,7 +57,7 @@ def test_aoti_engine_passes_against_vllm_and_can_be_promoted(tiny_build, vllm_re
         assert {r.metric for r in gated} == {"throughput", "ttft_p99"} and all(r.verdict == "pass" for r in gated)
         assert all(r.low <= r.median <= r.high for r in lv.ratios) and lv.candidate.repetitions >= 6
     assert att.speed.noise is not None and att.speed.budget is not None and att.thresholds.cpu_threads == 1
-    assert ops.list_attestations(store, aid)[-1].attestation.created_at == att.created_at
+    assert list_attestations(store, aid)[-1].attestation.created_at == att.created_at
     code, out, err = cli("--store", store.uri, "--json", "promote", aid, "--channel", "staging")
     assert code == 0 and not json.loads(out)["forced"], err
     code, out, _ = cli("--store", store.uri, "--json", "show", aid)
@@ -104,7 +104,7 @@ def test_slow_candidate_fails_the_speed_gate_and_blocks_promotion(tiny_build, vl
                           wrap_candidate=lambda r: SlowedRunner(r, 1.5))
     assert not isinstance(exc.value, ValidationInconclusiveError)
     assert any("throughput ratio" in r and "fails the gate" in r for r in exc.value.reasons)
-    att = ops.list_attestations(store, aid)[-1].attestation
+    att = list_attestations(store, aid)[-1].attestation
     assert att.verdict == "fail" and att.parity.passed and att.speed.verdict == "fail"
     code, _, err = cli("--store", store.uri, "promote", aid, "--channel", "staging")
     assert code == 5 and "did not pass" in err
@@ -154,7 +154,7 @@ def test_an_undecidable_speed_gate_records_inconclusive_and_promote_refuses_it(t
                           wrap_candidate=Alternating)
     assert "inconclusive" in str(exc.value) and "--speed-budget 2" in str(exc.value)
     assert f"straddles the gate >= {threshold}" in str(exc.value)  # the interval is in the message
-    att = ops.list_attestations(store, aid)[-1].attestation
+    att = list_attestations(store, aid)[-1].attestation
     assert att.verdict == "inconclusive" and att.speed.budget.exhausted
     assert att.speed.levels[0].candidate.repetitions == 8
     code, _, err = cli("--store", store.uri, "promote", aid, "--channel", "staging")
@@ -187,7 +187,7 @@ def test_perturbed_weights_fail_parity_exit_5(tiny_build, quick_profiles, tmp_pa
     code, out, err = r.returncode, r.stdout, r.stderr
     assert code == 5, err[-3000:]
     assert "diverged at position" in err and "outside the top-k" in err
-    att = ops.list_attestations(store, aid)[-1].attestation
+    att = list_attestations(store, aid)[-1].attestation
     failed = [p for p in att.parity.per_prompt if p.status == "failed"]
     assert failed and all(isinstance(p.position, int) for p in failed)
     assert att.verdict == "fail" and not att.model_digest_verified
@@ -200,7 +200,7 @@ def test_engine_from_other_weights_is_refused_before_running(tiny_build, tmp_pat
     store, aid = fresh_store(tiny_build, tmp_path, model_digest="xxh3-128:" + "e" * 32)
     with pytest.raises(ModelMismatchError):
         validate.validate(Context.from_settings(settings(), store=store), aid, profile_path=TINY, reference=object())  # never used
-    assert ops.list_attestations(store, aid) == []
+    assert list_attestations(store, aid) == []
 
 
 def test_user_prompt_file(tiny_build, vllm_reference, quick_profiles, tmp_path):
@@ -212,7 +212,7 @@ def test_user_prompt_file(tiny_build, vllm_reference, quick_profiles, tmp_path):
         validate.validate(Context.from_settings(settings(), store=store), aid, profile_path=quick, prompts_file=f, reference=vllm_reference)
     except ValidationFailedError:
         pass  # this test is about the prompt set; the verdict's speed part depends on machine noise
-    att = ops.list_attestations(store, aid)[-1].attestation
+    att = list_attestations(store, aid)[-1].attestation
     assert att.prompt_set.count == 16 + 2 and "file:prompts.jsonl" in att.prompt_set.sets
     assert att.parity.prompts == 18 and att.parity.failed == 0
     f.write_text('{"prompt_token_ids": "nope"}\n')

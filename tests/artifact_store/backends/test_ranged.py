@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
-import buildctl.artifact_store as ops
+from buildctl.artifact_store.backends.store import open_store
+from buildctl.artifact_store.publish import publish_tree
+from buildctl.artifact_store.read import get_manifest, verify
 from buildctl.artifact_store.node.checkpoints import download_checkpoint
 from buildctl.artifact_store.errors import StoreUnavailableError, VerificationError
 from buildctl.artifact_store.node.install_dir import current_artifact, install_artifact
@@ -52,7 +54,7 @@ class Jittery:
 def test_out_of_order_ranges_hash_correctly(store, tmp_path, draft):
     root = make_tree(tmp_path / "e", {"config.json": b"{}", "rank0.engine": 6 * 1024 * 1024 + 5,
                                       "rank1.engine": 3 * 1024 * 1024})
-    art = ops.publish_tree(store, root, draft).artifact_id
+    art = publish_tree(store, root, draft).artifact_id
     jitter = Jittery(store, seed=7)
     res = install_artifact(jitter, art, tmp_path / "node", range_slots=6)
     assert res.installed and current_artifact(tmp_path / "node") == art
@@ -60,22 +62,22 @@ def test_out_of_order_ranges_hash_correctly(store, tmp_path, draft):
         assert (tmp_path / "node/current" / name).read_bytes() == (root / name).read_bytes()
     assert len(jitter.completed) == 7 + 3 and jitter.completed != sorted(jitter.completed), "ranges did complete out of order"
     # deep verify through the same path
-    h = RangedReader(jitter, slots=4).hash_object(f"blobs/{ops.get_manifest(store, art).files[1].digest[9:11]}/"
-                                                  f"{ops.get_manifest(store, art).files[1].digest[9:]}", 6 * 1024 * 1024 + 5)
-    assert h.digest() == ops.get_manifest(store, art).files[1].digest
+    h = RangedReader(jitter, slots=4).hash_object(f"blobs/{get_manifest(store, art).files[1].digest[9:11]}/"
+                                                  f"{get_manifest(store, art).files[1].digest[9:]}", 6 * 1024 * 1024 + 5)
+    assert h.digest() == get_manifest(store, art).files[1].digest
 
 
 def test_a_corrupted_range_is_caught_and_current_untouched(store, tmp_path, draft):
-    v1 = ops.publish_tree(store, make_tree(tmp_path / "v1", {"rank0.engine": 2 * 1024 * 1024}, seed=1), draft).artifact_id
+    v1 = publish_tree(store, make_tree(tmp_path / "v1", {"rank0.engine": 2 * 1024 * 1024}, seed=1), draft).artifact_id
     install_artifact(store, v1, tmp_path / "node")
-    v2 = ops.publish_tree(store, make_tree(tmp_path / "v2", {"rank0.engine": 5 * 1024 * 1024}, seed=2), draft).artifact_id
+    v2 = publish_tree(store, make_tree(tmp_path / "v2", {"rank0.engine": 5 * 1024 * 1024}, seed=2), draft).artifact_id
     with pytest.raises(VerificationError) as exc:
         install_artifact(Jittery(store, corrupt_offset=2 * 1024 * 1024), v2, tmp_path / "node")
     assert [(p.path, p.kind) for p in exc.value.problems] == [("rank0.engine", "digest")]
     assert current_artifact(tmp_path / "node") == v1
     assert not list((tmp_path / "node").glob(".staging-*"))
     with pytest.raises(VerificationError):  # deep verify reads the same way
-        ops.verify(Jittery(store, corrupt_offset=1024 * 1024), v2, deep=True)
+        verify(Jittery(store, corrupt_offset=1024 * 1024), v2, deep=True)
 
 
 def test_checkpoint_download_is_ranged_and_checked(store, tmp_path):
@@ -113,14 +115,14 @@ print(json.dumps({"before_kib": before, "after_kib": after}))
 def test_memory_stays_bounded_by_the_reorder_window(tmp_path, draft):
     """Peak RSS while pulling a 1 GiB blob: the ranges in flight and waiting to be hashed, not the blob.
     (A local store with ranged reads switched on: the same code path as S3, without the server.)"""
-    store = ops.open_store(f"file://{tmp_path}/store")
+    store = open_store(f"file://{tmp_path}/store")
     blob = tmp_path / "e" / "rank0.engine"
     blob.parent.mkdir()
     chunk = os.urandom(16 * 1024 * 1024)
     with open(blob, "wb") as f:
         for _ in range(64):
             f.write(chunk)
-    art = ops.publish_tree(store, blob.parent, draft).artifact_id
+    art = publish_tree(store, blob.parent, draft).artifact_id
     blob.unlink()
     slots, size = 4, 8 * 1024 * 1024
     r = subprocess.run([sys.executable, "-c", MEASURE, store.uri, art, str(tmp_path / "node"), str(size), str(slots)],

@@ -139,7 +139,7 @@ def test_publish_confirms_reused_blobs_by_their_stored_crc64nvme(s3store, tmp_pa
 
     from awscrt import checksums
 
-    import buildctl.artifact_store as ops
+    from buildctl.artifact_store.publish import publish_tree
     from buildctl.artifact_store.layout import blob_key
     from buildctl.artifact_store.upkeep.repair import blob_holds
 
@@ -148,10 +148,10 @@ def test_publish_confirms_reused_blobs_by_their_stored_crc64nvme(s3store, tmp_pa
     monkeypatch.setattr(s3mod, "MULTIPART_THRESHOLD", 1024 * 1024)
     monkeypatch.setattr(s3mod, "PART_SIZE", 5 * 1024 * 1024)
     tree = make_tree(tmp_path / "t", {"big.bin": 6 * 1024 * 1024 + 3, "small.json": b"{}"})
-    first = ops.publish_tree(s3store, tree, draft)
+    first = publish_tree(s3store, tree, draft)
     gets: list[str] = []
     s3store.client.meta.events.register("provide-client-params.s3.GetObject", lambda params, **_: gets.append(params["Key"]))
-    again = ops.publish_tree(s3store, tree, draft)
+    again = publish_tree(s3store, tree, draft)
     assert again.artifact_id == first.artifact_id and again.reused_repaired == []
     assert not [k for k in gets if k.startswith("p/blobs/")], "a confirmed blob is not read back"
     small = next(f for f in first.manifest.files if f.path == "small.json")
@@ -164,7 +164,7 @@ def test_publish_confirms_reused_blobs_by_their_stored_crc64nvme(s3store, tmp_pa
     assert blob_holds(s3store, small.digest, small.size, None) is False  # read back and hashed: the fallback
     assert gets == [s3store._k(blob_key(small.digest))], "the checksum decided without reading"
     (tree / "other.txt").write_bytes(b"a new artifact that shares small.json")
-    fixed = ops.publish_tree(s3store, tree, draft)
+    fixed = publish_tree(s3store, tree, draft)
     assert fixed.reused_repaired == [small.digest]
     assert s3store.get_bytes(blob_key(small.digest)) == b"{}"
 
@@ -189,12 +189,12 @@ def test_list_requests_pages_only_as_the_caller_reads(s3store):
 
 
 def test_list_pages_parse_timestamps_fast_and_the_same():
-    """The client's timestamp parser (``_timestamp``): botocore's default's value for the ISO
+    """The client's timestamp parser (``_parse_last_modified``): botocore's default's value for the ISO
     8601 of a LIST page (dateutil spent two thirds of a page's client time) and for an HTTP date."""
     from botocore.utils import parse_timestamp
 
     for text in ("2026-12-04T18:53:57.000Z", "2026-12-04T18:53:57Z", "2026-12-04T18:53:57.123456+00:00",
                  "Fri, 04 Dec 2026 18:53:57 GMT"):
-        assert s3mod._timestamp(text) == parse_timestamp(text), text
+        assert s3mod._parse_last_modified(text) == parse_timestamp(text), text
     factory = s3mod._boto_session()._session.get_component("response_parser_factory")
-    assert factory._defaults["timestamp_parser"] is s3mod._timestamp
+    assert factory._defaults["timestamp_parser"] is s3mod._parse_last_modified

@@ -9,7 +9,10 @@ from pathlib import Path
 
 import pytest
 
-import buildctl.artifact_store as ops
+from buildctl.artifact_store.channels import history, read_channel, set_channel
+from buildctl.artifact_store.promotion import promote
+from buildctl.artifact_store.publish import lookup_build_key, publish_tree
+from buildctl.artifact_store.read import get_manifest, list_artifacts, verify
 from buildctl.artifact_store.errors import KeyNotFoundError
 from buildctl.artifact_store.layout import manifest_key
 
@@ -55,27 +58,27 @@ def test_listing(store):
 
 
 def test_publish_is_idempotent(store, engine_tree, draft):
-    first = ops.publish_tree(store, engine_tree, draft)
+    first = publish_tree(store, engine_tree, draft)
     assert first.uploaded_blobs == 5 and first.skipped_blobs == 0 and not first.existed
-    again = ops.publish_tree(store, engine_tree, draft)
+    again = publish_tree(store, engine_tree, draft)
     assert again.artifact_id == first.artifact_id
     assert again.uploaded_blobs == 0 and again.uploaded_bytes == 0 and again.existed
-    m = ops.verify(store, first.artifact_id, deep=True)
+    m = verify(store, first.artifact_id, deep=True)
     assert [f.path for f in m.files] == ["bin/run.sh", "config.json", "lora/adapter.bin", "rank0.engine", "rank1.engine"]
     assert {f.path for f in m.files if f.executable} == {"bin/run.sh"}
-    assert [a for a, _ in ops.list_artifacts(store)] == [first.artifact_id]
+    assert [a for a, _ in list_artifacts(store)] == [first.artifact_id]
 
 
 def test_manifest_verified_on_read(store, engine_tree, draft):
-    res = ops.publish_tree(store, engine_tree, draft)
-    other = ops.publish_tree(store, make_tree(engine_tree.parent / "other", {"a": b"a"}), draft)
+    res = publish_tree(store, engine_tree, draft)
+    other = publish_tree(store, make_tree(engine_tree.parent / "other", {"a": b"a"}), draft)
     # a manifest stored under the wrong id is detected, not trusted
     store.put_bytes(manifest_key("xxh3-128:" + "0" * 32), store.get_bytes(manifest_key(res.artifact_id)))
     from buildctl.artifact_store.errors import CorruptObjectError
 
     with pytest.raises(CorruptObjectError):
-        ops.get_manifest(store, "xxh3-128:" + "0" * 32)
-    assert ops.get_manifest(store, other.artifact_id).files[0].path == "a"
+        get_manifest(store, "xxh3-128:" + "0" * 32)
+    assert get_manifest(store, other.artifact_id).files[0].path == "a"
 
 
 class CrashAfter:
@@ -114,15 +117,15 @@ def test_publish_killed_at_every_write_then_rerun(store_uri, engine_tree, draft)
     while True:
         fresh = open_store(f"{store_uri}/crash-{n}")
         try:
-            ops.publish_tree(CrashAfter(fresh, n), engine_tree, draft, workers=1)
+            publish_tree(CrashAfter(fresh, n), engine_tree, draft, workers=1)
             break  # no n-th write: every crash point has been covered
         except CrashAfter.Crash:
             pass
-        for artifact, _ in ops.list_artifacts(fresh):  # whatever is visible is complete
-            ops.verify(fresh, artifact, deep=True)
-        res = ops.publish_tree(fresh, engine_tree, draft)
-        assert [a for a, _ in ops.list_artifacts(fresh)] == [res.artifact_id]
-        ops.verify(fresh, res.artifact_id, deep=True)
+        for artifact, _ in list_artifacts(fresh):  # whatever is visible is complete
+            verify(fresh, artifact, deep=True)
+        res = publish_tree(fresh, engine_tree, draft)
+        assert [a for a, _ in list_artifacts(fresh)] == [res.artifact_id]
+        verify(fresh, res.artifact_id, deep=True)
         n += 1
     assert n == 9, "5 blobs + identity record + pair marker + manifest = 8 writes, each one crashed once"
 
@@ -130,9 +133,9 @@ def test_publish_killed_at_every_write_then_rerun(store_uri, engine_tree, draft)
 PROMOTER = r"""
 import sys
 from buildctl.artifact_store.backends.store import open_store
-import buildctl.artifact_store as ops
+from buildctl.artifact_store.promotion import promote
 store = open_store(sys.argv[1])
-rec = ops.promote(store, sys.argv[2], "staging", attempts=200)
+rec = promote(store, sys.argv[2], "staging", attempts=200)
 print(rec.seq)
 """
 
@@ -140,7 +143,7 @@ print(rec.seq)
 def test_eight_concurrent_promoters_lose_no_record(store, store_uri, tmp_path, draft, s3_env_if_needed):
     artifacts = []
     for i in range(8):
-        res = ops.publish_tree(store, make_tree(tmp_path / f"t{i}", {"rank0.engine": f"engine {i}".encode()}), draft)
+        res = publish_tree(store, make_tree(tmp_path / f"t{i}", {"rank0.engine": f"engine {i}".encode()}), draft)
         write_attestation(store, res.artifact_id, draft.compat_key, "pass", "2026-01-01T00:00:00.000000Z")
         artifacts.append(res.artifact_id)
     procs = [subprocess.Popen([sys.executable, "-c", PROMOTER, store_uri, a], cwd=REPO, stdout=subprocess.PIPE,
@@ -149,12 +152,12 @@ def test_eight_concurrent_promoters_lose_no_record(store, store_uri, tmp_path, d
     assert all(p.returncode == 0 for p in procs), [r[1][-500:] for r in results]
     seqs = sorted(int(r[0]) for r in results)
     assert seqs == list(range(1, 9))
-    hist = ops.history(store, draft.profile_name, "staging")
+    hist = history(store, draft.profile_name, "staging")
     assert [r.seq for r in hist] == list(range(1, 9))
     assert sorted(r.artifact_id for r in hist) == sorted(artifacts)
     # a single linear chain: each record's previous is the record before it
     assert [r.previous for r in hist] == [None] + [r.artifact_id for r in hist[:-1]]
-    current = ops.read_channel(store, draft.profile_name, "staging", draft.compat_key)[0]
+    current = read_channel(store, draft.profile_name, "staging", draft.compat_key)[0]
     assert current.seq == 8 and current.artifact_id == hist[-1].artifact_id
 
 
@@ -175,30 +178,30 @@ class AlwaysLoses:
 
 
 def test_lost_races_exit_6(store, store_uri, engine_tree, draft, cli, s3_env_if_needed):
-    res = ops.publish_tree(store, engine_tree, draft)
+    res = publish_tree(store, engine_tree, draft)
     write_attestation(store, res.artifact_id, draft.compat_key, "pass", "2026-01-01T00:00:00.000000Z")
     loser = AlwaysLoses(store)
     from buildctl.artifact_store.errors import CasConflictError
 
     slept = []
     with pytest.raises(CasConflictError) as exc:
-        ops.set_channel(loser, res.artifact_id, res.manifest, "prod", attempts=5, sleep=slept.append)
+        set_channel(loser, res.artifact_id, res.manifest, "prod", attempts=5, sleep=slept.append)
     assert exc.value.attempts == 5 and loser.cas_calls == 5 and len(slept) == 5
     assert all(0 <= s <= 1 for s in slept)
     from buildctl.cli.main import exit_code_for
 
     assert exit_code_for(exc.value) == 6
-    assert ops.read_channel(store, draft.profile_name, "prod", draft.compat_key) is None
+    assert read_channel(store, draft.profile_name, "prod", draft.compat_key) is None
 
 
 RACER = r"""
 import sys
 from buildctl.artifact_store.backends.store import open_store
-import buildctl.artifact_store as ops
+from buildctl.artifact_store.publish import ManifestDraft, publish_tree
 store = open_store(sys.argv[1])
-draft = ops.ManifestDraft(profile_name="p", profile_hash="xxh3-128:" + "1" * 32, backend="aoti", compat_key="aoti-x",
-                          fingerprint={}, build_key="xxh3-128:" + "2" * 32)
-res = ops.publish_tree(store, sys.argv[2], draft)
+draft = ManifestDraft(profile_name="p", profile_hash="xxh3-128:" + "1" * 32, backend="aoti", compat_key="aoti-x",
+                      fingerprint={}, build_key="xxh3-128:" + "2" * 32)
+res = publish_tree(store, sys.argv[2], draft)
 print(res.artifact_id, res.build_key_owner)
 """
 
@@ -212,15 +215,15 @@ def test_two_builds_of_one_key_end_with_one_owner(store, store_uri, tmp_path, s3
     pairs = [o[0].split() for o in outs]
     owners = {owner for _, owner in pairs}
     assert len(owners) == 1 and owners <= {a for a, _ in pairs}
-    assert ops.lookup_build_key(store, "xxh3-128:" + "2" * 32) == owners.pop()
+    assert lookup_build_key(store, "xxh3-128:" + "2" * 32) == owners.pop()
 
 
 def test_promoting_the_current_artifact_again_is_a_no_op(store, engine_tree, draft):
-    res = ops.publish_tree(store, engine_tree, draft)
+    res = publish_tree(store, engine_tree, draft)
     write_attestation(store, res.artifact_id, draft.compat_key, "pass", "2026-01-01T00:00:00.000000Z")
-    first = ops.promote(store, res.artifact_id, "staging")
-    again = ops.promote(store, res.artifact_id, "staging")
-    assert again == first and [r.seq for r in ops.history(store, draft.profile_name, "staging")] == [1]
+    first = promote(store, res.artifact_id, "staging")
+    again = promote(store, res.artifact_id, "staging")
+    assert again == first and [r.seq for r in history(store, draft.profile_name, "staging")] == [1]
 
 
 def test_ranged_reads_and_stored_checksum(store, tmp_path):
@@ -361,16 +364,16 @@ def test_publish_confirms_a_reused_blob_and_repairs_it(store, engine_tree, draft
 
     from ...support.helpers import rot
 
-    first = ops.publish_tree(store, engine_tree, draft)
+    first = publish_tree(store, engine_tree, draft)
     shared = next(f for f in first.manifest.files if f.path == "rank0.engine")
     rot(store, shared.digest, "flip")
     tree = tmp_path / "second"
     shutil.copytree(engine_tree, tree)
     (tree / "extra.txt").write_bytes(b"a second artifact sharing rank0.engine")
-    second = ops.publish_tree(store, tree, draft)
+    second = publish_tree(store, tree, draft)
     assert second.artifact_id != first.artifact_id
-    ops.verify(store, second.artifact_id, deep=True)  # not corrupt from its first second
-    ops.verify(store, first.artifact_id, deep=True)
+    verify(store, second.artifact_id, deep=True)  # not corrupt from its first second
+    verify(store, first.artifact_id, deep=True)
     assert second.reused_repaired == [shared.digest]
     records = [r for _, r in quarantine_records(store, first.artifact_id)]
     assert [r.action for r in records] == ["quarantine", "lift"]

@@ -9,7 +9,8 @@ from datetime import timedelta
 
 import pytest
 
-import buildctl.artifact_store as ops
+from buildctl.artifact_store.gc import gc
+from buildctl.artifact_store.read import get_manifest
 from buildctl.artifact_store.channels import resign, set_channel
 from buildctl.core.times import parse_utc
 from buildctl.artifact_store.errors import (
@@ -28,6 +29,7 @@ from buildctl.artifact_store.trust.authority import Authority
 from ...support.helpers import make_signer
 from buildctl.artifact_store.node.pull import resolve_channel
 from buildctl.artifact_store.gc import GcPolicy
+from buildctl.artifact_store.channels import history
 
 MiB = 1024 * 1024
 P = "tiny-llama-cpu"
@@ -36,7 +38,7 @@ P = "tiny-llama-cpu"
 
 def test_check_fresh_floor_and_expiry(node_env):
     store, (a, *_), _, draft = node_env
-    m = ops.get_manifest(store, a)
+    m = get_manifest(store, a)
     rec = set_channel(store, a, m, "prod", auth=Authority(signer=make_signer(), ttl_s=60))
     check_fresh(rec, min_seq=1)
     with pytest.raises(StaleRecordError):
@@ -48,7 +50,7 @@ def test_check_fresh_floor_and_expiry(node_env):
 
 def test_pull_records_the_seq_and_refuses_older_records(signed_env):
     store, (a, b, *_), dest, trusted, p1, _ = signed_env
-    m = ops.get_manifest(store, a)
+    m = get_manifest(store, a)
     set_channel(store, a, m, "prod", auth=Authority(signer=p1))
     r = pull(store, resolve_channel(store, P, 'prod', [m.compat_key]), dest, auth=Authority(trusted=trusted))
     assert r.installed and r.record.seq == 1
@@ -63,18 +65,18 @@ def test_pull_records_the_seq_and_refuses_older_records(signed_env):
     assert len(list((dest / "versions").iterdir())) == 2 and current_artifact(dest) == ids_c  # keep 2 by default
     set_channel(store, b, m, "prod", auth=Authority(signer=p1))
     pull(store, resolve_channel(store, P, 'prod', [m.compat_key]), dest, auth=Authority(trusted=trusted))
-    old = ops.history(store, P, "prod", m.compat_key)[0]
+    old = history(store, P, "prod", m.compat_key)[0]
     with pytest.raises(RollbackError):
         check_trust(store, old, trusted, seen=installed_seqs(dest)[channel_ref(old)])
     with pytest.raises(RollbackError):
         check_trust(store, rec2, trusted, seen=installed_seqs(dest)[channel_ref(rec2)])
-    last = ops.history(store, P, "prod", m.compat_key)[-1]
+    last = history(store, P, "prod", m.compat_key)[-1]
     check_trust(store, last, trusted, seen=installed_seqs(dest)[channel_ref(last)])  # the same seq again: fine
 
 
 def test_a_fresh_node_refuses_a_ref_behind_the_signed_history(signed_env, tmp_path):
     store, (a, b, c, _), dest, trusted, p1, _ = signed_env
-    m = ops.get_manifest(store, a)
+    m = get_manifest(store, a)
     r1 = set_channel(store, a, m, "prod", auth=Authority(signer=p1))
     set_channel(store, b, m, "prod", auth=Authority(signer=p1))
     with pytest.raises(StaleRecordError):
@@ -82,7 +84,7 @@ def test_a_fresh_node_refuses_a_ref_behind_the_signed_history(signed_env, tmp_pa
     # an unsigned (forged) history entry above proves nothing: the newest *signed* one counts
     forged = r1.model_copy(update={"seq": 9, "signature": None})
     store.put_bytes(history_key(P, "prod", m.compat_key, 9), forged.to_bytes())
-    rec2 = ops.history(store, P, "prod", m.compat_key)[1]
+    rec2 = history(store, P, "prod", m.compat_key)[1]
     check_trust(store, rec2, trusted)
     with pytest.raises(StaleRecordError):  # the forged #9 does not hide the signed #2 either
         check_trust(store, r1, trusted)
@@ -91,10 +93,10 @@ def test_a_fresh_node_refuses_a_ref_behind_the_signed_history(signed_env, tmp_pa
 def test_k_of_n_records_and_what_one_signature_may_still_do(signed_env, tmp_path):
     store, (a, b, c, _), dest, trusted, p1, p2 = signed_env
     trusted2 = TrustedKeys(trusted.by_role, thresholds={"prod": 2})
-    m = ops.get_manifest(store, a)
+    m = get_manifest(store, a)
     set_channel(store, a, m, "prod", action="rollback", auth=Authority(signer=p1, trusted=trusted2))
     with pytest.raises(SignatureError, match="1 of the 2 promoter signatures"):
-        check_trust(store, ops.history(store, P, "prod", m.compat_key)[0], trusted2)
+        check_trust(store, history(store, P, "prod", m.compat_key)[0], trusted2)
     set_channel(store, b, m, "prod", auth=Authority(signer=p1, trusted=trusted2))
     two = set_channel(store, b, m, "prod", auth=Authority(signer=p2, trusted=trusted2))
     check_trust(store, two, trusted2)
@@ -116,7 +118,7 @@ def test_a_quorum_approved_rollout_does_not_approve_a_rollback_elsewhere(signed_
 
     store, (a, b, c, _), dest, trusted, p1, p2 = signed_env
     trusted2 = TrustedKeys(trusted.by_role, thresholds={"prod": 2})
-    m = ops.get_manifest(store, a)
+    m = get_manifest(store, a)
     set_channel(store, a, m, "prod", action="rollback", auth=Authority(signer=p1, trusted=trusted2))
     plan = RolloutPlan(waves=parse_waves("10,100", None), bake_s=0)
     set_channel(store, b, m, "prod", rollout=plan, auth=Authority(signer=p1, trusted=trusted2))
@@ -135,7 +137,7 @@ def test_a_migrated_ref_counts_its_old_keys_quorum_and_nothing_else(signed_env):
     naming an artifact the old key's quorum never approved is not."""
     store, (a, b, c, _), dest, trusted, p1, p2 = signed_env
     trusted2 = TrustedKeys(trusted.by_role, thresholds={"prod": 2})
-    m = ops.get_manifest(store, a)
+    m = get_manifest(store, a)
     set_channel(store, a, m, "prod", auth=Authority(signer=p1, trusted=trusted2))
     set_channel(store, a, m, "prod", auth=Authority(signer=p2, trusted=trusted2))  # a: 2 of 2 under the old key
     moved = set_channel(store, a, m, "prod", action="migrate-keys", compat_key="new-key", migrated_from=m.compat_key,
@@ -173,7 +175,7 @@ def test_a_poll_of_an_unchanged_ref_makes_three_requests_however_long_its_histor
     from buildctl.artifact_store.trust.revocation import revoke
 
     store, (a, b, *_), dest, trusted, p1, p2 = signed_env
-    m = ops.get_manifest(store, a)
+    m = get_manifest(store, a)
     _long_history(store, a, m, p1, 1000)
     counting = CountingStore(store)
     first = pull(counting, resolve_channel(counting, P, 'prod', [m.compat_key]), dest, auth=Authority(trusted=trusted))
@@ -225,7 +227,7 @@ def test_history_compaction_keeps_decisions_and_the_replay_protection(signed_env
     store, (a, b, c, _), dest, trusted, p1, p2 = signed_env
     trusted2 = TrustedKeys(trusted.by_role, thresholds={"prod": 2})
     one, two = Authority(signer=p1, trusted=trusted2), Authority(signer=p2, trusted=trusted2)
-    m = ops.get_manifest(store, a)
+    m = get_manifest(store, a)
     key = m.compat_key
 
     def resigns(n: int) -> None:
@@ -240,10 +242,10 @@ def test_history_compaction_keeps_decisions_and_the_replay_protection(signed_env
     resigns(6)  # #9-#14
     replay = store.get_bytes(history_key(P, "prod", key, 3))
     reads = counting_gets(store)
-    ops.gc(store, GcPolicy(keep=100, keep_history=2, grace_s=0, delete_window_s=0, compact_history=False), dry_run=True)
+    gc(store, GcPolicy(keep=100, keep_history=2, grace_s=0, delete_window_s=0, compact_history=False), dry_run=True)
     without = list(reads)
     reads.clear()
-    plan = ops.gc(store, GcPolicy(keep=100, keep_history=2, grace_s=0, delete_window_s=0), dry_run=True)
+    plan = gc(store, GcPolicy(keep=100, keep_history=2, grace_s=0, delete_window_s=0), dry_run=True)
     # it says how many records a real run would examine (#1-#12), from LISTs: it reads no record
     # more than a dry run without compaction does
     assert reads == without and plan.history_examined == 12 and plan.to_json()["history_examined"] == 12
@@ -251,7 +253,7 @@ def test_history_compaction_keeps_decisions_and_the_replay_protection(signed_env
     code, out, err = cli("--store", store.uri, "gc", "--keep", "100", "--keep-history", "2", "--grace", "0s", "--dry-run")
     assert code == 0 and "would examine 12 channel history record(s)" in out, (out, err)
     reads.clear()
-    done = ops.gc(store, GcPolicy(keep=100, keep_history=2, grace_s=0, delete_window_s=0))
+    done = gc(store, GcPolicy(keep=100, keep_history=2, grace_s=0, delete_window_s=0))
     assert done.compacted_history == [history_key(P, "prod", key, s) for s in (*range(2, 8), *range(9, 13))]
     assert done.history_examined == 12
     assert not done.not_removed
@@ -259,7 +261,7 @@ def test_history_compaction_keeps_decisions_and_the_replay_protection(signed_env
         (1, "promote"), (8, "promote"), (13, "resign"), (14, "resign")]
     resigns(3)  # #15-#17: the next gc reads only the records past its mark (#13-#15), not #1 or #8 again
     reads.clear()
-    again = ops.gc(store, GcPolicy(keep=100, keep_history=2, grace_s=0, delete_window_s=0))
+    again = gc(store, GcPolicy(keep=100, keep_history=2, grace_s=0, delete_window_s=0))
     assert again.compacted_history == [history_key(P, "prod", key, s) for s in (13, 14, 15)]
     assert again.history_examined == 3
     assert sorted(k for k in reads if k.startswith("history/")) == [history_key(P, "prod", key, s) for s in (13, 14, 15, 16, 17)]
@@ -290,7 +292,7 @@ def test_a_newer_history_record_by_a_revoked_key_proves_nothing_on_any_path(sign
     from buildctl.artifact_store.trust.revocation import revoke
 
     store, (a, *_), _, trusted, p1, p2 = signed_env
-    m = ops.get_manifest(store, a)
+    m = get_manifest(store, a)
     rec = set_channel(store, a, m, "prod", auth=Authority(signer=p2))
     revoke(store, p1.key_id, "stolen", auth=Authority(signer=p2, trusted=trusted))
     known = check_trust(store, rec, trusted)
@@ -315,7 +317,7 @@ def test_a_verified_ref_is_frozen(signed_env):
     from pydantic import ValidationError
 
     store, (a, *_), _, trusted, p1, _ = signed_env
-    proof = check_trust(store, set_channel(store, a, ops.get_manifest(store, a), "prod", auth=Authority(signer=p1)), trusted)
+    proof = check_trust(store, set_channel(store, a, get_manifest(store, a), "prod", auth=Authority(signer=p1)), trusted)
     with pytest.raises(ValidationError):
         proof.artifact_id = "xxh3-128:" + "0" * 32
 
@@ -327,7 +329,7 @@ def test_a_trust_proof_that_cannot_be_kept_costs_nothing_but_the_next_full_check
     from buildctl.artifact_store.node.install_dir import verified_refs
 
     store, (a, *_), dest, trusted, p1, _ = signed_env
-    m = ops.get_manifest(store, a)
+    m = get_manifest(store, a)
     set_channel(store, a, m, "prod", auth=Authority(signer=p1))
 
     def full(*_a, **_k):

@@ -12,7 +12,8 @@ import stat
 
 import pytest
 
-import buildctl.artifact_store as ops
+from buildctl.artifact_store.publish import publish_tree
+from buildctl.artifact_store.read import get_manifest
 import buildctl.artifact_store.node.download as download_mod
 from buildctl.artifact_store.errors import InstallError, PreflightError, VerificationError
 from buildctl.artifact_store.layout import blob_key
@@ -40,7 +41,7 @@ def mode(p) -> int:
 def test_install_sets_modes_and_reports_bytes_and_previous(node_env):
     store, (a, b, *_), dest, _ = node_env
     r = install_artifact(store, a, dest)
-    assert r.installed and r.previous is None and r.bytes == ops.get_manifest(store, a).total_size
+    assert r.installed and r.previous is None and r.bytes == get_manifest(store, a).total_size
     assert mode(dest / "current" / "run.sh") == 0o555 and mode(dest / "current" / "config.json") == 0o444
     again = install_artifact(store, a, dest)
     assert not again.installed and again.bytes == 0 and again.previous == a
@@ -95,7 +96,7 @@ def big(store, tmp_path, draft, executable=False) -> str:
     root = make_tree(tmp_path / "big", {"rank0.engine": 3 * MiB + 5})
     if executable:
         os.chmod(root / "rank0.engine", 0o755)
-    return ops.publish_tree(store, root, draft).artifact_id
+    return publish_tree(store, root, draft).artifact_id
 
 
 def test_ranged_install_checks_size_and_presence(node_env, tmp_path):
@@ -117,7 +118,7 @@ def test_ranged_install_checks_size_and_presence(node_env, tmp_path):
 
 def test_a_blob_longer_than_its_entry_is_cut_short(node_env):
     store, (a, *_), dest, _ = node_env
-    entry = next(f for f in ops.get_manifest(store, a).files if f.path == "rank0.engine")
+    entry = next(f for f in get_manifest(store, a).files if f.path == "rank0.engine")
     p = store.root / blob_key(entry.digest)
     os.chmod(p, 0o644)
     p.write_bytes(p.read_bytes() + b"x" * 100_000)

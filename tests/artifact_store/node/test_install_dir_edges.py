@@ -12,7 +12,7 @@ import stat
 
 import pytest
 
-import buildctl.artifact_store as ops
+from buildctl.artifact_store.read import get_manifest
 import buildctl.artifact_store.node.install_dir as idir
 from buildctl.artifact_store.errors import InstallError
 from buildctl.artifact_store.node.install_dir import current_artifact, install_artifact, previous_artifact
@@ -247,7 +247,7 @@ def test_staged_entries_skip_what_is_malformed_and_read_stats(tmp_path):
 def test_tree_problems_name_each_kind(tmp_path, node_env):
     store, (a, *_), dest, _ = node_env
     install_artifact(store, a, dest)
-    m = ops.get_manifest(store, a)
+    m = get_manifest(store, a)
     root = (dest / "current").resolve()
     assert idir.tree_problems(m, dest / "current") == [idir.FileProblem(".", "symlink")]
     assert idir.tree_problems(m, tmp_path / "none") == [idir.FileProblem(".", "missing")]
@@ -262,7 +262,7 @@ def test_tree_problems_name_each_kind(tmp_path, node_env):
 def test_an_unreadable_folder_is_a_tree_problem(node_env, monkeypatch):
     store, (a, *_), dest, _ = node_env
     install_artifact(store, a, dest)
-    m = ops.get_manifest(store, a)
+    m = get_manifest(store, a)
     real = os.scandir
     monkeypatch.setattr(idir.os, "scandir", lambda d: _raise(errno.EACCES)() if str(d).endswith("/tok") else real(d))
     problems = idir.tree_problems(m, (dest / "current").resolve())

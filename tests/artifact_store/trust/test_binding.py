@@ -11,7 +11,9 @@ from __future__ import annotations
 import pytest
 import xxhash
 
-import buildctl.artifact_store as ops
+from buildctl.artifact_store.publish import publish_tree
+from buildctl.artifact_store.read import get_manifest
+from buildctl.artifact_store.trust.attestations import list_attestations
 import buildctl.artifact_store.channels as channels_mod
 from buildctl.artifact_store.trust.attestations import write_attestation
 from buildctl.artifact_store.trust.authority import Authority
@@ -57,14 +59,14 @@ def _signed(store, tmp_path, draft, *, schema1: bool = False):
     if schema1:
         aid = publish_schema1(store, root, draft, signer=builder)
     else:
-        aid = ops.publish_tree(store, root, draft, auth=Authority(signer=builder)).artifact_id
-    set_channel(store, aid, ops.get_manifest(store, aid), "prod", auth=Authority(signer=promoter))
+        aid = publish_tree(store, root, draft, auth=Authority(signer=builder)).artifact_id
+    set_channel(store, aid, get_manifest(store, aid), "prod", auth=Authority(signer=promoter))
     return aid, evil, good, trusted, promoter
 
 
 def test_a_node_with_trusted_keys_refuses_a_colliding_blob_by_blake3(store, tmp_path, draft):
     aid, evil, good, trusted, _ = _signed(store, tmp_path, draft)
-    m = ops.get_manifest(store, aid)
+    m = get_manifest(store, aid)
     entry = next(e for e in m.files if e.path == "rank0.engine")
     assert m.crypto and entry.digest == digest_bytes(evil)  # the attacker's bytes pass every xxh3 check
     overwrite(store, blob_key(entry.digest), evil)
@@ -86,7 +88,7 @@ def test_a_node_with_trusted_keys_refuses_a_colliding_blob_by_blake3(store, tmp_
 
 def test_a_schema_1_artifact_falls_to_the_collision_and_require_crypto_refuses_it(store, tmp_path, draft):
     aid, evil, _, trusted, _ = _signed(store, tmp_path, draft, schema1=True)
-    m = ops.get_manifest(store, aid)
+    m = get_manifest(store, aid)
     assert not m.crypto
     overwrite(store, blob_key(next(e.digest for e in m.files if e.path == "rank0.engine")), evil)
     # Why BLAKE3 is needed: with xxh3-128 only, a signed manifest and a trusted node install the
@@ -119,7 +121,7 @@ def test_a_channel_record_binds_the_manifest_bytes_and_a_record_binding_other_by
 def test_require_crypto_refuses_a_record_written_before_blake3(store, tmp_path, draft, monkeypatch):
     aid, _, _, trusted, promoter = _signed(store, tmp_path, draft)
     monkeypatch.setattr(channels_mod, "manifest_blake3", lambda store, a: None)  # what a pre-BLAKE3 promote wrote
-    rec = set_channel(store, aid, ops.get_manifest(store, aid), "canary", auth=Authority(signer=promoter))
+    rec = set_channel(store, aid, get_manifest(store, aid), "canary", auth=Authority(signer=promoter))
     monkeypatch.undo()
     assert rec.manifest_blake3 is None and b"manifest_blake3" not in rec.to_bytes()
     assert pull(store, resolve_channel(store, draft.profile_name, 'canary', [draft.compat_key]), tmp_path / 'a', auth=Authority(trusted=trusted)).installed
@@ -131,10 +133,10 @@ def test_an_attestation_binds_the_manifest_bytes_it_validated(tmp_path, draft):
     from buildctl.artifact_store.backends.store import open_store
 
     store = open_store(f"file://{tmp_path / 'store'}")
-    aid = ops.publish_tree(store, make_tree(tmp_path / "t", {"a": b"1"}), draft).artifact_id
-    m = ops.get_manifest(store, aid)
+    aid = publish_tree(store, make_tree(tmp_path / "t", {"a": b"1"}), draft).artifact_id
+    m = get_manifest(store, aid)
     write_attestation(store, attestation(aid, draft.compat_key))
-    stored = ops.list_attestations(store, aid)[-1]
+    stored = list_attestations(store, aid)[-1]
     assert stored.attestation.manifest_blake3 == manifest_blake3(store, aid)
     assert promotion_refusals(store, aid, m, Authority()) == []
     write_attestation(store, attestation(aid, draft.compat_key, manifest_blake3="blake3:" + "e" * 64))
@@ -146,7 +148,7 @@ def test_quarantine_records_carry_the_manifest_blake3_and_old_ones_keep_their_by
     from buildctl.artifact_store.quarantine import QuarantineRecord, quarantine
 
     store = open_store(f"file://{tmp_path / 'store'}")
-    aid = ops.publish_tree(store, make_tree(tmp_path / "t", {"a": b"1"}), draft).artifact_id
+    aid = publish_tree(store, make_tree(tmp_path / "t", {"a": b"1"}), draft).artifact_id
     signer = make_signer()
     _, rec = quarantine(store, aid, "test", auth=Authority(signer=signer))
     assert rec.manifest_blake3 == manifest_blake3(store, aid)
@@ -159,7 +161,7 @@ def test_check_bound_passes_the_bytes_a_record_binds(tmp_path, draft):
     from buildctl.artifact_store.read import get_manifest_and_bytes
 
     store = open_store(f"file://{tmp_path / 'store'}")
-    aid = ops.publish_tree(store, make_tree(tmp_path / "t", {"a": b"1"}), draft).artifact_id
+    aid = publish_tree(store, make_tree(tmp_path / "t", {"a": b"1"}), draft).artifact_id
     m, body = get_manifest_and_bytes(store, aid)
     check_bound(aid, body, m, crypto_bytes(body), require_crypto=True)
     check_bound(aid, body, m, None, require_crypto=False)

@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 from google.protobuf import json_format
 
-import buildctl.artifact_store as ops
+from buildctl.artifact_store.gc import gc
+from buildctl.artifact_store.read import get_manifest
 from buildctl.artifact_store.trust.authority import Authority
 from buildctl.artifact_store.errors import PromotionRefusedError
 from buildctl.artifact_store.layout import provenance_key
@@ -139,7 +140,7 @@ def test_a_build_writes_provenance_that_validates_and_names_its_inputs(ctx, stor
     assert schema_problems(stmt) == []
     assert f"signed by {signer.key_id} (not checked: no trusted keys)" in err
     body = store.get_bytes(f"manifests/{hex_of(aid)}.json")
-    m = ops.get_manifest(store, aid)
+    m = get_manifest(store, aid)
     manifest_subject, *files = stmt["subject"]
     assert manifest_subject["name"] == aid
     assert manifest_subject["digest"]["blake3"] == crypto_bytes(body).split(":")[1]
@@ -327,7 +328,7 @@ def test_gc_removes_an_artifacts_provenance_with_it(store, tmp_path, draft):
     aid = publish_files(store, tmp_path / "a", draft, {"rank0.engine": 5000})
     write_build_provenance(store, aid)
     assert read_provenance(store, aid) is not None
-    ops.gc(store, GcPolicy(keep=0, grace_s=0, delete_window_s=0))
+    gc(store, GcPolicy(keep=0, grace_s=0, delete_window_s=0))
     assert store.stat(provenance_key(aid)) is None and list(store.list("manifests/")) == []
 
 
@@ -345,7 +346,7 @@ def test_the_demo_builds_provenance_validates_against_the_in_toto_and_slsa_schem
     assert code == 0, err
     stmt = json.loads(out)
     assert schema_problems(stmt) == []
-    m = ops.get_manifest(tiny_build["store"], aid)
+    m = get_manifest(tiny_build["store"], aid)
     deps = {d["name"]: d for d in stmt["predicate"]["buildDefinition"]["resolvedDependencies"]}
     assert deps["model"]["digest"]["xxh3_128"] == hex_of(m.model_digest)
     assert deps["model"]["uri"].startswith("tiny:")
@@ -363,7 +364,7 @@ def test_only_artifacts_from_before_provenance_are_exempt(ctx, store, tmp_path, 
     from buildctl.steps.promote import promote
 
     real = _promotable(store, tmp_path, draft, "real", 1, write=False)
-    forged = ops.get_manifest(store, real).model_copy(update={"rehashed_from": real})
+    forged = get_manifest(store, real).model_copy(update={"rehashed_from": real})
     body = forged.canonical()
     aid = digest_bytes(body)
     assert store.put_bytes(manifest_key(aid), body)
@@ -384,7 +385,7 @@ def _stored(store, tmp_path, draft, name: str, seed: int, **changes):
     draft = dataclasses.replace(draft, model_digest="xxh3-128:" + "4" * 32)
     aid = publish_files(store, tmp_path / name, draft, {"rank0.engine": 2000}, seed=seed)
     write_build_provenance(store, aid, **changes)
-    m = ops.get_manifest(store, aid)
+    m = get_manifest(store, aid)
     return aid, m, ExpectedInputs(profile_name=m.profile_name, profile_hash=m.profile_hash)
 
 

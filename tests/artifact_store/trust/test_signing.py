@@ -11,7 +11,13 @@ import stat
 
 import pytest
 
-import buildctl.artifact_store as ops
+import buildctl.artifact_store.trust.attestations
+from buildctl.artifact_store.channels import set_channel
+from buildctl.artifact_store.layout import manifest_signature_prefix
+from buildctl.artifact_store.publish import publish_tree
+from buildctl.artifact_store.read import get_manifest
+from buildctl.artifact_store.trust.attestations import list_attestations
+from buildctl.core.times import utc_now
 from buildctl.artifact_store.trust.authority import Authority
 from buildctl.artifact_store.backends.store import open_store
 from buildctl.artifact_store.errors import SignatureError, StoreArgumentError
@@ -168,7 +174,7 @@ def test_an_unsigned_manifest_names_its_first_three_malformed_signature_files(tm
     from buildctl.artifact_store.layout import manifest_signature_key
 
     store = open_store(str(tmp_path / "store"))
-    aid = ops.publish_tree(store, make_tree(tmp_path / "a", {"rank0.engine": b"x"}), draft).artifact_id
+    aid = publish_tree(store, make_tree(tmp_path / "a", {"rank0.engine": b"x"}), draft).artifact_id
     bad = [manifest_signature_key(aid, f"{i:016x}") for i in range(5)]
     for key in bad:
         store.put_bytes(key, b"{}")
@@ -245,8 +251,8 @@ def publish(env: Env, cli, store_dir, tree, role="builder") -> str:
     if role:  # the provenance its build would have written, signed by the same key as its manifest
         write_build_provenance(open_store(str(store_dir)), aid, signer=authority_of(settings()).signer)
     env.as_("validator", trust=False)
-    m = ops.get_manifest(open_store(str(store_dir)), aid)
-    write_attestation(open_store(str(store_dir)), aid, m.compat_key, "pass", ops.utc_now(), signer=authority_of(settings()).signer)
+    m = get_manifest(open_store(str(store_dir)), aid)
+    write_attestation(open_store(str(store_dir)), aid, m.compat_key, "pass", utc_now(), signer=authority_of(settings()).signer)
     return aid
 
 
@@ -279,7 +285,7 @@ def test_signed_chain_end_to_end_and_rollback_protection(keys, cli, tmp_path, mo
 
     # an attacker with bucket write access replays the validly signed record #1 into the ref
     store = open_store(str(store_dir))
-    m = ops.get_manifest(store, a)
+    m = get_manifest(store, a)
     ref = store.root / channel_key("tiny-llama-cpu", "prod", m.compat_key)
     ref.write_bytes(store.get_bytes(history_key("tiny-llama-cpu", "prod", m.compat_key, 1)))
     code, _, err = pull(cli, store_dir, dest)
@@ -332,7 +338,7 @@ def test_unsigned_and_wrongly_signed_are_refused(keys, cli, tmp_path, monkeypatc
     env.as_("promoter")
     assert cli("--store", store_dir, "promote", good, "--channel", "prod", "--force", "--reason", "re-sign")[0] == 0
     store = open_store(str(store_dir))
-    m = ops.get_manifest(store, good)
+    m = get_manifest(store, good)
     ref = store.root / channel_key("tiny-llama-cpu", "prod", m.compat_key)
     rec = json.loads(ref.read_bytes())
     rec["artifact_id"] = intruded  # tamper with a signed record
@@ -350,7 +356,7 @@ def test_promote_refuses_an_attestation_signed_by_an_untrusted_key(keys, cli, tm
     aid = json.loads(out)["artifact_id"]
     store = open_store(str(store_dir))
     env.as_("intruder", trust=False)
-    write_attestation(store, aid, ops.get_manifest(store, aid).compat_key, "pass", ops.utc_now(),
+    write_attestation(store, aid, get_manifest(store, aid).compat_key, "pass", utc_now(),
                       signer=authority_of(settings()).signer)
     env.as_("promoter")
     staged(store_dir, aid)
@@ -362,10 +368,10 @@ def test_gc_removes_an_unreferenced_artifacts_signatures(keys, cli, tmp_path, mo
     env, store_dir = Env(monkeypatch, keys), tmp_path / "store"
     aid = publish(env, cli, store_dir, make_tree(tmp_path / "x", {"rank0.engine": b"unreferenced"}))
     store = open_store(str(store_dir))
-    assert list(store.list(ops.manifest_signature_prefix(aid)))
+    assert list(store.list(manifest_signature_prefix(aid)))
     code, out, _ = cli("--store", store_dir, "--json", "gc", "--keep", "0", "--grace", "0")
     assert code == 0 and json.loads(out)["removed_artifacts"] == [aid]
-    assert list(store.list(ops.manifest_signature_prefix(aid))) == [] and ops.list_attestations(store, aid) == []
+    assert list(store.list(manifest_signature_prefix(aid))) == [] and list_attestations(store, aid) == []
 
 
 def test_a_fresh_node_refuses_a_replayed_record_and_one_below_its_min_seq(keys, cli, tmp_path, monkeypatch):
@@ -380,7 +386,7 @@ def test_a_fresh_node_refuses_a_replayed_record_and_one_below_its_min_seq(keys, 
     staged(store_dir, b)
     assert cli("--store", store_dir, "promote", b, "--channel", "prod")[0] == 0
     store = open_store(str(store_dir))
-    m = ops.get_manifest(store, a)
+    m = get_manifest(store, a)
     ref = store.root / channel_key("tiny-llama-cpu", "prod", m.compat_key)
     ref.write_bytes(store.get_bytes(history_key("tiny-llama-cpu", "prod", m.compat_key, 1)))  # the replay
     code, _, err = pull(cli, store_dir, tmp_path / "fresh")
@@ -426,7 +432,7 @@ def test_a_fresh_node_refuses_an_expired_record_until_it_is_re_signed(keys, cli,
     code, out, err = pull(cli, store_dir, tmp_path / "fresh")
     assert code == 0 and json.loads(out)["seq"] == 2, err
 
-    m = ops.get_manifest(store, a)
+    m = get_manifest(store, a)
     ref = store.root / channel_key("tiny-llama-cpu", "prod", m.compat_key)
     ref.write_bytes(store.get_bytes(history_key("tiny-llama-cpu", "prod", m.compat_key, 1)))  # the replay
     code, _, err = pull(cli, store_dir, tmp_path / "fresh2")
@@ -463,7 +469,7 @@ def test_trust_is_by_role_a_builder_cannot_vouch_for_its_own_engine(keys, cli, t
     env, store_dir = Env(monkeypatch, keys), tmp_path / "store"
     aid = publish(env, cli, store_dir, make_tree(tmp_path / "a", {"rank0.engine": b"built"}))
     store = open_store(str(store_dir))
-    m = ops.get_manifest(store, aid)
+    m = get_manifest(store, aid)
     env.as_("builder", trust=False)  # the builder also writes a passing attestation, signed with its own key
     write_attestation(store, aid, m.compat_key, "pass", "2099-01-01T00:00:00.000000Z", signer=authority_of(settings()).signer)
     env.as_("promoter")
@@ -512,7 +518,7 @@ def test_a_pass_whose_own_figures_fail_is_refused(tmp_path, cli, draft):
     from ...support.helpers import attestation
 
     store = open_store(str(tmp_path / "store"))
-    aid = ops.publish_tree(store, make_tree(tmp_path / "t", {"e": b"x"}), draft).artifact_id
+    aid = publish_tree(store, make_tree(tmp_path / "t", {"e": b"x"}), draft).artifact_id
     good = attestation(aid, draft.compat_key, "pass")
     slow = good.model_copy(update={"speed": good.speed.model_copy(update={"levels": (good.speed.levels[0].model_copy(
         update={"ratios": (good.speed.levels[0].ratios[0].model_copy(update={"samples": (0.1,) * 6}),
@@ -526,11 +532,11 @@ def test_a_pass_whose_own_figures_fail_is_refused(tmp_path, cli, draft):
     for i, (att, why) in enumerate(((slow, "throughput 0.100 [0.100, 0.100]"), (wrong, "prompts [0] diverged"),
                                     (lax, "gated at 0.2 but the record has threshold 0.01"),
                                     (bare, "schema-1 attestation"))):
-        ops.write_attestation(store, att.model_copy(update={"created_at": f"2099-01-01T00:00:0{i}.000000Z"}))
+        buildctl.artifact_store.trust.attestations.write_attestation(store, att.model_copy(update={"created_at": f"2099-01-01T00:00:0{i}.000000Z"}))
         staged(store, aid)
         code, _, err = cli("--store", store.uri, "promote", aid, "--channel", "prod")
         assert code == 5 and "says pass but its recorded figures give fail" in err and why in err, (why, err)
-    ops.write_attestation(store, good.model_copy(update={"created_at": "2099-01-01T00:00:09.000000Z"}))
+    buildctl.artifact_store.trust.attestations.write_attestation(store, good.model_copy(update={"created_at": "2099-01-01T00:00:09.000000Z"}))
     staged(store, aid)
     assert cli("--store", store.uri, "promote", aid, "--channel", "prod")[0] == 0
 
@@ -549,7 +555,7 @@ def test_a_revoked_keys_later_signatures_are_refused(keys, cli, tmp_path, monkey
     env.as_("validator")  # not a promoter: its revocation would count for nothing, so it is refused
     code, _, err = cli("--store", store_dir, "key", "revoke", builder_id, "--reason", "a validator tries")
     assert code == 5 and "is a validator key" in err and "promoter" in err, err
-    assert list(ops.open_store(str(store_dir)).list("revocations/")) == []  # nothing written
+    assert list(open_store(str(store_dir)).list("revocations/")) == []  # nothing written
     env.as_("promoter")
     staged(store_dir, before)
     assert cli("--store", store_dir, "promote", before, "--channel", "prod")[0] == 0
@@ -600,9 +606,9 @@ def test_a_two_of_n_prod_promotion_is_pending_with_one_signature_and_completes_w
 
     # one promoter key alone writes a record straight into the ref: nodes refuse it
     store = open_store(str(store_dir))
-    m = ops.get_manifest(store, b)
+    m = get_manifest(store, b)
     env.as_("promoter")
-    forged = ops.set_channel(store, b, m, "prod", auth=Authority(who="one promoter", signer=authority_of(settings()).signer))
+    forged = set_channel(store, b, m, "prod", auth=Authority(who="one promoter", signer=authority_of(settings()).signer))
     assert forged.cosignatures is None
     code, _, err = pull(cli, store_dir, tmp_path / "n2")
     assert code == 4 and "1 of the 2 promoter signatures the channel requires" in err, err
@@ -629,7 +635,7 @@ def test_a_malformed_signature_file_is_refused_with_exit_4_not_1(keys, cli, tmp_
     staged(store_dir, aid)
     assert cli("--store", store_dir, "promote", aid, "--channel", "prod")[0] == 0
     store = open_store(str(store_dir))
-    (good_key,) = list(store.list(ops.manifest_signature_prefix(aid)))
+    (good_key,) = list(store.list(manifest_signature_prefix(aid)))
     store.put_bytes(manifest_signature_key(aid, "0" * 16), body)  # beside the good one: it still counts
     code, out, err = pull(cli, store_dir, tmp_path / "n0")
     assert code == 0, err

@@ -8,7 +8,9 @@ from datetime import datetime, timezone
 
 import pytest
 
-import buildctl.artifact_store as ops
+from buildctl.artifact_store.channels import read_channel
+from buildctl.artifact_store.promotion import promote, rollback
+from buildctl.artifact_store.read import get_manifest, verify
 import buildctl.artifact_store.channels as channels_mod
 from buildctl.artifact_store.trust.authority import Authority
 from buildctl.artifact_store.errors import CryptoRequiredError, VerificationError
@@ -43,8 +45,8 @@ def old_store(store, tmp_path, draft, monkeypatch):
     with monkeypatch.context() as m:
         m.setattr(channels_mod, "manifest_blake3", lambda store, a: None)  # the promote of before
         for aid in ids:
-            ops.promote(store, aid, "staging", auth=Authority(signer=promoter, trusted=trusted))
-        ops.promote(store, ids[0], "prod", auth=Authority(signer=promoter, trusted=trusted))
+            promote(store, aid, "staging", auth=Authority(signer=promoter, trusted=trusted))
+        promote(store, ids[0], "prod", auth=Authority(signer=promoter, trusted=trusted))
     return store, ids, trusted, builder, promoter
 
 
@@ -52,23 +54,23 @@ def test_an_old_store_keeps_serving_every_channel(old_store, tmp_path, draft, cl
     store, (a, b), trusted, _, promoter = old_store
     P, K = draft.profile_name, [draft.compat_key]
     for channel, want in (("staging", b), ("prod", a)):
-        rec = ops.read_channel(store, P, channel, draft.compat_key)[0]
+        rec = read_channel(store, P, channel, draft.compat_key)[0]
         assert rec.manifest_blake3 is None  # as written before BLAKE3
         dest = tmp_path / channel
         got = pull(store, resolve_channel(store, P, channel, K), dest, auth=Authority(trusted=trusted))
         assert got.installed and current_artifact(dest) == want
         assert not pull(store, resolve_channel(store, P, channel, K), dest, auth=Authority(trusted=trusted)).installed  # the next poll: current
-        assert ops.verify(store, want, deep=True).schema_version == 1
+        assert verify(store, want, deep=True).schema_version == 1
     # staged and activated offline, as a driver upgrade does
-    rec = ops.read_channel(store, P, "prod", draft.compat_key)[0]
+    rec = read_channel(store, P, "prod", draft.compat_key)[0]
     entry, _ = stage_artifact(store, rec, a, tmp_path / "staged", when=utc_now())
     res = activate_staged(tmp_path / 'staged', entry, auth=Authority(trusted=trusted, verify_window_s=3600), now=datetime.now(timezone.utc))
     assert res.installed and current_artifact(tmp_path / "staged") == a
     # a rollback and a new promotion of an old artifact still work; the new record binds its manifest
-    rec = ops.promote(store, b, "prod", auth=Authority(signer=promoter, trusted=trusted))
+    rec = promote(store, b, "prod", auth=Authority(signer=promoter, trusted=trusted))
     assert rec.bound(b) is not None
     assert current_artifact(tmp_path / "prod") == a and pull(store, resolve_channel(store, P, 'prod', K), tmp_path / 'prod', auth=Authority(trusted=trusted)).installed
-    ops.rollback(store, P, "prod", auth=Authority(signer=promoter), reason="test")
+    rollback(store, P, "prod", auth=Authority(signer=promoter), reason="test")
     assert gc(store, dry_run=True).removed_artifacts == []
     # and the CLI says what they are
     code, out, _ = cli("--store", store_uri, "show", a)
@@ -82,8 +84,8 @@ def test_an_old_store_keeps_serving_every_channel(old_store, tmp_path, draft, cl
 def test_rehash_publishes_a_signed_blake3_manifest_linked_to_the_old_one(old_store, tmp_path, draft):
     store, (a, b), trusted, builder, promoter = old_store
     res = rehash(store, a, auth=Authority(signer=builder))
-    new = ops.get_manifest(store, res.new)
-    old = ops.get_manifest(store, a)
+    new = get_manifest(store, res.new)
+    old = get_manifest(store, a)
     assert res.new != a and not res.existed and new.crypto and new.rehashed_from == a
     assert new.same_files(old) and all(f.blake3 for f in new.files) and successors(store, a) == [res.new]
     assert verify_manifest_signature(store, res.new, trusted) == builder.key_id
@@ -92,8 +94,8 @@ def test_rehash_publishes_a_signed_blake3_manifest_linked_to_the_old_one(old_sto
     # the old validation counts for it (the same files), so it promotes through staging to prod
     assert promotion_refusals(store, res.new, new, Authority(trusted=trusted)) == []
     auth = Authority(signer=promoter, trusted=trusted)
-    ops.promote(store, res.new, "staging", auth=auth)
-    rec = ops.promote(store, res.new, "prod", auth=auth)
+    promote(store, res.new, "staging", auth=auth)
+    rec = promote(store, res.new, "prod", auth=auth)
     assert rec.bound(res.new) is not None
     got = pull(store, resolve_channel(store, draft.profile_name, 'prod', [draft.compat_key]), tmp_path / 'node', auth=Authority(trusted=trusted, require_crypto=True))
     assert got.installed and got.artifact_id == res.new
@@ -101,7 +103,7 @@ def test_rehash_publishes_a_signed_blake3_manifest_linked_to_the_old_one(old_sto
 
 def test_rehash_of_a_damaged_artifact_refuses_and_quarantines_it(old_store, draft):
     store, (a, _), _, builder, _ = old_store
-    digest = next(e.digest for e in ops.get_manifest(store, a).files if e.path == "rank0.engine")
+    digest = next(e.digest for e in get_manifest(store, a).files if e.path == "rank0.engine")
     rot(store, digest, "flip")
     with pytest.raises(VerificationError) as exc:
         rehash(store, a, auth=Authority(signer=builder))
