@@ -365,3 +365,41 @@ def test_the_mirror_check_names_a_new_module_without_tests_and_a_stale_row(tmp_p
     (tmp_path / "tests" / "steps" / "test_old.py").write_text("")
     (tmp_path / "tests" / "README.md").write_text("| `buildctl/steps/gone.py` | `tests/steps/test_old.py` | why |\n")
     assert _untested_modules(tmp_path) == ["steps/new.py", "stale row: steps/gone.py"]
+
+
+def _shadowed_module_uses(root: Path = REPO) -> list[str]:
+    """``mod.attr`` inside a function that also binds ``mod`` locally (a parameter, an assignment),
+    where ``mod`` is a module imported with ``from buildctl.<package> import mod``: the local name
+    wins, and the call fails only when that line runs (a flow's ``profiles`` parameter once hid the
+    ``profiles`` step module)."""
+    out = []
+    for path in _library_modules(root):
+        tree = ast.parse(path.read_text())
+        modules = {a.asname or a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)
+                   and (n.module or "").startswith("buildctl") for a in n.names
+                   if (root / (n.module or "").replace(".", "/") / f"{a.name}.py").exists()}
+        for fn in ast.walk(tree):
+            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            args = fn.args
+            bound = {a.arg for a in [*args.posonlyargs, *args.args, *args.kwonlyargs]}
+            bound |= {n.id for n in ast.walk(fn) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+            for n in ast.walk(fn):
+                if (isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id in modules & bound):
+                    out.append(f"{path.relative_to(root)}:{n.lineno}: {n.value.id}.{n.attr} in {fn.name}")
+    return sorted(set(out))
+
+
+def test_no_module_import_is_shadowed_by_a_local_name_where_it_is_used():
+    assert _shadowed_module_uses() == []
+
+
+def test_the_shadow_check_finds_a_parameter_hiding_a_module(tmp_path):
+    (tmp_path / "buildctl" / "steps").mkdir(parents=True)
+    (tmp_path / "buildctl" / "steps" / "profiles.py").write_text("def load_profiles(s):\n    return {}\n")
+    for pkg in LIBRARY_PACKAGES:
+        (tmp_path / "buildctl" / pkg).mkdir(parents=True, exist_ok=True)
+        (tmp_path / "buildctl" / pkg / "m.py").write_text("")
+    (tmp_path / "buildctl" / "flows" / "f.py").write_text(
+        "from buildctl.steps import profiles\n\ndef flow(settings, profiles):\n    return profiles.load_profiles(settings)\n")
+    assert _shadowed_module_uses(tmp_path) == ["buildctl/flows/f.py:4: profiles.load_profiles in flow"]

@@ -50,7 +50,7 @@ def _env(venv: Path) -> dict[str, str]:
 
 
 def test_pypi_validators_and_buildctl_coexist(slim_venv, tmp_path):
-    code = ("import validators, buildctl.validators.parity as parity, buildctl.artifact_store as store; "
+    code = ("import validators, buildctl.validators.parity as parity, buildctl.artifact_store.backends.store as store; "
             "assert validators.email('ops@example.com') is True, 'PyPI validators works'; "
             "assert 'site-packages/validators' in validators.__file__, validators.__file__; "
             "assert callable(parity.check_parity) and callable(store.open_store); "

@@ -11,7 +11,7 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.deployments import run_deployment
 
 from buildctl.steps import fleet
-from buildctl.steps import profiles
+from buildctl.steps.profiles import load_profiles, profile_names
 from buildctl.core.errors import BuildctlError
 from buildctl.flows.summary import RunReport
 from buildctl.core.settings import Settings, load_settings
@@ -23,7 +23,7 @@ def _profile_names() -> tuple[str, ...]:
     """The profiles in the profile directory (``BUILDCTL_PROFILE_DIR``, default ``build_profiles/``
     of the checkout the flows are deployed from)."""
     try:
-        return profiles.profile_names(load_settings())
+        return profile_names(load_settings())
     except (OSError, BuildctlError):
         return ()
 
@@ -151,7 +151,7 @@ def start_builds(settings: Settings, pairs: list[tuple[str, str, int]], trigger:
     for a pair, e.g. a re-check's soft-values queue; ``triggers``: a trigger per pair)."""
     pool_type = work_pool_type(BVP_DEPLOYMENT)
     pooled = pool_type is not None
-    profiles = profiles.load_profiles(settings) if pool_type == "kubernetes" else {}
+    profiles = load_profiles(settings) if pool_type == "kubernetes" else {}
     logger = get_run_logger()
     started = []
     for i, (profile, compat_key, nodes) in enumerate(pairs):

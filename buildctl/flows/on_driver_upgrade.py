@@ -9,7 +9,7 @@ from typing import Any
 from prefect import flow, get_run_logger
 
 from buildctl.steps import fleet
-from buildctl.steps import profiles
+from buildctl.steps.profiles import load_profiles
 from buildctl.steps.context import open_store_of
 from buildctl.steps.coverage import describe_soft, recheck_needs, recheck_outcome
 from buildctl.core.errors import BuildctlError
@@ -80,7 +80,7 @@ def _on_driver_upgrade(report: RunReport, node_id: str, fingerprint: dict[str, A
     s = open_store_of(settings)
     served = fleet.record_reported_fingerprint(s, node_id, fp, profiles)
     report.add("profiles", ", ".join(f"`{p}`" for p in served) or "none on record")
-    known = {n: p for n, p in profiles.load_profiles(settings).items() if n in served}
+    known = {n: p for n, p in load_profiles(settings).items() if n in served}
     backends = sorted({p.engine.backend for p in known.values()})
     keys = {b: (old.compat_key(b) if old else None, fp.compat_key(b)) for b in backends}
     logger = get_run_logger()

@@ -21,7 +21,7 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
 from buildctl.artifact_store.promotion import PROTECTED_CHANNELS
-from buildctl.steps import profiles, promote
+from buildctl.steps.profiles import load_profiles
 from buildctl.steps import upgrade
 from buildctl.steps.context import Context
 from buildctl.engines.fingerprint import UpgradeTarget
@@ -95,7 +95,7 @@ def prepare_upgrade(target: dict[str, Any], channel: str = "prod", nodes: str | 
     logger = get_run_logger()
     tgt = UpgradeTarget.model_validate(target)
     ctx = Context.from_settings(settings)
-    profiles = profiles.load_profiles(settings)
+    profiles = load_profiles(settings)
     before = upgrade.plan(ctx, tgt, profiles, channel=channel, nodes_glob=nodes, served=served_queues())
     publish = "staging" if channel in PROTECTED_CHANNELS else channel
     blocked = [g for g in before.groups if g.state == "blocked"]

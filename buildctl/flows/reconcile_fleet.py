@@ -9,7 +9,7 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import create_table_artifact
 
 from buildctl.steps import fleet
-from buildctl.steps import profiles
+from buildctl.steps.profiles import load_profiles
 from buildctl.flows.common import (ChildRunsFailedError, ProfileName, run_settings, short, start_builds,
                                    wait_for_children)
 from buildctl.steps.context import open_store_of
@@ -38,7 +38,7 @@ def reconcile_fleet(profiles: list[ProfileName] | None = None, store: str | None
     """
     settings = run_settings(store)
     skipped: list[tuple[str, str]] = []
-    needs = fleet.fleet_plan(open_store_of(settings), profiles.load_profiles(settings), profiles, skipped)
+    needs = fleet.fleet_plan(open_store_of(settings), load_profiles(settings), profiles, skipped)
     logger = get_run_logger()
     for key, why in skipped:  # reported, and planned around (a malformed node record's node is not counted)
         logger.warning(f"skipped {key}: {why}")

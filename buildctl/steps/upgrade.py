@@ -38,7 +38,7 @@ from buildctl.artifact_store.read import get_manifest
 from buildctl.steps.context import Context, Say, quiet
 from buildctl.steps.coverage import Coverage, artifacts_for_key, coverage, serving_key
 from buildctl.engines.errors import EngineLoadError, IncompatibleTargetError
-from buildctl.engines.fingerprint import Fingerprint, UpgradeTarget
+from buildctl.engines.fingerprint import Fingerprint, UpgradeTarget, host_fingerprint
 from buildctl.engines.profile import BuildProfile
 from buildctl.core.errors import GateRefusedError, NotFoundError
 from buildctl.steps.node_index import node_fingerprint
@@ -346,6 +346,7 @@ def prepare(ctx: Context, target: UpgradeTarget, profiles: dict[str, BuildProfil
     host's is left to a worker that has them (both are ``blocked`` here, naming the queue). New builds go to ``staging`` (and to ``channel`` when
     it is not a protected one); a re-check only adds an attestation. For a protected channel the
     ``buildctl promote`` commands CI runs are returned. Returns what was done and the plan after."""
+    ctx = ctx.with_fingerprint(host_fingerprint(ctx.settings))  # this host as it is now: measured at each prepare
     host = ctx.fingerprint
     served = set(serving_queues(ctx.settings, host).values()) | set(recheck_queues(ctx.settings, host).values())
     before = plan(ctx, target, profiles, channel=channel, nodes_glob=nodes_glob, served=served)
