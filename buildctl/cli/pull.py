@@ -88,7 +88,7 @@ def pull_cmd(
                    "bytes": res.bytes, "health": got.state.status if got.state else None,
                    "health_recorded": got.reported if got.state and node_id else None,
                    "rollout": rec.rollout.state if rec.rollout else None,
-                   "coverage": coverage(c.store, res.artifact_id, manifest, fp).to_json()})
+                   "coverage": (got.coverage or coverage(c.store, res.artifact_id, manifest, fp)).to_json()})
     elif res.installed:
         secs = max(time.monotonic() - t0, 1e-6)
         out().print(f"installed {res.artifact_id} ({channel} #{rec.seq}) at {Path(dest) / 'current'}; "

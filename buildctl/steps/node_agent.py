@@ -66,6 +66,7 @@ class NodePull:
     record: ChannelRecord
     state: EngineState | None  # the smoke check's verdict; None when no check ran
     reported: bool = False  # whether the inventory record took the verdict
+    coverage: Coverage | None = None  # the artifact's coverage of this host, when the pull checked it (require_covered)
 
 
 def smoke_check(settings: Settings, manifest: Manifest, artifact_id: str, engine_dir: Path,
@@ -115,8 +116,8 @@ def pull(ctx: Context, profile: str, channel: str, dest: str | Path, options: Pu
     rec = target[0] if target else resolve_channel(ctx.store, profile, channel, host_compat_keys(fp))
     manifest = target[1] if target else None
     target_id = rec.artifact_for(node_id)
-    if options.require_covered:
-        check_covered(ctx.store, target_id, manifest or get_manifest(ctx.store, target_id), fp)
+    cov = (check_covered(ctx.store, target_id, manifest or get_manifest(ctx.store, target_id), fp)
+           if options.require_covered else None)
     verdict = health_marks(dest).get(target_id, {})
     if verdict.get("status") == "failed" and not options.retry_failed and current_artifact(dest) != target_id:
         raise EngineUnhealthyError(target_id, verdict.get("detail") or "failed", current_artifact(dest), held_back=True)
@@ -131,8 +132,8 @@ def pull(ctx: Context, profile: str, channel: str, dest: str | Path, options: Pu
                 profile=profile, channel=channel, compat_key=rec.compat_key, artifact_id=target_id, seq=rec.seq,
                 status="installed", detail="no smoke check", current=target_id, previous=previous_artifact(dest),
                 when=utc_now()))
-            return NodePull(res, rec, None, reported)
-        return NodePull(res, rec, None)
+            return NodePull(res, rec, None, reported, cov)
+        return NodePull(res, rec, None, coverage=cov)
     reported = True
 
     def report(status: HealthStatus, detail: str | None, current: str | None) -> EngineState:
@@ -151,7 +152,7 @@ def pull(ctx: Context, profile: str, channel: str, dest: str | Path, options: Pu
                          health_cmd, options.health_timeout_s)
     if detail is None:
         mark_health(dest, target_id, "healthy", utc_now())
-        return NodePull(res, rec, report("healthy", None, target_id), reported)
+        return NodePull(res, rec, report("healthy", None, target_id), reported, cov)
     if not res.installed:  # it was current already, without a verdict (a crash mid-check): undo like an install
         res = PullResult(target_id, installed=True, path=res.path, previous=previous_artifact(dest))
     now_current = switch_back(dest, res)

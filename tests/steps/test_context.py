@@ -144,3 +144,29 @@ def test_a_signed_promote_and_a_trusted_pull_read_the_manifest_once_each(keys, c
                          "--dest", tmp_path / "node", "--skip-preflight", "--require-covered")
     assert code == 0 and json.loads(out)["artifact_id"] == aid, err
     assert len(reads) == 1, reads
+
+
+def test_a_covered_pull_with_json_computes_the_coverage_once(keys, cli, tmp_path, monkeypatch):
+    """#51: `pull --require-covered --json` checks the coverage before downloading and prints it;
+    the check's result is what it prints (it was computed twice)."""
+    from buildctl.steps import coverage as coverage_mod, node_agent
+
+    store_dir, aid = _signed_and_staged(keys, cli, tmp_path, monkeypatch)
+    code, _, err = cli("--store", store_dir, "--json", "promote", aid, "--channel", "prod")
+    assert code == 0, err
+    monkeypatch.delenv("BUILDCTL_SIGNING_KEY")
+    calls: list[str] = []
+    real = coverage_mod.coverage
+
+    def counted(store, artifact_id, *args, **kwargs):
+        calls.append(artifact_id)
+        return real(store, artifact_id, *args, **kwargs)
+
+    monkeypatch.setattr(coverage_mod, "coverage", counted)
+    monkeypatch.setattr(node_agent, "coverage", counted)
+    code, out, err = cli("--store", store_dir, "--json", "pull", "--profile", "tiny-llama-cpu", "--channel", "prod",
+                         "--dest", tmp_path / "node", "--skip-preflight", "--require-covered")
+    assert code == 0, err
+    got = json.loads(out)
+    assert got["artifact_id"] == aid and got["coverage"]["covered"] is True
+    assert calls == [aid]
