@@ -37,6 +37,7 @@ from pathlib import Path
 
 from benchmarks.common import finish, fmt_spread, spread, table
 from benchmarks.counting import CountingStore
+from buildctl.artifact_store.channels import ChannelMove
 from buildctl.artifact_store.gc import GcPolicy
 
 REPO = Path(__file__).resolve().parent.parent
@@ -70,7 +71,7 @@ def seed(store, work: Path, n: int):
         target = publish_files(store, work / f"target{k}", draft, {"config.json": f"target {k}".encode(), "rank0.engine": 4096}, seed=100 + k)
         promote(store, staged(store, base), "prod")
         rec = promote(store, staged(store, target), "prod",
-                      rollout=RolloutPlan(waves=parse_waves("1,10,50,100", "1%"), bake_s=86400))
+                      move=ChannelMove(rollout=RolloutPlan(waves=parse_waves("1,10,50,100", "1%"), bake_s=86400)))
         keys.append(draft.compat_key)
         pairs.append((base, target, rec.seq))
     when = utc_now()

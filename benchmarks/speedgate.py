@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     from buildctl.artifact_store.backends.store import open_store
     from buildctl.validators.errors import ValidationFailedError
     from buildctl.validators.reference import VllmRunner
-    from buildctl.validators.validate import run_validation
+    from buildctl.validators.validate import ValidationPlan, run_validation
 
     work = Path(tempfile.mkdtemp(prefix="buildctl-bench-speedgate-"))
     settings = load_settings()
@@ -65,8 +65,8 @@ def main(argv: list[str] | None = None) -> int:
     def validate(wrap):
         """One full validation; the attestation it wrote, passing or not."""
         try:
-            return run_validation(settings, store, aid, profile=profile, model_dir=model, fingerprint=fp,
-                                     reference=reference, wrap_candidate=wrap).attestation
+            plan = ValidationPlan(artifact_id=aid, profile=profile, model_dir=model, fingerprint=fp)
+            return run_validation(settings, store, plan, reference=reference, wrap_candidate=wrap).attestation
         except ValidationFailedError as err:
             return err.attestation
 

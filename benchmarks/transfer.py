@@ -55,7 +55,7 @@ def run_network(label: str, server, endpoint: str, root: Path, work: Path, reps:
     from buildctl.steps.build import import_engine
     from buildctl.core.settings import load_settings
     from buildctl.artifact_store.backends import ranged
-    from buildctl.artifact_store.node.install_dir import install_artifact
+    from buildctl.artifact_store.node.install_dir import InstallOptions, install_artifact
     from buildctl.artifact_store.backends.s3 import S3Store
 
     files = tree_files(root)
@@ -120,7 +120,7 @@ def run_network(label: str, server, endpoint: str, root: Path, work: Path, reps:
         saved = ranged.RANGE_SIZE
         ranged.RANGE_SIZE = 1 << 62  # no blob is large enough for ranges: one GET per file, 4 files at once
         try:
-            install_artifact(store, artifact, fresh("node1"), workers=4)
+            install_artifact(store, artifact, fresh("node1"), options=InstallOptions(workers=4))
         finally:
             ranged.RANGE_SIZE = saved
 

@@ -403,3 +403,35 @@ def test_the_shadow_check_finds_a_parameter_hiding_a_module(tmp_path):
     (tmp_path / "buildctl" / "flows" / "f.py").write_text(
         "from buildctl.steps import profiles\n\ndef flow(settings, profiles):\n    return profiles.load_profiles(settings)\n")
     assert _shadowed_module_uses(tmp_path) == ["buildctl/flows/f.py:4: profiles.load_profiles in flow"]
+
+
+def _code_shape():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("code_shape", REPO / "scripts" / "code_shape.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _long_signatures(root: Path = REPO, limit: int = 8) -> list[str]:
+    """Functions of ``root/buildctl`` that take more than ``limit`` parameters, typer commands aside
+    (their parameters are the command's flags): scripts/code_shape.py counts them."""
+    return [f"{rel}:{name} ({n})" for rel, name, _, n, typer_cmd in _code_shape().functions(root)
+            if n > limit and not typer_cmd]
+
+
+def test_no_function_outside_the_typer_commands_takes_more_than_eight_parameters():
+    """#51: policy objects, not keyword lists (``PullOptions``, ``GcPolicy``, ``ChannelMove``, ...)."""
+    assert _long_signatures() == []
+
+
+def test_the_signature_check_counts_keywords_and_spares_typer_commands(tmp_path):
+    (tmp_path / "buildctl").mkdir()
+    nine = ", ".join(f"p{i}" for i in range(6))
+    (tmp_path / "buildctl" / "m.py").write_text(
+        f"import typer\n\ndef long({nine}, *, a=1, b=2, c=3):\n    pass\n\n"
+        f"def eight(self, {nine}, *, a=1, b=2):\n    pass\n\n"
+        f"def cmd({nine}, x: int = typer.Option(1), y: int = typer.Option(2), z: int = typer.Option(3)):\n    pass\n\n"
+        "class C:\n    def method(self, a, b, c, d, e, f, g, h, *args):\n        pass\n")
+    assert _long_signatures(tmp_path) == ["buildctl/m.py:long (9)", "buildctl/m.py:C.method (9)"]

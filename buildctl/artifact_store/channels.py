@@ -154,15 +154,38 @@ def _settle_history(store: Store, rec: ChannelRecord, *, own: bool = True) -> No
         raise HistoryConflictError(key, moved=True)
 
 
+class CasRetry(Record):
+    """How a move retries when another writer moved the ref between its read and its
+    compare-and-swap: up to ``attempts`` tries, a jittered ``sleep`` between them (tests pass a
+    recorder)."""
+
+    attempts: int = Field(30, ge=1, description="compare-and-swap tries before CasConflictError")
+    sleep: Callable[[float], None] = Field(time.sleep, description="waits between tries (seconds)")
+
+
+class ChannelMove(Record):
+    """What one move writes into the channel record beside the artifact: its action, why, what it
+    relied on; and ``compat_key``, the ref's key when it is not the manifest's own (an artifact
+    published under a schema-1 key serves under the key its build fingerprint has now)."""
+
+    action: str = Field("promote", description="the record's action (ChannelRecord.action)")
+    reason: str | None = Field(None, description="why (required with force, recorded)")
+    forced: bool = Field(False, description="the promotion gates were overridden (promote: the caller forces them; "
+                         "the record says so only when a gate refused)")
+    verified_at: str | None = Field(None, description="the deep verify the move relied on")
+    rollout: RolloutPlan | None = Field(None, description="start a rollout to this artifact (base and start filled in)")
+    compat_key: str | None = Field(None, description="the ref's compat key, when not the manifest's")
+    migrated_from: str | None = Field(None, description="migrate-keys: the schema-1 key whose ref this one continues")
+
+
 # What a move makes of the current record: the new record's fields (seq, previous, who, when and
 # the signature are filled in), or None when there is nothing to write (returns the current one).
 MoveFn = Callable[[ChannelRecord | None], dict[str, Any] | None]
 
 
 def move_channel(store: Store, profile: str, channel: str, compat: str, make: MoveFn, *,
-                 auth: Authority = Authority(), attempts: int = 30, sleep: Callable[[float], None] = time.sleep,
-                 threshold: int = 1) -> ChannelRecord:
-    """Write the channel's next record with compare-and-swap (retried with jitter), then its
+                 auth: Authority = Authority(), retry: CasRetry = CasRetry(), threshold: int = 1) -> ChannelRecord:
+    """Write the channel's next record with compare-and-swap (retried with jitter, ``retry``), then its
     history entry, as ``auth`` (who, signer, record lifetime). ``make`` sees the current record on
     every attempt, so a decision is always made against what is there. Signed records expire
     ``auth.ttl_s`` after they are written. With a
@@ -190,7 +213,7 @@ def move_channel(store: Store, profile: str, channel: str, compat: str, make: Mo
                 out[a] = hashed[a]
         return rec.model_copy(update={"manifest_blake3": out or None})
 
-    for attempt in range(attempts):
+    for attempt in range(retry.attempts):
         current = read_channel(store, profile, channel, compat)
         if current is not None:
             _settle_history(store, current[0], own=False)
@@ -231,8 +254,8 @@ def move_channel(store: Store, profile: str, channel: str, compat: str, make: Mo
             if threshold > 1:
                 store.delete(pending_key(profile, channel, compat))
             return rec
-        sleep(random.uniform(0, min(1.0, 0.01 * 2 ** attempt)))
-    raise CasConflictError(ref, attempts)
+        retry.sleep(random.uniform(0, min(1.0, 0.01 * 2 ** attempt)))
+    raise CasConflictError(ref, retry.attempts)
 
 
 def pending_promotion(store: Store, profile: str, channel: str, compat: str) -> ChannelRecord | None:
@@ -258,31 +281,17 @@ def _cosign_pending(store: Store, rec: ChannelRecord, signer: SigningKey, truste
     return rec
 
 
-def set_channel(
-    store: Store,
-    artifact_id: str,
-    manifest: Manifest,
-    channel: str,
-    *,
-    auth: Authority = Authority(),
-    reason: str | None = None,
-    forced: bool = False,
-    action: str = "promote",
-    verified_at: str | None = None,
-    rollout: RolloutPlan | None = None,
-    attempts: int = 30,
-    sleep: Callable[[float], None] = time.sleep,
-    compat_key: str | None = None,
-    migrated_from: str | None = None,
-) -> ChannelRecord:
-    """Move a channel to an artifact with compare-and-swap; retried with jitter; appends history.
-    ``compat_key``: the ref's key, when it is not the manifest's own (an artifact published under a
-    schema-1 key serves under the key its build fingerprint has now; the caller computes it).
+def set_channel(store: Store, artifact_id: str, manifest: Manifest, channel: str, *,
+                auth: Authority = Authority(), move: ChannelMove = ChannelMove(),
+                retry: CasRetry = CasRetry()) -> ChannelRecord:
+    """Move a channel to an artifact with compare-and-swap (retried with jitter, ``retry``);
+    appends history. ``move``: what the record says beside the artifact (:class:`ChannelMove`).
     A live rollout on the channel is never replaced silently: abort it first (a rollback, which
-    ends it, may replace it). ``rollout``: start one (its base and start time are filled in).
-    ``verified_at``: the deep verify the move relied on, recorded with ``auth``'s verify window."""
+    ends it, may replace it). ``move.rollout``: start one (its base and start time are filled in).
+    ``move.verified_at``: the deep verify the move relied on, recorded with ``auth``'s verify window."""
+    action, rollout = move.action, move.rollout
     signer = auth.signer
-    verify_window_s = auth.verify_window_s if verified_at is not None else None
+    verify_window_s = auth.verify_window_s if move.verified_at is not None else None
 
     def make(current: ChannelRecord | None) -> dict[str, Any] | None:
         if current is not None:
@@ -305,13 +314,13 @@ def set_channel(
             now = utc_now()
             started = Rollout(waves=rollout.waves, bake_s=rollout.bake_s, base=current.artifact_id, target=artifact_id,
                               started_at=now, wave_started_at=now)
-        return {"artifact_id": artifact_id, "reason": reason, "forced": forced, "action": action,
-                "verified_at": verified_at, "verify_window_s": verify_window_s, "rollout": started,
-                "migrated_from": migrated_from}
+        return {"artifact_id": artifact_id, "reason": move.reason, "forced": move.forced, "action": action,
+                "verified_at": move.verified_at, "verify_window_s": verify_window_s, "rollout": started,
+                "migrated_from": move.migrated_from}
 
     threshold = auth.trusted.threshold(channel) if auth.trusted is not None and action == "promote" else 1
-    return move_channel(store, manifest.profile_name, channel, compat_key or manifest.compat_key, make, auth=auth,
-                        attempts=attempts, sleep=sleep, threshold=threshold)
+    return move_channel(store, manifest.profile_name, channel, move.compat_key or manifest.compat_key, make, auth=auth,
+                        retry=retry, threshold=threshold)
 
 
 def channel_compat_keys(store: Store, profile: str, channel: str) -> list[str]:

@@ -30,7 +30,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Callable, Iterable
+from typing import Callable, Iterable, cast
 
 from pydantic import Field
 
@@ -88,6 +88,11 @@ class GcPolicy(Record):
     quarantine_retention_s: float = Field(DEFAULT_QUARANTINE_RETENTION_S, ge=0,
                                           description="quarantined artifacts kept this long, for forensics")
     compact_history: bool = Field(True, description="also remove superseded re-sign records from channel history")
+
+    def resolved(self) -> "GcPolicy":
+        """This policy with the settings' defaults where it says None (what gc decides with)."""
+        grace, window = grace_mod.GraceWindows(grace_s=self.grace_s, delete_window_s=self.delete_window_s).seconds()
+        return self.model_copy(update={"grace_s": grace, "delete_window_s": window})
 
 
 @dataclass
@@ -147,15 +152,16 @@ class GcResult:
 
 
 
-def protections(store: Store, arts: list[tuple[str, Manifest]], *, keep: int, keep_history: int,
-                grace_s: float, quarantine_retention_s: float, now: datetime,
+def protections(store: Store, arts: list[tuple[str, Manifest]], policy: GcPolicy, *, now: datetime,
                 also: Iterable[tuple[str, str]] = (), skipped: list[tuple[str, str]] | None = None) -> dict[str, list[str]]:
-    """Every reason each artifact is kept (empty: nothing protects it). ``also``: more (artifact,
+    """Every reason each artifact is kept under ``policy`` (:meth:`GcPolicy.resolved`; an empty list:
+    nothing protects it). ``also``: more (artifact,
     why) pairs (gc passes the engines the nodes' inventory records say they run and keep).
     ``skipped``: malformed channel and history records are appended there, and every artifact of
     their profile is kept (what they point at cannot be read, so whatever they might guard is)."""
     out: dict[str, dict[str, None]] = {a: {} for a, _ in arts}  # reasons in order, each once (O(1) to add)
     skipped = [] if skipped is None else skipped
+    keep, keep_history, grace_s = policy.keep, policy.keep_history, cast(float, policy.grace_s)  # resolved
 
     def add(artifact: str | None, why: str) -> None:
         if artifact in out:
@@ -201,7 +207,7 @@ def protections(store: Store, arts: list[tuple[str, Manifest]], *, keep: int, ke
         recs = quarantined.get(artifact)
         if recs:
             last = parse_utc(recs[-1][1].when)
-            until = last + timedelta(seconds=quarantine_retention_s)
+            until = last + timedelta(seconds=policy.quarantine_retention_s)
             if until > now:
                 add(artifact, f"quarantine record of {recs[-1][1].when}: kept until {until:%Y-%m-%d} for forensics")
     cutoff = now - timedelta(seconds=grace_s)
@@ -221,9 +227,8 @@ def gc(store: Store, policy: GcPolicy = GcPolicy(), *, dry_run: bool = False, no
     """Decide and (unless ``dry_run``) remove what ``policy`` does not keep; see the module
     docstring for what is protected. ``policy.compact_history``: also remove superseded re-sign
     records from channel history (:func:`history_compaction`)."""
-    keep, keep_history = policy.keep, policy.keep_history
-    grace = grace_mod.DEFAULT_GRACE_S if policy.grace_s is None else policy.grace_s
-    window = grace_mod.DEFAULT_DELETE_WINDOW_S if policy.delete_window_s is None else policy.delete_window_s
+    policy = policy.resolved()
+    keep, keep_history, grace = policy.keep, policy.keep_history, cast(float, policy.grace_s)
     now = now or now_utc()
     started = clock()
 
@@ -237,9 +242,7 @@ def gc(store: Store, policy: GcPolicy = GcPolicy(), *, dry_run: bool = False, no
     indexed = index_built(store)
     # one LIST per 1,000 held markers instead of a GET per node
     nodes = node_protections((), held=read_held(store)) if indexed else _record_protections(store, result.skipped)
-    keep_for = protections(store, arts, keep=keep, keep_history=keep_history, grace_s=grace,
-                           quarantine_retention_s=policy.quarantine_retention_s, now=now,
-                           also=nodes, skipped=result.skipped)
+    keep_for = protections(store, arts, policy, now=now, also=nodes, skipped=result.skipped)
     if indexed and any(not why for why in keep_for.values()):
         _confirm_with_node_records(store, keep_for, result)
     for artifact, m in arts:
@@ -254,7 +257,7 @@ def gc(store: Store, policy: GcPolicy = GcPolicy(), *, dry_run: bool = False, no
         for d, m in doomed:
             d.error = _remove_artifact(store, d.artifact_id, m, result)
             d.removed = d.error is None
-    _sweep_blobs(store, result, grace, window, clock, wall, dry_run, {d.artifact_id for d, _ in doomed}, scanned)
+    _sweep_blobs(store, result, policy, clock, wall, {d.artifact_id for d, _ in doomed}, scanned)
     if policy.compact_history:
         _compact_history(store, keep_history, result, dry_run=dry_run)
     return result
@@ -361,13 +364,15 @@ def _remove_artifact(store: Store, artifact: str, m: Manifest, result: GcResult)
     return f"{len(errors)} record(s) not removed: {errors[0]}" if errors else None
 
 
-def _sweep_blobs(store: Store, result: GcResult, grace: float, window: float, clock: Callable[[], float],
-                 wall: Callable[[], datetime], dry_run: bool, doomed: set[str],
+def _sweep_blobs(store: Store, result: GcResult, policy: GcPolicy, clock: Callable[[], float],
+                 wall: Callable[[], datetime], doomed: set[str],
                  scanned: dict[str, tuple[Manifest | None, str, set[str] | None]]) -> None:
-    """Mark (every manifest listed now) and sweep (every blob no manifest references). In a dry
-    run the doomed artifacts' manifests still exist: their blobs count as they would after.
+    """Mark (every manifest listed now) and sweep (every blob no manifest references), with the
+    grace period and delete window of ``policy`` (resolved). In a dry run (``result.dry_run``) the
+    doomed artifacts' manifests still exist: their blobs count as they would after.
     ``scanned``: the manifests gc read at its start; the mark lists the manifests again and reads
     only those it has not read (a manifest's key is its digest: the same key, the same bytes)."""
+    grace, window, dry_run = cast(float, policy.grace_s), cast(float, policy.delete_window_s), result.dry_run
     listed = clock()
     live: set[str] = set()
     blind = False  # an unreadable manifest that names no blob we can read: it might reference any

@@ -29,6 +29,8 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from typing import Iterable
 
+from pydantic import Field
+
 from buildctl.core.records import Record
 from buildctl.core.settings import Settings
 from buildctl.core.digest import canonical_json
@@ -39,6 +41,23 @@ from buildctl.core.times import now_utc, parse_utc, utc_now
 # The defaults live in the settings (one place); a caller without settings gets the same values.
 DEFAULT_GRACE_S: float = Settings.model_fields["gc_grace_s"].default
 DEFAULT_DELETE_WINDOW_S: float = Settings.model_fields["gc_delete_window_s"].default
+
+
+class GraceWindows(Record):
+    """The grace period and delete window that publish and gc both keep (None: the settings'
+    default, ``gc_grace_s`` and ``gc_delete_window_s``)."""
+
+    grace_s: float | None = Field(None, ge=0, description="see the module docstring")
+    delete_window_s: float | None = Field(None, ge=0, description="see the module docstring")
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> "GraceWindows":
+        return cls(grace_s=settings.gc_grace_s, delete_window_s=settings.gc_delete_window_s)
+
+    def seconds(self) -> tuple[float, float]:
+        """The grace period and the delete window, the defaults filled in."""
+        return (DEFAULT_GRACE_S if self.grace_s is None else self.grace_s,
+                DEFAULT_DELETE_WINDOW_S if self.delete_window_s is None else self.delete_window_s)
 
 
 class Touch(Record):

@@ -17,6 +17,8 @@ from buildctl.artifact_store.trust.authority import Authority
 from buildctl.artifact_store.backends.store import Store
 from buildctl.core.errors import BuildctlError
 from buildctl.artifact_store.channels import (
+    CasRetry,
+    ChannelMove,
     ChannelRecord,
     channel_compat_keys,
     checked_history,
@@ -114,19 +116,21 @@ def staging_refusal(store: Store, artifact_id: str, manifest: Manifest, channel:
     return f"it was never on {before!r}: promote it there first (or --force --reason)"
 
 
-def promote(store: Store, artifact_ref: str, channel: str, *, auth: Authority = Authority(), force: bool = False,
-            reason: str | None = None, attempts: int = 30, rollout: RolloutPlan | None = None,
-            compat_key: str | None = None, trust_verify_within_s: float = 0.0,
+def promote(store: Store, artifact_ref: str, channel: str, *, auth: Authority = Authority(),
+            move: ChannelMove = ChannelMove(), retry: CasRetry = CasRetry(), trust_verify_within_s: float = 0.0,
             provenance: ExpectedInputs | None = None) -> ChannelRecord:
     """Promote after the gates (see the module docstring); a byte mismatch quarantines the artifact
     and raises :class:`VerificationError` (exit 4), a refused gate :class:`PromotionRefusedError`.
+    ``move``: the reason, a rollout, the ref's compat key, and ``forced`` (``--force``: go past
+    refused gates; the record says forced only when a gate refused).
     Every blob is re-hashed unless ``trust_verify_within_s`` (``--trust-verify-within``) allows a
-    deep verify that recent; the record says which. ``compat_key``: the ref's key when not the
+    deep verify that recent; the record says which. ``move.compat_key``: the ref's key when not the
     manifest's (see :func:`promotion_refusals`). ``provenance``: the inputs the artifact's build
     provenance must show (:func:`~buildctl.artifact_store.trust.provenance.provenance_refusals`); the
     production channels get it from :func:`buildctl.steps.promote.promote`."""
     artifact_id = resolve_artifact(store, artifact_ref)
-    if force and not reason:
+    compat_key = move.compat_key
+    if move.forced and not move.reason:
         raise StoreArgumentError("--force needs --reason: a break-glass promotion is recorded with why")
     auth = auth.but(verify_window_s=trust_verify_within_s)
     verified_at = verify_recent_or_quarantine(store, artifact_id, detector=f"promote to {channel}", auth=auth)
@@ -135,10 +139,10 @@ def promote(store: Store, artifact_ref: str, channel: str, *, auth: Authority = 
     reasons += [r for r in [staging_refusal(store, artifact_id, manifest, channel, compat_key, auth.trusted)] if r]
     if provenance is not None:
         reasons += provenance_refusals(store, artifact_id, manifest, auth, provenance)
-    if reasons and not force:
+    if reasons and not move.forced:
         raise PromotionRefusedError(artifact_id, channel, reasons)
-    return set_channel(store, artifact_id, manifest, channel, auth=auth, reason=reason, forced=bool(reasons) and force,
-                       verified_at=verified_at, attempts=attempts, rollout=rollout, compat_key=compat_key)
+    recorded = move.model_copy(update={"action": "promote", "forced": bool(reasons), "verified_at": verified_at})
+    return set_channel(store, artifact_id, manifest, channel, auth=auth, move=recorded, retry=retry)
 
 
 def _same_key(store: Store, artifact_id: str, compat: str, served: list[ChannelRecord]) -> bool:
@@ -182,5 +186,6 @@ def rollback(store: Store, profile: str, channel: str, *, auth: Authority = Auth
     if manifest.profile_name != profile or not _same_key(store, target, compat, served):
         raise StoreArgumentError(f"artifact {target} is for {manifest.profile_name}/{manifest.compat_key}, not {profile}/{compat}")
     verified_at = verify_recent_or_quarantine(store, target, detector=f"rollback of {channel}", auth=auth)
-    return set_channel(store, target, manifest, channel, auth=auth, reason=reason or "rollback", action="rollback",
-                       verified_at=verified_at, compat_key=compat)
+    return set_channel(store, target, manifest, channel, auth=auth,
+                       move=ChannelMove(action="rollback", reason=reason or "rollback", verified_at=verified_at,
+                                        compat_key=compat))

@@ -14,7 +14,7 @@ import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from buildctl.core.digest import Crc64Nvme, canonical_json, digest_bytes, file_hasher, hash_file, is_digest
 from buildctl.artifact_store import grace as grace_mod
@@ -83,13 +83,11 @@ def publish_tree(
     workers: int = 4,
     on_bytes: ProgressFn | None = None,
     auth: Authority = Authority(),
-    grace_s: float | None = None,
-    delete_window_s: float | None = None,
-    sleep: Callable[[float], None] = time.sleep,
-    clock: Callable[[], float] = time.monotonic,
+    windows: grace_mod.GraceWindows = grace_mod.GraceWindows(),
 ) -> PublishResult:
     """Checksum every file under ``source`` and publish it as one immutable artifact; with
-    ``auth``'s signer, also store its signature of the manifest.
+    ``auth``'s signer, also store its signature of the manifest. ``windows``: the grace period and
+    delete window gc keeps (:mod:`buildctl.artifact_store.grace`).
 
     Publishing the same content as a quarantined artifact (a deterministic rebuild of a rotted
     one) yields the same artifact id; its bad blobs are then replaced from ``source``, whose
@@ -149,8 +147,8 @@ def publish_tree(
     # Touch every blob before relying on any, trust a blob found in the store only after looking
     # again a delete window later, and write the manifest within half the grace period of the
     # touches (buildctl.artifact_store.grace: what makes this safe next to garbage collection).
-    grace = grace_mod.DEFAULT_GRACE_S if grace_s is None else grace_s
-    window = grace_mod.DEFAULT_DELETE_WINDOW_S if delete_window_s is None else delete_window_s
+    grace, window = windows.seconds()
+    clock = time.monotonic
     if window >= grace / 4:
         raise StoreArgumentError(f"delete window {window:g}s must be under a quarter of the grace period {grace:g}s")
     uploaded: set[str] = set()
@@ -171,7 +169,7 @@ def publish_tree(
                 result.reused_repaired += _put_back(store, rotted, source, auth)
                 rotted.clear()
             if reused:
-                sleep(max(0.0, window - (clock() - touched)))
+                time.sleep(max(0.0, window - (clock() - touched)))
                 for item, (created, nbytes) in zip(reused, pool.map(upload, reused)):  # gone meanwhile: upload again
                     if created:
                         uploaded.add(item[0])

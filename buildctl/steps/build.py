@@ -34,6 +34,7 @@ from buildctl.steps.coverage import artifacts_for_key
 from buildctl.steps.context import Context, Say, quiet
 from buildctl.core.errors import BadInputError, BuildFailedError
 from buildctl.core.settings import Settings
+from buildctl.artifact_store.grace import GraceWindows
 from buildctl.artifact_store.backends.store import ProgressFn, Store
 from buildctl.artifact_store.errors import VerificationError
 from buildctl.artifact_store.layout import provenance_key
@@ -80,8 +81,7 @@ def import_engine(ctx: Context, engine_dir: str | Path, profile: BuildProfile,
     if model_digest is not None and not is_digest(model_digest):
         raise BadInputError(f"--model-digest {model_digest!r} is not an xxh3-128:<32 hex> digest")
     return publish_tree(ctx.store, engine_dir, manifest_draft(profile, fingerprint, model_digest=model_digest),
-                        on_bytes=on_bytes, auth=ctx.auth, grace_s=ctx.settings.gc_grace_s,
-                        delete_window_s=ctx.settings.gc_delete_window_s)
+                        on_bytes=on_bytes, auth=ctx.auth, windows=GraceWindows.from_settings(ctx.settings))
 
 
 # --- build with the build cache --------------------------------------------------------------
@@ -248,7 +248,7 @@ def publish(ctx: Context, built: BuiltEngine, *, say: Say = quiet) -> PublishRes
     facts = build_facts(ctx, built, draft)  # before publishing: a checkpoint changed meanwhile publishes nothing
     t0 = time.monotonic()
     pub = publish_tree(ctx.store, built.engine_dir, draft, build_log=built.log_path, auth=ctx.auth,
-                       grace_s=ctx.settings.gc_grace_s, delete_window_s=ctx.settings.gc_delete_window_s)
+                       windows=GraceWindows.from_settings(ctx.settings))
     secs = max(time.monotonic() - t0, 1e-6)
     say(f"published {pub.artifact_id}: {len(pub.manifest.files)} files, {pub.manifest.total_size / 1e6:.1f} MB, "
         f"{pub.uploaded_bytes / 1e6:.1f} MB uploaded in {secs:.1f} s ({pub.uploaded_bytes / 1e6 / secs:.1f} MB/s; "

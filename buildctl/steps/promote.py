@@ -11,7 +11,7 @@ from buildctl.steps.context import Context
 from buildctl.core.errors import BuildctlError
 from buildctl.core.settings import Settings
 from buildctl.artifact_store.backends.store import Store
-from buildctl.artifact_store.channels import ChannelRecord
+from buildctl.artifact_store.channels import ChannelMove, ChannelRecord
 from buildctl.artifact_store import promotion
 from buildctl.artifact_store.promotion import PROTECTED_CHANNELS
 from buildctl.artifact_store.errors import StoreArgumentError, UnknownChannelError
@@ -49,8 +49,9 @@ def promote(ctx: Context, artifact_ref: str, channel: str, *, force: bool = Fals
                                                and _schema_of(ctx.store, manifest.rehashed_from) < 2)
     wanted = (expected_inputs(ctx.settings, manifest)
               if ctx.settings.require_provenance and channel in PROTECTED_CHANNELS and not predates else None)
-    return promotion.promote(ctx.store, artifact_ref, channel, auth=ctx.auth, force=force, reason=reason,
-                             rollout=rollout, compat_key=key if key != manifest.compat_key else None,
+    move = ChannelMove(reason=reason, forced=force, rollout=rollout,
+                       compat_key=key if key != manifest.compat_key else None)
+    return promotion.promote(ctx.store, artifact_ref, channel, auth=ctx.auth, move=move,
                              trust_verify_within_s=trust_verify_within_s, provenance=wanted)
 
 

@@ -30,6 +30,9 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Iterable
 
+from pydantic import Field
+
+from buildctl.core.records import Record
 from buildctl.steps.context import Context
 from buildctl.steps.node_index import node_fingerprint
 from buildctl.steps.node_index import index_built, scope_nodes, state_of, status_states
@@ -178,15 +181,24 @@ def decide_statuses(rec: ChannelRecord, status: dict[str, str], now: datetime) -
 ROLLOUT_STEPS = ("advance", "complete", "pause", "resume", "halt", "abort")
 
 
+class StepBasis(Record):
+    """What a rollout step was decided on (the tick's, for :func:`rollout_step`)."""
+
+    expect_seq: int | None = Field(None, description="the record the decision was made on (None: the current one)")
+    failed_nodes: tuple[str, ...] = Field((), description="a halt: the wave's failed nodes, recorded")
+    summary: WaveSummary | None = Field(None, description="the tick's count of the wave it decided on")
+
+
 def rollout_step(store: Store, profile: str, channel: str, compat_key: str, step: str, *,
-                 auth: Authority = Authority(), expect_seq: int | None = None, reason: str | None = None,
-                 failed_nodes: tuple[str, ...] = (), summary: WaveSummary | None = None) -> ChannelRecord:
+                 auth: Authority = Authority(), reason: str | None = None,
+                 basis: StepBasis = StepBasis()) -> ChannelRecord:
     """Move a live rollout on: ``advance`` to the next wave, ``complete`` it (every node has the
     new artifact), ``pause``/``resume`` it, or ``halt`` (failures over budget) / ``abort`` (an
-    operator) it, which points the channel back at the rollout's base artifact. ``expect_seq``:
+    operator) it, which points the channel back at the rollout's base artifact. ``basis.expect_seq``:
     the record the decision was made on; if the channel moved since, :class:`CasConflictError`
-    (decide again on the new record). ``summary``: the tick's count of the wave it decided on,
-    appended to the rollout's ``summaries`` in the record written."""
+    (decide again on the new record). ``basis.summary``: the tick's count of the wave it decided on,
+    appended to the rollout's ``summaries`` in the record written; ``basis.failed_nodes``: a halt's."""
+    expect_seq, failed_nodes, summary = basis.expect_seq, basis.failed_nodes, basis.summary
     if step not in ROLLOUT_STEPS:
         raise StoreArgumentError(f"unknown rollout step {step!r}: one of {', '.join(ROLLOUT_STEPS)}")
 
@@ -358,8 +370,8 @@ def tick(ctx: Context, *, channel: str, profile: str | None = None, now: datetim
                                   allowed=cur.allowed)
             try:
                 v.applied = rollout_step(store, rec.profile, rec.channel, rec.compat_key, v.decision, auth=ctx.auth,
-                                         expect_seq=rec.seq, reason=f"rollout-channel: {v.why}", failed_nodes=failed,
-                                         summary=summary)
+                                         reason=f"rollout-channel: {v.why}",
+                                         basis=StepBasis(expect_seq=rec.seq, failed_nodes=failed, summary=summary))
             except CasConflictError:
                 v.why += " (the channel moved meanwhile; decided again next time)"
         out.append(v)

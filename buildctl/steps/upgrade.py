@@ -29,7 +29,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Literal
 
-from buildctl.artifact_store.channels import ChannelRecord, all_channel_records, read_channel, set_channel
+from buildctl.artifact_store.channels import ChannelMove, ChannelRecord, all_channel_records, read_channel, set_channel
 from buildctl.artifact_store.errors import ChannelNotFoundError
 from buildctl.artifact_store.fleet.inventory import NodeRecord, read_inventory, read_node
 from buildctl.artifact_store.node.pull import resolve_channel
@@ -310,8 +310,8 @@ def migrate_keys(ctx: Context, *, apply: bool = False, say: Say = quiet) -> list
             move.action, move.detail = "skipped", "a rollout is live on the old key: finish or abort it first"
         elif apply:
             written = set_channel(store, rec.artifact_id, manifest, channel, auth=ctx.auth,
-                                  reason=f"migrate-keys: from schema-1 key {old} (#{rec.seq})",
-                                  action="migrate-keys", compat_key=new, migrated_from=old)
+                                  move=ChannelMove(action="migrate-keys", compat_key=new, migrated_from=old,
+                                                   reason=f"migrate-keys: from schema-1 key {old} (#{rec.seq})"))
             move.seq = written.seq
             say(f"{profile}/{channel}: {old} -> {new} (#{written.seq}, {rec.artifact_id})")
         moves.append(move)

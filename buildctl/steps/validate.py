@@ -31,16 +31,16 @@ def validate(ctx: Context, artifact_ref: str, *, profile_path: str | Path | None
     model first. A failing verdict raises ``ValidationFailedError`` after the attestation is written
     (``ValidationInconclusiveError`` when the speed gate could not decide within its budget, which
     ``speed_budget`` scales)."""
-    from buildctl.validators.validate import run_validation
+    from buildctl.validators.validate import ValidationPlan, run_validation
 
     settings, store = ctx.settings, ctx.store
     artifact_id = resolve_artifact(store, artifact_ref)
     manifest = get_manifest(store, artifact_id)
     profile = find_profile(settings, manifest.profile_name, manifest.profile_hash, profile_path)
-    return run_validation(settings, store, artifact_id, profile=profile, model_dir=resolve_model(settings, profile),
-                          prompts_file=prompts_file, fingerprint=ctx.fingerprint,
-                          reference=reference, wrap_candidate=wrap_candidate, auth=ctx.auth,
-                          speed_budget=speed_budget, say=say)
+    plan = ValidationPlan(artifact_id=artifact_id, profile=profile, model_dir=resolve_model(settings, profile),
+                          fingerprint=ctx.fingerprint, prompts_file=prompts_file, speed_budget=speed_budget)
+    return run_validation(settings, store, plan, auth=ctx.auth, reference=reference, wrap_candidate=wrap_candidate,
+                          say=say)
 
 
 def passing_attestation(store: Store, artifact_id: str, compat_key: str) -> StoredAttestation | None:

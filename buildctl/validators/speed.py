@@ -271,11 +271,13 @@ def _pairs(candidate: Runner, reference: Runner, prompts: list[list[int]], gate:
 
 
 def measure(candidate: Runner, reference: Runner, gate: SpeedGate, prompts: list[list[int]], *,
-            candidate_gpus: int = 1, reference_gpus: int = 1, budget_scale: float = 1.0,
+            gpus: tuple[int, int] = (1, 1), budget_scale: float = 1.0,
             on_progress: Callable[[str], None] | None = None,
             clock: Callable[[], float] = time.monotonic) -> SpeedReport:
     """Measure every level with paired repetitions, adding repetitions while a level is
-    inconclusive and the budget (``max_repetitions``, ``max_seconds``, times ``budget_scale``) lasts."""
+    inconclusive and the budget (``max_repetitions``, ``max_seconds``, times ``budget_scale``) lasts.
+    ``gpus``: the candidate's and the reference's GPU counts (per-GPU throughput compares them)."""
+    candidate_gpus, reference_gpus = gpus
     max_reps = max(gate.repetitions, math.ceil(gate.max_repetitions * budget_scale))
     max_seconds = gate.max_seconds * budget_scale
     probe = NoiseProbe.start()

@@ -21,12 +21,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from pydantic import Field
+
 import buildctl
 from buildctl.engines.backend import Runner
 from buildctl.engines.fingerprint import Fingerprint
 from buildctl.engines.profile import BuildProfile
 from buildctl.engines.registry import get_backend
 from buildctl.engines.threads import intra_op_threads
+from buildctl.core.records import Record
 from buildctl.core.settings import Settings
 from buildctl.core.stats import combine
 from buildctl.artifact_store.trust.attestations import ATTESTATION_SCHEMA, Attestation, write_attestation
@@ -64,28 +67,31 @@ class ValidationResult:
         return self.attestation.passed
 
 
-def run_validation(
-    settings: Settings,
-    store: Store,
-    artifact_id: str,
-    *,
-    profile: BuildProfile,
-    model_dir: Path,
-    fingerprint: Fingerprint,
-    prompts_file: str | Path | None = None,
-    reference: Runner | None = None,
-    wrap_candidate: Callable[[Runner], Runner] | None = None,
-    auth: Authority = Authority(),
-    speed_budget: float = 1.0,
-    say: Callable[[str], None] = lambda _: None,
-) -> ValidationResult:
-    """Validate one artifact on this host (``fingerprint``) against the vLLM reference on
-    ``model_dir`` and store the attestation. ``reference`` lets a caller
-    reuse a running vLLM runner (tests, long-lived validators); ``wrap_candidate`` is a hook for
-    fault injection; ``auth`` signs the attestation (and any quarantine); ``speed_budget`` scales the speed gate's repetition and time budget."""
+class ValidationPlan(Record):
+    """What one validation checks: an artifact, the profile and checkpoint it was built from, on
+    which host (its fingerprint), with which extra prompts and speed budget."""
+
+    artifact_id: str = Field(..., description="the artifact validated")
+    profile: BuildProfile = Field(..., description="its build profile (the gates and the reference)")
+    model_dir: Path = Field(..., description="the checkpoint it was built from (the reference serves it)")
+    fingerprint: Fingerprint = Field(..., description="this host: the attestation's compat key and soft values")
+    prompts_file: str | Path | None = Field(None, description="extra prompts, beside the profile's own")
+    speed_budget: float = Field(1.0, gt=0, description="scales the speed gate's repetition and time budget")
+
+
+def run_validation(settings: Settings, store: Store, plan: ValidationPlan, *, auth: Authority = Authority(),
+                   reference: Runner | None = None, wrap_candidate: Callable[[Runner], Runner] | None = None,
+                   say: Callable[[str], None] = lambda _: None) -> ValidationResult:
+    """Validate ``plan.artifact_id`` on this host (``plan.fingerprint``) against the vLLM reference on
+    ``plan.model_dir`` and store the attestation. ``reference`` lets a caller reuse a running vLLM
+    runner (tests, long-lived validators); ``wrap_candidate`` is a hook for fault injection; ``auth``
+    signs the attestation (and any quarantine); ``plan.speed_budget`` scales the speed gate's
+    repetition and time budget."""
+    artifact_id, profile, model_dir = plan.artifact_id, plan.profile, plan.model_dir
+    prompts_file, speed_budget = plan.prompts_file, plan.speed_budget
     t0 = time.monotonic()
     manifest = get_manifest(store, artifact_id)
-    fp = fingerprint
+    fp = plan.fingerprint
     digest = tree_digest(model_dir)
     if manifest.model_digest is not None and manifest.model_digest != digest:
         raise ModelMismatchError(artifact_id, manifest.model_digest, digest)
@@ -143,9 +149,9 @@ def run_validation(
             say(f"speed: concurrency {list(v.speed.concurrency)}, {v.speed.num_prompts} requests, "
                 f"{v.speed.input_len} in / {v.speed.output_len} out, {v.speed.repetitions} paired repetitions "
                 f"(up to {v.speed.max_repetitions} x {speed_budget:g} while inconclusive)")
-            speed = measure(candidate, reference, v.speed, workload, candidate_gpus=profile.engine.world_size,
-                            reference_gpus=profile.reference.tensor_parallel_size, budget_scale=speed_budget,
-                            on_progress=say)
+            speed = measure(candidate, reference, v.speed, workload,
+                            gpus=(profile.engine.world_size, profile.reference.tensor_parallel_size),
+                            budget_scale=speed_budget, on_progress=say)
         parity_passed = parity.passed and all(r.passed for r in staggered.values())
         reasons = parity.reasons() + [f"concurrency {c} (staggered): {r}" for c, rep in staggered.items()
                                       for r in rep.reasons()] + speed.reasons()

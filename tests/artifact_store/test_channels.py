@@ -16,6 +16,8 @@ from buildctl.artifact_store.publish import publish_tree
 from buildctl.artifact_store.read import get_manifest
 from buildctl.artifact_store.backends.store import open_store
 from buildctl.artifact_store.channels import (
+    CasRetry,
+    ChannelMove,
     ChannelRecord,
     checked_history,
     move_channel,
@@ -26,7 +28,7 @@ from buildctl.artifact_store.channels import (
 )
 from buildctl.core.times import parse_utc
 from buildctl.artifact_store.promotion import rollback
-from buildctl.steps.rollouts import rollout_step
+from buildctl.steps.rollouts import StepBasis, rollout_step
 from buildctl.artifact_store.errors import (
     ArtifactNotFoundError,
     CasConflictError,
@@ -85,7 +87,7 @@ def test_a_record_names_the_verify_window_only_with_the_verify_it_relied_on(env)
     auth = Authority(who="ci", verify_window_s=60)
     plain = set_channel(store, a, m, "prod", auth=auth)
     assert (plain.verified_at, plain.verify_window_s) == (None, None)
-    checked = set_channel(store, b, m, "prod", auth=auth, verified_at="2026-01-01T00:00:00.000000Z")
+    checked = set_channel(store, b, m, "prod", auth=auth, move=ChannelMove(verified_at="2026-01-01T00:00:00.000000Z"))
     assert (checked.verified_at, checked.verify_window_s) == ("2026-01-01T00:00:00.000000Z", 60)
 
 
@@ -129,15 +131,17 @@ def test_lost_swaps_are_retried_with_growing_jittered_waits(env, monkeypatch):
 
     monkeypatch.setattr(channels_mod.random, "uniform", uniform)
     waits: list[float] = []
-    rec = move_channel(Contended(store, 8), P, "prod", compat, lambda cur: fields(a), sleep=waits.append)
+    rec = move_channel(Contended(store, 8), P, "prod", compat, lambda cur: fields(a),
+                       retry=CasRetry(sleep=waits.append))
     assert rec.seq == 1 and len(waits) == 8
     expected = [0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.0]  # full jitter up to 10 ms x 2^attempt, capped at 1 s
     assert ranges == [(0, w) for w in expected] and waits == expected
     with pytest.raises(CasConflictError) as exc:
-        move_channel(Contended(store, 100), P, "prod", compat, lambda cur: fields(a), sleep=waits.append)
+        move_channel(Contended(store, 100), P, "prod", compat, lambda cur: fields(a),
+                     retry=CasRetry(sleep=waits.append))
     assert exc.value.attempts == 30  # the default
     with pytest.raises(CasConflictError) as exc:
-        set_channel(Contended(store, 100), a, m, "staging", sleep=waits.append)
+        set_channel(Contended(store, 100), a, m, "staging", retry=CasRetry(sleep=waits.append))
     assert exc.value.attempts == 30
 
 
@@ -163,7 +167,8 @@ def test_two_of_n_waits_pending_then_moves_with_the_second_signature(env):
     store, (a, b, _), m, compat = env
     k1, k2, k3 = make_signer(), make_signer(), make_signer()
     trusted = promoters(k1, k2, k3)
-    set_channel(store, a, m, "prod", action="rollback", auth=Authority(signer=k1, trusted=trusted))  # a first record, 1 signature
+    set_channel(store, a, m, "prod", auth=Authority(signer=k1, trusted=trusted),
+                move=ChannelMove(action="rollback"))  # a first record, 1 signature
     with pytest.raises(StoreArgumentError, match="needs 2 promoter signatures"):
         set_channel(store, b, m, "prod", auth=Authority(trusted=trusted))
     pend = set_channel(store, b, m, "prod", auth=Authority(signer=k1, trusted=trusted))
@@ -181,7 +186,7 @@ def test_a_different_proposal_replaces_the_pending_one(env):
     store, (a, b, c), m, compat = env
     k1, k2 = make_signer(), make_signer()
     trusted = promoters(k1, k2)
-    set_channel(store, a, m, "prod", action="rollback", auth=Authority(signer=k1, trusted=trusted))
+    set_channel(store, a, m, "prod", auth=Authority(signer=k1, trusted=trusted), move=ChannelMove(action="rollback"))
     set_channel(store, b, m, "prod", auth=Authority(signer=k1, trusted=trusted))
     other = set_channel(store, c, m, "prod", auth=Authority(signer=k2, trusted=trusted))
     assert other.artifact_id == c and other.signers(trusted) == {k2.key_id}
@@ -199,17 +204,17 @@ def start_rollout(env, waves="1,50,100", failures=None):
     store, (a, b, _), m, compat = env
     set_channel(store, a, m, "prod")
     plan = RolloutPlan(waves=parse_waves(waves, failures), bake_s=60)
-    return set_channel(store, b, m, "prod", rollout=plan)
+    return set_channel(store, b, m, "prod", move=ChannelMove(rollout=plan))
 
 
 def test_a_rollout_needs_a_base_and_a_new_artifact(env):
     store, (a, *_), m, _ = env
     plan = RolloutPlan(waves=parse_waves("10,100", None), bake_s=0)
     with pytest.raises(StoreArgumentError, match="no artifact yet"):
-        set_channel(store, a, m, "prod", rollout=plan)
+        set_channel(store, a, m, "prod", move=ChannelMove(rollout=plan))
     set_channel(store, a, m, "prod")
     with pytest.raises(StoreArgumentError, match="nothing to roll out"):
-        set_channel(store, a, m, "prod", rollout=plan)
+        set_channel(store, a, m, "prod", move=ChannelMove(rollout=plan))
 
 
 def test_rollout_steps_advance_then_complete(env):
@@ -244,9 +249,10 @@ def test_pause_resume_and_halt_back_to_the_base(env):
     resumed = rollout_step(store, P, "prod", compat, "resume")
     assert resumed.rollout.state == "active" and rollout_step(store, P, "prod", compat, "resume") == resumed
     with pytest.raises(CasConflictError) as exc:
-        rollout_step(store, P, "prod", compat, "halt", expect_seq=rec.seq)  # decided on an older record
+        rollout_step(store, P, "prod", compat, "halt", basis=StepBasis(expect_seq=rec.seq))  # decided on an older record
     assert exc.value.attempts == 1  # not retried: the decision must be made again
-    halted = rollout_step(store, P, "prod", compat, "halt", expect_seq=resumed.seq, failed_nodes=("n1",))
+    halted = rollout_step(store, P, "prod", compat, "halt",
+                          basis=StepBasis(expect_seq=resumed.seq, failed_nodes=("n1",)))
     assert (halted.artifact_id, halted.previous, halted.action) == (a, b, "rollback")
     assert halted.rollout.state == "halted" and halted.rollout.failed_nodes == ("n1",)
     assert halted.reason == "rollout halted"
@@ -257,7 +263,8 @@ def test_abort_and_a_rollback_end_a_rollout(env):
     start_rollout(env)
     aborted = rollout_step(store, P, "prod", compat, "abort")
     assert aborted.rollout.state == "aborted" and aborted.artifact_id == a
-    rec = set_channel(store, b, m, "prod", rollout=RolloutPlan(waves=parse_waves("10,100", None), bake_s=0))
+    rec = set_channel(store, b, m, "prod",
+                      move=ChannelMove(rollout=RolloutPlan(waves=parse_waves("10,100", None), bake_s=0)))
     back = rollback(store, P, "prod", to=a, reason="bad canary")
     assert back.rollout.state == "aborted" and back.artifact_id == a and back.seq == rec.seq + 1
 
@@ -289,7 +296,7 @@ def test_rollback_to_the_previous_artifact_or_a_named_one(env):
 def test_resign_rewrites_the_current_record_only(env):
     store, (a, b, _), m, compat = env
     k = make_signer()
-    rec = set_channel(store, a, m, "prod", reason="first", auth=Authority(signer=k, ttl_s=60))
+    rec = set_channel(store, a, m, "prod", auth=Authority(signer=k, ttl_s=60), move=ChannelMove(reason="first"))
     again = resign(store, rec, auth=Authority(who="timer", signer=k, ttl_s=7200))
     assert (again.seq, again.artifact_id, again.action, again.previous) == (2, a, "resign", rec.previous)
     assert again.reason == "re-signed #1 before it expires" and parse_utc(again.expires) > parse_utc(rec.expires)
@@ -359,9 +366,9 @@ def test_promote_refuses_a_pass_whose_figures_fail_and_records_force_only_when_i
     with pytest.raises(PromotionRefusedError) as exc:
         promote(store, staged(store, b), "prod")
     assert any("says pass but its recorded figures give fail: " in r for r in exc.value.reasons)
-    plain = promote(store, staged(store, a), "prod", force=True, reason="nothing to override")
+    plain = promote(store, staged(store, a), "prod", move=ChannelMove(forced=True, reason="nothing to override"))
     assert plain.forced is False  # the gates passed: nothing was forced
-    forced = promote(store, staged(store, b), "prod", force=True, reason="known slow; hotfix")
+    forced = promote(store, staged(store, b), "prod", move=ChannelMove(forced=True, reason="known slow; hotfix"))
     assert forced.forced is True and forced.reason == "known slow; hotfix"
 
 
@@ -382,7 +389,7 @@ def test_a_co_signature_that_races_another_is_merged_not_lost(env):
     store, (a, b, _), m, compat = env
     k1, k2 = make_signer(), make_signer()
     trusted = promoters(k1, k2)
-    set_channel(store, a, m, "prod", action="rollback", auth=Authority(signer=k1, trusted=trusted))
+    set_channel(store, a, m, "prod", auth=Authority(signer=k1, trusted=trusted), move=ChannelMove(action="rollback"))
 
     class Racing:
         def __init__(self) -> None:
@@ -436,7 +443,7 @@ def test_channel_lookups_defaults_and_record_rules(env):
     with pytest.raises(ValidationError):
         ChannelRecord.model_validate(rec.model_dump() | {"seq": 0})  # sequences start at 1
     with pytest.raises(StoreArgumentError, match="--force needs --reason"):
-        promote(store, staged(store, b), "prod", force=True)
+        promote(store, staged(store, b), "prod", move=ChannelMove(forced=True))
 
 
 def test_promote_retries_30_times_by_default(env, monkeypatch):
@@ -714,7 +721,7 @@ def test_history_reads_every_key_past_a_malformed_ref(two_keys):
     store, (a0, a1, _), b, compat = two_keys
     other = "aoti-" + "b" * 32
     set_channel(store, a0, get_manifest(store, a0), "prod", auth=Authority(who="ci"))
-    set_channel(store, b, get_manifest(store, b), "prod", compat_key=other, auth=Authority(who="ci"))
+    set_channel(store, b, get_manifest(store, b), "prod", auth=Authority(who="ci"), move=ChannelMove(compat_key=other))
     set_channel(store, a1, get_manifest(store, a1), "prod", auth=Authority(who="ci"))
     keys = sorted([compat, other])
     bad, good = keys[0], keys[1]
@@ -757,7 +764,8 @@ def test_a_history_limit_counts_per_compat_key(two_keys):
         set_channel(store, a, get_manifest(store, a), "prod", auth=Authority(who="ci"))
     store, (a0, a1, a2), b, compat = two_keys
     for x in (b, a2):  # two records under the other key too (set_channel takes the key it is given)
-        set_channel(store, x, get_manifest(store, x), "prod", compat_key=other, auth=Authority(who="ci"))
+        set_channel(store, x, get_manifest(store, x), "prod", auth=Authority(who="ci"),
+                    move=ChannelMove(compat_key=other))
     got = sorted((r.compat_key, r.seq) for r in history(store, P, "prod", None, limit=1))
     assert got == sorted([(compat, 2), (other, 2)])
     got = sorted((r.compat_key, r.seq) for r in history(store, P, "prod", None, limit=2))

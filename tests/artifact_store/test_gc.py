@@ -8,6 +8,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from buildctl.artifact_store.promotion import promote, rollback
+from buildctl.artifact_store.grace import GraceWindows
 from buildctl.artifact_store.publish import ManifestDraft, publish_tree
 from buildctl.artifact_store.read import get_manifest, verify
 from buildctl.core.times import utc_now
@@ -138,13 +139,14 @@ def test_gc_between_a_publish_checking_a_blob_and_writing_its_manifest(store, tm
 
     big = f"A's engine {nth} {grace_s}, reused by B ".encode() * 4000
     a = publish_tree(store, make_tree(tmp_path / "a", {"rank0.engine": big, "a.json": b"a"}), draft_for("k"),
-                         grace_s=1.0).artifact_id
+                     windows=GraceWindows(grace_s=1.0)).artifact_id
     digest = next(f.digest for f in get_manifest(store, a).files if f.path == "rank0.engine")
     time.sleep(1.1)  # A is older than the 1 s grace, and so is its touch
     ran = []
     racing = RaceStore(store, blob_key(digest), nth,
                        lambda: ran.append(gc(store, GcPolicy(keep=0, keep_history=0, grace_s=grace_s))))
-    b = publish_tree(racing, make_tree(tmp_path / "b", {"rank0.engine": big}), draft_for("k"), grace_s=1.0)
+    b = publish_tree(racing, make_tree(tmp_path / "b", {"rank0.engine": big}), draft_for("k"),
+                     windows=GraceWindows(grace_s=1.0))
     (g,) = ran
     assert g.removed_artifacts == [a]  # A went either way
     if whole:

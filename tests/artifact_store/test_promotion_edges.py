@@ -9,7 +9,7 @@ import pytest
 from buildctl.artifact_store.read import get_manifest
 from buildctl.artifact_store.trust.attestations import Attestation, write_attestation as write_att
 from buildctl.artifact_store.trust.authority import Authority
-from buildctl.artifact_store.channels import set_channel
+from buildctl.artifact_store.channels import ChannelMove, set_channel
 from buildctl.artifact_store.errors import StoreArgumentError
 from buildctl.artifact_store.promotion import next_channel, promotion_refusals, rollback
 
@@ -61,7 +61,7 @@ def test_a_rehashed_manifest_borrows_only_its_predecessors_attestation_for_the_s
 def test_a_rollback_on_a_channel_with_several_compat_keys_needs_one_named(store, tmp_path, draft):
     a, b = _one(store, tmp_path, draft, name="a"), _one(store, tmp_path, draft, name="b")
     for aid, key in ((a, draft.compat_key), (b, "trtllm-" + "1" * 32)):
-        set_channel(store, aid, get_manifest(store, aid), "staging", compat_key=key)
+        set_channel(store, aid, get_manifest(store, aid), "staging", move=ChannelMove(compat_key=key))
     with pytest.raises(StoreArgumentError, match="has refs for 2 compat keys; pass --compat-key"):
         rollback(store, draft.profile_name, "staging")
 
@@ -86,7 +86,7 @@ def test_prod_takes_only_the_artifact_that_was_on_staging_under_either_key(store
     set_channel(store, y, get_manifest(store, y), "staging")
     assert "it was never on 'staging'" in staging_refusal(store, x, mx, "prod")
     other = "aoti-" + "7" * 32
-    set_channel(store, x, mx, "staging", compat_key=other)
+    set_channel(store, x, mx, "staging", move=ChannelMove(compat_key=other))
     assert staging_refusal(store, x, mx, "prod", compat_key=other) is None
     assert "it was never on 'staging'" in staging_refusal(store, x, mx, "prod")  # not under its own key
 

@@ -24,11 +24,11 @@ from .conftest import kill_at_random_point, scale
 PULLER = r"""
 import sys
 from buildctl.artifact_store.backends.store import open_store
-from buildctl.artifact_store.node.install_dir import install_artifact
+from buildctl.artifact_store.node.install_dir import InstallOptions, install_artifact
 store = open_store(sys.argv[1])
 print("ready", flush=True)
 sys.stdin.readline()
-install_artifact(store, sys.argv[2], sys.argv[3], workers=1)
+install_artifact(store, sys.argv[2], sys.argv[3], options=InstallOptions(workers=1))
 """
 
 
@@ -82,7 +82,7 @@ def test_disk_full_during_pull(tmp_path, two_versions, record_fault):
 import resource, sys
 resource.setrlimit(resource.RLIMIT_FSIZE, (1_000_000, 1_000_000))
 from buildctl.artifact_store.backends.store import open_store
-from buildctl.artifact_store.node.install_dir import install_artifact
+from buildctl.artifact_store.node.install_dir import InstallOptions, install_artifact
 from buildctl.artifact_store.errors import InstallError
 try:
     install_artifact(open_store(sys.argv[1]), sys.argv[2], sys.argv[3])

@@ -11,6 +11,7 @@ import time
 import pytest
 
 from buildctl.artifact_store.channels import history
+from buildctl.artifact_store.grace import GraceWindows
 from buildctl.artifact_store.publish import ManifestDraft, lookup_build_key, publish_tree
 from buildctl.artifact_store.read import list_artifacts, verify
 from buildctl.artifact_store import errors as ops_errors
@@ -134,7 +135,8 @@ def test_sixteen_concurrent_promoters_over_rounds(store, store_uri, tmp_path, dr
 import sys
 from buildctl.artifact_store.backends.store import open_store
 from buildctl.artifact_store.promotion import promote
-promote(open_store(sys.argv[1]), sys.argv[2], "staging", attempts=400)
+from buildctl.artifact_store.channels import CasRetry
+promote(open_store(sys.argv[1]), sys.argv[2], "staging", retry=CasRetry(attempts=400))
 """
     for r in range(rounds):
         procs = [subprocess.Popen([sys.executable, "-c", promoter, store_uri, a], cwd=REPO, stderr=subprocess.PIPE,
@@ -155,12 +157,13 @@ RACE_PUBLISH = r"""
 import sys
 from buildctl.artifact_store.backends.store import open_store
 from buildctl.artifact_store.publish import ManifestDraft, publish_tree
+from buildctl.artifact_store.grace import GraceWindows
 store = open_store(sys.argv[1])
 draft = ManifestDraft(profile_name="p", profile_hash="xxh3-128:" + "1" * 32, backend="aoti",
                       compat_key="aoti-x", fingerprint={})
 print("ready", flush=True)
 sys.stdin.readline()
-publish_tree(store, sys.argv[2], draft, grace_s=float(sys.argv[3]), delete_window_s=float(sys.argv[4]))
+publish_tree(store, sys.argv[2], draft, windows=GraceWindows(grace_s=float(sys.argv[3]), delete_window_s=float(sys.argv[4])))
 print("done", flush=True)
 """
 
@@ -197,7 +200,7 @@ def test_publish_and_gc_killed_concurrently_leave_no_broken_artifact(store, stor
     for i in range(runs):
         big = rng.randbytes(1_000_000)
         publish_tree(store, make_tree(tmp_path / f"a{i}", {"rank0.engine": big, "a.json": f"a{i}".encode()}), draft,
-                         grace_s=grace, delete_window_s=window)
+                     windows=GraceWindows(grace_s=grace, delete_window_s=window))
         time.sleep(grace + 0.1)  # A and its touches are past the grace: gc may take A and its blob
         reused += store.stat(blob_key(digest_bytes(big))) is not None
         tree = make_tree(tmp_path / f"b{i}", {"rank0.engine": big, "b.json": f"b{i}".encode()})

@@ -18,6 +18,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 import yaml
 
+from buildctl.artifact_store.channels import ChannelMove
 from buildctl.flows.alerts import FLOW_NAMES, alerts
 
 from ..support.helpers import REPO, staged
@@ -113,7 +114,8 @@ def test_a_failed_build_a_corruption_and_a_halted_rollout_each_page_once_with_th
             fleet = Fleet(store2, tmp_path, 10)
             promote(store2, staged(store2, v1), "prod")
             fleet.pull_all()
-            promote(store2, staged(store2, bad), "prod", rollout=RolloutPlan(waves=parse_waves("30,100", "0"), bake_s=0))
+            promote(store2, staged(store2, bad), "prod",
+                    move=ChannelMove(rollout=RolloutPlan(waves=parse_waves("30,100", "0"), bake_s=0)))
             fleet.pull_all()
             rollout = rollout_channel(channel="prod", store=store2.uri, return_state=True)
             (view,) = rollout.result()

@@ -10,7 +10,7 @@ import pytest
 import yaml
 from buildctl.artifact_store.backends.store import open_store
 from buildctl.artifact_store.read import get_manifest, list_artifacts
-from buildctl.artifact_store.channels import read_channel
+from buildctl.artifact_store.channels import ChannelMove, read_channel
 
 from ..support.helpers import REPO, settings, staged
 
@@ -352,7 +352,8 @@ def test_rollout_channel_flow_takes_a_healthy_rollout_to_100_percent(prefect_api
     fleet = Fleet(store, tmp_path, 20)
     promote(store, staged(store, v1), "prod")
     fleet.pull_all()
-    promote(store, staged(store, v2), "prod", rollout=RolloutPlan(waves=parse_waves("5,30,100", "0"), bake_s=0))
+    promote(store, staged(store, v2), "prod",
+            move=ChannelMove(rollout=RolloutPlan(waves=parse_waves("5,30,100", "0"), bake_s=0)))
     decisions, shares = [], []
     for _ in range(5):
         assert fleet.pull_all() == {}
@@ -371,7 +372,8 @@ def test_rollout_channel_flow_takes_a_healthy_rollout_to_100_percent(prefect_api
     assert table is not None and "complete" in str(table.data)
 
     bad = publish(store, tmp_path, "bad", draft, broken=True)
-    promote(store, staged(store, bad), "prod", rollout=RolloutPlan(waves=parse_waves("30,100", "0"), bake_s=0))
+    promote(store, staged(store, bad), "prod",
+            move=ChannelMove(rollout=RolloutPlan(waves=parse_waves("30,100", "0"), bake_s=0)))
     canaries = sorted(n for n in fleet.ids if wave_bucket(PROFILE, "prod", n) < 30)
     assert sorted(fleet.pull_all()) == canaries
     (view,) = rollout_channel(channel="prod", store=store.uri)
@@ -413,7 +415,8 @@ def test_rollout_channel_runs_every_five_minutes_only_while_a_rollout_is_live(pr
     fleet.pull_all()
     assert rollout_channel(channel="prod", store=store.uri) == []
     assert active() == {WHILE_ROLLING_OUT: False, "hourly-sweep": True}  # nothing live: quiet
-    promote(store, staged(store, v2), "prod", rollout=RolloutPlan(waves=parse_waves("50,100", "0"), bake_s=3600))
+    promote(store, staged(store, v2), "prod",
+            move=ChannelMove(rollout=RolloutPlan(waves=parse_waves("50,100", "0"), bake_s=3600)))
     rollout_channel(channel="prod", store=store.uri, profile=PROFILE)
     assert active()[WHILE_ROLLING_OUT] is False  # one profile's run does not know the others'
     (view,) = rollout_channel(channel="prod", store=store.uri)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from buildctl.artifact_store.backends.store import open_store
-from buildctl.artifact_store.channels import history
+from buildctl.artifact_store.channels import ChannelMove, history
 from buildctl.artifact_store.promotion import promote
 from buildctl.artifact_store.publish import publish_tree
 from buildctl.artifact_store.read import get_manifest, verify
@@ -375,7 +375,7 @@ def test_recovery_with_no_earlier_artifact_that_qualifies_rolls_nothing_back(sto
     from buildctl.steps.healing import recover_channels
 
     unvalidated = publish_files(store, tmp_path / "u", draft, {"rank0.engine": 1000}, seed=5, verdict=None)
-    promote(store, staged(store, unvalidated), "prod", force=True, reason="test: no attestation")
+    promote(store, staged(store, unvalidated), "prod", move=ChannelMove(forced=True, reason="test: no attestation"))
     only = published(store, tmp_path / "o", draft, seed=6)
     promote(store, staged(store, only), "prod")
     quarantine(store, only, "bad engine", auth=Authority(who="test"))
@@ -525,7 +525,7 @@ def test_recovery_passes_over_an_unvalidated_artifact_to_an_older_validated_one(
     validated = published(local, tmp_path / "v", draft, seed=1)
     promote(local, staged(local, validated), "prod")
     unvalidated = publish_files(local, tmp_path / "u", draft, {"rank0.engine": 1000}, seed=5, verdict=None)
-    promote(local, staged(local, unvalidated), "prod", force=True, reason="test: no attestation")
+    promote(local, staged(local, unvalidated), "prod", move=ChannelMove(forced=True, reason="test: no attestation"))
     newest = published(local, tmp_path / "n", draft, seed=3)
     promote(local, staged(local, newest), "prod")
     quarantine(local, newest, "bad engine", auth=Authority(who="test"))

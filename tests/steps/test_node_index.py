@@ -17,7 +17,7 @@ from buildctl.artifact_store.read import get_manifest
 from buildctl.steps import fleet
 from buildctl.steps import node_index
 from buildctl.steps import rollouts
-from buildctl.artifact_store.channels import read_channel
+from buildctl.artifact_store.channels import ChannelMove, read_channel
 from buildctl.artifact_store.gc import gc
 from buildctl.artifact_store.fleet.inventory import EngineState, read_node
 from buildctl.artifact_store.layout import NODE_INDEX, NODE_INDEX_META, NODES, PAIR_INDEX, node_key, scope_prefix, status_prefix
@@ -55,7 +55,8 @@ def rollout_in_flight(store, tmp_path, draft, n=40) -> tuple[Fleet, object, list
     nodes = Fleet(store, tmp_path, n)
     promote(store, staged(store, v1), "prod")
     nodes.pull_all()
-    rec = promote(store, staged(store, v2), "prod", rollout=RolloutPlan(waves=parse_waves("25,100", "0,5%"), bake_s=600))
+    rec = promote(store, staged(store, v2), "prod",
+                  move=ChannelMove(rollout=RolloutPlan(waves=parse_waves("25,100", "0,5%"), bake_s=600)))
     nodes.pull_all()
     late = [x for x in nodes.ids if wave_bucket(PROFILE, "prod", x) >= 25]
     return nodes, rec, late
@@ -65,7 +66,8 @@ def test_a_migrated_store_answers_every_fleet_command_the_same_and_the_rebuilt_i
         store, tmp_path, draft):
     profiles = {PROFILE: load_profile(PROFILES / f"{PROFILE}.yaml")}
     nodes, rec, late = rollout_in_flight(store, tmp_path, draft)
-    rollouts.rollout_step(store, PROFILE, "prod", draft.compat_key, "advance", expect_seq=rec.seq)
+    rollouts.rollout_step(store, PROFILE, "prod", draft.compat_key, "advance",
+                          basis=rollouts.StepBasis(expect_seq=rec.seq))
     for x in late[:2]:
         _fail_on_node(nodes, x)
     assert not node_index.index_built(store)
@@ -147,7 +149,8 @@ def test_fleet_commands_list_markers_instead_of_reading_each_node(store, tmp_pat
     with ThreadPoolExecutor(8) as pool:
         list(pool.map(report, range(N)))
     v2 = publish(store, tmp_path, "v2", draft)
-    promote(store, staged(store, v2), "prod", rollout=RolloutPlan(waves=parse_waves("10,100", "1%"), bake_s=0))
+    promote(store, staged(store, v2), "prod",
+            move=ChannelMove(rollout=RolloutPlan(waves=parse_waves("10,100", "1%"), bake_s=0)))
     counted = CountingStore(store)
     (v,) = rollouts.status(counted, PROFILE, "prod", draft.compat_key)
     assert v.waves[-1].nodes == N and v.waves[-1].pending == N

@@ -17,7 +17,7 @@ from buildctl.steps import rollouts
 from buildctl.engines.fingerprint import detect
 from buildctl.artifact_store.fleet.inventory import read_node
 from buildctl.steps import node_agent
-from buildctl.artifact_store.channels import history, read_channel
+from buildctl.artifact_store.channels import ChannelMove, history, read_channel
 from buildctl.artifact_store.errors import EngineUnhealthyError, RolloutInProgressError, RolloutStateError, StoreArgumentError
 from buildctl.artifact_store.node.install_dir import current_artifact, previous_artifact
 from buildctl.artifact_store.node.pull import pull
@@ -31,6 +31,11 @@ from buildctl.artifact_store.node.pull import resolve_channel
 PROFILE = "tiny-llama-cpu"
 # Fails on an engine that ships a file named BROKEN: the operator's health command, as a node runs it.
 HEALTH = 'test ! -e "$1/BROKEN"'
+
+
+def rollout_in(spec: str, canary: str | None, bake_s: int) -> ChannelMove:
+    """A promotion that starts a rollout in ``spec``'s waves."""
+    return ChannelMove(rollout=RolloutPlan(waves=parse_waves(spec, canary), bake_s=bake_s))
 
 
 def publish(store, tmp_path: Path, name: str, draft, broken: bool = False) -> str:
@@ -106,7 +111,7 @@ def test_canary_wave_gets_the_new_engine_and_the_rest_keep_the_old(store, tmp_pa
     promote(store, staged(store, v1), "prod")
     assert fleet.pull_all() == {} and set(fleet.current().values()) == {v1}
     plan = RolloutPlan(waves=parse_waves("20,100", "0"), bake_s=3600)
-    rec = promote(store, staged(store, v2), "prod", rollout=plan)
+    rec = promote(store, staged(store, v2), "prod", move=ChannelMove(rollout=plan))
     assert rec.rollout.base == v1 and rec.rollout.target == v2 and rec.artifact_id == v2 and rec.previous == v1
     canaries = {n for n in fleet.ids if wave_bucket(PROFILE, "prod", n) < 20}
     assert 0 < len(canaries) < len(fleet.ids)  # the node ids were chosen so that the wave splits them
@@ -150,7 +155,7 @@ def test_a_failing_canary_halts_the_rollout_and_rolls_the_channel_back(store, tm
     fleet = Fleet(store, tmp_path, 30)
     promote(store, staged(store, v1), "prod")
     fleet.pull_all()
-    rec = promote(store, staged(store, bad), "prod", rollout=RolloutPlan(waves=parse_waves("10,50,100", "0"), bake_s=0))
+    rec = promote(store, staged(store, bad), "prod", move=rollout_in("10,50,100", "0", 0))
     canaries = sorted(n for n in fleet.ids if wave_bucket(PROFILE, "prod", n) < 10)
     assert canaries
     failed = fleet.pull_all()
@@ -175,7 +180,7 @@ def test_decisions_wait_bake_advance_complete_and_halt_when_paused(store, tmp_pa
     v1, v2 = publish(store, tmp_path, "v1", draft), publish(store, tmp_path, "v2", draft)
     fleet = Fleet(store, tmp_path, 40)
     promote(store, staged(store, v1), "prod")
-    rec = promote(store, staged(store, v2), "prod", rollout=RolloutPlan(waves=parse_waves("25,100", "0,5%"), bake_s=600))
+    rec = promote(store, staged(store, v2), "prod", move=rollout_in("25,100", "0,5%", 600))
     fleet.pull_all()
     now = datetime.now(timezone.utc)
     assert rollouts.view(store, rec, now=now).decision == "wait"  # baking
@@ -250,7 +255,7 @@ def test_the_default_smoke_check_loads_a_real_engine_and_generates(tiny_build, t
     """Without --health-cmd the node loads the installed aoti engine and generates tokens; an
     engine whose package is damaged after install fails, and the node switches back."""
     store, aid = tiny_build["store"], tiny_build["outcome"].artifact_id
-    promote(store, aid, "smoke", force=True, reason="test channel")
+    promote(store, aid, "smoke", move=ChannelMove(forced=True, reason="test channel"))
     st = settings(store=store.uri)
     dest = tmp_path / "node"
     got = node_agent.pull(Context.from_settings(st, store=store), tiny_build['profile'].name, 'smoke', dest, PullOptions(node_id='cpu-node-1'))
@@ -265,7 +270,7 @@ def test_a_canary_that_refuses_a_rotted_target_counts_as_failed(store, tmp_path,
 
     v1, v2 = publish(store, tmp_path, "v1", draft), publish(store, tmp_path, "v2", draft)
     promote(store, staged(store, v1), "prod")
-    promote(store, staged(store, v2), "prod", rollout=RolloutPlan(waves=parse_waves("50,100", "0"), bake_s=0))
+    promote(store, staged(store, v2), "prod", move=rollout_in("50,100", "0", 0))
     canary = next(f"n{i}" for i in range(100) if wave_bucket(PROFILE, "prod", f"n{i}") < 50)
     rot(store, next(f.digest for f in get_manifest(store, v2).files if f.path == "rank0.engine"), "flip")
     code, _, err = cli("--store", store.uri, "pull", "--profile", PROFILE, "--channel", "prod", "--dest",
@@ -335,7 +340,7 @@ def test_a_views_labels_counts_and_json_are_exact(tmp_path, draft):
     store = open_store(f"file://{tmp_path / 'store'}")
     v1, v2 = publish(store, tmp_path, "v1", draft), publish(store, tmp_path, "v2", draft)
     promote(store, staged(store, v1), "prod")
-    rec = promote(store, staged(store, v2), "prod", rollout=RolloutPlan(waves=parse_waves("50,100", "1"), bake_s=600))
+    rec = promote(store, staged(store, v2), "prod", move=rollout_in("50,100", "1", 600))
     key = draft.compat_key
     ids = [f"n{i:03d}" for i in range(40)]
     first = [n for n in ids if wave_bucket(PROFILE, "prod", n) < 50]
@@ -377,9 +382,9 @@ def test_tick_decides_every_live_rollout_past_channels_without_one(tmp_path, dra
     store = open_store(f"file://{tmp_path / 'store'}")
     v1, v2 = publish(store, tmp_path, "v1", draft), publish(store, tmp_path, "v2", draft)
     m = get_manifest(store, v1)
-    set_channel(store, v1, m, "prod", compat_key="aaa-first")  # no rollout, sorts first
+    set_channel(store, v1, m, "prod", move=ChannelMove(compat_key="aaa-first"))  # no rollout, sorts first
     promote(store, staged(store, v1), "prod")
-    promote(store, staged(store, v2), "prod", rollout=RolloutPlan(waves=parse_waves("50,100", "0"), bake_s=0))
+    promote(store, staged(store, v2), "prod", move=rollout_in("50,100", "0", 0))
     views = rollouts.tick(Context.from_settings(settings(), store=store), channel="prod")
     assert [(v.record.compat_key, v.decision) for v in views] == [(draft.compat_key, "advance")]
 
@@ -396,7 +401,7 @@ def test_tick_keeps_each_decided_waves_count_in_the_record_it_writes(tmp_path, d
     store = open_store(f"file://{tmp_path / 'store'}")
     v1, v2 = publish(store, tmp_path, "v1", draft), publish(store, tmp_path, "v2", draft)
     promote(store, staged(store, v1), "prod")
-    rec = promote(store, staged(store, v2), "prod", rollout=RolloutPlan(waves=parse_waves("50,100", "1"), bake_s=0))
+    rec = promote(store, staged(store, v2), "prod", move=rollout_in("50,100", "1", 0))
     assert "summaries" not in rec.body()["rollout"]  # unset: left out of the signed bytes
     key = draft.compat_key
     ids = [f"n{i:03d}" for i in range(20)]
@@ -430,9 +435,10 @@ def test_control_acts_on_live_rollouts_only_and_names_the_key_it_was_given(tmp_p
 
     store = open_store(f"file://{tmp_path / 'store'}")
     v1, v2 = publish(store, tmp_path, "v1", draft), publish(store, tmp_path, "v2", draft)
-    set_channel(store, v1, get_manifest(store, v1), "prod", compat_key="aaa-plain")  # a ref without a rollout
+    set_channel(store, v1, get_manifest(store, v1), "prod",
+                move=ChannelMove(compat_key="aaa-plain"))  # a ref without a rollout
     promote(store, staged(store, v1), "prod")
-    promote(store, staged(store, v2), "prod", rollout=RolloutPlan(waves=parse_waves("50,100", "0"), bake_s=0))
+    promote(store, staged(store, v2), "prod", move=rollout_in("50,100", "0", 0))
     ctx = Context.from_settings(settings(), store=store)
     (paused,) = rollouts.control(ctx, "pause", PROFILE, "prod")
     assert paused.compat_key == draft.compat_key and paused.rollout.state == "paused"
@@ -461,7 +467,7 @@ def test_the_next_wave_named_is_the_next_one_and_baking_ends_exactly(tmp_path, d
     store = open_store(f"file://{tmp_path / 'store'}")
     v1, v2 = publish(store, tmp_path, "v1", draft), publish(store, tmp_path, "v2", draft)
     promote(store, staged(store, v1), "prod")
-    rec = promote(store, staged(store, v2), "prod", rollout=RolloutPlan(waves=parse_waves("10,50,100", "0"), bake_s=600))
+    rec = promote(store, staged(store, v2), "prod", move=rollout_in("10,50,100", "0", 600))
     started = datetime.fromisoformat(rec.rollout.wave_started_at.replace("Z", "+00:00"))
     almost = rollouts.decide(rec, [], started + timedelta(seconds=599.5))
     assert almost.decision == "wait" and almost.bake_left_s == pytest.approx(0.5)
@@ -479,7 +485,7 @@ def test_a_channel_that_moved_while_tick_decided_is_decided_again_next_time(tmp_
     store = open_store(f"file://{tmp_path / 'store'}")
     v1, v2 = publish(store, tmp_path, "v1", draft), publish(store, tmp_path, "v2", draft)
     promote(store, staged(store, v1), "prod")
-    promote(store, staged(store, v2), "prod", rollout=RolloutPlan(waves=parse_waves("50,100", "0"), bake_s=0))
+    promote(store, staged(store, v2), "prod", move=rollout_in("50,100", "0", 0))
 
     def moved(*a, **k):
         raise CasConflictError("channels/x", 1)

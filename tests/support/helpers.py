@@ -215,7 +215,7 @@ def staged(store, artifact_id: str, compat_key: str | None = None, *, builder=No
     ``builder``), so a test whose subject is neither the staging-first rule nor provenance can
     promote it to prod; returns the id. ``store``: a store, or its URI or directory."""
     from buildctl.artifact_store.backends.store import open_store
-    from buildctl.artifact_store.channels import set_channel
+    from buildctl.artifact_store.channels import ChannelMove, set_channel
     from buildctl.artifact_store.read import get_manifest
 
     if isinstance(store, (str, Path)):
@@ -223,7 +223,8 @@ def staged(store, artifact_id: str, compat_key: str | None = None, *, builder=No
 
     if provenance:
         write_build_provenance(store, artifact_id, signer=builder)
-    set_channel(store, artifact_id, get_manifest(store, artifact_id), "staging", compat_key=compat_key)
+    set_channel(store, artifact_id, get_manifest(store, artifact_id), "staging",
+                move=ChannelMove(compat_key=compat_key))
     return artifact_id
 
 

@@ -287,7 +287,7 @@ def test_every_reported_figure_of_a_side_by_hand():
     percentiles computed here by hand; the candidate ran on 2 GPUs."""
     gate = SpeedGate(min_throughput_ratio=1e-9, max_p99_ttft_ratio=None, concurrency=(1,), input_len=4, output_len=3,
                      num_prompts=5, repetitions=6, max_repetitions=6, max_seconds=1e6, warmup=0)
-    rep = measure(Ramp(), Ramp(), gate, [[1]] * 5, candidate_gpus=2)
+    rep = measure(Ramp(), Ramp(), gate, [[1]] * 5, gpus=(2, 1))
     side = rep.levels[0].to_json()["candidate"]
     assert side["ttft_p50_ms"] == pytest.approx(3.0) and side["ttft_p99_ms"] == pytest.approx(4.96)
     assert side["tpot_p50_ms"] == pytest.approx(0.3) and side["tpot_p99_ms"] == pytest.approx(0.496)

@@ -31,6 +31,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Callable, Iterator
 
+from pydantic import Field
+
+from buildctl.core.records import Record
 from buildctl.core.digest import digest_bytes, file_hasher, fsync_dir, hex_of
 from buildctl.artifact_store.backends.memo import manifest_bytes
 from buildctl.artifact_store.backends.store import ProgressFn, Store
@@ -223,39 +226,41 @@ def _sync_quietly(dest: Path) -> None:
         pass
 
 
-def install_artifact(
-    store: Store,
-    artifact_id: str,
-    dest: str | Path,
-    *,
-    preflight: Preflight | None = None,
-    keep: int = 2,
-    workers: int = 16,
-    range_slots: int | None = None,
-    on_bytes: ProgressFn | None = None,
-    bound: str | None = None,
-    require_crypto: bool = False,
-    record: ChannelRecord | None = None,
-) -> PullResult:
-    """Download, verify and atomically install one artifact as ``DIR/current``. ``workers`` files
-    at once; large files as parallel ranged reads, ``range_slots`` in flight over all of them.
-    ``bound``: the BLAKE3 of the manifest bytes the channel record signed (the bytes must have it);
-    ``require_crypto``: refuse a manifest without per-file BLAKE3, or no ``bound`` (the engine
-    already current is checked too, from the manifest bytes kept beside it). ``record``: the
-    channel record installed, whose seq this node remembers (:func:`record_installed`) before
-    ``current`` moves. A full or read-only disk anywhere before the swap is an
-    :class:`InstallError` (exit 12) with ``current`` as it was."""
+class InstallOptions(Record):
+    """How one artifact is installed (:func:`install_artifact`): the versions kept, how its bytes
+    are fetched, and what must bind its manifest's bytes."""
+
+    keep: int = Field(2, description="installed versions to keep (current and previous at least)")
+    workers: int = Field(16, description="files downloaded at once (0 or 1: one at a time)")
+    range_slots: int | None = Field(None, description="ranged reads in flight over all large files (None: the "
+                                    "reader's default)")
+    bound: str | None = Field(None, description="the BLAKE3 of the manifest bytes the channel record signed "
+                              "(the bytes must have it)")
+    require_crypto: bool = Field(False, description="refuse a manifest without per-file BLAKE3, or no bound")
+
+
+def install_artifact(store: Store, artifact_id: str, dest: str | Path, *, options: InstallOptions = InstallOptions(),
+                     preflight: Preflight | None = None, on_bytes: ProgressFn | None = None,
+                     record: ChannelRecord | None = None) -> PullResult:
+    """Download, verify and atomically install one artifact as ``DIR/current``. ``options``: the
+    versions kept; ``workers`` files at once, large files as parallel ranged reads, ``range_slots``
+    in flight over all of them; ``bound``, the BLAKE3 of the manifest bytes the channel record
+    signed (the bytes must have it); ``require_crypto``: refuse a manifest without per-file BLAKE3,
+    or no ``bound`` (the engine already current is checked too, from the manifest bytes kept beside
+    it). ``record``: the channel record installed, whose seq this node remembers
+    (:func:`record_installed`) before ``current`` moves. A full or read-only disk anywhere before
+    the swap is an :class:`InstallError` (exit 12) with ``current`` as it was."""
     dest = Path(dest)
     _prepare(dest)
     with _locked(dest), _dest_errors(dest, "writing"):
-        return _install_locked(store, artifact_id, dest, preflight=preflight, keep=keep, workers=workers,
-                               range_slots=range_slots, on_bytes=on_bytes, bound=bound,
-                               require_crypto=require_crypto, record=record)
+        return _install_locked(store, artifact_id, dest, options=options, preflight=preflight, on_bytes=on_bytes,
+                               record=record)
 
 
-def _install_locked(store: Store, artifact_id: str, dest: Path, *, preflight: Preflight | None, keep: int,
-                    workers: int, range_slots: int | None, on_bytes: ProgressFn | None, bound: str | None,
-                    require_crypto: bool, record: ChannelRecord | None) -> PullResult:
+def _install_locked(store: Store, artifact_id: str, dest: Path, *, options: InstallOptions,
+                    preflight: Preflight | None, on_bytes: ProgressFn | None,
+                    record: ChannelRecord | None) -> PullResult:
+    bound, require_crypto = options.bound, options.require_crypto
     previous = current_artifact(dest)
     final = dest / "versions" / hex_of(artifact_id)
     if previous == artifact_id:
@@ -271,22 +276,21 @@ def _install_locked(store: Store, artifact_id: str, dest: Path, *, preflight: Pr
     check_not_quarantined(store, artifact_id, "not installing it; the current engine stays")
     manifest, body = get_manifest_and_bytes(store, artifact_id)
     check_bound(artifact_id, body, manifest, bound, require_crypto=require_crypto)
-    _download_version(store, artifact_id, manifest, dest, final, preflight=preflight, workers=workers,
-                      range_slots=range_slots, on_bytes=on_bytes)
+    _download_version(store, artifact_id, manifest, dest, final, preflight=preflight, options=options,
+                      on_bytes=on_bytes)
     # What the node remembers is written before current moves: a full disk stops the install here.
     _keep_manifest(dest, artifact_id, body)
     if record is not None:
         record_installed(dest, record)
     _, old_previous = _commit_links(dest, os.path.join("versions", final.name))
     _sync_quietly(dest)
-    _prune_quietly(dest, keep)
+    _prune_quietly(dest, options.keep)
     return PullResult(artifact_id, installed=True, path=final, previous=previous, bytes=manifest.total_size,
                       previous_link=old_previous)
 
 
 def _download_version(store: Store, artifact_id: str, manifest: Manifest, dest: Path, final: Path, *,
-                      preflight: Preflight | None, workers: int, range_slots: int | None = None,
-                      on_bytes: ProgressFn | None = None) -> None:
+                      preflight: Preflight | None, options: InstallOptions, on_bytes: ProgressFn | None = None) -> None:
     """Download and verify the artifact into a staging folder of ``dest`` (and with ``preflight``,
     load it there), then rename it to ``final`` in ``versions/``, replacing an older copy of the
     same artifact (e.g. ``previous``); the staging folder is removed on any failure."""
@@ -294,8 +298,8 @@ def _download_version(store: Store, artifact_id: str, manifest: Manifest, dest: 
     staging.mkdir()
     try:
         _verified_and_loaded(artifact_id, manifest, staging, preflight,
-                             download_verified(store, manifest, staging, workers=workers, range_slots=range_slots,
-                                               on_bytes=on_bytes))
+                             download_verified(store, manifest, staging, workers=options.workers,
+                                               range_slots=options.range_slots, on_bytes=on_bytes))
         if final.exists():
             _make_writable(final)
             shutil.rmtree(final)
@@ -550,8 +554,8 @@ def _stage_locked(store: Store, record: ChannelRecord, artifact_id: str, dest: P
     # already here (installed before, or staged) and re-hashed just now: nothing to download
     downloaded = not (final.is_dir() and not local_problems(manifest, final))
     if downloaded:
-        _download_version(store, artifact_id, manifest, dest, final, preflight=None, workers=workers,
-                          on_bytes=on_bytes)
+        _download_version(store, artifact_id, manifest, dest, final, preflight=None,
+                          options=InstallOptions(workers=workers), on_bytes=on_bytes)
     stats = file_stats(manifest, final)
     entry = StagedEngine(artifact_id, record.compat_key, record, body, sigs, when, when, stats)
     f = _staged_file(dest, record)

@@ -19,6 +19,7 @@ from buildctl.artifact_store.node.install_dir import (
     PullResult,
     channel_ref,
     current_artifact,
+    InstallOptions,
     install_artifact,
     installed_seqs,
     record_verified,
@@ -94,8 +95,9 @@ def pull(store: Store, record: ChannelRecord, dest: str | Path, *, auth: Authori
         ref = channel_ref(record)
         proof = check_trust(store, record, auth.trusted, seen=installed_seqs(dest).get(ref, 0), artifact_id=artifact_id,
                             known=verified_refs(dest).get(ref) if current_artifact(dest) == artifact_id else None)
-    result = install_artifact(store, artifact_id, dest, preflight=preflight, keep=options.keep, on_bytes=on_bytes,
-                              bound=record.bound(artifact_id), require_crypto=auth.require_crypto, record=record)
+    install = InstallOptions(keep=options.keep, bound=record.bound(artifact_id), require_crypto=auth.require_crypto)
+    result = install_artifact(store, artifact_id, dest, options=install, preflight=preflight, on_bytes=on_bytes,
+                              record=record)
     result.record = record
     if proof is not None:
         try:

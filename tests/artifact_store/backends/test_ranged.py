@@ -18,7 +18,7 @@ from buildctl.artifact_store.publish import publish_tree
 from buildctl.artifact_store.read import get_manifest, verify
 from buildctl.artifact_store.node.checkpoints import download_checkpoint
 from buildctl.artifact_store.errors import StoreUnavailableError, VerificationError
-from buildctl.artifact_store.node.install_dir import current_artifact, install_artifact
+from buildctl.artifact_store.node.install_dir import InstallOptions, current_artifact, install_artifact
 from buildctl.artifact_store.backends.ranged import RangedReader
 
 from ...support.helpers import REPO, make_tree
@@ -56,7 +56,7 @@ def test_out_of_order_ranges_hash_correctly(store, tmp_path, draft):
                                       "rank1.engine": 3 * 1024 * 1024})
     art = publish_tree(store, root, draft).artifact_id
     jitter = Jittery(store, seed=7)
-    res = install_artifact(jitter, art, tmp_path / "node", range_slots=6)
+    res = install_artifact(jitter, art, tmp_path / "node", options=InstallOptions(range_slots=6))
     assert res.installed and current_artifact(tmp_path / "node") == art
     for name in ("rank0.engine", "rank1.engine"):
         assert (tmp_path / "node/current" / name).read_bytes() == (root / name).read_bytes()
@@ -98,14 +98,14 @@ MEASURE = r"""
 import json, os, sys
 from buildctl.artifact_store.backends.store import open_store
 from buildctl.artifact_store.backends import ranged
-from buildctl.artifact_store.node.install_dir import install_artifact
+from buildctl.artifact_store.node.install_dir import InstallOptions, install_artifact
 ranged.RANGE_SIZE = int(sys.argv[4])
 store = open_store(sys.argv[1])
 store.ranged_reads = True
 def status(field):  # KiB; VmHWM is this process's peak RSS (ru_maxrss would include the parent's from before exec)
     return next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith(field + ":"))
 before = status("VmRSS")
-install_artifact(store, sys.argv[2], sys.argv[3], range_slots=int(sys.argv[5]), workers=1)
+install_artifact(store, sys.argv[2], sys.argv[3], options=InstallOptions(range_slots=int(sys.argv[5]), workers=1))
 after = status("VmHWM")
 print(json.dumps({"before_kib": before, "after_kib": after}))
 """

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from buildctl.artifact_store.channels import history, read_channel, set_channel
+from buildctl.artifact_store.channels import CasRetry, history, read_channel, set_channel
 from buildctl.artifact_store.promotion import promote
 from buildctl.artifact_store.publish import lookup_build_key, publish_tree
 from buildctl.artifact_store.read import get_manifest, list_artifacts, verify
@@ -134,8 +134,9 @@ PROMOTER = r"""
 import sys
 from buildctl.artifact_store.backends.store import open_store
 from buildctl.artifact_store.promotion import promote
+from buildctl.artifact_store.channels import CasRetry
 store = open_store(sys.argv[1])
-rec = promote(store, sys.argv[2], "staging", attempts=200)
+rec = promote(store, sys.argv[2], "staging", retry=CasRetry(attempts=200))
 print(rec.seq)
 """
 
@@ -185,7 +186,7 @@ def test_lost_races_exit_6(store, store_uri, engine_tree, draft, cli, s3_env_if_
 
     slept = []
     with pytest.raises(CasConflictError) as exc:
-        set_channel(loser, res.artifact_id, res.manifest, "prod", attempts=5, sleep=slept.append)
+        set_channel(loser, res.artifact_id, res.manifest, "prod", retry=CasRetry(attempts=5, sleep=slept.append))
     assert exc.value.attempts == 5 and loser.cas_calls == 5 and len(slept) == 5
     assert all(0 <= s <= 1 for s in slept)
     from buildctl.cli.main import exit_code_for

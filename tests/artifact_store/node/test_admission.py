@@ -11,7 +11,7 @@ import pytest
 
 from buildctl.artifact_store.gc import gc
 from buildctl.artifact_store.read import get_manifest
-from buildctl.artifact_store.channels import resign, set_channel
+from buildctl.artifact_store.channels import ChannelMove, resign, set_channel
 from buildctl.core.times import parse_utc
 from buildctl.artifact_store.errors import (
     ExpiredRecordError,
@@ -94,18 +94,20 @@ def test_k_of_n_records_and_what_one_signature_may_still_do(signed_env, tmp_path
     store, (a, b, c, _), dest, trusted, p1, p2 = signed_env
     trusted2 = TrustedKeys(trusted.by_role, thresholds={"prod": 2})
     m = get_manifest(store, a)
-    set_channel(store, a, m, "prod", action="rollback", auth=Authority(signer=p1, trusted=trusted2))
+    set_channel(store, a, m, "prod", auth=Authority(signer=p1, trusted=trusted2), move=ChannelMove(action="rollback"))
     with pytest.raises(SignatureError, match="1 of the 2 promoter signatures"):
         check_trust(store, history(store, P, "prod", m.compat_key)[0], trusted2)
     set_channel(store, b, m, "prod", auth=Authority(signer=p1, trusted=trusted2))
     two = set_channel(store, b, m, "prod", auth=Authority(signer=p2, trusted=trusted2))
     check_trust(store, two, trusted2)
     # a single-signature rollback to b is accepted: b was approved by the quorum before
-    set_channel(store, c, m, "prod", action="rollback", auth=Authority(signer=p1, trusted=trusted2))
-    back = set_channel(store, b, m, "prod", action="rollback", auth=Authority(signer=p1, trusted=trusted2))
+    set_channel(store, c, m, "prod", auth=Authority(signer=p1, trusted=trusted2), move=ChannelMove(action="rollback"))
+    back = set_channel(store, b, m, "prod", auth=Authority(signer=p1, trusted=trusted2),
+                       move=ChannelMove(action="rollback"))
     check_trust(store, back, trusted2)
     # ... but not to c, which only ever had one signature, nor as a promotion
-    to_c = set_channel(store, c, m, "prod", action="rollback", auth=Authority(signer=p1, trusted=trusted2))
+    to_c = set_channel(store, c, m, "prod", auth=Authority(signer=p1, trusted=trusted2),
+                       move=ChannelMove(action="rollback"))
     with pytest.raises(SignatureError, match="1 of the 2"):
         check_trust(store, to_c, trusted2)
     assert json.loads(to_c.to_bytes())["action"] == "rollback"
@@ -119,15 +121,18 @@ def test_a_quorum_approved_rollout_does_not_approve_a_rollback_elsewhere(signed_
     store, (a, b, c, _), dest, trusted, p1, p2 = signed_env
     trusted2 = TrustedKeys(trusted.by_role, thresholds={"prod": 2})
     m = get_manifest(store, a)
-    set_channel(store, a, m, "prod", action="rollback", auth=Authority(signer=p1, trusted=trusted2))
+    set_channel(store, a, m, "prod", auth=Authority(signer=p1, trusted=trusted2), move=ChannelMove(action="rollback"))
     plan = RolloutPlan(waves=parse_waves("10,100", None), bake_s=0)
-    set_channel(store, b, m, "prod", rollout=plan, auth=Authority(signer=p1, trusted=trusted2))
-    started = set_channel(store, b, m, "prod", rollout=plan, auth=Authority(signer=p2, trusted=trusted2))
+    set_channel(store, b, m, "prod", auth=Authority(signer=p1, trusted=trusted2), move=ChannelMove(rollout=plan))
+    started = set_channel(store, b, m, "prod", auth=Authority(signer=p2, trusted=trusted2),
+                          move=ChannelMove(rollout=plan))
     assert started.rollout is not None and len(started.signers(trusted2)) == 2
-    to_c = set_channel(store, c, m, "prod", action="rollback", auth=Authority(signer=p1, trusted=trusted2))
+    to_c = set_channel(store, c, m, "prod", auth=Authority(signer=p1, trusted=trusted2),
+                       move=ChannelMove(action="rollback"))
     with pytest.raises(SignatureError, match="1 of the 2"):
         check_trust(store, to_c, trusted2)
-    to_b = set_channel(store, b, m, "prod", action="rollback", auth=Authority(signer=p1, trusted=trusted2))
+    to_b = set_channel(store, b, m, "prod", auth=Authority(signer=p1, trusted=trusted2),
+                       move=ChannelMove(action="rollback"))
     check_trust(store, to_b, trusted2)
 
 
@@ -140,16 +145,16 @@ def test_a_migrated_ref_counts_its_old_keys_quorum_and_nothing_else(signed_env):
     m = get_manifest(store, a)
     set_channel(store, a, m, "prod", auth=Authority(signer=p1, trusted=trusted2))
     set_channel(store, a, m, "prod", auth=Authority(signer=p2, trusted=trusted2))  # a: 2 of 2 under the old key
-    moved = set_channel(store, a, m, "prod", action="migrate-keys", compat_key="new-key", migrated_from=m.compat_key,
-                        auth=Authority(signer=p1, trusted=trusted2))
+    moved = set_channel(store, a, m, "prod", auth=Authority(signer=p1, trusted=trusted2),
+                        move=ChannelMove(action="migrate-keys", compat_key="new-key", migrated_from=m.compat_key))
     assert moved.compat_key == "new-key" and moved.seq == 1
     check_trust(store, moved, trusted2)
-    forged = set_channel(store, c, m, "prod", action="migrate-keys", compat_key="other-key",
-                         migrated_from=m.compat_key, auth=Authority(signer=p1, trusted=trusted2))
+    forged = set_channel(store, c, m, "prod", auth=Authority(signer=p1, trusted=trusted2),
+                         move=ChannelMove(action="migrate-keys", compat_key="other-key", migrated_from=m.compat_key))
     with pytest.raises(SignatureError, match="1 of the 2"):
         check_trust(store, forged, trusted2)
-    unnamed = set_channel(store, a, m, "prod", action="migrate-keys", compat_key="third-key",
-                          auth=Authority(signer=p1, trusted=trusted2))  # no old key named: nothing to count
+    unnamed = set_channel(store, a, m, "prod", auth=Authority(signer=p1, trusted=trusted2),
+                          move=ChannelMove(action="migrate-keys", compat_key="third-key"))  # no old key named
     with pytest.raises(SignatureError, match="1 of the 2"):
         check_trust(store, unnamed, trusted2)
     # a later one-signature record under the new key (a re-sign) still finds the old key's quorum,
@@ -273,9 +278,9 @@ def test_history_compaction_keeps_decisions_and_the_replay_protection(signed_env
         check_trust(store, read_channel(store, P, "prod", key)[0], trusted2)
     (store.root / channel_key(P, "prod", key)).write_bytes(store.get_bytes(history_key(P, "prod", key, 17)))
     # a one-signature rollback to a, approved at #1 behind thirteen compacted records, still counts
-    back = set_channel(store, a, m, "prod", action="rollback", auth=one)
+    back = set_channel(store, a, m, "prod", auth=one, move=ChannelMove(action="rollback"))
     check_trust(store, back, trusted2)
-    to_c = set_channel(store, c, m, "prod", action="rollback", auth=one)  # c was never approved
+    to_c = set_channel(store, c, m, "prod", auth=one, move=ChannelMove(action="rollback"))  # c was never approved
     with pytest.raises(SignatureError, match="1 of the 2"):
         check_trust(store, to_c, trusted2)
     code, out, err = cli("--store", store.uri, "gc", "--keep", "100", "--keep-history", "0", "--grace", "0s",

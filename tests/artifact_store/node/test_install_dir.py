@@ -18,6 +18,7 @@ import buildctl.artifact_store.node.download as download_mod
 from buildctl.artifact_store.errors import InstallError, PreflightError, VerificationError
 from buildctl.artifact_store.layout import blob_key
 from buildctl.artifact_store.node.install_dir import (
+    InstallOptions,
     current_artifact,
     health_marks,
     install_artifact,
@@ -63,7 +64,7 @@ def test_no_current_or_previous_on_a_fresh_or_broken_node(node_env, tmp_path):
 def test_by_default_two_versions_stay_and_files_download_even_with_zero_workers(node_env):
     store, ids, dest, _ = node_env
     for aid in ids:
-        install_artifact(store, aid, dest, workers=0)
+        install_artifact(store, aid, dest, options=InstallOptions(workers=0))
     assert len(list((dest / "versions").iterdir())) == 2 and current_artifact(dest) == ids[-1]
 
 
@@ -71,21 +72,21 @@ def test_by_default_two_versions_stay_and_files_download_even_with_zero_workers(
 def test_prune_keeps_current_previous_and_the_newest_others(node_env, keep, left):
     store, ids, dest, _ = node_env
     for aid in ids:
-        install_artifact(store, aid, dest, keep=keep)
+        install_artifact(store, aid, dest, options=InstallOptions(keep=keep))
     names = {p.name for p in (dest / "versions").iterdir()}
     assert names == {aid.removeprefix("xxh3-128:") for aid in ids[-left:]}  # current, previous, then the newest
 
 
 def test_switch_back_restores_current_and_previous(node_env):
     store, (a, b, c, _), dest, _ = node_env
-    first = install_artifact(store, a, dest, keep=3)
+    first = install_artifact(store, a, dest, options=InstallOptions(keep=3))
     assert switch_back(dest, first) is None and not os.path.lexists(dest / "current")
-    install_artifact(store, a, dest, keep=3)
-    install_artifact(store, b, dest, keep=3)
-    res = install_artifact(store, c, dest, keep=3)
+    install_artifact(store, a, dest, options=InstallOptions(keep=3))
+    install_artifact(store, b, dest, options=InstallOptions(keep=3))
+    res = install_artifact(store, c, dest, options=InstallOptions(keep=3))
     assert switch_back(dest, res) == b
     assert (current_artifact(dest), previous_artifact(dest)) == (b, a)
-    res = install_artifact(store, c, dest, keep=2)  # keep 2: a is pruned
+    res = install_artifact(store, c, dest, options=InstallOptions(keep=2))  # keep 2: a is pruned
     assert switch_back(dest, res) == b and not os.path.lexists(dest / "previous")
     res = install_artifact(store, c, dest)
     install_artifact(store, a, dest)  # something else went in meanwhile: left alone

@@ -15,7 +15,12 @@ import pytest
 from buildctl.artifact_store.read import get_manifest
 import buildctl.artifact_store.node.install_dir as idir
 from buildctl.artifact_store.errors import InstallError
-from buildctl.artifact_store.node.install_dir import current_artifact, install_artifact, previous_artifact
+from buildctl.artifact_store.node.install_dir import (
+    InstallOptions,
+    current_artifact,
+    install_artifact,
+    previous_artifact,
+)
 from buildctl.core.digest import hex_of
 
 HEX = "0123456789abcdef" * 2
@@ -219,17 +224,17 @@ def test_an_already_current_install_checks_the_binding_of_the_kept_or_stored_man
         monkeypatch.setattr(idir, "get_manifest_and_bytes", lambda *_a: pytest.fail("read the store"))
     else:
         os.unlink(dest / idir.MANIFESTS_DIR / f"{hex_of(a)}.json")
-    r = install_artifact(store, a, dest, bound=crypto_bytes(body))
+    r = install_artifact(store, a, dest, options=InstallOptions(bound=crypto_bytes(body)))
     assert not r.installed and current_artifact(dest) == a
     with pytest.raises(CorruptObjectError):
-        install_artifact(store, a, dest, bound="blake3:" + "0" * 64)
+        install_artifact(store, a, dest, options=InstallOptions(bound="blake3:" + "0" * 64))
     assert current_artifact(dest) == a
 
 
 def test_prune_removes_the_kept_manifests_of_pruned_versions_only(node_env):
     store, ids, dest, _ = node_env
     for aid in ids:
-        install_artifact(store, aid, dest, keep=2)
+        install_artifact(store, aid, dest, options=InstallOptions(keep=2))
     kept = {p.name for p in (dest / idir.MANIFESTS_DIR).glob("*.json")}
     assert kept == {f"{hex_of(a)}.json" for a in ids[-2:]}
     assert (current_artifact(dest), previous_artifact(dest)) == (ids[-1], ids[-2])

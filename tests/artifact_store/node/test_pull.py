@@ -18,7 +18,7 @@ from buildctl.artifact_store.publish import publish_tree
 from buildctl.artifact_store.read import get_manifest, verify
 from buildctl.artifact_store.errors import PreflightError, VerificationError
 from buildctl.artifact_store.manifest import FileEntry
-from buildctl.artifact_store.node.install_dir import current_artifact, install_artifact
+from buildctl.artifact_store.node.install_dir import InstallOptions, current_artifact, install_artifact
 from buildctl.artifact_store.node.pull import pull, resolve_channel
 from buildctl.artifact_store.layout import blob_key, manifest_key
 from buildctl.engines.fingerprint import detect
@@ -141,7 +141,7 @@ def test_interrupted_pull_and_stale_staging(store, installed, draft):
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        install_artifact(store, v2, dest, on_bytes=interrupt, workers=1)
+        install_artifact(store, v2, dest, on_bytes=interrupt, options=InstallOptions(workers=1))
     assert_untouched(dest, v1, before)
     stale = dest / ".staging-deadbeef"
     (stale / "sub").mkdir(parents=True)
