@@ -245,6 +245,32 @@ def entry_problem(entry: FileEntry, h: Hasher) -> FileProblem | None:
     return content_problem(entry.path, entry.digest, entry.blake3, h)
 
 
+def checking_hasher(entry: FileEntry) -> Hasher:
+    """The hasher for the one read that checks a file against ``entry``: BLAKE3-256 alone where the
+    entry carries it (a match pins the bytes the manifest's author hashed; xxh3-128 over the same
+    bytes would double the work and add nothing: docs/threat-model.md), xxh3-128 where it does not."""
+    crypto = entry.blake3 is not None
+    return Hasher(crypto, xxh=not crypto)
+
+
+def checked_problem(entry: FileEntry, h: Hasher, both: Callable[[], Hasher]) -> FileProblem | None:
+    """:func:`entry_problem` for bytes hashed by :func:`checking_hasher`. A BLAKE3 mismatch (rare)
+    reads the bytes again through ``both`` (a hasher of both digests) to name it: ``digest`` for
+    rot, ``blake3`` for other bytes made to collide."""
+    if h.has_xxh or h.size != entry.size:
+        return entry_problem(entry, h)
+    if h.crypto() == entry.blake3:
+        return None
+    return entry_problem(entry, both()) or FileProblem(entry.path, "blake3", entry.blake3, h.crypto())
+
+
+def file_problem(entry: FileEntry, path: str | Path) -> FileProblem | None:
+    """What is wrong with the file at ``path`` against ``entry``, read once (:func:`checked_problem`)."""
+    crypto = entry.blake3 is not None
+    return checked_problem(entry, file_hasher(path, crypto=crypto, xxh=not crypto),
+                           lambda: file_hasher(path, crypto=True))
+
+
 def parse_manifest(data: bytes | str | dict[str, Any], source: str = "<manifest>") -> Manifest:
     """Parse and validate a manifest; raises :class:`ManifestError`."""
     try:

@@ -292,3 +292,107 @@ def test_tree_stat_lists_every_file_with_what_a_write_changes(tmp_path):
     st = os.stat(root / "a.bin")
     assert got[0][2:] == (st.st_mtime_ns, st.st_ino, st.st_ctime_ns)
     assert [p for p, *_ in tree_stat(root / "a.bin")] == ["a.bin"]  # a single file: a tree of one
+
+
+# --- one read per byte: every reader of a schema 2 file hashes it once, by BLAKE3 alone (#51) ---
+
+
+class _Tally:
+    """Bytes fed to xxh3-128 and to BLAKE3-256 hashers, counted by wrapping their constructors."""
+
+    def __init__(self, monkeypatch) -> None:
+        import xxhash
+
+        from buildctl.core import digest
+
+        self.bytes = {"xxh3": 0, "blake3": 0}
+        real_xxh, real_b3 = xxhash.xxh3_128, digest._blake3
+        monkeypatch.setattr(digest.xxhash, "xxh3_128", lambda *a: self._wrap(real_xxh(*a), "xxh3"))
+        monkeypatch.setattr(digest, "_blake3", lambda: self._wrap(real_b3(), "blake3"))
+
+    def _wrap(self, inner, name):
+        tally = self.bytes
+
+        class Counted:
+            def update(self, data):
+                tally[name] += len(data)
+                inner.update(data)
+
+            def hexdigest(self):
+                return inner.hexdigest()
+
+        return Counted()
+
+    def take(self) -> dict[str, int]:
+        out, self.bytes = dict(self.bytes), {"xxh3": 0, "blake3": 0}
+        return out
+
+
+@pytest.mark.parametrize("ranged", [False, True], ids=["stream", "ranged"])
+def test_every_reader_hashes_a_schema_2_file_once_by_blake3_alone(tmp_path, draft, monkeypatch, ranged):
+    """Pull, stage, activate's re-hash, repair's check of a copy, a publish's read-back of a stored
+    blob and verify --deep read each byte of a schema 2 artifact once, and hash it by BLAKE3-256
+    alone: xxh3-128 sees no byte of it."""
+    from buildctl.artifact_store.backends.store import open_store
+    from buildctl.artifact_store.channels import read_channel
+    from buildctl.artifact_store.node.install_dir import install_artifact, local_problems, stage_artifact
+    from buildctl.artifact_store.promotion import promote
+    from buildctl.artifact_store.read import get_manifest, verify
+    from buildctl.artifact_store.upkeep.repair import blob_holds, tree_source
+
+    from ..support.helpers import RangedStore, publish_files, staged
+
+    store = open_store(str(tmp_path / "store"))
+    files = {"rank0.engine": 3 * 1024 * 1024 + 7, "config.json": b'{"a": 1}', "tok/vocab.bin": 70_000}
+    aid = publish_files(store, tmp_path / "src", draft, files)
+    m = get_manifest(store, aid)
+    total = m.total_size
+    reader = RangedStore(store) if ranged else store
+    if ranged:
+        from buildctl.artifact_store.backends import ranged as ranged_mod
+
+        monkeypatch.setattr(ranged_mod, "RANGE_SIZE", 1024 * 1024)
+    tally = _Tally(monkeypatch)
+
+    install_artifact(reader, aid, tmp_path / "node")
+    assert tally.take() == {"xxh3": 0, "blake3": total}, "pull"
+    assert local_problems(m, (tmp_path / "node" / "current").resolve()) == []
+    assert tally.take() == {"xxh3": 0, "blake3": total}, "activate's re-hash"
+    verify(reader, aid, deep=True)
+    assert tally.take() == {"xxh3": 0, "blake3": total}, "verify --deep"
+    assert all(blob_holds(store, e.digest, e.size, blake3=e.blake3) for e in m.files)
+    assert tally.take() == {"xxh3": 0, "blake3": total}, "a publish's read-back"
+    source = tree_source(tmp_path / "src")
+    from buildctl.artifact_store.manifest import file_problem
+
+    assert all(file_problem(e, source(e)) is None for e in m.files)
+    assert tally.take() == {"xxh3": 0, "blake3": total}, "repair's check of a copy"
+    promote(store, staged(store, aid), "prod")
+    rec = read_channel(store, m.profile_name, "prod", m.compat_key)[0]
+    tally.take()
+    stage_artifact(reader, rec, aid, tmp_path / "other", when="2026-12-05T00:00:00Z")
+    assert tally.take() == {"xxh3": 0, "blake3": total}, "stage"
+
+
+def test_a_blake3_mismatch_is_read_again_to_name_rot_or_a_collision(tmp_path):
+    from buildctl.artifact_store.manifest import FileEntry, file_problem
+    from buildctl.core.digest import file_hasher
+
+    from ..support.helpers import xxh3_collision
+
+    good, twin = xxh3_collision()
+    p = tmp_path / "f"
+    p.write_bytes(good)
+    h = file_hasher(p, crypto=True)
+    entry = FileEntry(path="f", size=len(good), digest=h.digest(), blake3=h.crypto())
+    assert file_problem(entry, p) is None
+    p.write_bytes(twin)  # the same xxh3-128, other bytes: made to collide
+    assert file_problem(entry, p).kind == "blake3"
+    p.write_bytes(bytes([good[0] ^ 1]) + good[1:])  # one flipped bit: rot
+    assert file_problem(entry, p).kind == "digest"
+    p.write_bytes(good[:-1])
+    assert file_problem(entry, p).kind == "size"
+    schema1 = entry.model_copy(update={"blake3": None})
+    assert file_problem(schema1, p).kind == "size"
+    p.write_bytes(twin)
+    assert file_problem(schema1, p) is None  # xxh3-128 only: the collision passes (why schema 2 exists)

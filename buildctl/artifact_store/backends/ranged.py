@@ -67,11 +67,11 @@ class RangedReader:
         return self.store.ranged_reads and size >= self.range_size
 
     def download(self, key: str, size: int, target: Path, *, on_bytes: ProgressFn | None = None,
-                 update: Callable[[bytes], None] | None = None, crypto: bool = False) -> Hasher:
+                 update: Callable[[bytes], None] | None = None, crypto: bool = False, xxh: bool = True) -> Hasher:
         """:meth:`hash_object` into a new file ``target`` (created exclusively, fsynced)."""
         fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         try:
-            h = self.hash_object(key, size, fd=fd, on_bytes=on_bytes, update=update, crypto=crypto)
+            h = self.hash_object(key, size, fd=fd, on_bytes=on_bytes, update=update, crypto=crypto, xxh=xxh)
             os.fsync(fd)
             return h
         finally:

@@ -1,8 +1,10 @@
 """Download an artifact's files from the store, verifying each while it arrives.
 
-Every file is hashed as its bytes are written, by xxh3-128 and (schema 2 manifests) BLAKE3-256 in
-the same pass; a file whose size or either digest differs from the manifest (or whose blob is
-missing) is reported as a :class:`FileProblem`, never installed.
+Every file is hashed as its bytes are written: by BLAKE3-256 alone where the manifest carries it
+(schema 2), by xxh3-128 where it does not (:func:`~buildctl.artifact_store.manifest.checking_hasher`);
+a file that fails is read back with both digests to name what is wrong. A file whose size or
+digest differs from the manifest (or whose blob is missing) is reported as a :class:`FileProblem`,
+never installed.
 Large blobs are read as parallel ranges (:mod:`buildctl.artifact_store.backends.ranged`), hashed in order.
 """
 
@@ -11,11 +13,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from buildctl.core.digest import BUFFER_SIZE, Hasher, write_all
+from buildctl.core.digest import BUFFER_SIZE, file_hasher, write_all
 from buildctl.artifact_store.backends.store import ProgressFn, Store
 from buildctl.artifact_store.errors import FileProblem, KeyNotFoundError
 from buildctl.artifact_store.layout import blob_key
-from buildctl.artifact_store.manifest import FileEntry, Manifest, entry_problem
+from buildctl.artifact_store.manifest import FileEntry, Manifest, checked_problem, checking_hasher
 from buildctl.artifact_store.backends.pools import Stop, check, interruptible_pool
 from buildctl.artifact_store.backends.ranged import RangedReader, ShortRangeError
 
@@ -30,12 +32,13 @@ def _download_ranged(store: Store, entry: FileEntry, target: Path, on_bytes: Pro
     if size != entry.size:
         return FileProblem(entry.path, "size", entry.size, size)
     try:
-        h = ranged.download(key, size, target, on_bytes=on_bytes, crypto=entry.blake3 is not None)
+        h = ranged.download(key, size, target, on_bytes=on_bytes, crypto=entry.blake3 is not None,
+                            xxh=entry.blake3 is None)
     except KeyNotFoundError:
         return FileProblem(entry.path, "missing", actual=f"blob {key} disappeared during the download")
     except ShortRangeError as err:
         return FileProblem(entry.path, "size", entry.size, err.offset + err.got)
-    if problem := entry_problem(entry, h):
+    if problem := checked_problem(entry, h, lambda: file_hasher(target, crypto=True)):
         return problem
     os.chmod(target, 0o555 if entry.executable else 0o444)
     return None
@@ -48,7 +51,7 @@ def _download(store: Store, entry: FileEntry, target: Path, on_bytes: ProgressFn
     target.parent.mkdir(parents=True, exist_ok=True)
     if ranged is not None and ranged.applies(entry.size):
         return _download_ranged(store, entry, target, on_bytes, ranged)
-    h = Hasher(crypto=entry.blake3 is not None)
+    h = checking_hasher(entry)
     buf = bytearray(min(BUFFER_SIZE, max(64 * 1024, entry.size + 1)))  # small files: small buffers, many at once
     view = memoryview(buf)
     try:
@@ -67,7 +70,7 @@ def _download(store: Store, entry: FileEntry, target: Path, on_bytes: ProgressFn
             os.fsync(dst.fileno())
     except KeyNotFoundError:
         return FileProblem(entry.path, "missing", actual=f"blob {blob_key(entry.digest)} does not exist")
-    if problem := entry_problem(entry, h):
+    if problem := checked_problem(entry, h, lambda: file_hasher(target, crypto=True)):
         return problem
     os.chmod(target, 0o555 if entry.executable else 0o444)
     return None

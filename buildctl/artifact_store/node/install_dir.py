@@ -51,7 +51,7 @@ from buildctl.artifact_store.errors import (
 from buildctl.artifact_store.layout import manifest_key
 from buildctl.artifact_store.trust.authority import Authority
 from buildctl.artifact_store.trust.binding import check_bound
-from buildctl.artifact_store.manifest import Manifest, change_stamp, entry_problem, parse_manifest
+from buildctl.artifact_store.manifest import Manifest, change_stamp, file_problem, parse_manifest
 from buildctl.artifact_store.quarantine import check_not_quarantined
 from buildctl.artifact_store.trust.signing import TrustedKeys, manifest_signatures, verify_signature
 from buildctl.artifact_store.node.admission import check_fresh
@@ -628,7 +628,7 @@ def local_problems(manifest: Manifest, root: Path, *, unchanged: dict[str, list[
         p = root / e.path
         if unchanged is not None and unchanged.get(e.path) == change_stamp(os.lstat(p)):
             continue
-        if problem := entry_problem(e, file_hasher(p, crypto=e.blake3 is not None)):
+        if problem := file_problem(e, p):
             problems.append(problem)
     return problems
 

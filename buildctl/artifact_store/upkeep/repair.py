@@ -15,11 +15,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
-from buildctl.core.digest import BUFFER_SIZE, digest_bytes, file_hasher, stream_hasher, write_all
+from buildctl.core.digest import BUFFER_SIZE, digest_bytes, stream_hasher, write_all
 from buildctl.artifact_store.backends.store import Store
 from buildctl.artifact_store.errors import KeyNotFoundError, VerificationError
 from buildctl.artifact_store.layout import IDENTITY_INDEX, blob_key, manifest_key
-from buildctl.artifact_store.manifest import FileEntry, content_problem, entry_problem
+from buildctl.artifact_store.manifest import FileEntry, file_problem
 from buildctl.artifact_store.quarantine import lift
 from buildctl.artifact_store.trust.authority import Authority
 from buildctl.artifact_store.read import get_manifest, scan_manifests, verify
@@ -49,8 +49,9 @@ def blob_holds(store: Store, digest: str, size: int, crc64: str | None = None, *
                blake3: str | None = None) -> bool:
     """Whether the stored blob holds exactly the bytes of ``digest``: with ``crc64`` (the local
     file's CRC64NVME) and a store that keeps one, the object's stored full-object checksum is
-    compared with it, a HEAD request; otherwise the blob is read back and hashed (with ``blake3``,
-    by BLAKE3-256 too). ``sized``: the caller has just seen the stored size equal ``size``."""
+    compared with it, a HEAD request; otherwise the blob is read back and hashed once: by BLAKE3-256
+    alone when ``blake3`` is given (a match pins the bytes), else by xxh3-128. ``sized``: the caller
+    has just seen the stored size equal ``size``."""
     key = blob_key(digest)
     if crc64 is not None and store.checksum_algorithm == "CRC64NVME":
         try:
@@ -63,9 +64,10 @@ def blob_holds(store: Store, digest: str, size: int, crc64: str | None = None, *
         return False
     try:
         with store.open_read(key) as f:
-            return content_problem(key, digest, blake3, stream_hasher(f, crypto=blake3 is not None)) is None
+            h = stream_hasher(f, crypto=blake3 is not None, xxh=blake3 is None)
     except KeyNotFoundError:
         return False
+    return h.crypto() == blake3 if blake3 is not None else h.digest() == digest
 
 
 def referencing(store: Store, digest: str) -> list[tuple[str, list[str]]]:
@@ -116,7 +118,7 @@ def repair(store: Store, artifact_id: str, source: SourceFn, *, auth: Authority,
             continue
         seen.add(entry.digest)
         copy = source(entry)
-        if copy is None or entry_problem(entry, file_hasher(copy, crypto=entry.blake3 is not None)) is not None:
+        if copy is None or file_problem(entry, copy) is not None:
             result.unrepaired.append(entry.path)
             continue
         store.replace_object(blob_key(entry.digest), copy, size=entry.size)
