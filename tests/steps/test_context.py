@@ -4,6 +4,7 @@ the store."""
 from __future__ import annotations
 
 import json
+from collections import Counter
 
 import pytest
 
@@ -118,32 +119,38 @@ def test_a_command_reads_each_key_file_once(keys, cli, tmp_path, monkeypatch):
     assert json.loads(out)["artifact_id"] == aid and calls == {"signing": 0, "trusted": 1}
 
 
-def test_a_signed_promote_and_a_trusted_pull_read_the_manifest_once_each(keys, cli, tmp_path, monkeypatch):
+def test_a_signed_promote_and_a_trusted_pull_read_each_object_once(keys, cli, tmp_path, monkeypatch):
     """#51: one load per object per command. The store the command's context opens keeps each
     manifest it verified (content-addressed: a kept copy cannot go stale); the gates, the
-    signature check and the install share it. Counted at the local store's reads."""
+    signature check and the install share it. Every other immutable object (attestation,
+    provenance, signature, history record) is read once too. Counted at the local store's reads;
+    channel refs are mutable and read again where a compare-and-swap decides on them."""
     from buildctl.artifact_store.layout import manifest_key
     from buildctl.artifact_store.backends.local import LocalStore
 
     store_dir, aid = _signed_and_staged(keys, cli, tmp_path, monkeypatch)
-    reads: list[str] = []
+    reads: Counter[str] = Counter()
     real = LocalStore.get_bytes
 
     def get_bytes(self, key):
-        if key == manifest_key(aid):
-            reads.append(key)
+        reads[key] += 1
         return real(self, key)
 
     monkeypatch.setattr(LocalStore, "get_bytes", get_bytes)
     code, _, err = cli("--store", store_dir, "--json", "promote", aid, "--channel", "prod")
     assert code == 0, err
-    assert len(reads) == 1, reads
+    assert reads[manifest_key(aid)] == 1, reads
+    areas = {k.split("/", 1)[0] for k in reads}
+    assert {"manifests", "attestations", "provenance"} <= areas, areas
+    assert {k: n for k, n in reads.items() if n > 1} == {}
     reads.clear()
     monkeypatch.delenv("BUILDCTL_SIGNING_KEY")
     code, out, err = cli("--store", store_dir, "--json", "pull", "--profile", "tiny-llama-cpu", "--channel", "prod",
                          "--dest", tmp_path / "node", "--skip-preflight", "--require-covered")
     assert code == 0 and json.loads(out)["artifact_id"] == aid, err
-    assert len(reads) == 1, reads
+    assert reads[manifest_key(aid)] == 1, reads
+    assert {"manifests", "attestations", "signatures"} <= {k.split("/", 1)[0] for k in reads}
+    assert {k: n for k, n in reads.items() if n > 1} == {}
 
 
 def test_a_covered_pull_with_json_computes_the_coverage_once(keys, cli, tmp_path, monkeypatch):
