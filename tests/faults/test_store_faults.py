@@ -14,7 +14,7 @@ from buildctl.artifact_store.channels import history
 from buildctl.artifact_store.grace import GraceWindows
 from buildctl.artifact_store.publish import ManifestDraft, lookup_build_key, publish_tree
 from buildctl.artifact_store.read import list_artifacts, verify
-from buildctl.artifact_store import errors as ops_errors
+from buildctl.artifact_store.errors import VerificationError
 from buildctl.artifact_store.backends.store import open_store
 from buildctl.artifact_store.layout import blob_key
 from buildctl.core.digest import digest_bytes
@@ -229,7 +229,7 @@ def test_publish_and_gc_killed_concurrently_leave_no_broken_artifact(store, stor
         for a, _ in list_artifacts(store):
             try:
                 verify(store, a, deep=True)
-            except ops_errors.VerificationError:
+            except VerificationError:
                 broken += 1
     assert broken == 0
     assert reused == runs  # every B found A's blob in the store: the race was there to lose
