@@ -332,3 +332,26 @@ def test_pull_options_default_to_the_safe_pull():
     for bad in ({"health_timeout_s": 0}, {"min_seq": -1}, {"keep_versions": 3}):
         with pytest.raises(ValidationError):
             PullOptions(**bad)
+
+
+@pytest.mark.parametrize("ranged", [False, True], ids=["stream", "ranged"])
+def test_a_colliding_blob_is_refused_naming_the_blake3_its_bytes_have(tmp_path, draft, ranged):
+    """A pull hashes a schema 2 file by BLAKE3 alone; a file that fails is read back with both
+    digests, so the refusal names a collision (same xxh3-128, other bytes) as ``blake3``, with the
+    BLAKE3 the bytes it got really have: the operator can tell it from rot."""
+    from buildctl.core.digest import crypto_bytes
+
+    from ...support.helpers import RangedStore, overwrite, xxh3_collision
+
+    store = open_store(str(tmp_path / "store"))
+    good, evil = xxh3_collision(2 * 1024 * 1024 + 99 if ranged else 40_000, seed=3)
+    aid = publish_files(store, tmp_path / "src", draft, {"rank0.engine": good, "config.json": b"{}"})
+    entry = next(e for e in get_manifest(store, aid).files if e.path == "rank0.engine")
+    overwrite(store, blob_key(entry.digest), evil)  # the same key: xxh3-128 cannot tell them apart
+    with pytest.raises(VerificationError) as exc:
+        install_artifact(RangedStore(store) if ranged else store, aid, tmp_path / "node")
+    (problem,) = exc.value.problems
+    assert (problem.path, problem.kind, problem.expected, problem.actual) == (
+        "rank0.engine", "blake3", crypto_bytes(good), crypto_bytes(evil))
+    assert current_artifact(tmp_path / "node") is None
+
