@@ -21,7 +21,7 @@ from rich.console import Console
 from typer.core import TyperOption
 
 from buildctl.cli import (alerts, artifacts, build, fingerprint, heal, index, keys, node, profile, promote, pull,
-                          rollout, upgrade, validate, worker)
+                          rollout, upgrade, validate, worker, worth)
 from buildctl.cli._common import CliState
 from buildctl.core.errors import (
     BadInputError,
@@ -32,6 +32,7 @@ from buildctl.core.errors import (
     EventNotDeliveredError,
     GateRefusedError,
     IntegrityError,
+    NoRuntimeFitsError,
     NotFoundError,
     PreflightRefusedError,
     UnavailableError,
@@ -55,6 +56,7 @@ def _raise_terminated(_signum: int, _frame: object) -> None:
 # The one table from error type to exit code, rendered into docs/cli.md. The first matching row
 # wins (most specific first); no other module holds an exit-code literal.
 EXIT_CODES: tuple[tuple[type[BaseException], int, str], ...] = (
+    (NoRuntimeFitsError, 13, "no runtime of the served model fits this node (each one's reason is named); what was installed stays"),
     (BadInputError, 2, "bad input"),
     (NotFoundError, 3, "not found"),
     (IntegrityError, 4, "integrity failure"),
@@ -139,6 +141,7 @@ app.command("repair")(heal.repair_cmd)
 app.command("scrub")(heal.scrub_cmd)
 app.command("heal")(heal.heal_cmd)
 app.command("validate")(validate.validate_cmd)
+app.command("worth")(worth.worth_cmd)
 app.add_typer(node.node_app, name="node")
 app.add_typer(worker.worker_app, name="worker")
 app.add_typer(alerts.alerts_app, name="alerts")

@@ -133,7 +133,10 @@ def _backends_of(st, names: list[str]) -> set[str]:
 @node_app.command("activate")
 def activate_cmd(
     ctx: typer.Context,
-    profile: str = typer.Option(..., "--profile", help="Profile name."),
+    profile: Optional[str] = typer.Option(None, "--profile", help="Profile name (or --model)."),
+    model: Optional[str] = typer.Option(None, "--model", help="Served model name: activate the first of its runtimes "
+                                        "staged for this host (a fallback checked for cross-runtime parity), or pull "
+                                        "as `pull --model` when none is staged (or --profile)."),
     dest: Path = typer.Option(..., "--dest", help="Install directory (as given to pull)."),
     channel: str = typer.Option("prod", "--channel", help="Only an engine staged from this channel; and the "
                                 "channel to pull from when none is staged."),
@@ -145,8 +148,14 @@ def activate_cmd(
 ) -> None:
     """After an upgrade: fingerprint this host and swap DIR/current to the engine staged for its
     compat key (`pull --for-upgrade TARGET --stage-only`), with no network; pull when none is staged."""
+    from buildctl.core.errors import BadInputError
     from buildctl.steps import node_agent
 
+    if (profile is None) == (model is None):
+        raise BadInputError("give exactly one of --profile NAME and --model NAME")
+    if model is not None:
+        _activate_model(ctx, model, dest, channel, node_id, skip_preflight, require_crypto, json_out)
+        return
     got = node_agent.activate(context(ctx, require_crypto=require_crypto), profile, dest, channel=channel,
                               node_id=node_id, skip_preflight=skip_preflight)
     if got.quarantine_note:
@@ -162,6 +171,29 @@ def activate_cmd(
                     f"previous: {res.previous or 'none'}")
     else:
         out().print(f"already current: {res.artifact_id} in {dest} ({how})")
+
+
+def _activate_model(ctx: typer.Context, name: str, dest: Path, channel: str, node_id: str | None,
+                    skip_preflight: bool, require_crypto: bool, json_out: bool) -> None:
+    from buildctl.steps.profiles import served_model_by_name
+    from buildctl.steps.runtimes import activate_model
+
+    c = context(ctx, require_crypto=require_crypto)
+    got = activate_model(c, served_model_by_name(c.settings, name), dest, channel=channel, node_id=node_id,
+                         skip_preflight=skip_preflight)
+    if got.note or (got.activation is not None and got.activation.quarantine_note):
+        typer.echo(f"warning: {got.note or got.activation.quarantine_note}; activated from the staged copy as "
+                   "verified on this disk", err=True)
+    if want_json(ctx, json_out):
+        emit_json(got.to_json())
+        return
+    for p in got.choice.passed_over:
+        out().print(f"{p.profile}: passed over: {p.reason}", highlight=False)
+    res = got.choice.pull.result
+    how = "staged, no network" if got.activation is not None else "pulled: nothing was staged for this host"
+    out().print(f"{'activated' if res.installed else 'already current:'} {res.artifact_id} ({got.choice.profile}, "
+                f"{how}) at {Path(dest) / 'current'}; {name} runs {got.choice.profile}: {got.choice.why()}",
+                highlight=False)
 
 
 @node_app.command("labels")

@@ -16,7 +16,8 @@ from buildctl.artifact_store.layout import node_key
 
 def pull_cmd(
     ctx: typer.Context,
-    profile: str = typer.Option(..., "--profile", help="Profile name."),
+    profile: Optional[str] = typer.Option(None, "--profile", help="Profile name (or --model)."),
+    model: Optional[str] = typer.Option(None, "--model", help="Served model name (<profile dir>/models/NAME.yaml): install the first of its runtimes that fits this node, else the next (or --profile)."),
     channel: str = typer.Option(..., "--channel", help="Channel name."),
     dest: Path = typer.Option(..., "--dest", help="Install directory; DIR/current points at the engine."),
     keep: int = typer.Option(2, "--keep", min=2, max=10_000, help="Installed versions to keep (current and previous at least)."),
@@ -40,6 +41,11 @@ def pull_cmd(
     from buildctl.steps import node_agent
     from buildctl.steps.host import channel_target, report_pull_failure
 
+    if (profile is None) == (model is None):
+        raise BadInputError("give exactly one of --profile NAME and --model NAME")
+    if model is not None and stage_only:
+        raise BadInputError("--model with --stage-only: stage the runtime's profile with --profile instead "
+                            "(the choice between runtimes is made when the node pulls or activates)")
     if for_upgrade is not None and not stage_only:
         raise BadInputError("--for-upgrade needs --stage-only: the engine for the upgraded host cannot load before "
                             "the upgrade; stage it now and run `buildctl node activate` after the upgrade")
@@ -52,6 +58,9 @@ def pull_cmd(
                           require_covered=require_covered)
     if stage_only:
         _stage(c, profile, channel, dest, for_upgrade, options, quiet)
+        return
+    if model is not None:
+        _pull_model(c, model, channel, dest, options, quiet)
         return
     rec, manifest = channel_target(c, profile, channel, fp, node_id=node_id)
 
@@ -120,3 +129,27 @@ def _stage(c, profile: str, channel: str, dest: Path, for_upgrade: Path | None, 
         out().print(f"note: {got.coverage.describe()}", highlight=False)
     out().print(f"after the upgrade: buildctl node activate --profile {profile} --channel {channel} --dest {dest}",
                 highlight=False)
+
+
+def _pull_model(c, name: str, channel: str, dest: Path, options, quiet: bool) -> None:
+    """``pull --model``: the first runtime of the served model that fits (steps.runtimes)."""
+    from buildctl.steps.profiles import served_model_by_name
+    from buildctl.steps.runtimes import pull_model
+
+    model = served_model_by_name(c.settings, name)
+
+    def on_pass(p) -> None:
+        if not quiet:
+            out().print(f"{p.profile}: passed over: {p.reason}", highlight=False)
+
+    chosen = pull_model(c, model, channel, dest, options, on_pass=on_pass)
+    res, rec = chosen.pull.result, chosen.pull.record
+    if quiet:
+        emit_json({**chosen.to_json(), "artifact_id": res.artifact_id, "installed": res.installed,
+                   "current": str(Path(dest) / "current"), "previous": res.previous, "seq": rec.seq,
+                   "compat_key": rec.compat_key, "bytes": res.bytes,
+                   "health": chosen.pull.state.status if chosen.pull.state else None})
+        return
+    what = f"installed {res.artifact_id}" if res.installed else f"already installed: {res.artifact_id}"
+    out().print(f"{what} ({chosen.profile}, {channel} #{rec.seq}) at {Path(dest) / 'current'}; "
+                f"{model.name} runs {chosen.profile}: {chosen.why()}", highlight=False)

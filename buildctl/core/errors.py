@@ -92,3 +92,15 @@ def as_disk_error(err: BaseException) -> "DestinationError | None":
 class EventNotDeliveredError(BuildctlError):
     """The work was done and recorded, but a Prefect event it owes could not be delivered; the
     record keeps it pending and the next run re-sends it."""
+
+
+class NoRuntimeFitsError(BuildctlError):
+    """No runtime of a served model fits this node: each was passed over (no artifact for the
+    node's compat key, quarantined, or refused by a check); ``passed_over`` holds
+    ``(profile, reason)`` for every one, in the model's order. What was installed stays."""
+
+    def __init__(self, model: str, passed_over: list[tuple[str, str]]) -> None:
+        self.model = model
+        self.passed_over = list(passed_over)
+        super().__init__(f"no runtime of served model {model} fits this node: "
+                         + "; ".join(f"{p}: {why}" for p, why in self.passed_over))

@@ -44,6 +44,28 @@ class ProfileNotFoundError(NotFoundError):
         super().__init__(f"{source}: build profile not found{where}")
 
 
+class ServedModelError(BadInputError):
+    """A served-model file (``<profile dir>/models/<name>.yaml``) does not parse, or names runtimes
+    that are not profiles, are listed twice, or serve other weights or prompts (every problem listed)."""
+
+    def __init__(self, source: str, problems: list[FieldProblem]) -> None:
+        self.source = source
+        self.problems = list(problems)
+        lines = [f"{source}: invalid served model ({len(problems)} problem(s))"]
+        lines += [f"  {p.render()}" for p in problems]
+        super().__init__("\n".join(lines))
+
+
+class ServedModelNotFoundError(NotFoundError):
+    """A served model that has no file (``known``: the served models that do)."""
+
+    def __init__(self, source: str, known: tuple[str, ...] = ()) -> None:
+        self.source = source
+        self.known = tuple(known)
+        where = f" (served models: {', '.join(self.known)})" if self.known else " (no served model is defined there)"
+        super().__init__(f"{source}: served model not found{where}")
+
+
 class FingerprintError(BadInputError):
     """A fingerprint file does not parse or validate."""
 

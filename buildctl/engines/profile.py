@@ -8,7 +8,7 @@ built engine; :data:`HASH_EXCLUDED_FIELDS` names every field it leaves out, and 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any, Callable, Literal, get_args
 
 import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
@@ -385,7 +385,7 @@ def build_affecting_fields(profile: BuildProfile) -> dict[str, Any]:
     return data
 
 
-def _problems_from_validation(err: ValidationError) -> list[FieldProblem]:
+def problems_from_validation(err: ValidationError) -> list[FieldProblem]:
     problems = []
     for e in err.errors():
         loc = [str(p) for p in e["loc"]]
@@ -410,7 +410,7 @@ def parse_profile(data: Any, source: str = "<string>") -> BuildProfile:
     try:
         return BuildProfile.model_validate(data)
     except ValidationError as err:
-        raise ProfileError(source, _problems_from_validation(err)) from None
+        raise ProfileError(source, problems_from_validation(err)) from None
 
 
 def load_profile_text(text: str, source: str = "<string>") -> BuildProfile:
@@ -418,11 +418,16 @@ def load_profile_text(text: str, source: str = "<string>") -> BuildProfile:
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark is not None else "unknown position"
-        problem = getattr(err, "problem", None) or str(err)
-        raise ProfileError(source, [FieldProblem("", "yaml-syntax", f"YAML syntax error at {where}: {problem}")]) from None
+        raise ProfileError(source, [yaml_problem(err)]) from None
     return parse_profile(data, source)
+
+
+def yaml_problem(err: yaml.YAMLError) -> FieldProblem:
+    """A YAML syntax error as a field problem at the root, with its line and column."""
+    mark = getattr(err, "problem_mark", None)
+    where = f"line {mark.line + 1}, column {mark.column + 1}" if mark is not None else "unknown position"
+    problem = getattr(err, "problem", None) or str(err)
+    return FieldProblem("", "yaml-syntax", f"YAML syntax error at {where}: {problem}")
 
 
 def profile_path(name: str, directory: str | Path) -> Path:
@@ -430,13 +435,18 @@ def profile_path(name: str, directory: str | Path) -> Path:
     return Path(directory) / f"{name}.yaml"
 
 
+def read_checked_file(path: str | Path, missing: Callable[[str], Exception],
+                      invalid: Callable[[str, list[FieldProblem]], Exception]) -> str:
+    """A profile-like file's text: ``missing(path)`` when it does not exist, ``invalid(path,
+    problems)`` when it cannot be read as UTF-8 text."""
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise missing(str(path)) from None
+    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as err:
+        raise invalid(str(path), [FieldProblem("", "readable", f"cannot read file: {err}")]) from None
+
+
 def load_profile(path: str | Path) -> BuildProfile:
     """Load and validate a profile file; errors name the file, the field path and the rule."""
-    p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ProfileNotFoundError(str(path)) from None
-    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as err:
-        raise ProfileError(str(path), [FieldProblem("", "readable", f"cannot read file: {err}")]) from None
-    return load_profile_text(text, str(path))
+    return load_profile_text(read_checked_file(path, ProfileNotFoundError, ProfileError), str(path))

@@ -4,8 +4,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from buildctl.engines.errors import FieldProblem, ModelSourceError, ProfileError, ProfileNotFoundError
+from buildctl.engines.errors import (
+    FieldProblem,
+    ModelSourceError,
+    ProfileError,
+    ProfileNotFoundError,
+    ServedModelNotFoundError,
+)
 from buildctl.engines.profile import BuildProfile, load_profile, profile_path
+from buildctl.engines.served import MODELS_DIR, ServedModel, load_served_model
 from buildctl.core.settings import Settings
 from buildctl.artifact_store.backends.store import open_store
 from buildctl.artifact_store.node.checkpoints import download_checkpoint
@@ -44,6 +51,33 @@ def load_profiles(settings: Settings) -> dict[str, BuildProfile]:
         p = load_profile(f)
         out[p.name] = p
     return out
+
+
+def models_dir(settings: Settings) -> Path:
+    """Where served-model files live: ``<profile dir>/models/``."""
+    return Path(settings.profile_dir) / MODELS_DIR
+
+
+def served_model_names(settings: Settings) -> tuple[str, ...]:
+    return tuple(sorted(f.stem for f in models_dir(settings).glob("*.yaml")))
+
+
+def served_model_by_name(settings: Settings, name: str,
+                         profiles: dict[str, BuildProfile] | None = None) -> ServedModel:
+    """The served model called ``name``, checked against the profiles it names; a missing one
+    lists those that exist (exit 3), a malformed one lists every problem (exit 2)."""
+    path = models_dir(settings) / f"{name}.yaml"
+    if not path.is_file():
+        raise ServedModelNotFoundError(str(path), served_model_names(settings))
+    return load_served_model(path, profiles if profiles is not None else load_profiles(settings))
+
+
+def served_models(settings: Settings, profiles: dict[str, BuildProfile] | None = None) -> list[ServedModel]:
+    """Every served model in the models directory (none when it does not exist)."""
+    if not models_dir(settings).is_dir():
+        return []
+    profiles = profiles if profiles is not None else load_profiles(settings)
+    return [served_model_by_name(settings, n, profiles) for n in served_model_names(settings)]
 
 
 def find_profile(settings: Settings, name: str, expected_hash: str, path: str | Path | None = None) -> BuildProfile:

@@ -17,6 +17,8 @@ from buildctl.artifact_store.trust.attestations import StoredAttestation, latest
 from buildctl.artifact_store.backends.store import Store
 from buildctl.artifact_store.upkeep.integrity import verify_recent_or_quarantine
 from buildctl.artifact_store.read import get_manifest, resolve_artifact
+from buildctl.core.errors import BadInputError
+from buildctl.steps.fallback import preferred_validations
 from buildctl.steps.profiles import find_profile, resolve_model
 
 
@@ -37,8 +39,14 @@ def validate(ctx: Context, artifact_ref: str, *, profile_path: str | Path | None
     artifact_id = resolve_artifact(store, artifact_ref)
     manifest = get_manifest(store, artifact_id)
     profile = find_profile(settings, manifest.profile_name, manifest.profile_hash, profile_path)
+    try:
+        preferred = preferred_validations(ctx, profile.name)
+    except BadInputError as err:  # a malformed served-model file: validate, without the cross-runtime record
+        say(f"warning: no cross-runtime parity recorded: {str(err).splitlines()[0]}")
+        preferred = ()
     plan = ValidationPlan(artifact_id=artifact_id, profile=profile, model_dir=resolve_model(settings, profile),
-                          fingerprint=ctx.fingerprint, prompts_file=prompts_file, speed_budget=speed_budget)
+                          fingerprint=ctx.fingerprint, prompts_file=prompts_file, speed_budget=speed_budget,
+                          preferred=preferred)
     return run_validation(settings, store, plan, auth=ctx.auth, reference=reference, wrap_candidate=wrap_candidate,
                           say=say)
 

@@ -32,7 +32,14 @@ from buildctl.engines.threads import intra_op_threads
 from buildctl.core.records import Record
 from buildctl.core.settings import Settings
 from buildctl.core.stats import combine
-from buildctl.artifact_store.trust.attestations import ATTESTATION_SCHEMA, Attestation, write_attestation
+from buildctl.artifact_store.trust.attestations import (
+    ATTESTATION_SCHEMA,
+    Attestation,
+    CrossRuntimeParity,
+    parity_basis_differences,
+    write_attestation,
+)
+from buildctl.core.digest import digest_json
 from buildctl.artifact_store.backends.store import Store
 from buildctl.artifact_store.manifest import tree_digest
 from buildctl.core.times import utc_now
@@ -67,6 +74,17 @@ class ValidationResult:
         return self.attestation.passed
 
 
+class PreferredValidation(Record):
+    """A served model's preferred runtime as validated: what a fallback's validation is compared
+    with (its attestation records the comparison: :class:`CrossRuntimeParity`)."""
+
+    model: str = Field(..., description="the served model")
+    profile: str = Field(..., description="the preferred runtime's profile")
+    artifact_id: str = Field(..., description="the preferred artifact")
+    key: str = Field(..., description="its attestation's store key")
+    attestation: Attestation = Field(..., description="its passing attestation")
+
+
 class ValidationPlan(Record):
     """What one validation checks: an artifact, the profile and checkpoint it was built from, on
     which host (its fingerprint), with which extra prompts and speed budget."""
@@ -77,6 +95,8 @@ class ValidationPlan(Record):
     fingerprint: Fingerprint = Field(..., description="this host: the attestation's compat key and soft values")
     prompts_file: str | Path | None = Field(None, description="extra prompts, beside the profile's own")
     speed_budget: float = Field(1.0, gt=0, description="scales the speed gate's repetition and time budget")
+    preferred: tuple[PreferredValidation, ...] = Field((), description="for a fallback runtime of served models: "
+                                                       "each model's preferred runtime as validated, to compare with")
 
 
 def run_validation(settings: Settings, store: Store, plan: ValidationPlan, *, auth: Authority = Authority(),
@@ -187,7 +207,14 @@ def run_validation(settings: Settings, store: Store, plan: ValidationPlan, *, au
             "speed": speed.to_json(),
             "duration_s": round(time.monotonic() - t0, 3),
             **({"warm_start": warm_start} if warm_start is not None else {}),
+            "reference_outputs_digest": digest_json([g.token_ids for g in ref_out]),
         })
+        if plan.preferred:
+            attestation = Attestation.model_validate({**attestation.model_dump(mode="json"), "cross_runtime": [
+                r.model_dump(mode="json") for r in cross_runtime_records(plan.preferred, attestation)]})
+            for c in attestation.cross_runtime or ():
+                say(f"cross-runtime parity with {c.preferred_profile} ({c.model}): "
+                    + ("the same reference, both in parity" if c.passed else "; ".join(c.differences)))
         att_id = write_attestation(store, attestation, signer=auth.signer)
         result = ValidationResult(artifact_id, att_id, attestation, parity, speed)
     finally:
@@ -199,6 +226,25 @@ def run_validation(settings: Settings, store: Store, plan: ValidationPlan, *, au
     if not result.passed:
         raise verdict_error(artifact_id, att_id, attestation)
     return result
+
+
+def cross_runtime_parity(preferred: PreferredValidation, fallback: Attestation) -> CrossRuntimeParity:
+    """The record of a fallback's parity with its served model's preferred runtime."""
+    diffs = parity_basis_differences(preferred.attestation, fallback)
+    return CrossRuntimeParity(model=preferred.model, preferred_profile=preferred.profile,
+                              preferred_artifact=preferred.artifact_id, preferred_attestation=preferred.key,
+                              differences=tuple(diffs), passed=not diffs)
+
+
+def cross_runtime_records(preferred: tuple[PreferredValidation, ...], fallback: Attestation) -> list[CrossRuntimeParity]:
+    """One record per served model: the comparison with the first of its preferred validations
+    (newest first) that shows the same reference, else with the newest."""
+    out: dict[str, CrossRuntimeParity] = {}
+    for p in preferred:
+        rec = cross_runtime_parity(p, fallback)
+        if p.model not in out or (rec.passed and not out[p.model].passed):
+            out[p.model] = rec
+    return list(out.values())
 
 
 def bundle_reference(settings: Settings, store: Store, profile: BuildProfile, fp: Fingerprint, model_digest: str,

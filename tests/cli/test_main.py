@@ -99,7 +99,7 @@ def test_exit_code_table_covers_every_category():
     assert exit_code_for(RuntimeError("x")) == 1
     assert exit_code_for(KeyboardInterrupt()) == 130
     assert exit_code_for(Terminated()) == 143
-    assert {code for _, code, _ in EXIT_CODES} == {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 130, 143}
+    assert {code for _, code, _ in EXIT_CODES} == {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 130, 143}
 
 
 def test_console_script_end_to_end(tmp_path):

@@ -45,6 +45,9 @@ def test_aoti_engine_passes_against_vllm_and_can_be_promoted(tiny_build, vllm_re
     assert att.versions["vllm"].startswith("vllm") and att.model_digest_verified
     assert [lv.concurrency for lv in att.speed.levels] == [1, 4, 16, 32]
     assert att.compat_key == detect().compat_key("aoti")
+    # the reference's own outputs, by digest: what a fallback's cross-runtime parity compares (the
+    # engine is no fallback, so it records none)
+    assert att.reference_outputs_digest.startswith("xxh3-128:") and att.cross_runtime is None
     # the profile's gates, recorded per level: none lets an engine not clearly faster than vLLM pass
     assert sorted(att.thresholds.levels) == [1, 4, 16, 32]
     assert all(lv["min_throughput_ratio"] >= 1.2 for lv in att.thresholds.levels.values())

@@ -160,7 +160,7 @@ def _swap_link(dest: Path, name: str, target: str) -> None:
         raise
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
+def write_atomic(path: Path, data: bytes) -> None:
     """Replace ``path`` with ``data`` through a temporary file beside it, removed on any failure
     (a full disk leaves the old file, never a partial one or a stray temporary)."""
     tmp = path.parent / f".{path.name}.{uuid.uuid4().hex}.tmp"
@@ -367,7 +367,7 @@ def _keep_manifest(dest: Path, artifact_id: str, body: bytes) -> None:
     manifest from them, and the id proves them."""
     d = dest / MANIFESTS_DIR
     d.mkdir(exist_ok=True)
-    _write_atomic(d / f"{hex_of(artifact_id)}.json", body)
+    write_atomic(d / f"{hex_of(artifact_id)}.json", body)
 
 
 def _kept_manifest(dest: Path, artifact_id: str) -> bytes | None:
@@ -435,7 +435,7 @@ def record_installed(dest: Path, record: ChannelRecord) -> None:
     state = installed_seqs(dest)
     k = channel_ref(record)
     state[k] = max(state.get(k, 0), record.seq)
-    _write_atomic(Path(dest) / STATE_FILE, json.dumps(state, sort_keys=True).encode())
+    write_atomic(Path(dest) / STATE_FILE, json.dumps(state, sort_keys=True).encode())
 
 
 TRUST_FILE = ".buildctl-trusted.json"
@@ -455,7 +455,7 @@ def record_verified(dest: Path, proof: VerifiedRef) -> None:
     """Keep ``proof`` for ``proof.ref`` once what it covered is installed here."""
     refs = verified_refs(dest)
     refs[proof.ref] = proof
-    _write_atomic(Path(dest) / TRUST_FILE,
+    write_atomic(Path(dest) / TRUST_FILE,
                   json.dumps({k: v.model_dump(mode="json") for k, v in refs.items()}, sort_keys=True).encode())
 
 
@@ -475,7 +475,7 @@ def mark_health(dest: str | Path, artifact_id: str, status: str, when: str, deta
     """Record this node's smoke-check verdict for an artifact (atomically replaced)."""
     marks = health_marks(dest)
     marks[artifact_id] = {"status": status, "when": when, "detail": detail or ""}
-    _write_atomic(Path(dest) / HEALTH_FILE, json.dumps(marks, sort_keys=True).encode())
+    write_atomic(Path(dest) / HEALTH_FILE, json.dumps(marks, sort_keys=True).encode())
 
 
 # --- staged engines: downloaded before an upgrade, activated after it, offline ------------------
@@ -560,7 +560,7 @@ def _stage_locked(store: Store, record: ChannelRecord, artifact_id: str, dest: P
     entry = StagedEngine(artifact_id, record.compat_key, record, body, sigs, when, when, stats)
     f = _staged_file(dest, record)
     f.parent.mkdir(exist_ok=True)
-    _write_atomic(f, json.dumps({"artifact_id": artifact_id, "compat_key": record.compat_key,
+    write_atomic(f, json.dumps({"artifact_id": artifact_id, "compat_key": record.compat_key,
                                  "record": json.loads(record.to_bytes()), "manifest": body.decode(),
                                  "manifest_signatures": sigs, "verified_at": when, "staged_at": when,
                                  "stats": stats}, sort_keys=True).encode())

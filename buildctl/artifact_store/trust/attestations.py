@@ -223,6 +223,20 @@ class WarmStartRecord(Record):
         return out
 
 
+class CrossRuntimeParity(Record):
+    """A fallback runtime's parity with a served model's preferred runtime: both validated against
+    the same vLLM reference (the same weights, prompts and reference outputs), both in parity with
+    it. A node re-reads the preferred attestation named here and recomputes this before it runs the
+    fallback (:func:`parity_basis_differences`)."""
+
+    model: str = Field(..., description="The served model.")
+    preferred_profile: str = Field(..., description="Its preferred runtime's profile.")
+    preferred_artifact: str = Field(..., description="The preferred artifact whose attestation was compared.")
+    preferred_attestation: str = Field(..., description="That attestation's store key (immutable: named by its bytes).")
+    differences: tuple[str, ...] = Field((), description="What differs between the two validations (empty: the same reference).")
+    passed: bool = Field(..., description="No differences, and both sides passed parity.")
+
+
 class Attestation(Record):
     """The immutable record of one validation of one artifact on one host."""
 
@@ -245,6 +259,8 @@ class Attestation(Record):
     speed: SpeedSummary = Field(..., description="Speed side by side.")
     duration_s: float = Field(..., ge=0, description="How long the validation took.")
     warm_start: WarmStartRecord | None = Field(None, description="vllm bundles: the start-up check (absent for other backends).")
+    reference_outputs_digest: str | None = Field(None, description="Digest of the reference's greedy token ids for every parity prompt, in order: two validations with the same one compared against the same reference outputs. Absent before served models.")
+    cross_runtime: tuple[CrossRuntimeParity, ...] | None = Field(None, description="For a fallback runtime of a served model: its parity with the preferred runtime's validation. Absent when the profile is no fallback, or before served models.")
     signature: dict[str, str] | None = Field(None, description="Ed25519 signature over the record without this field.")
 
     @property
@@ -254,7 +270,8 @@ class Attestation(Record):
     def content(self) -> dict[str, Any]:
         """The JSON content without the signature (what is signed); an unset ``manifest_blake3`` is left
         out, as in records written before it."""
-        unset = {name for name in ("manifest_blake3", "warm_start") if getattr(self, name) is None}
+        unset = {name for name in ("manifest_blake3", "warm_start", "reference_outputs_digest", "cross_runtime")
+                 if getattr(self, name) is None}
         return self.model_dump(mode="json", exclude={"signature"} | unset)
 
 
@@ -307,6 +324,30 @@ def latest_attestation(store: Store, artifact_id: str, compat_key: str | Iterabl
     keys = {compat_key} if isinstance(compat_key, str) else set(compat_key)
     matching = [a for a in list_attestations(store, artifact_id) if a.attestation.compat_key in keys]
     return matching[-1] if matching else None
+
+
+def parity_basis_differences(preferred: Attestation, fallback: Attestation) -> list[str]:
+    """Why two validations are not evidence about the same outputs (empty: they are): the
+    checkpoint, the prompts, the tokens and top-k compared, or the reference's own outputs differ,
+    or either side did not pass parity. A validation without the reference outputs' digest (made
+    before served models) cannot show it."""
+    out = []
+    for what, a, b in (("model digest", preferred.model_digest, fallback.model_digest),
+                       ("prompt set", preferred.prompt_set.digest, fallback.prompt_set.digest),
+                       ("max_tokens", preferred.thresholds.max_tokens, fallback.thresholds.max_tokens),
+                       ("top_logprobs", preferred.thresholds.top_logprobs, fallback.thresholds.top_logprobs)):
+        if a != b:
+            out.append(f"{what}: {a} vs {b}")
+    a, b = preferred.reference_outputs_digest, fallback.reference_outputs_digest
+    if a is None or b is None:
+        out.append("reference outputs: not recorded by " + " and ".join(
+            n for n, d in (("the preferred validation", a), ("the fallback validation", b)) if d is None) + "; revalidate")
+    elif a != b:
+        out.append(f"reference outputs: {a} vs {b} (not the same vLLM reference)")
+    for side, att in (("preferred", preferred), ("fallback", fallback)):
+        if not att.parity.passed:
+            out.append(f"the {side} runtime did not pass parity ({att.artifact_id})")
+    return out
 
 
 # --- the verdict, recomputed from the recorded figures ------------------------------------------

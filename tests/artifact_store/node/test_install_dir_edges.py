@@ -102,7 +102,7 @@ def test_a_failed_link_swap_or_atomic_write_leaves_no_temporary(tmp_path, monkey
     with pytest.raises(OSError):
         idir._swap_link(tmp_path, "current", "versions/a")
     with pytest.raises(OSError):
-        idir._write_atomic(tmp_path / "state.json", b"{}")
+        idir.write_atomic(tmp_path / "state.json", b"{}")
     assert os.listdir(tmp_path) == []
 
 
