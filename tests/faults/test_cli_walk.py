@@ -52,7 +52,7 @@ def fill(path: list[str], required: list[tuple[str, str]], v: dict[str, str]) ->
                "dest": v["dest"], "--out": v["out"], "artifact": v["artifact"], "engine": v["dest"],
                "directory": v["tree"], "--reason": "walk", "--from": v["dest"], "files": v["profile_file"],
                "file": v["profile_file"], "--traffic": v["traffic"], "--node-id": "walk-node", "key_id": "0" * 16,
-               "--pool": "walk-pool", "--to": v["target"], "--node": "walk-node"}
+               "--pool": "walk-pool", "--to": v["target"], "--node": "walk-node", "--model": v["model"]}
     args = list(path)
     for name, kind in required:
         value = by_name[name]
@@ -70,7 +70,7 @@ def scenarios(tmp: Path, ro: Path | None) -> dict[str, tuple[list[str], dict[str
     target.write_text('driver_version: "580.65.06"\n')
     traffic = tmp / "traffic.yaml"
     traffic.write_text("{}\n")
-    base = {"profile": "tiny-llama-cpu", "channel": "prod", "dest": str(tmp / "dest"), "out": str(tmp / "out"),
+    base = {"profile": "tiny-llama-cpu", "model": "tiny-llama", "channel": "prod", "dest": str(tmp / "dest"), "out": str(tmp / "out"),
             "artifact": "xxh3-128:" + "d" * 32, "tree": str(tree), "profile_file": str(PROFILES / "tiny-llama-cpu.yaml"),
             "profile_file_or_name": str(PROFILES / "tiny-llama-cpu.yaml"), "target": str(target),
             "traffic": str(traffic)}
@@ -78,7 +78,7 @@ def scenarios(tmp: Path, ro: Path | None) -> dict[str, tuple[list[str], dict[str
     out = {
         "missing store": (["--store", f"file://{tmp / 'missing'}"], base, env),
         "unknown profile and channel": (["--store", f"file://{tmp / 'store'}"],
-                                        {**base, "profile": "tiny-lama-cpu", "channel": "prdo",
+                                        {**base, "profile": "tiny-lama-cpu", "model": "tiny-lama", "channel": "prdo",
                                          "profile_file_or_name": "tiny-lama-cpu"}, env),
         "malformed endpoint": (["--store", "s3://bucket-walk/p", "--endpoint-url", "notaurl"], base,
                                {**env, "AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "y"}),
