@@ -12,7 +12,8 @@ from buildctl.cli._common import emit_json, out, settings, want_json
 from buildctl.core.errors import BadInputError
 
 alerts_app = typer.Typer(help="Prefect automations that notify on failed, crashed and late runs, corruption, "
-                              "halted rollouts and channels not re-signed.", no_args_is_help=True)
+                              "halted rollouts, channels not re-signed and nodes left on a fallback runtime.",
+                         no_args_is_help=True)
 
 
 @alerts_app.command("install")
@@ -23,6 +24,7 @@ def install_cmd(
     webhook_url: Optional[str] = typer.Option(None, "--webhook-url", help="Create or update the Custom Webhook block with this URL first."),
     late_minutes: float = typer.Option(30, "--late-minutes", min=0.2, max=10080, help="Alert on a run Late this long."),
     resign_hours: float = typer.Option(24, "--resign-hours", min=0.01, max=8760, help="Alert when no resign-channels run completed this long."),
+    fallback_minutes: Optional[float] = typer.Option(None, "--fallback-minutes", min=0.1, max=525600, help="Alert when a node serves a model from a fallback runtime this long (default: the smallest max_fallback_minutes of the served models, else 240)."),
     json_out: bool = typer.Option(False, "--json", help="JSON output."),
 ) -> None:
     """Create or update (by name) the buildctl alert automations on the Prefect server (PREFECT_API_URL)."""
@@ -32,9 +34,25 @@ def install_cmd(
         from buildctl.flows.alerts import install_alerts
     except ImportError as err:
         raise BadInputError(f"alerts install needs Prefect on this machine ({err})") from None
-    done = install_alerts(block, webhook_url, late_minutes, resign_hours)
+    if fallback_minutes is None:
+        fallback_minutes = _fallback_minutes(ctx)
+    done = install_alerts(block, webhook_url, late_minutes, resign_hours, fallback_minutes)
     if want_json(ctx, json_out):
         emit_json([{"automation": n, "action": how} for n, how in done])
         return
     for n, how in done:
         out().print(f"{n}: {how} (notifies through {block})")
+
+
+def _fallback_minutes(ctx: typer.Context) -> float:
+    """The smallest ``max_fallback_minutes`` of the served models in the profile directory (240
+    when there are none, or the directory cannot be read)."""
+    from buildctl.core.errors import BuildctlError
+    from buildctl.engines.served import DEFAULT_MAX_FALLBACK_MINUTES
+    from buildctl.steps.profiles import served_models
+
+    try:
+        minutes = [m.max_fallback_minutes for m in served_models(settings(ctx))]
+    except BuildctlError:
+        minutes = []
+    return min(minutes, default=DEFAULT_MAX_FALLBACK_MINUTES)

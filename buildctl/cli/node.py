@@ -181,6 +181,10 @@ def _activate_model(ctx: typer.Context, name: str, dest: Path, channel: str, nod
     c = context(ctx, require_crypto=require_crypto)
     got = activate_model(c, served_model_by_name(c.settings, name), dest, channel=channel, node_id=node_id,
                          skip_preflight=skip_preflight)
+    if node_id and got.choice.moved:  # onto a fallback, or back: the fallback alert waits on these
+        from buildctl.flows.events import emit_runtime_choice
+
+        emit_runtime_choice(node_id, got.to_json())
     if got.note or (got.activation is not None and got.activation.quarantine_note):
         typer.echo(f"warning: {got.note or got.activation.quarantine_note}; activated from the staged copy as "
                    "verified on this disk", err=True)

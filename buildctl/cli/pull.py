@@ -144,6 +144,11 @@ def _pull_model(c, name: str, channel: str, dest: Path, options, quiet: bool) ->
 
     chosen = pull_model(c, model, channel, dest, options, on_pass=on_pass)
     res, rec = chosen.pull.result, chosen.pull.record
+    if options.node_id and chosen.moved:  # onto a fallback, or back: the fallback alert waits on these
+        from buildctl.flows.events import emit_runtime_choice
+
+        emit_runtime_choice(options.node_id, {**chosen.to_json(), "artifact_id": res.artifact_id,
+                                              "compat_key": rec.compat_key})
     if quiet:
         emit_json({**chosen.to_json(), "artifact_id": res.artifact_id, "installed": res.installed,
                    "current": str(Path(dest) / "current"), "previous": res.previous, "seq": rec.seq,

@@ -31,6 +31,22 @@ def _plan_table(p) -> Table:
     return t
 
 
+def _served_table(p) -> Table:
+    """Per served model and node group: swap, fallback or idle, with node-minutes."""
+    t = Table(title="served models: what the upgrade costs each node group")
+    for c in ("model", "gpu model", "nodes", "outcome", "serves", "node-min without", "node-min on fallback",
+              "until engine ready", "detail"):
+        t.add_column(c)
+    fmt = (lambda x: "unknown" if x is None else f"{x:,.1f}")
+    for s in p.served:
+        j = s.to_json()
+        t.add_row(j["model"], j["gpu_model"], str(len(j["nodes"])), j["outcome"], j["runtime"] or "nothing",
+                  fmt(j["node_minutes_without_runtime"]), fmt(j["node_minutes_on_fallback"]),
+                  ("unknown" if j["ready_minutes"] is None else f"{j['ready_minutes']:.1f} min") + f" ({j['estimate']})",
+                  j["detail"])
+    return t
+
+
 def _counts(p) -> str:
     return ", ".join(f"{n} {state}" for state, n in p.counts().items()) or "no (node, profile) pairs"
 
@@ -58,6 +74,8 @@ def plan_cmd(
         emit_json(p.to_json())
         return
     out().print(_plan_table(p))
+    if p.served:
+        out().print(_served_table(p))
     out().print(_counts(p))
     for s in p.skipped:
         out().print(f"skipped: {s}")

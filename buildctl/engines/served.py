@@ -37,6 +37,8 @@ SHARED_FIELDS: tuple[str, ...] = ("model", "validation.prompt_sets", "validation
                                   "validation.max_tokens", "validation.top_logprobs")
 
 MODELS_DIR = "models"
+# How long a node may serve a model from a fallback runtime before the alert fires, by default.
+DEFAULT_MAX_FALLBACK_MINUTES = 240.0
 
 
 class ServedModel(Record):
@@ -44,7 +46,7 @@ class ServedModel(Record):
 
     name: str = Field(..., pattern=SLUG_PATTERN, description="The served model's name (a DNS-label-like slug): `pull --model NAME`.")
     runtimes: tuple[str, ...] = Field(..., min_length=1, description="Build profile names, most preferred first; every later one is a fallback for the ones before it.")
-    max_fallback_minutes: float = Field(240.0, gt=0, le=365 * 24 * 60, allow_inf_nan=False, description="A node group on a fallback runtime longer than this raises an alert (the preferred engine's rebuild is overdue).")
+    max_fallback_minutes: float = Field(DEFAULT_MAX_FALLBACK_MINUTES, gt=0, le=365 * 24 * 60, allow_inf_nan=False, description="A node group on a fallback runtime longer than this raises an alert (the preferred engine's rebuild is overdue).")
     description: str | None = Field(None, max_length=500, description="Free text for listings.")
 
     @property

@@ -14,7 +14,11 @@ notification block named ``TYPE-SLUG/NAME`` (``slack-webhook/oncall``,
 * **buildctl rollout halted**: ``buildctl.rollout.halted`` (a wave's failures passed its budget;
   the channel was rolled back);
 * **buildctl channels not re-signed**: no ``resign-channels`` run completed in ``resign_hours``
-  (channel records expire, and nodes refuse an expired record).
+  (channel records expire, and nodes refuse an expired record);
+* **buildctl node on its fallback**: a node group (the nodes whose preferred runtime has one compat
+  key) moved a served model onto a fallback runtime (``buildctl.node.runtime-fallback``) and did
+  not move back (``buildctl.node.runtime-preferred``) within ``fallback_minutes``: the preferred
+  engine's rebuild for that key is overdue.
 
 Every message carries the run's link (``{{ flow_run|ui_url }}``) where a run is involved.
 """
@@ -28,7 +32,8 @@ from typing import Any
 import httpx
 
 from buildctl.core.errors import BadInputError, NotFoundError, UnavailableError
-from buildctl.flows.events import ARTIFACT_CORRUPTED, ROLLOUT_HALTED
+from buildctl.engines.served import DEFAULT_MAX_FALLBACK_MINUTES
+from buildctl.flows.events import ARTIFACT_CORRUPTED, ROLLOUT_HALTED, RUNTIME_FALLBACK, RUNTIME_PREFERRED
 
 #: The buildctl flows (one per deployment in prefect.yaml; tests/flows/test_alerts.py checks it).
 FLOW_NAMES = ("build-validate-publish", "reconcile-fleet", "on-driver-upgrade", "scrub-store", "heal-artifact",
@@ -52,7 +57,8 @@ def _our_flows() -> dict[str, Any]:
     return {"prefect.resource.role": "flow", "prefect.resource.name": list(FLOW_NAMES)}
 
 
-def alerts(late_minutes: float = 30, resign_hours: float = 24) -> list[Alert]:
+def alerts(late_minutes: float = 30, resign_hours: float = 24,
+           fallback_minutes: float = DEFAULT_MAX_FALLBACK_MINUTES) -> list[Alert]:
     """The alerts :func:`install_alerts` installs."""
     return [
         Alert("buildctl run failed", "A buildctl flow run ended Failed or Crashed: its summary artifact names the "
@@ -91,6 +97,17 @@ def alerts(late_minutes: float = 30, resign_hours: float = 24) -> list[Alert]:
               "buildctl: no channel re-sign in " + f"{resign_hours:g} h",
               f"No resign-channels run completed in {resign_hours:g} hours. Run `buildctl resign` or check the "
               "resign-channels deployment and its worker."),
+        Alert("buildctl node on its fallback", f"A node group has served a model from a fallback runtime for "
+              f"{fallback_minutes:g} minutes: its preferred engine has no usable artifact for the node's compat key "
+              "(not built, not promoted, quarantined or refused); the node moves back at its next pull once it has.",
+              {"after": {RUNTIME_FALLBACK}, "expect": {RUNTIME_PREFERRED},
+               "match": {"prefect.resource.id": "buildctl.served.*"}, "for_each": {"prefect.resource.id"},
+               "posture": "Proactive", "threshold": 1, "within": timedelta(minutes=fallback_minutes)},
+              "buildctl: {{ event.payload.model }} on {{ event.payload.preferred_compat_key }} on its fallback for "
+              + f"{fallback_minutes:g} min",
+              "Nodes of compat key {{ event.payload.preferred_compat_key }} (first: {{ event.payload.node_id }}) serve "
+              "{{ event.payload.model }} from {{ event.payload.runtime }} (fallback #{{ event.payload.rank }}) since "
+              "{{ event.payload.since }}: {{ event.payload.why }}"),
     ]
 
 
@@ -118,27 +135,27 @@ def _block_id(block: str, webhook_url: str | None) -> Any:
 
 
 def install_alerts(block: str = DEFAULT_BLOCK, webhook_url: str | None = None, late_minutes: float = 30,
-                   resign_hours: float = 24) -> list[tuple[str, str]]:
+                   resign_hours: float = 24, fallback_minutes: float = DEFAULT_MAX_FALLBACK_MINUTES) -> list[tuple[str, str]]:
     """Create or update (by name) every automation of :func:`alerts`, sending through ``block``.
     Returns (name, "created" | "updated") each; an unreachable server is :class:`UnavailableError`."""
-    if not 0 < late_minutes <= 7 * 24 * 60 or not 0 < resign_hours <= 24 * 365:
-        raise BadInputError("--late-minutes in (0, 10080], --resign-hours in (0, 8760]")
+    if not 0 < late_minutes <= 7 * 24 * 60 or not 0 < resign_hours <= 24 * 365 or not 0 < fallback_minutes <= 525_600:
+        raise BadInputError("--late-minutes in (0, 10080], --resign-hours in (0, 8760], --fallback-minutes in (0, 525600]")
     try:
-        return _install(block, webhook_url, late_minutes, resign_hours)
+        return _install(block, webhook_url, alerts(late_minutes, resign_hours, fallback_minutes))
     except httpx.TransportError as err:  # connection refused, DNS, timeout: the server is not there
         from prefect.settings import PREFECT_API_URL
 
         raise UnavailableError(f"Prefect API {PREFECT_API_URL.value()} unreachable: {err}") from None
 
 
-def _install(block: str, webhook_url: str | None, late_minutes: float, resign_hours: float) -> list[tuple[str, str]]:
+def _install(block: str, webhook_url: str | None, wanted: list[Alert]) -> list[tuple[str, str]]:
     from prefect.automations import Automation
     from prefect.events.actions import SendNotification
     from prefect.events.schemas.automations import EventTrigger
 
     block_id = _block_id(block, webhook_url)
     done = []
-    for a in alerts(late_minutes, resign_hours):
+    for a in wanted:
         new = Automation(name=a.name, description=a.description, enabled=True, trigger=EventTrigger(**a.trigger),
                          actions=[SendNotification(block_document_id=block_id, subject=a.subject, body=a.body)])
         try:

@@ -18,6 +18,10 @@ ARTIFACT_INCONCLUSIVE = "buildctl.artifact.inconclusive"
 ARTIFACT_PROMOTABLE = "buildctl.artifact.promotable"
 ROLLOUT_HALTED = "buildctl.rollout.halted"
 ROLLOUT_STARTED = "buildctl.rollout.started"
+#: A node moved a served model to a fallback runtime, or back to (or first onto) its preferred one:
+#: the "node on its fallback" alert waits for the second after the first.
+RUNTIME_FALLBACK = "buildctl.node.runtime-fallback"
+RUNTIME_PREFERRED = "buildctl.node.runtime-preferred"
 #: The event a validation verdict emits (``promotable`` follows ``validated`` when the next
 #: channel's gates can be met).
 VERDICT_EVENTS = {"pass": ARTIFACT_VALIDATED, "fail": ARTIFACT_VALIDATION_FAILED, "inconclusive": ARTIFACT_INCONCLUSIVE}
@@ -161,6 +165,26 @@ def emit_engine_health(node_id: str, payload: dict[str, Any]) -> str | None:
                                  "buildctl.engine-health": str(payload.get("status"))},
                  {"node_id": node_id, **payload},
                  related_resources(payload.get("artifact_id"), payload.get("profile"), payload.get("compat_key")))
+
+
+def served_resource_id(model: str, group_key: str) -> str:
+    """The resource of one served model on one node group: the nodes whose preferred runtime has
+    the compat key ``group_key`` (the fallback alert waits per resource, so a group pages once)."""
+    return f"buildctl.served.{model}.{group_key}"
+
+
+def emit_runtime_choice(node_id: str, payload: dict[str, Any]) -> str | None:
+    """Emit ``buildctl.node.runtime-fallback`` when a node moved a served model onto a fallback
+    runtime, ``buildctl.node.runtime-preferred`` when onto its preferred one (payload: the choice,
+    its rank, since when, why each earlier runtime was passed over, and ``preferred_compat_key``:
+    the node's compat key for the preferred runtime, which names its group)."""
+    event = RUNTIME_FALLBACK if payload.get("fallback") else RUNTIME_PREFERRED
+    model, group = str(payload.get("model")), str(payload.get("preferred_compat_key"))
+    return _emit(event, {"prefect.resource.id": served_resource_id(model, group),
+                         "prefect.resource.name": f"{model} on {group}", "buildctl.runtime": str(payload.get("runtime"))},
+                 {"node_id": node_id, **payload},
+                 related_resources(payload.get("artifact_id"), payload.get("runtime"), payload.get("compat_key"),
+                                   node_id=node_id))
 
 
 def emit_rollout_started(profile: str, channel: str, compat_key: str, artifact_id: str, seq: int) -> str | None:

@@ -62,6 +62,9 @@ class ModelPull:
     profile: str
     passed_over: list[PassedOver] = field(default_factory=list)
     pull: node_agent.NodePull | None = None
+    moved: bool = False  # the model runs another runtime here than before (or its first)
+    since: str | None = None  # when it started to run this runtime here
+    preferred_compat_key: str | None = None  # this node's key for the preferred runtime: its node group
 
     @property
     def rank(self) -> int:
@@ -78,7 +81,8 @@ class ModelPull:
 
     def to_json(self) -> dict[str, Any]:
         return {"model": self.model.name, "runtime": self.profile, "rank": self.rank, "fallback": self.fallback,
-                "why": self.why(),
+                "why": self.why(), "since": self.since, "moved": self.moved,
+                "preferred_compat_key": self.preferred_compat_key,
                 "passed_over": [{"profile": p.profile, "kind": p.kind, "reason": p.reason} for p in self.passed_over]}
 
 
@@ -128,19 +132,25 @@ def pull_model(ctx: Context, model: ServedModel, channel: str, dest: str | Path,
         except (IntegrityError, GateRefusedError, PreflightRefusedError) as err:
             pass_over(name, "refused", f"refused: {_one_line(err)}")
             continue
-        chosen = ModelPull(model, name, passed, got)
+        chosen = ModelPull(model, name, passed, got, preferred_compat_key=_preferred_key(ctx, model))
         record_choice(dest, chosen)
         return chosen
     raise NoRuntimeFitsError(model.name, [(p.profile, p.reason) for p in passed])
 
 
+def _preferred_key(ctx: Context, model: ServedModel) -> str:
+    return ctx.fingerprint.compat_key(profile_by_name(ctx.settings, model.preferred).engine.backend)
+
+
 def record_choice(dest: Path, chosen: ModelPull) -> None:
     """Keep ``DIR/served-model.json``: the runtime each model runs here, since when (kept while the
-    runtime stays the same) and why. Not kept (a full disk) costs only the record, not the install."""
+    runtime stays the same) and why; set ``chosen.moved`` and ``chosen.since``. Not kept (a full
+    disk) costs only the record, not the install."""
     state = read_choices(dest)
     before = state.get(chosen.model.name, {})
-    since = before.get("since") if before.get("runtime") == chosen.profile else None
-    state[chosen.model.name] = {**chosen.to_json(), "since": since or utc_now(),
+    chosen.moved = before.get("runtime") != chosen.profile
+    chosen.since = (None if chosen.moved else before.get("since")) or utc_now()
+    state[chosen.model.name] = {**chosen.to_json(), "since": chosen.since,
                                 "artifact_id": chosen.pull.result.artifact_id if chosen.pull else None}
     try:
         write_atomic(dest / CHOICE_FILE, json.dumps(state, sort_keys=True, indent=1).encode())
@@ -212,7 +222,8 @@ def activate_model(ctx: Context, model: ServedModel, dest: str | Path, *, channe
         except (IntegrityError, GateRefusedError, PreflightRefusedError) as err:
             passed.append(PassedOver(name, "refused", f"refused: {_one_line(err)}"))
             continue
-        chosen = ModelPull(model, name, passed, node_agent.NodePull(got.result, got.result.record, None))
+        chosen = ModelPull(model, name, passed, node_agent.NodePull(got.result, got.result.record, None),
+                           preferred_compat_key=_preferred_key(ctx, model))
         record_choice(dest, chosen)
         return ModelActivation(chosen, got, note)
     if any_staged:

@@ -121,6 +121,54 @@ class Group:
                 "nodes": sorted(self.nodes)}
 
 
+# A node's swap to a staged engine, in minutes: `node activate` of a staged engine stays under a
+# second (benchmarks/activate.py; tests/steps/test_node_agent.py checks the bound).
+SWAP_MINUTES = 1 / 60
+Outcome = Literal["swap", "fallback", "idle"]
+
+
+@dataclass
+class ServedGroup:
+    """A group of nodes whose profile is a served model's preferred runtime, and what the upgrade
+    costs them: ``swap`` (the engine for the projected key is ready), ``fallback`` (a fallback
+    runtime is ready and in cross-runtime parity while the engine is built or re-checked) or
+    ``idle`` (nothing covers them until the engine is ready)."""
+
+    model: str
+    group: Group
+    outcome: Outcome
+    runtime: str | None  # what the nodes serve right after the upgrade (None: nothing)
+    detail: str
+    ready_minutes: float | None  # until the preferred engine is ready (None: unknown)
+    estimate: str  # where that figure comes from
+
+    @property
+    def node_minutes_without(self) -> float | None:
+        """Node-minutes without a servable runtime: a swap each (two on a fallback: there and
+        back), plus, when idle, the wait for the engine (None: unknown)."""
+        n = len(self.group.nodes)
+        if self.outcome == "swap":
+            return n * SWAP_MINUTES
+        if self.outcome == "fallback":
+            return 2 * n * SWAP_MINUTES
+        return None if self.ready_minutes is None else n * (self.ready_minutes + SWAP_MINUTES)
+
+    @property
+    def node_minutes_on_fallback(self) -> float | None:
+        if self.outcome != "fallback":
+            return 0.0
+        return None if self.ready_minutes is None else len(self.group.nodes) * self.ready_minutes
+
+    def to_json(self) -> dict[str, Any]:
+        r = (lambda x: None if x is None else round(x, 2))
+        return {"model": self.model, "profile": self.group.profile, "compat_key": self.group.compat_key,
+                "gpu_model": self.group.gpu_model, "nodes": sorted(self.group.nodes), "engine_state": self.group.state,
+                "outcome": self.outcome, "runtime": self.runtime, "detail": self.detail,
+                "ready_minutes": r(self.ready_minutes), "estimate": self.estimate,
+                "node_minutes_without_runtime": r(self.node_minutes_without),
+                "node_minutes_on_fallback": r(self.node_minutes_on_fallback)}
+
+
 @dataclass
 class UpgradePlan:
     """Every node's state per profile after the target's upgrade."""
@@ -129,6 +177,7 @@ class UpgradePlan:
     channel: str
     groups: list[Group]
     skipped: list[str] = field(default_factory=list)  # nodes whose record cannot be read, and why
+    served: list[ServedGroup] = field(default_factory=list)  # served models' groups: swap, fallback or idle
 
     def states_of(self, node_id: str) -> dict[str, Group]:
         return {g.profile: g for g in self.groups if node_id in g.nodes}
@@ -153,6 +202,7 @@ class UpgradePlan:
     def to_json(self) -> dict[str, Any]:
         return {"target": self.target, "channel": self.channel, "counts": self.counts(),
                 "groups": [g.to_json() for g in self.groups], "skipped": self.skipped,
+                "served": [s.to_json() for s in self.served],
                 "nodes": {n: {p: g.state for p, g in self.states_of(n).items()}
                           for n in sorted({n for g in self.groups for n in g.nodes})}}
 
@@ -246,7 +296,82 @@ def plan(ctx: Context, target: UpgradeTarget, profiles: dict[str, BuildProfile],
     memo: dict = {}
     for g in groups:
         decide(ctx, g, profiles[g.profile], channel, served, memo)
-    return UpgradePlan(target.fields(), channel, groups, skipped)
+    outcomes, problems = served_outcomes(ctx, groups, profiles, channel, served, memo)
+    return UpgradePlan(target.fields(), channel, groups, skipped + problems, outcomes)
+
+
+def served_outcomes(ctx: Context, groups: list[Group], profiles: dict[str, BuildProfile], channel: str,
+                    served: set[str] | None, memo: dict) -> tuple[list[ServedGroup], list[str]]:
+    """For each group whose profile is a served model's preferred runtime: swap, fallback or idle
+    (see :class:`ServedGroup`). A fallback must be ``ready`` for the same projected nodes and in
+    cross-runtime parity with the preferred runtime, as a node checks it. Also returns why served
+    models were left out (a malformed file, a runtime not among ``profiles``)."""
+    from buildctl.core.errors import BuildctlError
+    from buildctl.steps.fallback import fallback_refusal
+    from buildctl.steps.profiles import served_models
+
+    try:
+        models = served_models(ctx.settings)
+    except BuildctlError as err:
+        return [], [f"served models: {str(err).splitlines()[0]}"]
+    out, problems = [], []
+    for model in models:
+        missing = [r for r in model.runtimes if r not in profiles]
+        if missing:
+            problems.append(f"served model {model.name}: runtimes {', '.join(missing)} not in this plan's profiles")
+            continue
+        for g in (g for g in groups if g.profile == model.preferred):
+            if g.state == "ready":
+                out.append(ServedGroup(model.name, g, "swap", g.profile, f"{g.profile} is ready: {g.detail}", 0.0,
+                                       "ready"))
+                continue
+            minutes, estimate = _ready_minutes(ctx, g, profiles[g.profile])
+            outcome = ServedGroup(model.name, g, "idle", None, f"{g.profile} is {g.state} ({g.detail}); no fallback "
+                                  "is ready", minutes, estimate)
+            why = []
+            for name in model.runtimes[1:]:
+                fb = profiles[name]
+                other = Group(name, fb.engine.backend, g.projected.compat_key(fb.engine.backend), g.projected,
+                              list(g.nodes))
+                decide(ctx, other, fb, channel, served, memo)
+                rec = _channel_record(ctx.store, name, channel, g.projected) if other.state == "ready" else None
+                refusal = fallback_refusal(ctx, model, rec, rec.artifact_for(g.nodes[0])) if rec is not None else (
+                    f"{other.state} ({other.detail})")
+                if refusal is None:
+                    outcome = ServedGroup(model.name, g, "fallback", name,
+                                          f"{name} covers them while {g.profile} is {g.state} ({g.detail})",
+                                          minutes, estimate)
+                    break
+                why.append(f"{name}: {refusal}")
+            if outcome.outcome == "idle" and why:
+                outcome.detail += ": " + "; ".join(why)
+            out.append(outcome)
+    return out, problems
+
+
+def _ready_minutes(ctx: Context, group: Group, profile: BuildProfile) -> tuple[float | None, str]:
+    """How long until the group's engine is ready, from the last build and validation of the
+    profile on record (provenance, attestation): a re-check is a validation, a build both, a
+    promote CI's move only. None when blocked or nothing is on record."""
+    from buildctl.artifact_store.read import artifacts_built_from
+    from buildctl.artifact_store.trust.attestations import list_attestations
+    from buildctl.artifact_store.trust.provenance import read_provenance
+
+    if group.state == "promote":
+        return 0.0, "a promote (CI's wait not counted)"
+    if group.state == "blocked":
+        return None, "blocked: until it is unblocked"
+    build_s = validate_s = None
+    for aid, _ in artifacts_built_from(ctx.store, profile.name, profile.build_hash())[:5]:
+        if build_s is None and (prov := read_provenance(ctx.store, aid)) is not None:
+            build_s = prov.build_seconds()
+        if validate_s is None and (atts := list_attestations(ctx.store, aid)):
+            validate_s = atts[-1].attestation.duration_s
+    if validate_s is None or (group.state == "build" and build_s is None):
+        return None, f"no {'build and ' if group.state == 'build' else ''}validation of {profile.name} on record"
+    if group.state == "re-check":
+        return validate_s / 60, f"the last validation of {profile.name} ({validate_s:.0f} s)"
+    return (build_s + validate_s) / 60, f"the last build and validation of {profile.name} ({build_s:.0f} + {validate_s:.0f} s)"
 
 
 def node_record(ctx: Context, node_id: str) -> NodeRecord:

@@ -178,10 +178,8 @@ def _invalidations(ctx: Context, profile: str, channel: str, inputs: WorthInputs
 
 def _build_gpu_seconds(ctx: Context, artifact_id: str, world_size: int) -> tuple[float | None, str | None]:
     prov = read_provenance(ctx.store, artifact_id)
-    meta = ((prov.statement.get("predicate") or {}).get("runDetails") or {}).get("metadata") or {} if prov else {}
-    try:
-        secs = (parse_utc(meta["finishedOn"]) - parse_utc(meta["startedOn"])).total_seconds()
-    except (KeyError, TypeError, ValueError):
+    secs = prov.build_seconds() if prov is not None else None
+    if secs is None:
         return None, f"provenance: {artifact_id} has no build provenance with startedOn and finishedOn"
     return secs * max(1, world_size), None
 

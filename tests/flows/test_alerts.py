@@ -31,7 +31,7 @@ pytestmark = pytest.mark.slow
 def test_flow_names_are_the_deployments_of_prefect_yaml():
     spec = yaml.safe_load((REPO / "prefect.yaml").read_text())
     assert sorted(FLOW_NAMES) == sorted(d["name"] for d in spec["deployments"])
-    assert len({a.name for a in alerts()}) == 5 and all(a.description for a in alerts())
+    assert len({a.name for a in alerts()}) == 6 and all(a.description for a in alerts())
 
 
 class Receiver:
@@ -84,14 +84,15 @@ def test_a_failed_build_a_corruption_and_a_halted_rollout_each_page_once_with_th
                               stderr=subprocess.STDOUT, start_new_session=True)
     try:
         wait_healthy(url, server)
-        install = [sys.executable, "-m", "buildctl", "--json", "alerts", "install", "--webhook-url", receiver.url]
+        install = [sys.executable, "-m", "buildctl", "--json", "alerts", "install", "--webhook-url", receiver.url,
+                   "--fallback-minutes", "0.2"]
         for want in ("created", "updated"):  # installing again updates, by name
             r = subprocess.run(install, env=env, cwd=REPO, capture_output=True, text=True, timeout=120)
             assert r.returncode == 0, r.stderr
-            assert [x["action"] for x in json.loads(r.stdout)] == [want] * 5
+            assert [x["action"] for x in json.loads(r.stdout)] == [want] * 6
         autos = {a["name"]: a for a in api(url, "/automations/filter", {})}
-        assert {a.name for a in alerts()} <= set(autos) and len(autos) == 5
-        assert all(autos[a.name]["description"] == a.description for a in alerts())
+        assert {a.name for a in alerts()} <= set(autos) and len(autos) == 6
+        assert all(autos[a.name]["description"] == a.description for a in alerts(fallback_minutes=0.2))
         r = subprocess.run([sys.executable, "-m", "buildctl", "alerts", "install", "--block", "slack-webhook/none"],
                            env=env, cwd=REPO, capture_output=True, text=True, timeout=120)
         assert r.returncode == 3 and "no notification block" in r.stderr, r.stderr
@@ -121,12 +122,24 @@ def test_a_failed_build_a_corruption_and_a_halted_rollout_each_page_once_with_th
             (view,) = rollout.result()
             assert view["decision"] == "halt"
 
+            # a node that moves onto its fallback and stays pages once; one that moves back in time does not
+            from buildctl.flows.events import emit_runtime_choice
+
+            choice = {"model": "tiny-llama", "runtime": "tiny-llama-vllm-cpu", "rank": 1, "fallback": True,
+                      "since": "2026-12-06T00:00:00Z", "why": "fallback #1: tiny-llama-cpu no artifact for compat key k"}
+            for node, key in (("stuck-1", "aoti-stuck"), ("stuck-2", "aoti-stuck"), ("healed", "aoti-healed")):
+                assert emit_runtime_choice(node, {**choice, "preferred_compat_key": key})
+            assert emit_runtime_choice("healed", {**choice, "preferred_compat_key": "aoti-healed",
+                                                  "runtime": "tiny-llama-cpu", "rank": 0, "fallback": False})
+
         runs = {"failed build": (f"run {failed.state_details.flow_run_id}", "build-validate-publish run"),
                 "scrub": (str(scrub.state_details.flow_run_id), "scrub-store run"),
                 "corrupted": (str(scrub.state_details.flow_run_id), f"artifact {aid} corrupted"),
                 "halted": (str(rollout.state_details.flow_run_id), "rollout of tiny-llama-cpu/prod halted")}
+        fallback = "tiny-llama on aoti-stuck on its fallback for 0.2 min"
         deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and not all(receiver.matching(s) for _, s in runs.values()):
+        while time.monotonic() < deadline and not (all(receiver.matching(s) for _, s in runs.values())
+                                                   and receiver.matching(fallback)):
             time.sleep(1)
         time.sleep(5)  # any duplicate would have arrived by now
         (tmp_path / "alerts.json").write_text(json.dumps(receiver.bodies, indent=1))  # what the on-call engineer reads
@@ -136,6 +149,9 @@ def test_a_failed_build_a_corruption_and_a_halted_rollout_each_page_once_with_th
             run_id = run_id.removeprefix("run ")
             assert f"/runs/flow-run/{run_id}" in got[0]["body"], (what, got[0])
         assert "IncompatibleTargetError" in receiver.matching("build-validate-publish run")[0]["body"]
+        [paged] = receiver.matching(fallback)  # once for its group of two nodes
+        assert "serve tiny-llama from tiny-llama-vllm-cpu (fallback #1)" in paged["body"]
+        assert not receiver.matching("aoti-healed")  # it moved back within the time
         assert not receiver.matching("rollout-channel run")  # the halting run itself completed
     finally:
         stop(server)

@@ -181,6 +181,9 @@ def test_the_cli_reports_the_choice_and_exits_13_naming_every_reason(fleet, tmp_
     got = json.loads(out)
     assert (got["runtime"], got["rank"], got["fallback"], got["artifact_id"]) == (BUNDLE, 1, True, bundle)
     assert got["passed_over"][0]["profile"] == ENGINE and got["passed_over"][0]["kind"] == "no-artifact"
+    assert got["moved"] and got["preferred_compat_key"] == NEW.compat_key("aoti")  # what the fallback event names
+    code, out, err = cli("--json", *args)
+    assert code == 0 and not json.loads(out)["moved"] and json.loads(out)["since"] == got["since"]  # no new event
     code, out, err = cli(*args)
     assert code == 0 and f"passed over: no artifact for compat key" in out and "fallback #1" in out
 

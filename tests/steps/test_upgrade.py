@@ -351,3 +351,77 @@ def test_a_recheck_that_fails_rebuilds_and_a_hard_change_builds(tiny_fleet, monk
     (d,) = done
     assert d.action == "built" and d.compat_key == newer.compat_key("aoti") and "built in" in d.detail
     assert plan_after.counts() == {"ready": 2}
+
+
+# --- served models: swap, fallback or idle per node group ----------------------------------------
+
+
+def served_fleet(tmp_path, engine_for_new: bool, bundle_for_new: bool):
+    """Three nodes on the old host that serve the tiny Llama's engine; the upgrade moves them to
+    the new host. The engine was built (600 s, provenance) and validated for the old key; the bundle
+    and the engine for the new key as asked."""
+    from .test_runtimes import BUNDLE, ENGINE, NEW, OLD, Fleet
+    from ..support.helpers import write_build_provenance
+    from buildctl.core.times import now_utc
+    from datetime import timedelta
+
+    f = Fleet(tmp_path)
+    t0 = now_utc()
+    old = f.publish(ENGINE, OLD)
+    write_build_provenance(f.store, old, started_on=t0.isoformat(), finished_on=(t0 + timedelta(seconds=600)).isoformat())
+    if engine_for_new:
+        f.publish(ENGINE, NEW)
+    if bundle_for_new:
+        f.publish(BUNDLE, NEW)
+    for n in ("n1", "n2", "n3"):
+        fleet.report_node(f.store, n, OLD, [ENGINE])
+    target = UpgradeTarget(torch_version=NEW.torch_version)
+    return f, upgrade.plan(f.ctx, target, profiles.load_profiles(settings()), channel="staging")
+
+
+@pytest.mark.parametrize("engine, bundle, outcome, runtime", [
+    (True, True, "swap", "tiny-llama-cpu"),
+    (False, True, "fallback", "tiny-llama-vllm-cpu"),
+    (False, False, "idle", None),
+])
+def test_a_served_models_node_group_swaps_falls_back_or_idles_with_its_node_minutes(tmp_path, engine, bundle,
+                                                                                      outcome, runtime):
+    _, p = served_fleet(tmp_path, engine, bundle)
+    [s] = p.served
+    assert (s.model, s.outcome, s.runtime, sorted(s.group.nodes)) == ("tiny-llama", outcome, runtime, ["n1", "n2", "n3"])
+    swap = upgrade.SWAP_MINUTES
+    if outcome == "swap":
+        assert s.node_minutes_without == pytest.approx(3 * swap) and s.node_minutes_on_fallback == 0
+        return
+    # the engine is a build for the new key: the last build (600 s, provenance) and validation (1 s) on record
+    assert s.group.state == "build" and s.ready_minutes == pytest.approx((600 + 1) / 60)
+    if outcome == "fallback":
+        assert s.node_minutes_without == pytest.approx(3 * 2 * swap)
+        assert s.node_minutes_on_fallback == pytest.approx(3 * 601 / 60)
+    else:
+        assert s.node_minutes_without == pytest.approx(3 * (601 / 60 + swap))
+        assert "no fallback is ready" in s.detail and "tiny-llama-vllm-cpu: build" in s.detail
+    j = p.to_json()["served"][0]
+    assert j["outcome"] == outcome and j["node_minutes_without_runtime"] == round(s.node_minutes_without, 2)
+
+
+def test_a_bundle_without_cross_runtime_parity_is_no_fallback_in_the_plan(tmp_path):
+    from .test_runtimes import BUNDLE, NEW
+
+    f, _ = served_fleet(tmp_path, False, False)
+    f.publish(BUNDLE, NEW, cross=[])
+    [s] = upgrade.plan(f.ctx, UpgradeTarget(torch_version=NEW.torch_version), profiles.load_profiles(settings()),
+                       channel="staging").served
+    assert s.outcome == "idle" and "records no parity with tiny-llama-cpu" in s.detail
+
+
+def test_upgrade_plan_prints_the_served_model_table(tmp_path, cli, monkeypatch):
+    from .test_runtimes import NEW
+
+    f, _ = served_fleet(tmp_path, False, True)
+    target = tmp_path / "target.yaml"
+    target.write_text(f"torch_version: '{NEW.torch_version}'\n")
+    monkeypatch.setenv("BUILDCTL_STORE", f.store.uri)
+    code, out, err = cli("upgrade", "plan", "--to", target, "--channel", "staging")
+    assert code == 0, err
+    assert "served models" in out and "fallback" in out and "tiny-llama-vllm-cpu" in out

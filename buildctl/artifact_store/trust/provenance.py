@@ -35,6 +35,7 @@ from pydantic import Field, ValidationError
 
 from buildctl.core.records import Record
 from buildctl.core.digest import canonical_json, crypto_bytes, hex_of
+from buildctl.core.times import parse_utc
 from buildctl.artifact_store.trust.authority import Authority
 from buildctl.artifact_store.backends.store import Store
 from buildctl.artifact_store.trust.binding import manifest_blake3
@@ -197,6 +198,15 @@ class StoredProvenance:
     def signed_at(self) -> str | None:
         when = _at(self.statement, "predicate", "runDetails", "metadata", "finishedOn")
         return when if isinstance(when, str) else None
+
+    def build_seconds(self) -> float | None:
+        """How long the build ran (``finishedOn - startedOn``); None when either is missing or unreadable."""
+        started = _at(self.statement, "predicate", "runDetails", "metadata", "startedOn")
+        finished = _at(self.statement, "predicate", "runDetails", "metadata", "finishedOn")
+        try:
+            return (parse_utc(finished) - parse_utc(started)).total_seconds()
+        except (TypeError, ValueError):
+            return None
 
 
 def read_provenance(store: Store, artifact_id: str) -> StoredProvenance | None:
