@@ -17,6 +17,12 @@ Three modes:
   validates; a node has no servable engine from its upgrade until its pair's artifact passed;
 * **reactive, hard/soft keys**: the same, with a re-check (validation only) where only soft fields
   changed; a node waits for its re-check (as with ``pull --require-covered``);
+* **reactive, hard/soft keys, vLLM fallback** (#59): the same, for a served model whose second
+  runtime is a validated vLLM bundle of the same weights (``build_profiles/models/``). The bundle's
+  own key decides its work (``compat_key("vllm")``: the driver is soft for it, TensorRT-LLM not in it);
+  the builder does the bundles' work first (a re-check takes ``--validate-min``, a build
+  ``--bundle-build-min``), then the engines'. A node whose engine is not ready serves the bundle as
+  soon as the bundle is, and swaps back once the engine is (``pull --model``): a swap each way;
 * **planned**: ``upgrade prepare`` re-checks and builds before the first node is touched,
   ``pull --for-upgrade --stage-only`` pre-stages, and ``upgrade ready`` gates each node, so a node
   is without an engine only for ``node activate``'s swap (1 s, the bound ``tests/steps/test_node_agent.py``
@@ -57,13 +63,25 @@ def host(gpu: tuple[str, str, int]) -> Fingerprint:
                        platform="linux-x86_64", glibc_version="2.35", compiler_version="gcc 11.4.0")
 
 
-def work_for(before: Fingerprint, after: Fingerprint, legacy: bool) -> str:
+def work_for(before: Fingerprint, after: Fingerprint, legacy: bool, backend: str = "trtllm") -> str:
     """What buildctl does for one pair after the upgrade: build, re-check or nothing."""
     if legacy:
-        return "build" if before.legacy_compat_key("trtllm") != after.legacy_compat_key("trtllm") else "none"
-    if before.compat_key("trtllm") != after.compat_key("trtllm"):
+        return "build" if before.legacy_compat_key(backend) != after.legacy_compat_key(backend) else "none"
+    if before.compat_key(backend) != after.compat_key(backend):
         return "build"
-    return "re-check" if before.soft_differences(after, "trtllm") else "none"
+    return "re-check" if before.soft_differences(after, backend) else "none"
+
+
+def node_wait(upgraded_at: float, engine_ready: float, fallback_ready: float | None) -> tuple[float, float]:
+    """(minutes without a servable runtime, minutes on the fallback) of one node upgraded at
+    ``upgraded_at`` whose engine is ready at ``engine_ready`` (0: nothing to do) and whose fallback
+    is ready at ``fallback_ready`` (None: no fallback). Swaps included: one, or two via a fallback."""
+    if engine_ready <= upgraded_at:
+        return SWAP_MIN, 0.0
+    if fallback_ready is None or fallback_ready >= engine_ready:
+        return engine_ready - upgraded_at + SWAP_MIN, 0.0
+    on_fb_from = max(upgraded_at, fallback_ready)
+    return on_fb_from - upgraded_at + 2 * SWAP_MIN, engine_ready - on_fb_from
 
 
 @dataclass
@@ -73,18 +91,30 @@ class Result:
     rechecks: int
     build_gpu_hours: float
     lead_min: float
+    fallback_node_minutes: float = 0.0
 
 
 def simulate(upgrade: dict, mode: str, seed: int, nodes_per_model: int, batch: int, batch_min: float,
-             validate_min: float) -> Result:
+             validate_min: float, bundle_build_min: float = 5.0) -> Result:
     rng = random.Random(seed)
-    node_minutes = gpu_hours = lead = 0.0
+    node_minutes = gpu_hours = lead = on_fallback = 0.0
     builds = rechecks = 0
     for gpu in GPUS:
         before = host(gpu)
         after = before.model_copy(update=upgrade)
         free = 0.0  # this GPU model's builder (one worker of the new compat key)
         ready: dict[int, float] = {}
+        fb_ready: dict[int, float | None] = dict.fromkeys(range(len(PROFILES)))
+        if mode == FALLBACK:  # the bundles first: they are what the nodes serve meanwhile
+            for p in range(len(PROFILES)):
+                work = work_for(before, after, legacy=False, backend="vllm")
+                if work == "build":
+                    free += bundle_build_min * rng.uniform(0.8, 1.2) + validate_min * rng.uniform(0.8, 1.2)
+                    builds += 1
+                elif work == "re-check":
+                    free += validate_min * rng.uniform(0.8, 1.2)
+                    rechecks += 1
+                fb_ready[p] = free if work != "none" else 0.0
         for p, (_, build_min, tp) in enumerate(PROFILES):  # all three pairs are triggered by the first batch
             work = work_for(before, after, legacy=mode == "reactive, schema-1 keys")
             took = 0.0
@@ -106,11 +136,14 @@ def simulate(upgrade: dict, mode: str, seed: int, nodes_per_model: int, batch: i
             if mode == "planned" or ready[p] == 0.0:
                 node_minutes += SWAP_MIN
             else:
-                node_minutes += max(0.0, ready[p] - upgraded_at) + SWAP_MIN
-    return Result(node_minutes, builds, rechecks, gpu_hours, lead)
+                without, fb = node_wait(upgraded_at, ready[p], fb_ready[p])
+                node_minutes += without
+                on_fallback += fb
+    return Result(node_minutes, builds, rechecks, gpu_hours, lead, on_fallback)
 
 
-MODES = ("reactive, schema-1 keys", "reactive, hard/soft keys", "planned")
+FALLBACK = "reactive, hard/soft keys, vLLM fallback"
+MODES = ("reactive, schema-1 keys", "reactive, hard/soft keys", FALLBACK, "planned")
 
 
 def summarize(values: list[float], digits: int = 0) -> str:
@@ -127,27 +160,31 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch", type=int, default=8, help="nodes upgraded at a time per GPU model")
     ap.add_argument("--batch-min", type=float, default=20.0, help="minutes between batches")
     ap.add_argument("--validate-min", type=float, default=10.0, help="minutes per validation or re-check (an assumption)")
+    ap.add_argument("--bundle-build-min", type=float, default=5.0,
+                    help="minutes to build a vLLM bundle where its key changed (an assumption)")
     ap.add_argument("--seeds", type=int, default=20)
     args = ap.parse_args(argv)
     rows, results = [], {}
     for name, upgrade in UPGRADES.items():
         for mode in MODES:
-            runs = [simulate(upgrade, mode, seed, args.nodes_per_model, args.batch, args.batch_min, args.validate_min)
-                    for seed in range(args.seeds)]
+            runs = [simulate(upgrade, mode, seed, args.nodes_per_model, args.batch, args.batch_min, args.validate_min,
+                             args.bundle_build_min) for seed in range(args.seeds)]
             results[f"{name} / {mode}"] = {
                 "node_minutes_median": round(statistics.median(r.node_minutes for r in runs), 1),
                 "node_minutes_range": [round(min(r.node_minutes for r in runs), 1), round(max(r.node_minutes for r in runs), 1)],
                 "builds": runs[0].builds, "rechecks": runs[0].rechecks,
                 "build_gpu_hours_median": round(statistics.median(r.build_gpu_hours for r in runs), 1),
+                "fallback_node_minutes_median": round(statistics.median(r.fallback_node_minutes for r in runs), 1),
                 "lead_min_median": round(statistics.median(r.lead_min for r in runs), 1)}
-            rows.append([name, mode, summarize([r.node_minutes for r in runs]), str(runs[0].builds),
+            rows.append([name, mode, summarize([r.node_minutes for r in runs]),
+                         summarize([r.fallback_node_minutes for r in runs]), str(runs[0].builds),
                          str(runs[0].rechecks), summarize([r.build_gpu_hours for r in runs], 1),
                          summarize([r.lead_min for r in runs]) if mode == "planned" else ""])
     nodes = args.nodes_per_model * len(GPUS)
     text = table(f"upgrades of {nodes} nodes ({len(GPUS)} GPU models × {args.nodes_per_model}, {len(PROFILES)} profiles), "
                  f"batches of {args.batch} every {args.batch_min:g} min; builds 15/30/45 min, validation "
                  f"{args.validate_min:g} min, ±20%; median [range] over {args.seeds} seeds (a model, not a measurement)",
-                 ["upgrade", "mode", "node-minutes without a servable engine", "builds", "re-checks",
+                 ["upgrade", "mode", "node-minutes without a servable runtime", "node-minutes on a fallback", "builds", "re-checks",
                   "build GPU-hours", "lead time, min"], rows)
     finish("upgrade", text, {"params": vars(args), "results": results})
     return 0

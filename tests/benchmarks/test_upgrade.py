@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.upgrade import GPUS, PROFILES, SWAP_MIN, UPGRADES, host, simulate, work_for
+from benchmarks.upgrade import FALLBACK, GPUS, PROFILES, SWAP_MIN, UPGRADES, host, node_wait, simulate, work_for
 
 
 @pytest.mark.parametrize("upgrade,legacy,new", [
@@ -31,3 +31,22 @@ def test_one_batch_closed_form():
     assert p.node_minutes == pytest.approx(9 * SWAP_MIN) and p.builds == 9 and p.lead_min > 0
     gpu_h = sum(b / 60 * tp for _, b, tp in PROFILES) * len(GPUS)
     assert 0.8 * gpu_h <= p.build_gpu_hours <= 1.2 * gpu_h
+
+
+def test_a_node_on_a_fallback_waits_only_for_the_fallback_and_two_swaps():
+    assert node_wait(40.0, 30.0, None) == (SWAP_MIN, 0.0)  # engine ready before the node: one swap
+    assert node_wait(10.0, 30.0, None) == pytest.approx((20.0 + SWAP_MIN, 0.0))  # no fallback: the wait
+    assert node_wait(10.0, 30.0, 0.0) == pytest.approx((2 * SWAP_MIN, 20.0))  # fallback ready: there and back
+    assert node_wait(10.0, 30.0, 15.0) == pytest.approx((5.0 + 2 * SWAP_MIN, 15.0))  # waits for the fallback
+    assert node_wait(10.0, 30.0, 35.0) == pytest.approx((20.0 + SWAP_MIN, 0.0))  # a later fallback is never used
+
+
+def test_the_fallback_mode_takes_the_bundles_work_from_their_own_keys():
+    """A TensorRT-LLM upgrade leaves the vLLM bundles' key alone: every waiting node serves the
+    bundle at once. A driver upgrade is soft for both: the bundles are re-checked too (18 re-checks)."""
+    trt = simulate(UPGRADES["TensorRT-LLM 1.2.1 -> 1.2.2"], FALLBACK, 0, 3, 3, 20.0, 10.0)
+    assert trt.node_minutes == pytest.approx(9 * 2 * SWAP_MIN) and trt.builds == 9
+    without = simulate(UPGRADES["TensorRT-LLM 1.2.1 -> 1.2.2"], "reactive, hard/soft keys", 0, 3, 3, 20.0, 10.0)
+    assert trt.fallback_node_minutes == pytest.approx(without.node_minutes - 9 * SWAP_MIN)
+    drv = simulate(UPGRADES["driver branch 550 -> 580"], FALLBACK, 0, 3, 3, 20.0, 10.0)
+    assert drv.rechecks == 18 and drv.builds == 0 and drv.fallback_node_minutes > 0
