@@ -44,10 +44,11 @@ from dataclasses import dataclass
 
 from benchmarks.common import finish, table
 from buildctl.engines.fingerprint import CpuInfo, Fingerprint, GpuInfo
+from buildctl.steps.upgrade import SWAP_MINUTES
 
 PROFILES = (("llama-8b-tp1", 15.0, 1), ("llama-70b-fp8-tp4", 30.0, 4), ("llama-70b-tp8", 45.0, 8))
 GPUS = (("NVIDIA H100 80GB HBM3", "9.0", 81559), ("NVIDIA A100-SXM4-80GB", "8.0", 81920), ("NVIDIA L40S", "8.9", 46068))
-SWAP_MIN = 1 / 60  # node activate of a staged engine
+SWAP_MIN = SWAP_MINUTES  # node activate of a staged engine: the figure upgrade plan counts
 UPGRADES = {
     "driver branch 550 -> 580": {"driver_version": "580.65.06"},
     "TensorRT-LLM 1.2.1 -> 1.2.2": {"tensorrt_llm_version": "1.2.2", "tensorrt_version": "10.14.1.48"},
