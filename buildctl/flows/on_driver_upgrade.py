@@ -10,7 +10,9 @@ from prefect import flow, get_run_logger
 
 from buildctl.steps import fleet
 from buildctl.steps.profiles import load_profiles
-from buildctl.steps.context import open_store_of
+from buildctl.steps.context import Context, open_store_of
+from buildctl.steps.node_agent import DEFAULT_CHANNEL
+from buildctl.steps.upgrade import node_outcomes
 from buildctl.steps.coverage import describe_soft, recheck_needs, recheck_outcome
 from buildctl.core.errors import BuildctlError
 from buildctl.engines.fingerprint import parse_fingerprint
@@ -70,6 +72,24 @@ def on_driver_upgrade(node_id: str, fingerprint: dict[str, Any], profiles: list[
         return _on_driver_upgrade(report, node_id, fingerprint, profiles, store, old_fingerprint, event_id, wait_s)
 
 
+def _served_outcomes(report: RunReport, logger, ctx: Context, node_id: str, fp, known: dict) -> None:
+    """Per served model the node serves: what it runs now on its new fingerprint (swap, fallback or
+    idle; steps.upgrade.node_outcomes). The fleet is pull-based: the node moves itself with
+    ``pull --model`` (or ``node activate --model``) and back once the rebuild is promoted."""
+    outcomes, problems = node_outcomes(ctx, node_id, fp, known, DEFAULT_CHANNEL)
+    for o in outcomes:
+        move = {"swap": f"its next `buildctl pull --model {o.model}` swaps to it",
+                "fallback": f"its next `buildctl pull --model {o.model}` moves it to {o.runtime} now, and back to "
+                            f"{o.group.profile} on the first pull after the rebuild is promoted",
+                "idle": f"nothing to serve until {o.group.profile} is rebuilt and promoted"}[o.outcome]
+        line = f"{o.outcome} on {DEFAULT_CHANNEL}: {o.detail}; {move}"
+        (logger.warning if o.outcome == "idle" else logger.info)(f"{node_id} serves {o.model}: {line}")
+        report.add(f"serves {o.model}", line)
+    for p in problems:
+        logger.warning(f"{node_id}: {p}")
+        report.add("served models", p)
+
+
 def _on_driver_upgrade(report: RunReport, node_id: str, fingerprint: dict[str, Any], profiles: list[str] | None,
                        store: str | None, old_fingerprint: dict[str, Any] | None, event_id: str | None,
                        wait_s: float) -> list[dict[str, Any]]:
@@ -89,6 +109,8 @@ def _on_driver_upgrade(report: RunReport, node_id: str, fingerprint: dict[str, A
         changes = ', '.join(f'{k} {a} -> {z}' for k, (a, z) in soft.items())
         logger.info(f"{node_id}: {b} compat key {was or 'none'} -> {now}" + (f"; soft fields changed: {changes}" if soft else ""))
         report.add(f"{b} compat key", f"`{was or 'none'}` → `{now}`" + (f"; soft: {changes}" if soft else ""))
+    report.step = "served models"
+    _served_outcomes(report, logger, Context.from_settings(settings, store=s), node_id, fp, known)
     trigger = {"kind": "driver-upgrade", "node_id": node_id, "event_id": event_id,
                "compat_keys": {b: list(v) for b, v in keys.items()}}
     report.step = "re-check"

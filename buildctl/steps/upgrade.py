@@ -300,6 +300,20 @@ def plan(ctx: Context, target: UpgradeTarget, profiles: dict[str, BuildProfile],
     return UpgradePlan(target.fields(), channel, groups, skipped + problems, outcomes)
 
 
+def node_outcomes(ctx: Context, node_id: str, fp: Fingerprint, profiles: dict[str, BuildProfile],
+                  channel: str = "prod") -> tuple[list[ServedGroup], list[str]]:
+    """What one node with fingerprint ``fp`` (say, just upgraded) serves now, per served model whose
+    preferred runtime is among ``profiles``: swap, fallback or idle, as :func:`served_outcomes`
+    decides it for a group. The fleet is pull-based: the node moves with ``pull --model`` (or
+    ``node activate --model``), and back on a later pull once the engine is promoted."""
+    groups = [Group(name, p.engine.backend, fp.compat_key(p.engine.backend), fp, [node_id])
+              for name, p in sorted(profiles.items())]
+    memo: dict = {}
+    for g in groups:
+        decide(ctx, g, profiles[g.profile], channel, None, memo)
+    return served_outcomes(ctx, groups, profiles, channel, None, memo)
+
+
 def served_outcomes(ctx: Context, groups: list[Group], profiles: dict[str, BuildProfile], channel: str,
                     served: set[str] | None, memo: dict) -> tuple[list[ServedGroup], list[str]]:
     """For each group whose profile is a served model's preferred runtime: swap, fallback or idle

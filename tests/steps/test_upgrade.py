@@ -425,3 +425,28 @@ def test_upgrade_plan_prints_the_served_model_table(tmp_path, cli, monkeypatch):
     code, out, err = cli("upgrade", "plan", "--to", target, "--channel", "staging")
     assert code == 0, err
     assert "served models" in out and "fallback" in out and "tiny-llama-vllm-cpu" in out
+
+
+@pytest.mark.parametrize("engine, bundle, outcome", [(True, True, "swap"), (False, True, "fallback"),
+                                                      (False, False, "idle")])
+def test_one_upgraded_nodes_outcome_is_its_groups_in_the_plan(tmp_path, engine, bundle, outcome, monkeypatch):
+    """The driver-upgrade flow's step (node_outcomes) decides as upgrade plan does for its group."""
+    import logging
+
+    from .test_runtimes import NEW
+    from buildctl.flows.on_driver_upgrade import _served_outcomes
+    from buildctl.flows.summary import RunReport
+
+    f, p = served_fleet(tmp_path, engine, bundle)
+    known = profiles.load_profiles(settings())
+    [one], problems = upgrade.node_outcomes(f.ctx, "n1", NEW, known, channel="staging")
+    [group] = p.served
+    assert problems == [] and (one.outcome, one.runtime, one.group.nodes) == (group.outcome, group.runtime, ["n1"])
+    assert one.outcome == outcome
+    report = RunReport(title="t")
+    monkeypatch.setattr("buildctl.flows.on_driver_upgrade.DEFAULT_CHANNEL", "staging")  # the fleet here is on staging
+    _served_outcomes(report, logging.getLogger("t"), f.ctx, "n1", NEW, known)
+    [(key, line)] = report.rows
+    assert key == "serves tiny-llama" and line.startswith(f"{outcome} on staging: ")
+    assert {"swap": "swaps to it", "fallback": "moves it to tiny-llama-vllm-cpu now, and back to tiny-llama-cpu",
+            "idle": "nothing to serve until tiny-llama-cpu is rebuilt"}[outcome] in line
