@@ -35,24 +35,12 @@ def install_cmd(
     except ImportError as err:
         raise BadInputError(f"alerts install needs Prefect on this machine ({err})") from None
     if fallback_minutes is None:
-        fallback_minutes = _fallback_minutes(ctx)
+        from buildctl.steps.profiles import fallback_alert_minutes
+
+        fallback_minutes = fallback_alert_minutes(settings(ctx))
     done = install_alerts(block, webhook_url, late_minutes, resign_hours, fallback_minutes)
     if want_json(ctx, json_out):
         emit_json([{"automation": n, "action": how} for n, how in done])
         return
     for n, how in done:
         out().print(f"{n}: {how} (notifies through {block})")
-
-
-def _fallback_minutes(ctx: typer.Context) -> float:
-    """The smallest ``max_fallback_minutes`` of the served models in the profile directory (240
-    when there are none, or the directory cannot be read)."""
-    from buildctl.core.errors import BuildctlError
-    from buildctl.engines.served import DEFAULT_MAX_FALLBACK_MINUTES
-    from buildctl.steps.profiles import served_models
-
-    try:
-        minutes = [m.max_fallback_minutes for m in served_models(settings(ctx))]
-    except BuildctlError:
-        minutes = []
-    return min(minutes, default=DEFAULT_MAX_FALLBACK_MINUTES)

@@ -80,6 +80,16 @@ def served_models(settings: Settings, profiles: dict[str, BuildProfile] | None =
     return [served_model_by_name(settings, n, profiles) for n in served_model_names(settings)]
 
 
+def fallback_alert_minutes(settings: Settings) -> float:
+    """How long a node may serve a fallback before the alert fires: the smallest
+    ``max_fallback_minutes`` of the served models (the default, 240, when there are none). A
+    malformed served-model file raises its field-level error: the alert is never armed with a
+    value nobody configured."""
+    from buildctl.engines.served import DEFAULT_MAX_FALLBACK_MINUTES
+
+    return min((m.max_fallback_minutes for m in served_models(settings)), default=DEFAULT_MAX_FALLBACK_MINUTES)
+
+
 def find_profile(settings: Settings, name: str, expected_hash: str, path: str | Path | None = None) -> BuildProfile:
     """An artifact's profile: ``path``, else ``<profile dir>/<name>.yaml``. Its build-affecting hash
     must equal the artifact's (the gates may differ)."""

@@ -92,3 +92,16 @@ def test_the_cli_exits_2_on_a_malformed_file_and_3_on_an_unknown_name_without_a_
     assert code == 3 and "served model not found" in err and "Traceback" not in err
     code, _, err = cli("pull", "--model", "m", "--profile", "tiny-llama-cpu", "--channel", "prod", "--dest", tmp_path)
     assert code == 2 and "exactly one of --profile" in err
+
+
+def test_the_fallback_alert_takes_the_smallest_max_fallback_minutes_and_refuses_a_malformed_file(profile_dir):
+    from buildctl.steps.profiles import fallback_alert_minutes
+
+    assert fallback_alert_minutes(settings()) == 240  # the shipped tiny-llama.yaml
+    write_model(profile_dir, {"name": "m", "runtimes": ["tiny-llama-cpu"], "max_fallback_minutes": 30})
+    assert fallback_alert_minutes(settings()) == 30
+    write_model(profile_dir, {"name": "m", "runtimes": []})
+    with pytest.raises(ServedModelError):  # never armed with a value nobody configured
+        fallback_alert_minutes(settings())
+    shutil.rmtree(profile_dir / "models")
+    assert fallback_alert_minutes(settings()) == 240
