@@ -21,6 +21,8 @@ FIND_LINKS = $$($(PIP) config get global.find-links 2>/dev/null | sed 's/^/--fin
 DEMO_DIR ?= .demo
 # make demo PROFILE=tiny-llama-vllm-cpu: the same job on the vLLM warm-start bundle
 PROFILE ?= tiny-llama-cpu
+# make demo MODEL=tiny-llama: a served model, both its runtimes, the fallback and `buildctl worth`
+MODEL ?=
 PYTEST_ARGS ?=
 # make test spreads the suite over this many pytest-xdist workers (one per core on the 2-core CI).
 TEST_WORKERS ?= 2
@@ -122,7 +124,8 @@ docs: install
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
 
 demo: install
-	BUILDCTL_DEMO_DIR=$(DEMO_DIR) BUILDCTL_DEMO_PROFILE=$(PROFILE) PATH=$(CURDIR)/$(VENV)/bin:$$PATH bash scripts/demo.sh
+	BUILDCTL_DEMO_DIR=$(DEMO_DIR) BUILDCTL_DEMO_PROFILE=$(PROFILE) BUILDCTL_DEMO_MODEL=$(MODEL) PATH=$(CURDIR)/$(VENV)/bin:$$PATH \
+	  bash scripts/$(if $(MODEL),demo_model.sh,demo.sh)
 
 BENCH_HASH_GIB ?= 2
 BENCH_TRANSFER_GIB ?= 1
@@ -145,6 +148,7 @@ bench: install
 	$(PY) -m benchmarks.reference_modes
 	$(PY) -m benchmarks.rollout
 	$(PY) -m benchmarks.upgrade
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m benchmarks.fallback
 	$(PY) -m benchmarks.fleet_scale --nodes $(BENCH_FLEET_NODES)
 	$(PY) -m benchmarks.report
 

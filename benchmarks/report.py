@@ -10,7 +10,7 @@ from pathlib import Path
 
 from benchmarks.common import RESULTS, machine, spread
 
-ORDER = ["hashing", "transfer", "cache", "reconcile", "stage_times", "deep_verify", "activate", "crypto_digest", "verify_read", "install_sizes", "speedgate", "warm_start", "reference_modes", "rollout", "upgrade", "fleet_scale"]
+ORDER = ["hashing", "transfer", "cache", "reconcile", "stage_times", "deep_verify", "activate", "crypto_digest", "verify_read", "install_sizes", "speedgate", "warm_start", "reference_modes", "rollout", "upgrade", "fallback", "fleet_scale"]
 
 
 def chart(hashing: dict, transfer: dict | None) -> str | None:
