@@ -72,11 +72,11 @@ def on_driver_upgrade(node_id: str, fingerprint: dict[str, Any], profiles: list[
         return _on_driver_upgrade(report, node_id, fingerprint, profiles, store, old_fingerprint, event_id, wait_s)
 
 
-def _served_outcomes(report: RunReport, logger, ctx: Context, node_id: str, fp, known: dict) -> None:
+def _served_outcomes(report: RunReport, logger, ctx: Context, node_id: str, fp, serves: list[str]) -> None:
     """Per served model the node serves: what it runs now on its new fingerprint (swap, fallback or
     idle; steps.upgrade.node_outcomes). The fleet is pull-based: the node moves itself with
     ``pull --model`` (or ``node activate --model``) and back once the rebuild is promoted."""
-    outcomes, problems = node_outcomes(ctx, node_id, fp, known, DEFAULT_CHANNEL)
+    outcomes, problems = node_outcomes(ctx, node_id, fp, load_profiles(ctx.settings), serves, DEFAULT_CHANNEL)
     for o in outcomes:
         move = {"swap": f"its next `buildctl pull --model {o.model}` swaps to it",
                 "fallback": f"its next `buildctl pull --model {o.model}` moves it to {o.runtime} now, and back to "
@@ -110,7 +110,7 @@ def _on_driver_upgrade(report: RunReport, node_id: str, fingerprint: dict[str, A
         logger.info(f"{node_id}: {b} compat key {was or 'none'} -> {now}" + (f"; soft fields changed: {changes}" if soft else ""))
         report.add(f"{b} compat key", f"`{was or 'none'}` → `{now}`" + (f"; soft: {changes}" if soft else ""))
     report.step = "served models"
-    _served_outcomes(report, logger, Context.from_settings(settings, store=s), node_id, fp, known)
+    _served_outcomes(report, logger, Context.from_settings(settings, store=s), node_id, fp, served)
     trigger = {"kind": "driver-upgrade", "node_id": node_id, "event_id": event_id,
                "compat_keys": {b: list(v) for b, v in keys.items()}}
     report.step = "re-check"

@@ -301,13 +301,14 @@ def plan(ctx: Context, target: UpgradeTarget, profiles: dict[str, BuildProfile],
 
 
 def node_outcomes(ctx: Context, node_id: str, fp: Fingerprint, profiles: dict[str, BuildProfile],
-                  channel: str = "prod") -> tuple[list[ServedGroup], list[str]]:
+                  serves: Iterable[str], channel: str = "prod") -> tuple[list[ServedGroup], list[str]]:
     """What one node with fingerprint ``fp`` (say, just upgraded) serves now, per served model whose
-    preferred runtime is among ``profiles``: swap, fallback or idle, as :func:`served_outcomes`
-    decides it for a group. The fleet is pull-based: the node moves with ``pull --model`` (or
+    preferred runtime is among the profiles it ``serves``: swap, fallback or idle, as
+    :func:`served_outcomes` decides it for a group (``profiles``: every profile, so that a fallback
+    the node does not serve yet counts). The fleet is pull-based: the node moves with ``pull --model`` (or
     ``node activate --model``), and back on a later pull once the engine is promoted."""
     groups = [Group(name, p.engine.backend, fp.compat_key(p.engine.backend), fp, [node_id])
-              for name, p in sorted(profiles.items())]
+              for name, p in sorted(profiles.items()) if name in set(serves)]
     memo: dict = {}
     for g in groups:
         decide(ctx, g, profiles[g.profile], channel, None, memo)

@@ -439,13 +439,14 @@ def test_one_upgraded_nodes_outcome_is_its_groups_in_the_plan(tmp_path, engine, 
 
     f, p = served_fleet(tmp_path, engine, bundle)
     known = profiles.load_profiles(settings())
-    [one], problems = upgrade.node_outcomes(f.ctx, "n1", NEW, known, channel="staging")
+    # the node serves only the engine's profile: the bundle counts all the same
+    [one], problems = upgrade.node_outcomes(f.ctx, "n1", NEW, known, ["tiny-llama-cpu"], channel="staging")
     [group] = p.served
     assert problems == [] and (one.outcome, one.runtime, one.group.nodes) == (group.outcome, group.runtime, ["n1"])
     assert one.outcome == outcome
     report = RunReport(title="t")
     monkeypatch.setattr("buildctl.flows.on_driver_upgrade.DEFAULT_CHANNEL", "staging")  # the fleet here is on staging
-    _served_outcomes(report, logging.getLogger("t"), f.ctx, "n1", NEW, known)
+    _served_outcomes(report, logging.getLogger("t"), f.ctx, "n1", NEW, ["tiny-llama-cpu"])
     [(key, line)] = report.rows
     assert key == "serves tiny-llama" and line.startswith(f"{outcome} on staging: ")
     assert {"swap": "swaps to it", "fallback": "moves it to tiny-llama-vllm-cpu now, and back to tiny-llama-cpu",
