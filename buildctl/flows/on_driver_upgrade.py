@@ -72,11 +72,12 @@ def on_driver_upgrade(node_id: str, fingerprint: dict[str, Any], profiles: list[
         return _on_driver_upgrade(report, node_id, fingerprint, profiles, store, old_fingerprint, event_id, wait_s)
 
 
-def _served_outcomes(report: RunReport, logger, ctx: Context, node_id: str, fp, serves: list[str]) -> None:
+def _served_outcomes(report: RunReport, logger, ctx: Context, node_id: str, fp, profiles: dict,
+                     serves: list[str]) -> None:
     """Per served model the node serves: what it runs now on its new fingerprint (swap, fallback or
     idle; steps.upgrade.node_outcomes). The fleet is pull-based: the node moves itself with
     ``pull --model`` (or ``node activate --model``) and back once the rebuild is promoted."""
-    outcomes, problems = node_outcomes(ctx, node_id, fp, load_profiles(ctx.settings), serves, DEFAULT_CHANNEL)
+    outcomes, problems = node_outcomes(ctx, node_id, fp, profiles, serves, DEFAULT_CHANNEL)
     for o in outcomes:
         move = {"swap": f"its next `buildctl pull --model {o.model}` swaps to it",
                 "fallback": f"its next `buildctl pull --model {o.model}` moves it to {o.runtime} now, and back to "
@@ -100,7 +101,8 @@ def _on_driver_upgrade(report: RunReport, node_id: str, fingerprint: dict[str, A
     s = open_store_of(settings)
     served = fleet.record_reported_fingerprint(s, node_id, fp, profiles)
     report.add("profiles", ", ".join(f"`{p}`" for p in served) or "none on record")
-    known = {n: p for n, p in load_profiles(settings).items() if n in served}
+    every = load_profiles(settings)
+    known = {n: p for n, p in every.items() if n in served}
     backends = sorted({p.engine.backend for p in known.values()})
     keys = {b: (old.compat_key(b) if old else None, fp.compat_key(b)) for b in backends}
     logger = get_run_logger()
@@ -110,7 +112,7 @@ def _on_driver_upgrade(report: RunReport, node_id: str, fingerprint: dict[str, A
         logger.info(f"{node_id}: {b} compat key {was or 'none'} -> {now}" + (f"; soft fields changed: {changes}" if soft else ""))
         report.add(f"{b} compat key", f"`{was or 'none'}` → `{now}`" + (f"; soft: {changes}" if soft else ""))
     report.step = "served models"
-    _served_outcomes(report, logger, Context.from_settings(settings, store=s), node_id, fp, served)
+    _served_outcomes(report, logger, Context.from_settings(settings, store=s), node_id, fp, every, served)
     trigger = {"kind": "driver-upgrade", "node_id": node_id, "event_id": event_id,
                "compat_keys": {b: list(v) for b, v in keys.items()}}
     report.step = "re-check"

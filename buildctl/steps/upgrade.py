@@ -307,8 +307,9 @@ def node_outcomes(ctx: Context, node_id: str, fp: Fingerprint, profiles: dict[st
     :func:`served_outcomes` decides it for a group (``profiles``: every profile, so that a fallback
     the node does not serve yet counts). The fleet is pull-based: the node moves with ``pull --model`` (or
     ``node activate --model``), and back on a later pull once the engine is promoted."""
+    wanted = set(serves)
     groups = [Group(name, p.engine.backend, fp.compat_key(p.engine.backend), fp, [node_id])
-              for name, p in sorted(profiles.items()) if name in set(serves)]
+              for name, p in sorted(profiles.items()) if name in wanted]
     memo: dict = {}
     for g in groups:
         decide(ctx, g, profiles[g.profile], channel, None, memo)

@@ -446,7 +446,7 @@ def test_one_upgraded_nodes_outcome_is_its_groups_in_the_plan(tmp_path, engine, 
     assert one.outcome == outcome
     report = RunReport(title="t")
     monkeypatch.setattr("buildctl.flows.on_driver_upgrade.DEFAULT_CHANNEL", "staging")  # the fleet here is on staging
-    _served_outcomes(report, logging.getLogger("t"), f.ctx, "n1", NEW, ["tiny-llama-cpu"])
+    _served_outcomes(report, logging.getLogger("t"), f.ctx, "n1", NEW, known, ["tiny-llama-cpu"])
     [(key, line)] = report.rows
     assert key == "serves tiny-llama" and line.startswith(f"{outcome} on staging: ")
     assert {"swap": "swaps to it", "fallback": "moves it to tiny-llama-vllm-cpu now, and back to tiny-llama-cpu",
