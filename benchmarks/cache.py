@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
         return real(backend, step, cmd, **kw)
 
     isolate.run_step = counting
-    import buildctl.engines.aoti as aoti
+    import buildctl.engines.aoti.backend as aoti
 
     aoti.run_step = counting
     profile = load_profile(REPO / "build_profiles" / "tiny-llama-cpu.yaml")

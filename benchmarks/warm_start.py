@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     from buildctl.artifact_store.read import get_manifest
     from buildctl.steps.context import Context
     from buildctl.engines.profile import load_profile
-    from buildctl.engines.vllm_bundle import BundleRunner, read_record
+    from buildctl.engines.vllm.bundle import BundleRunner, read_record
     from buildctl.core.settings import load_settings
 
     work = Path(tempfile.mkdtemp(prefix="bench-warm-start-"))

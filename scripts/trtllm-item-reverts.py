@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Check that each audit-item test of tests/engines/test_trtllm_contract.py bites: revert one fix at a time
+"""Check that each audit-item test of tests/engines/trtllm/test_contract.py bites: revert one fix at a time
 in a copy of the tree and expect that item's test to fail (and the unreverted copy to pass).
 
     .venv/bin/python scripts/trtllm-item-reverts.py
@@ -20,22 +20,22 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 
 REVERTS = [  # (item, file, the fix, what was there before)
-    ("item_1", "buildctl/engines/trtllm.py", "output_generation_logits=bool(top_logprobs)))", "output_generation_logits=False))"),
-    ("item_2", "buildctl/engines/trtllm.py", "                for tok in response.result.output_token_ids[0]:",
+    ("item_1", "buildctl/engines/trtllm/backend.py", "output_generation_logits=bool(top_logprobs)))", "output_generation_logits=False))"),
+    ("item_2", "buildctl/engines/trtllm/backend.py", "                for tok in response.result.output_token_ids[0]:",
      "                for tok in [-1] * max_tokens:"),
-    ("item_3", "buildctl/engines/trtllm.py",
+    ("item_3", "buildctl/engines/trtllm/backend.py",
      "            kwargs.update(is_orchestrator_mode=True, device_ids=list(range(self.world_size)))", "            pass"),
-    ("item_4", "buildctl/engines/trtllm.py", "                    if pending:\n                        yield submit()",
+    ("item_4", "buildctl/engines/trtllm/backend.py", "                    if pending:\n                        yield submit()",
      "                    if pending and not in_flight:\n"
      "                        while pending and len(in_flight) < max(1, concurrency):\n"
      "                            yield submit()"),
-    ("item_5", "buildctl/engines/trtllm.py", "            cmd.append(flag)", "            pass"),
-    ("item_6", "buildctl/engines/trtllm.py", '        cmd += ["--calib_dataset", calib.dataset, "--calib_size", str(calib.size)]',
+    ("item_5", "buildctl/engines/trtllm/backend.py", "            cmd.append(flag)", "            pass"),
+    ("item_6", "buildctl/engines/trtllm/backend.py", '        cmd += ["--calib_dataset", calib.dataset, "--calib_size", str(calib.size)]',
      '        cmd += ["--calib_size", str(calib.size)]'),
-    ("item_7", "buildctl/engines/trtllm.py", "        release = release_for(version or settings.trtllm_version) or RELEASES[0]",
+    ("item_7", "buildctl/engines/trtllm/backend.py", "        release = release_for(version or settings.trtllm_version) or RELEASES[0]",
      "        release = RELEASES[0]"),
     ("item_8", "build_profiles/llama-3-8b-instruct-fp8-tp1.yaml", "    gemm_plugin: disable", "    gemm_plugin: auto"),
-    ("item_9", "buildctl/engines/trtllm.py", '            "platform": fingerprint.platform,', ""),
+    ("item_9", "buildctl/engines/trtllm/backend.py", '            "platform": fingerprint.platform,', ""),
     ("item_10", "tests/trtllm_kit.py", 'driver_version=s["driver"], cuda_version=s["cuda"]',
      'driver_version="550.54.15", cuda_version="12.4"'),
     ("item_11", "buildctl/engines/isolate.py",
@@ -49,7 +49,7 @@ REVERTS = [  # (item, file, the fix, what was there before)
 def run(copy: Path, item: str) -> bool:
     """Whether ``item``'s test passes in ``copy``."""
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
-                        "tests/engines/test_trtllm_contract.py", "-k", item], cwd=copy, capture_output=True, text=True,
+                        "tests/engines/trtllm/test_contract.py", "-k", item], cwd=copy, capture_output=True, text=True,
                        env={**os.environ, "PYTHONPATH": str(copy)})
     return r.returncode == 0
 

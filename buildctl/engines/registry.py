@@ -23,15 +23,15 @@ if TYPE_CHECKING:
     from buildctl.core.settings import Settings
 
 BACKENDS: dict[str, str] = {
-    "trtllm": "buildctl.engines.trtllm:TrtllmBackend",
-    "aoti": "buildctl.engines.aoti:AotiBackend",
-    "vllm": "buildctl.engines.vllm_bundle:VllmBackend",
+    "trtllm": "buildctl.engines.trtllm.backend:TrtllmBackend",
+    "aoti": "buildctl.engines.aoti.backend:AotiBackend",
+    "vllm": "buildctl.engines.vllm.bundle:VllmBackend",
 }
 
 if TYPE_CHECKING:  # mypy checks each registered class against the protocol (tests/test_architecture.py)
-    from buildctl.engines.aoti import AotiBackend
-    from buildctl.engines.trtllm import TrtllmBackend
-    from buildctl.engines.vllm_bundle import VllmBackend
+    from buildctl.engines.aoti.backend import AotiBackend
+    from buildctl.engines.trtllm.backend import TrtllmBackend
+    from buildctl.engines.vllm.bundle import VllmBackend
 
     _REGISTERED: tuple[type[EngineBackend], ...] = (TrtllmBackend, AotiBackend, VllmBackend)
 

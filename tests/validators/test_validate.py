@@ -13,7 +13,7 @@ import pytest
 from buildctl.artifact_store.trust.attestations import list_attestations
 from buildctl.artifact_store.backends.store import open_store
 from buildctl.steps import build, validate
-from buildctl.engines.aoti import AotiBackend
+from buildctl.engines.aoti.backend import AotiBackend
 from buildctl.engines.fingerprint import detect
 from buildctl.validators.errors import ModelMismatchError, ValidationFailedError, ValidationInconclusiveError
 from buildctl.steps.context import Context
@@ -70,7 +70,7 @@ def test_aoti_engine_passes_against_vllm_and_can_be_promoted(tiny_build, vllm_re
 def measured(tiny_build, vllm_reference, **gate_changes):
     """The unslowed engine's speed report against vLLM, measured now with the tiny profile's speed
     section (``gate_changes`` applied) and its workload."""
-    from buildctl.engines.aoti import AotiBackend
+    from buildctl.engines.aoti.backend import AotiBackend
     from buildctl.engines.threads import intra_op_threads
     from buildctl.validators.speed import measure
     from buildctl.validators.validate import _read_config, _speed_workload

@@ -119,8 +119,8 @@ def _build(tmp_path: Path, ctx: Context, *, seed: int = 1, calibration: bool = F
                               fp.compat_key(profile.engine.backend), None)
     run = tmp_path / f"run{seed}"
     engine = make_tree(run / "engine", {"model.pt2": 70_000, "record.json": b"{}"}, seed=seed)
-    (run / "build.log").write_text("$ python -m buildctl.engines.aoti_compile\nok\n")
-    cmd = (("python", "-m", "buildctl.engines.aoti_compile", "--model", str(model)),)
+    (run / "build.log").write_text("$ python -m buildctl.engines.aoti.compile\nok\n")
+    cmd = (("python", "-m", "buildctl.engines.aoti.compile", "--model", str(model)),)
     built = build.BuiltEngine(plan, run, engine, run / "build.log", 1.0, {"torch": "2.13.0"}, cmd, utc_now(), utc_now())
     return build.publish(ctx, built), plan
 
@@ -156,7 +156,7 @@ def test_a_build_writes_provenance_that_validates_and_names_its_inputs(ctx, stor
     assert deps["profile"]["uri"].endswith("tiny-llama-cpu.yaml")
     assert "calibration" not in deps  # the tiny profile has none
     assert deps["model"]["annotations"] == {"tree": "path, size, digest and mode of every file"}
-    assert pred["buildDefinition"]["internalParameters"]["commands"][0][:3] == ["python", "-m", "buildctl.engines.aoti_compile"]
+    assert pred["buildDefinition"]["internalParameters"]["commands"][0][:3] == ["python", "-m", "buildctl.engines.aoti.compile"]
     assert pred["buildDefinition"]["internalParameters"]["buildKey"] == m.build_key
     run = pred["runDetails"]
     assert run["builder"]["id"] == "urn:buildctl:builder:ci@builder-1"
@@ -351,7 +351,7 @@ def test_the_demo_builds_provenance_validates_against_the_in_toto_and_slsa_schem
     assert deps["model"]["digest"]["xxh3_128"] == hex_of(m.model_digest)
     assert deps["model"]["uri"].startswith("tiny:")
     cmds = stmt["predicate"]["buildDefinition"]["internalParameters"]["commands"]
-    assert cmds and "buildctl.engines.aoti_compile" in cmds[0]
+    assert cmds and "buildctl.engines.aoti.compile" in cmds[0]
     assert stmt["predicate"]["runDetails"]["builder"]["version"]["torch"] == m.tool_versions["torch"]
     assert {s["name"] for s in stmt["subject"][1:]} == {f.path for f in m.files}
 

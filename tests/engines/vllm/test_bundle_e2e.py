@@ -19,7 +19,7 @@ import yaml
 from buildctl.artifact_store.node.install_dir import local_problems
 from buildctl.artifact_store.read import get_manifest
 
-from ..support.helpers import PROFILES, REPO, rot
+from ...support.helpers import PROFILES, REPO, rot
 
 pytestmark = pytest.mark.slow
 
@@ -55,7 +55,7 @@ def bundle(tmp_path_factory):
 
 def test_a_bundle_validates_pulls_generates_and_stays_byte_identical(bundle):
     from buildctl.artifact_store.backends.store import open_store
-    from buildctl.engines.vllm_bundle import BundleRunner, read_record
+    from buildctl.engines.vllm.bundle import BundleRunner, read_record
 
     aid, env = bundle["artifact_id"], bundle["env"]
     r = _buildctl("--json", "validate", aid, "--profile", str(bundle["profile"]), env=env)
@@ -88,7 +88,7 @@ def test_a_bundle_validates_pulls_generates_and_stays_byte_identical(bundle):
 
 def test_a_flipped_byte_in_a_kernel_is_refused_before_vllm_starts(bundle, tmp_path, cli, monkeypatch):
     from buildctl.artifact_store.backends.store import open_store
-    from buildctl.engines import vllm_bundle
+    from buildctl.engines.vllm import bundle as vllm_bundle
 
     store_dir = tmp_path / "store"
     shutil.copytree(bundle["store"], store_dir)
@@ -119,7 +119,7 @@ def test_a_differing_hashed_environment_variable_fails_validation_with_cache_not
 def test_a_differing_engine_argument_is_a_miss_and_node_env_starts_vllm_with_a_hit(bundle, tmp_path):
     from buildctl.artifact_store.node.install_dir import install_artifact
     from buildctl.artifact_store.backends.store import open_store
-    from buildctl.engines.vllm_bundle import BundleRunner, cache_evidence, cache_files, read_record
+    from buildctl.engines.vllm.bundle import BundleRunner, cache_evidence, cache_files, read_record
 
     dest = tmp_path / "node"
     install_artifact(open_store(f"file://{bundle['store']}"), bundle["artifact_id"], dest)
@@ -177,7 +177,7 @@ def test_a_bundle_has_provenance_rolls_out_heals_and_is_collected_like_an_engine
     from buildctl.artifact_store.quarantine import active_quarantine
     from buildctl.artifact_store.fleet.waves import wave_bucket
 
-    from ..support.helpers import write_attestation
+    from ...support.helpers import write_attestation
 
     store_dir = tmp_path / "store"
     shutil.copytree(bundle["store"], store_dir)
@@ -188,7 +188,7 @@ def test_a_bundle_has_provenance_rolls_out_heals_and_is_collected_like_an_engine
     assert code == 0, err
     build = json.loads(out)["statement"]["predicate"]["buildDefinition"]
     assert build["externalParameters"]["backend"] == "vllm"
-    assert any("buildctl.engines.vllm_child" in c and "warm" in c for c in build["internalParameters"]["commands"])
+    assert any("buildctl.engines.vllm.child" in c and "warm" in c for c in build["internalParameters"]["commands"])
     subjects = {s["name"] for s in json.loads(out)["statement"]["subject"]}
     assert "bundle.json" in subjects and any(n.endswith(".so") for n in subjects)
 
@@ -237,7 +237,7 @@ def test_a_bundle_has_provenance_rolls_out_heals_and_is_collected_like_an_engine
         from buildctl.steps import rollouts
         from buildctl.steps.context import Context
 
-        from ..support.helpers import settings
+        from ...support.helpers import settings
 
         views = rollouts.tick(Context.from_settings(settings(store=uri), store=store), channel="prod")
         decisions += [v.decision for v in views]

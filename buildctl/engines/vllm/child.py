@@ -2,15 +2,15 @@
 
 vLLM keeps per-process global state, so a bundle's engine never shares a process with another
 vLLM (the validation reference runs in the validator's process). The parent
-(:mod:`buildctl.engines.vllm_bundle`) starts this module with the bundle directory as its
+(:mod:`buildctl.engines.vllm.bundle`) starts this module with the bundle directory as its
 working directory (the model is the relative path ``model``, so vLLM's cache hash holds no
 absolute path) and the environment the bundle needs (cache roots, ISA, offline).
 
-``python -m buildctl.engines.vllm_child warm SPEC RESULT``
+``python -m buildctl.engines.vllm.child warm SPEC RESULT``
     The build's compile run: start vLLM compiled, generate over every warm-up shape in SPEC, write
     RESULT (start time, the hash directory vLLM chose, the hashed environment) and shut down.
 
-``python -m buildctl.engines.vllm_child serve SPEC``
+``python -m buildctl.engines.vllm.child serve SPEC``
     Serve the parent over stdin/stdout, one JSON object per line. The first line out is
     ``{"ready": ...}`` (or ``{"error": ...}``); then each request ``{"op": "generate", ...}``,
     ``{"op": "stream", ...}``, ``{"op": "requests", ...}`` (requests joining and leaving
@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
-from buildctl.engines.vllm_runtime import VllmEngine, hashed_environment
+from buildctl.engines.vllm.runtime import VllmEngine, hashed_environment
 
 
 def _cache_dir(engine: VllmEngine) -> str | None:
@@ -119,7 +119,7 @@ def main(argv: list[str]) -> int:
         return warm(argv[1], argv[2])
     if len(argv) == 2 and argv[0] == "serve":
         return serve(argv[1])
-    print("usage: python -m buildctl.engines.vllm_child warm SPEC RESULT | serve SPEC", file=sys.stderr)
+    print("usage: python -m buildctl.engines.vllm.child warm SPEC RESULT | serve SPEC", file=sys.stderr)
     return 2
 
 

@@ -17,10 +17,10 @@ import pytest
 from buildctl.artifact_store.read import get_manifest
 from buildctl.engines.errors import EngineBuildError, HostRequirementsError
 from buildctl.engines.profile import load_profile, parse_profile
-from buildctl.engines.trtllm import TrtllmBackend, TrtllmTools, build_command, check_complete, convert_command
+from buildctl.engines.trtllm.backend import TrtllmBackend, TrtllmTools, build_command, check_complete, convert_command
 
-from ..support.helpers import REPO, settings
-from ..support.trtllm_kit import FAKES, calib, fake_tools, h100x8, hf_model, prod  # noqa: F401  (fixtures)
+from ...support.helpers import REPO, settings
+from ...support.trtllm_kit import FAKES, calib, fake_tools, h100x8, hf_model, prod  # noqa: F401  (fixtures)
 
 
 def tools() -> TrtllmTools:

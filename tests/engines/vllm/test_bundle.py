@@ -1,7 +1,7 @@
-"""The vllm backend (buildctl.engines.vllm_bundle) without starting vLLM: its compat key from the
+"""The vllm backend (buildctl.engines.vllm.bundle) without starting vLLM: its compat key from the
 facts, the cache-use evidence, the serving plan, the bundle record, the profile rules and the
 attestation's warm-start gate. The end-to-end tests that build and start vLLM are in
-tests/engines/test_vllm_bundle_e2e.py (slow)."""
+tests/engines/vllm/test_bundle_e2e.py (slow)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 from buildctl.engines.errors import EngineLoadError, IncompatibleTargetError
 from buildctl.engines.fingerprint import CpuInfo, Fingerprint
 from buildctl.engines.profile import ProfileError, build_affecting_fields, load_profile, parse_profile
-from buildctl.engines.vllm_bundle import (
+from buildctl.engines.vllm.bundle import (
     BUNDLE_FORMAT,
     VllmBackend,
     cache_evidence,
@@ -26,7 +26,7 @@ from buildctl.engines.vllm_bundle import (
     warmup_shapes,
 )
 
-from ..support.helpers import PROFILES, attestation
+from ...support.helpers import PROFILES, attestation
 
 FLAGS_V4 = ("avx", "avx2", "avx512bw", "avx512cd", "avx512dq", "avx512f", "avx512vl", "bmi1", "bmi2", "f16c", "fma")
 PROFILE = load_profile(PROFILES / "tiny-llama-vllm-cpu.yaml")
@@ -251,7 +251,7 @@ def test_a_node_with_other_cpu_flags_shares_the_key_and_is_refused_as_not_covere
     from buildctl.artifact_store.backends.store import open_store
     from buildctl.steps.build import manifest_draft
 
-    from ..support.helpers import publish_files, staged, write_attestation
+    from ...support.helpers import publish_files, staged, write_attestation
 
     built_on = host()
     store = open_store(f"file://{tmp_path / 'store'}")
@@ -288,7 +288,7 @@ def test_an_upgrade_of_a_vllm_node_rechecks_soft_changes_builds_hard_ones_and_st
     from buildctl.engines.fingerprint import UpgradeTarget
     from buildctl.steps.build import manifest_draft
 
-    from ..support.helpers import publish_files, settings, staged, write_attestation
+    from ...support.helpers import publish_files, settings, staged, write_attestation
 
     node = host()
     store = open_store(f"file://{tmp_path / 'store'}")

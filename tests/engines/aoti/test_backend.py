@@ -15,16 +15,16 @@ from buildctl.core.times import utc_now
 from buildctl.artifact_store.errors import PreflightError
 from buildctl.artifact_store.node.install_dir import current_artifact, install_artifact
 from buildctl.steps import build, host
-from buildctl.engines.aoti import AotiBackend
+from buildctl.engines.aoti.backend import AotiBackend
 from buildctl.engines.errors import EngineLoadError, IncompatibleTargetError
 from buildctl.engines.fingerprint import detect
 from buildctl.steps.context import Context
 
-from ..support.helpers import PROFILES, settings, write_attestation
+from ...support.helpers import PROFILES, settings, write_attestation
 
 pytestmark = pytest.mark.slow
 TINY = PROFILES / "tiny-llama-cpu.yaml"
-FIXTURES = Path(__file__).resolve().parent.parent / "support" / "fixtures"
+FIXTURES = Path(__file__).resolve().parents[2] / "support" / "fixtures"
 
 
 def test_build_published_with_log_and_record(tiny_build):
@@ -52,7 +52,7 @@ def test_second_build_is_a_cache_hit_without_builder(tiny_build, monkeypatch):
     def no_builder(*a, **k):
         raise AssertionError("a builder was started on a cache hit")
 
-    from buildctl.engines.aoti import AotiBackend
+    from buildctl.engines.aoti.backend import AotiBackend
 
     monkeypatch.setattr(AotiBackend, "build", no_builder)  # the host check may construct the backend
     monkeypatch.setattr(build, "run_build", no_builder)
@@ -119,7 +119,7 @@ def test_staggered_requests_on_the_compiled_graphs_equal_the_eager_graphs(tiny_b
     import random
 
     from buildctl.engines.batching import ContinuousBatcher, Request
-    from buildctl.engines.kv_llama import EagerKVModel
+    from buildctl.engines.aoti.kv_llama import EagerKVModel
 
     rng = random.Random(7)
     reqs = [Request([rng.randrange(4, 1024) for _ in range(rng.randint(1, 48))], rng.choice([1, 2, 5, 16, 24]),

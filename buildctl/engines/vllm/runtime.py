@@ -2,7 +2,7 @@
 
 Shared by the two places that run vLLM: the validation reference
 (:mod:`buildctl.validators.reference`, eager on the profile's model) and the vllm backend's child
-process (:mod:`buildctl.engines.vllm_child`, compiled from a bundle's caches). Each passes its
+process (:mod:`buildctl.engines.vllm.child`, compiled from a bundle's caches). Each passes its
 engine arguments and the environment vLLM must see; this module sets that environment before
 vllm is first imported, builds one ``LLM`` and implements:
 

@@ -50,14 +50,14 @@ import uuid
 from pathlib import Path
 from typing import Any, ClassVar, Iterator
 
-from buildctl.engines.aoti import ISA_ENV
+from buildctl.engines.aoti.backend import ISA_ENV
 from buildctl.engines.backend import BuildResult, Generation, TokenEvent
 from buildctl.engines.compat import CompatField, Floor
 from buildctl.engines.errors import EngineBuildError, EngineLoadError, IncompatibleTargetError
 from buildctl.engines.fingerprint import Fingerprint, host_fingerprint
 from buildctl.engines.isolate import run_step
 from buildctl.engines.profile import BuildProfile, EngineSpec, rule_error
-from buildctl.engines.trtllm import FLOORS as _TRTLLM_FLOORS
+from buildctl.engines.trtllm.backend import FLOORS as _TRTLLM_FLOORS
 from buildctl.core.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -122,7 +122,7 @@ def engine_arguments(profile: BuildProfile, *, cpu: bool) -> dict[str, Any]:
 def fixed_environment(cpu_isa: str, kvcache_space_gib: int, *, cpu: bool) -> dict[str, str]:
     """What a start of the bundle sets besides its cache roots: the ISA the kernels were compiled
     for, offline, single-process on CPU."""
-    from buildctl.engines.vllm_runtime import base_environment
+    from buildctl.engines.vllm.runtime import base_environment
 
     env = base_environment(cpu, kvcache_space_gib)
     if cpu:
@@ -360,7 +360,7 @@ class VllmBackend:
             env = {**os.environ, **fixed, **cache_environment(caches), "TMPDIR": str(work / "tmp"),
                    "PYTHONUNBUFFERED": "1"}
             start = time.monotonic()
-            cmd = (sys.executable, "-m", "buildctl.engines.vllm_child", "warm", str(work / "spec.json"),
+            cmd = (sys.executable, "-m", "buildctl.engines.vllm.child", "warm", str(work / "spec.json"),
                    str(work / "result.json"))
             run_step("vllm", "vllm compile run", cmd, log_path=log_path, timeout_s=profile.engine.build_timeout_s,
                      env=env, cwd=bundle, memory_limit_mb=profile.engine.build_memory_limit_mb)
@@ -445,7 +445,7 @@ class VllmBackend:
 
 
 class BundleRunner:
-    """A bundle served by vLLM in a child process (:mod:`buildctl.engines.vllm_child`), from a
+    """A bundle served by vLLM in a child process (:mod:`buildctl.engines.vllm.child`), from a
     scratch copy of its caches, behind the Runner interface. ``evidence`` says whether the start
     used the bundle's cache (:func:`cache_evidence`); ``startup_s`` is the engine-ready time."""
 
@@ -472,7 +472,7 @@ class BundleRunner:
             t0 = time.monotonic()
             with open(self.log_path, "ab") as logf:
                 self._proc = subprocess.Popen(
-                    [sys.executable, "-m", "buildctl.engines.vllm_child", "serve", str(spec)],
+                    [sys.executable, "-m", "buildctl.engines.vllm.child", "serve", str(spec)],
                     cwd=self.bundle_dir, env={**os.environ, **plan["env"], **(env or {}), "PYTHONUNBUFFERED": "1"},
                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=logf, text=True, start_new_session=True)
             first = self._read()

@@ -27,12 +27,12 @@ import yaml
 
 from buildctl.engines.errors import EngineBuildError, EngineLoadError, HostRequirementsError, ProfileError
 from buildctl.engines.profile import QUANTIZATION_VALUES, load_profile, parse_profile
-from buildctl.engines.trtllm import (RELEASES, TrtllmBackend, TrtllmRunner, TrtllmTools, build_command, convert_command,
+from buildctl.engines.trtllm.backend import (RELEASES, TrtllmBackend, TrtllmRunner, TrtllmTools, build_command, convert_command,
                                      release_for)
 
-from ..support.helpers import PROFILES, REPO, settings
-from ..support.fakes.contract import FIXTURES, VERSIONS, fixture, parse
-from ..support.trtllm_kit import FAKES, calib, fake_tools, h100x8, hf_model, prod, stack, use_release  # noqa: F401
+from ...support.helpers import PROFILES, REPO, settings
+from ...support.fakes.contract import FIXTURES, VERSIONS, fixture, parse
+from ...support.trtllm_kit import FAKES, calib, fake_tools, h100x8, hf_model, prod, stack, use_release  # noqa: F401
 
 TOOLS = ("trtllm-build", "convert_checkpoint", "quantize", "engine", "stack")
 
@@ -63,7 +63,7 @@ def test_runtime_fixture_loads():
 
 @pytest.mark.parametrize("version", VERSIONS)
 def test_release_table_matches_the_fixtures(version):
-    """buildctl/engines/trtllm.py's per-release facts agree with what the sources say."""
+    """buildctl/engines/trtllm/backend.py's per-release facts agree with what the sources say."""
     release = release_for(stack(version)["tensorrt_llm"])
     assert release is not None
     conv = fixture(version, "convert_checkpoint")
@@ -404,7 +404,7 @@ def test_item_5_fp8_kv_cache_on_the_converter_path(hf_model, fake_tools, calib, 
         TrtllmBackend(settings()).build(p, hf_model, tmp_path / "e2", h100x8(version="0.16"), tmp_path / "log2")
     assert "engine.kv_cache_dtype fp8 with engine.quantization none" in str(exc.value)
     # and the engine's recorded quantization is checked: a tool that drops the KV dtype is refused
-    from buildctl.engines.trtllm import check_quantization
+    from buildctl.engines.trtllm.backend import check_quantization
 
     plain = parse_profile({"name": "kv", "model": {"path": "/m"}, "engine": {"backend": "trtllm"}})
     assert check_quantization(out, plain.engine) == [
@@ -415,7 +415,7 @@ def test_a_built_engine_whose_recorded_quantization_differs_is_refused(hf_model,
     """A complete engine directory is still refused when its config.json records another KV dtype
     than the profile asks for (a converter flag dropped on the way); a good build reports its files,
     wall time and tool versions."""
-    import buildctl.engines.trtllm as trtllm_mod
+    import buildctl.engines.trtllm.backend as trtllm_mod
 
     p = parse_profile({"name": "kv", "model": {"path": str(hf_model), "dtype": "bfloat16"},
                        "engine": {"backend": "trtllm", "kv_cache_dtype": "fp8", "max_batch_size": 4}})
@@ -510,7 +510,7 @@ def test_item_10_test_fingerprints_pair_versions_as_releases_ship(version, cuda_
     fp = h100x8(version=version)
     assert fp.cuda_version.split(".")[0] == cuda_major == s["cuda"].split(".")[0]
     assert (fp.tensorrt_llm_version, fp.tensorrt_version, fp.cuda_version) == (s["tensorrt_llm"], s["tensorrt"], s["cuda"])
-    from . import test_fingerprint
+    from .. import test_fingerprint
 
     assert test_fingerprint.h100_host().cuda_version == stack()["cuda"], "the fingerprint tests use a 1.2.1 stack"
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from buildctl.engines import aoti_compile
+from buildctl.engines.aoti import compile as aoti_compile
 
 
 def _args(tmp_path: Path, model: Path) -> list[str]:

@@ -1,7 +1,7 @@
-"""The aoti build step, run in its own subprocess by :mod:`engines.aoti`.
+"""The aoti build step, run in its own subprocess by :mod:`engines.aoti.backend`.
 
-``python -m buildctl.engines.aoti_compile --model DIR --out DIR --record FILE`` exports the two
-graphs of a Llama with a KV cache (:mod:`buildctl.engines.kv_llama`) and compiles each with
+``python -m buildctl.engines.aoti.compile --model DIR --out DIR --record FILE`` exports the two
+graphs of a Llama with a KV cache (:mod:`buildctl.engines.aoti.kv_llama`) and compiles each with
 AOTInductor, embedding the build record (read from ``--record``) in both packages' metadata:
 
 * ``prefill.pt2``: prompts ``[n, S]`` (``n`` up to ``max_batch_size``, ``S`` from 2 to
@@ -40,7 +40,7 @@ def _export(name: str, model_dir: str, record: dict, torch: Any) -> Any:
     """One graph of the model, exported with dynamic batch and length."""
     from torch.export import Dim
 
-    from buildctl.engines.kv_llama import Decode, EagerKVModel, Prefill
+    from buildctl.engines.aoti.kv_llama import Decode, EagerKVModel, Prefill
 
     model = EagerKVModel(model_dir, record["dtype"])
     batch, seq = int(record["max_batch_size"]), int(record["max_seq_len"])
@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.graph != "both":
         _compile(args.graph, args, record)
         return 0
-    child = subprocess.Popen([sys.executable, "-m", "buildctl.engines.aoti_compile", "--model", args.model,
+    child = subprocess.Popen([sys.executable, "-m", "buildctl.engines.aoti.compile", "--model", args.model,
                               "--out", args.out, "--record", args.record, "--graph", "decode"], stdin=subprocess.DEVNULL)
     try:
         import torch

@@ -1,8 +1,8 @@
 """The aoti backend: a real, environment-bound engine compiled with torch AOTInductor.
 
-The build exports the two graphs of a Llama with a KV cache (:mod:`buildctl.engines.kv_llama`:
+The build exports the two graphs of a Llama with a KV cache (:mod:`buildctl.engines.aoti.kv_llama`:
 a prefill graph and a decode graph) and compiles each into a package, ``prefill.pt2`` and
-``decode.pt2``, in an isolated subprocess (:mod:`buildctl.engines.aoti_compile`), for a portable
+``decode.pt2``, in an isolated subprocess (:mod:`buildctl.engines.aoti.compile`), for a portable
 ISA by default (``ATEN_CPU_CAPABILITY=avx2``, ``TORCHINDUCTOR_CPP_MARCH=x86-64-v3``) because
 ``-march=native`` output may crash on another CPU. Precompiled headers are off and the inductor
 cache and temp files stay inside the build's own temp dir. Only the Llama family is supported:
@@ -224,7 +224,7 @@ class AotiBackend:
         opts = profile.engine.resolved_aoti
         if opts.device == "cuda" and not fingerprint.gpus:
             raise IncompatibleTargetError("aoti device cuda needs a GPU", {"gpus": ("at least one", "none")})
-        from buildctl.engines.kv_llama import check_supported
+        from buildctl.engines.aoti.kv_llama import check_supported
 
         try:
             problems = check_supported(json.loads((Path(model_dir) / "config.json").read_text()))
@@ -245,7 +245,7 @@ class AotiBackend:
             env.update({"TMPDIR": str(work / "tmp"), "TORCHINDUCTOR_CACHE_DIR": str(work / "inductor"),
                         "VLLM_CACHE_ROOT": str(work / "vllm"), "PYTHONUNBUFFERED": "1"})
             start = time.monotonic()
-            cmd = (sys.executable, "-m", "buildctl.engines.aoti_compile", "--model", str(model_dir),
+            cmd = (sys.executable, "-m", "buildctl.engines.aoti.compile", "--model", str(model_dir),
                    "--out", str(work / "out"), "--record", str(work / "record.json"))
             run_step("aoti", "aoti compile", cmd, log_path=log_path, timeout_s=profile.engine.build_timeout_s, env=env,
                      memory_limit_mb=profile.engine.build_memory_limit_mb)

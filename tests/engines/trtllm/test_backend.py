@@ -1,6 +1,6 @@
 """The trtllm backend's own rules, called directly: release table lookup, engine-directory checks,
 recorded quantization, and every requirement a build host must meet (each alone, so one check
-dropped or loosened fails here). Fast; `make mutants` runs these first for buildctl/engines/trtllm.py."""
+dropped or loosened fails here). Fast; `make mutants` runs these first for buildctl/engines/trtllm/backend.py."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 
 from buildctl.engines.errors import EngineLoadError, HostRequirementsError, ProfileError
 from buildctl.engines.profile import load_profile
-from buildctl.engines.trtllm import (
+from buildctl.engines.trtllm.backend import (
     RELEASES,
     TrtllmBackend,
     TrtllmTools,
@@ -26,9 +26,9 @@ from buildctl.engines.trtllm import (
     release_for,
 )
 
-from ..support.fakes.contract import parser as contract_parser
-from ..support.helpers import PROFILES, settings
-from ..support.trtllm_kit import FAKES, calib, fake_tools, h100x8, profile_yaml, use_release  # noqa: F401
+from ...support.fakes.contract import parser as contract_parser
+from ...support.helpers import PROFILES, settings
+from ...support.trtllm_kit import FAKES, calib, fake_tools, h100x8, profile_yaml, use_release  # noqa: F401
 
 
 def test_release_lookup_is_by_major_minor():
@@ -114,7 +114,7 @@ def no_fp8(**engine_kw):
     """Engine overrides for an unquantized variant of the shipped fp8 profile."""
     import yaml
 
-    from ..support.trtllm_kit import PROD_SOURCE
+    from ...support.trtllm_kit import PROD_SOURCE
 
     plugins = {**yaml.safe_load(PROD_SOURCE.read_text())["engine"]["plugins"], **NO_FP8_PLUGINS}
     return {"quantization": "none", "min_sm": None, "plugins": plugins, **engine_kw}
