@@ -167,12 +167,12 @@ def test_unknown_backend_is_bad_input_listing_the_known_ones(cli, tmp_path):
 
     with pytest.raises(UnknownBackendError) as exc:
         get_backend("tensorrt", settings())
-    assert isinstance(exc.value, BadInputError) and exc.value.known == backend_names() == ("trtllm", "aoti", "vllm")
-    assert "known: trtllm, aoti, vllm" in str(exc.value)
+    assert isinstance(exc.value, BadInputError) and exc.value.known == backend_names() == ("trtllm", "aoti", "vllm", "trtllm-torch")
+    assert "known: trtllm, aoti, vllm, trtllm-torch" in str(exc.value)
     bad = tmp_path / "bad.yaml"
     bad.write_text("name: bad\nmodel: {tiny: {}}\nengine: {backend: tensorrt}\n")
     code, _, err = cli("profile", "check", bad)
-    assert code == 2 and "engine.backend" in err and "known-backend" in err and "trtllm, aoti, vllm" in err
+    assert code == 2 and "engine.backend" in err and "known-backend" in err and "trtllm, aoti, vllm, trtllm-torch" in err
 
 
 def test_every_backend_implements_the_protocol():

@@ -236,25 +236,26 @@ def labels_cmd(
 @node_app.command("env")
 def env_cmd(
     ctx: typer.Context,
-    dest: Path = typer.Option(..., "--dest", help="Install directory (as given to pull) holding a vllm bundle."),
+    dest: Path = typer.Option(..., "--dest", help="Install directory (as given to pull) holding a vllm or trtllm-torch bundle."),
     scratch: Optional[Path] = typer.Option(None, "--scratch", help="Where the writable copy of the bundle's caches "
                                            "goes (default DIR/serve-cache/<id>; replaced on every call)."),
     quick: bool = typer.Option(False, "--quick", help="Check the tree by lstat only, without re-hashing every byte."),
     json_out: bool = typer.Option(False, "--json", help="JSON output."),
 ) -> None:
-    """Print what a serving vLLM needs to use the bundle installed at DIR/current: working
-    directory, environment and arguments (shell lines, or --json). Verifies the bundle first and
-    makes a fresh writable copy of its caches: vLLM writes at every start, the installed copy stays
-    read-only."""
+    """Print what the serving runtime needs to use the bundle installed at DIR/current: working
+    directory, environment and the command (vllm serve, or trtllm-serve --config for a
+    trtllm-torch bundle), as shell lines or --json. Verifies the bundle first (and a trtllm-torch
+    bundle's caches against this host's device and versions) and makes a fresh writable copy of its
+    caches: the runtime writes at every start, the installed copy stays read-only."""
     import shlex
 
     from buildctl.steps import node_agent
 
-    plan = node_agent.serving_environment(dest, scratch=scratch, rehash=not quick)
+    plan = node_agent.serving_environment(dest, scratch=scratch, rehash=not quick, settings=settings(ctx))
     if want_json(ctx, json_out):
         emit_json(plan)
         return
-    lines = [f"# vllm bundle {plan['artifact_id']} ({'every byte re-hashed' if plan['rehashed'] else 'tree checked'})",
+    lines = [f"# {plan['backend']} bundle {plan['artifact_id']} ({'every byte re-hashed' if plan['rehashed'] else 'tree checked'})",
              f"cd {shlex.quote(plan['cwd'])}"]
     lines += [f"export {k}={shlex.quote(v)}" for k, v in sorted(plan["env"].items())]
     lines.append(shlex.join(plan["command"]))

@@ -18,7 +18,7 @@ from buildctl.core.records import Record
 from buildctl.core.digest import digest_json
 from buildctl.core.stats import min_samples
 from buildctl.engines.errors import FieldProblem, ProfileError, ProfileNotFoundError
-from buildctl.engines.registry import backend_class, backend_names
+from buildctl.engines.registry import BUNDLE_BACKENDS, backend_class, backend_names
 
 # The largest token count or batch any field takes (2**24: 16M tokens); larger ones are typos.
 MAX_TOKENS = 2**24
@@ -115,7 +115,7 @@ class VllmOptions(Record):
 class EngineSpec(Record):
     """The engine to build."""
 
-    backend: str = Field(..., description="Builder backend, a name in the engine registry: trtllm (production, GPU), aoti (torch AOTInductor) or vllm (a vLLM warm-start bundle).")
+    backend: str = Field(..., description="Builder backend, a name in the engine registry: trtllm (engines from trtllm-build, GPU), aoti (torch AOTInductor), vllm (a vLLM warm-start bundle) or trtllm-torch (a TensorRT-LLM PyTorch-backend bundle, GPU).")
     quantization: Quantization = Field("none", description="Weight/activation quantization format.")
     kv_cache_dtype: KvCacheDtype = Field("auto", description="KV cache dtype; auto follows the model dtype.")
     tp_size: int = Field(1, ge=1, le=64, description="Tensor-parallel ranks.")
@@ -295,7 +295,7 @@ class ValidationSpec(Record):
     top_logprobs: int = Field(5, ge=1, le=20, description="Top-k logprobs compared per step.")
     parity: ParityRule = Field(default_factory=ParityRule, description="The parity rule and gate.")
     speed: SpeedGate = Field(default_factory=SpeedGate, description="The speed workload and gate.")
-    warm_start: WarmStartGate | None = Field(None, description="vllm bundles: the start-up check (defaults apply when omitted); other backends: must be omitted.")
+    warm_start: WarmStartGate | None = Field(None, description="vllm and trtllm-torch bundles: the start-up check (defaults apply when omitted); other backends: must be omitted.")
 
 
 class BuildProfile(Record):
@@ -324,15 +324,17 @@ class BuildProfile(Record):
             raise rule_error("reference.max_model_len", "reference-fits-engine",
                         "reference.max_model_len ({a}) must be <= engine.max_seq_len ({b}) so both sides see the same prompts",
                         a=self.reference.max_model_len, b=self.engine.max_seq_len)
-        if self.validation.warm_start is not None and self.engine.backend != "vllm":
-            raise rule_error("validation.warm_start", "warm-start-vllm-only",
-                             "warm_start gates apply to backend vllm only (got {b})", b=self.engine.backend)
+        if self.validation.warm_start is not None and self.engine.backend not in BUNDLE_BACKENDS:
+            raise rule_error("validation.warm_start", "warm-start-bundles-only",
+                             "warm_start gates apply to the bundle backends ({k}) only (got {b})",
+                             k=", ".join(BUNDLE_BACKENDS), b=self.engine.backend)
         return self
 
     @property
     def warm_start_gate(self) -> WarmStartGate | None:
-        """The start-up gate a vllm bundle is validated with (the defaults when omitted); None for other backends."""
-        if self.engine.backend != "vllm":
+        """The start-up gate a bundle (vllm, trtllm-torch) is validated with (the defaults when
+        omitted); None for other backends."""
+        if self.engine.backend not in BUNDLE_BACKENDS:
             return None
         return self.validation.warm_start or WarmStartGate()
 

@@ -26,14 +26,21 @@ BACKENDS: dict[str, str] = {
     "trtllm": "buildctl.engines.trtllm.backend:TrtllmBackend",
     "aoti": "buildctl.engines.aoti.backend:AotiBackend",
     "vllm": "buildctl.engines.vllm.bundle:VllmBackend",
+    "trtllm-torch": "buildctl.engines.trtllm_torch.backend:TrtllmTorchBackend",
 }
+
+# The backends whose artifact is a runtime's start-up state (caches), not an engine: validated with
+# the warm-start gate (did the runtime use the caches, is a warm start faster than a cold one), and
+# served through ``buildctl node env``.
+BUNDLE_BACKENDS: tuple[str, ...] = ("vllm", "trtllm-torch")
 
 if TYPE_CHECKING:  # mypy checks each registered class against the protocol (tests/test_architecture.py)
     from buildctl.engines.aoti.backend import AotiBackend
     from buildctl.engines.trtllm.backend import TrtllmBackend
+    from buildctl.engines.trtllm_torch.backend import TrtllmTorchBackend
     from buildctl.engines.vllm.bundle import VllmBackend
 
-    _REGISTERED: tuple[type[EngineBackend], ...] = (TrtllmBackend, AotiBackend, VllmBackend)
+    _REGISTERED: tuple[type[EngineBackend], ...] = (TrtllmBackend, AotiBackend, VllmBackend, TrtllmTorchBackend)
 
 
 def backend_names() -> tuple[str, ...]:

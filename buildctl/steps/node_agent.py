@@ -270,14 +270,17 @@ def activate(ctx: Context, profile: str, dest: str | Path, *, channel: str | Non
     return Activation(got.result, None, time.monotonic() - t0)
 
 
-def serving_environment(dest: str | Path, *, scratch: str | Path | None = None, rehash: bool = True) -> dict:
-    """What a serving vLLM needs to use the bundle installed at ``DIR/current`` (``buildctl node
-    env``): its working directory (the installed version), environment, engine arguments and a
-    ``vllm serve`` command line. The bundle is checked first: its tree against its kept manifest by
-    ``lstat``, and every byte re-hashed unless ``rehash`` is off, so a damaged kernel file is refused
-    here, before vLLM ever loads it. ``scratch`` (default ``DIR/serve-cache/<id>``) gets a fresh
-    writable copy of the bundle's caches: vLLM writes into its cache at every start, and the
-    verified copy stays read-only."""
+def serving_environment(dest: str | Path, *, scratch: str | Path | None = None, rehash: bool = True,
+                        settings: Settings | None = None) -> dict:
+    """What a serving runtime needs to use the bundle installed at ``DIR/current`` (``buildctl node
+    env``): its working directory (the installed version), environment, engine arguments and the
+    command line (``vllm serve`` for a vllm bundle, ``trtllm-serve --config`` for a trtllm-torch
+    one). The bundle is checked first: its tree against its kept manifest by ``lstat``, and every
+    byte re-hashed unless ``rehash`` is off, so a damaged kernel file is refused here, before the
+    runtime ever loads it; a trtllm-torch bundle's caches are also checked against this host
+    (each cache's recorded device and versions). ``scratch`` (default ``DIR/serve-cache/<id>``)
+    gets a fresh writable copy of the bundle's caches: the runtime writes into its caches at every
+    start, and the verified copy stays read-only."""
     import shutil
 
     from buildctl.artifact_store.errors import VerificationError
@@ -285,7 +288,10 @@ def serving_environment(dest: str | Path, *, scratch: str | Path | None = None, 
     from buildctl.artifact_store.manifest import parse_manifest
     from buildctl.core.digest import digest_bytes, hex_of
     from buildctl.engines.errors import EngineLoadError
-    from buildctl.engines.vllm.bundle import read_record, scratch_caches, serving_plan
+    from buildctl.engines.trtllm_torch import backend as trtllm_torch
+    from buildctl.engines.vllm import bundle as vllm_bundle
+
+    bundles = {"vllm": vllm_bundle, "trtllm-torch": trtllm_torch}
 
     dest = Path(dest)
     art = current_artifact(dest)
@@ -296,15 +302,19 @@ def serving_environment(dest: str | Path, *, scratch: str | Path | None = None, 
         raise EngineLoadError(str(dest / "current"), f"the kept manifest of {art} is missing or does not hash to its "
                                                      "id: pull again")
     manifest = parse_manifest(body, f"kept manifest of {art}")
-    if manifest.backend != "vllm":
-        raise EngineLoadError(str(dest / "current"), f"{art} is a {manifest.backend} engine, not a vllm bundle")
+    kind = bundles.get(manifest.backend)
+    if kind is None:
+        raise EngineLoadError(str(dest / "current"), f"{art} is a {manifest.backend} engine, not a bundle "
+                                                     f"({' or '.join(bundles)})")
     root = (dest / "current").resolve()
     problems = local_problems(manifest, root) if rehash else tree_problems(manifest, root)
     if problems:
         raise VerificationError(art, problems)
-    record = read_record(root)
+    record = kind.read_record(root)
+    if kind is trtllm_torch:
+        trtllm_torch.check_bundle(root, record, host_fingerprint(settings or Settings()))
     caches = Path(scratch) if scratch is not None else dest / "serve-cache" / hex_of(art)
     shutil.rmtree(caches, ignore_errors=True)
     caches.parent.mkdir(parents=True, exist_ok=True)
-    scratch_caches(root, caches)
-    return {"artifact_id": art, **serving_plan(root, record, caches), "rehashed": rehash}
+    kind.scratch_caches(root, caches)
+    return {"artifact_id": art, "backend": manifest.backend, **kind.serving_plan(root, record, caches), "rehashed": rehash}

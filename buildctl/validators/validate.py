@@ -129,7 +129,7 @@ def run_validation(settings: Settings, store: Store, plan: ValidationPlan, *, au
         candidate = backend.load(work / "engine" / "current")
         warm_start = None
         gate = profile.warm_start_gate
-        if gate is not None:  # a vllm bundle: did vLLM use it, and does a warm start beat a cold one?
+        if gate is not None:  # a bundle: did the runtime use it, and does a warm start beat a cold one?
             say(f"warm start: {gate.pairs} paired cold and warm starts")
             found = backend.warm_start(work / "engine" / "current", candidate, gate.pairs, say)  # type: ignore[attr-defined]
             unchanged = not local_problems(manifest, (work / "engine" / "current").resolve())

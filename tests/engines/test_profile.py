@@ -37,9 +37,9 @@ def problems(data, source="x.yaml") -> list[tuple[str, str]]:
 
 
 def test_shipped_profiles_load():
-    assert len(ALL) == 4
+    assert len(ALL) == 5
     names = {load_profile(p).name for p in ALL}
-    assert names == {"llama-3-70b-instruct-fp8-tp8", "llama-3-8b-instruct-fp8-tp1", "tiny-llama-cpu", "tiny-llama-vllm-cpu"}
+    assert names == {"llama-3-70b-instruct-fp8-tp8", "llama-3-8b-instruct-fp8-tp1", "llama-3-8b-instruct-fp8-trtllm-torch", "tiny-llama-cpu", "tiny-llama-vllm-cpu"}
 
 
 def test_production_profile_matches_the_fleet():

@@ -194,8 +194,8 @@ class Thresholds(SpeedGateRecord):
 
 
 class WarmStartRecord(Record):
-    """A vllm bundle's start-up check: whether vLLM used the bundle's caches, and engine-ready
-    times cold (an empty cache) and warm (the bundle) in interleaved pairs."""
+    """A bundle's start-up check (vllm, trtllm-torch): whether the runtime used the bundle's
+    caches, and engine-ready times cold (empty caches) and warm (the bundle) in interleaved pairs."""
 
     cache_used: bool = Field(..., description="Every warm start compiled nothing: no new compile-cache hash folder, no new kernel file.")
     reason: str | None = Field(None, description="Why the cache was not used, as the first warm start that missed says.")
@@ -258,7 +258,7 @@ class Attestation(Record):
     parity: ParitySummary = Field(..., description="Output parity.")
     speed: SpeedSummary = Field(..., description="Speed side by side.")
     duration_s: float = Field(..., ge=0, description="How long the validation took.")
-    warm_start: WarmStartRecord | None = Field(None, description="vllm bundles: the start-up check (absent for other backends).")
+    warm_start: WarmStartRecord | None = Field(None, description="vllm and trtllm-torch bundles: the start-up check (absent for other backends).")
     reference_outputs_digest: str | None = Field(None, description="Digest of the reference's greedy token ids for every parity prompt, in order: two validations with the same one compared against the same reference outputs. Absent before served models.")
     cross_runtime: tuple[CrossRuntimeParity, ...] | None = Field(None, description="For a fallback runtime of a served model: its parity with the preferred runtime's validation. Absent when the profile is no fallback, or before served models.")
     signature: dict[str, str] | None = Field(None, description="Ed25519 signature over the record without this field.")
@@ -416,9 +416,10 @@ def recomputed_verdict(att: Attestation) -> tuple[str, list[str]]:
             verdicts.append(v)
             if v != "pass":
                 reasons.append(f"speed c={c}: {metric} {iv.describe()} gives {v} against {gated}")
-    if att.warm_start is None and att.versions.get("engine_backend") == "vllm":
+    if att.warm_start is None and att.versions.get("engine_backend") in ("vllm", "trtllm-torch"):
         verdicts.append("fail")
-        reasons.append("warm start: a vllm bundle's attestation without the start-up check; revalidate")
+        reasons.append(f"warm start: a {att.versions['engine_backend']} bundle's attestation without the start-up check; "
+                       "revalidate")
     if att.warm_start is not None:
         why = att.warm_start.reasons()
         reasons += why

@@ -12,8 +12,8 @@ installable directory a node serves from::
     caches/deep_gemm/    DG_JIT_CACHE_DIR              (GPU starts)
 
 The format holds nothing vLLM-specific outside ``bundle.json``'s ``runtime`` and its cache
-folders, so a TensorRT-LLM PyTorch-backend bundle (an autotuner cache, JIT caches, a checkpoint
-and an LLM-API YAML) can be one more module later.
+folders; the TensorRT-LLM PyTorch-backend bundle (:mod:`buildctl.engines.trtllm_torch.backend`)
+has the same shape.
 
 **Path.** vLLM's cache hash includes the model path as given (``ModelConfig.compute_hash``
 ignores the tokenizer but not ``model``). The build and every start run vLLM with the bundle

@@ -197,7 +197,7 @@ def test_warm_start_gates_and_vllm_options_belong_to_the_vllm_backend_only():
     aoti = {"name": "x", "model": {"tiny": {}}, "engine": {"backend": "aoti"}}
     with pytest.raises(ProfileError) as exc:
         parse_profile({**aoti, "validation": {"warm_start": {}}})
-    assert "warm-start-vllm-only" in [p.rule for p in exc.value.problems]
+    assert "warm-start-bundles-only" in [p.rule for p in exc.value.problems]
     with pytest.raises(ProfileError) as exc:
         parse_profile({**aoti, "engine": {"backend": "aoti", "vllm": {}}})
     assert "vllm-options-vllm-only" in [p.rule for p in exc.value.problems]
