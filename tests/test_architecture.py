@@ -233,11 +233,14 @@ def test_help_has_no_bool_metavars():
 def test_backends_type_check_against_the_protocol():
     """mypy checks every registered backend class against ``EngineBackend`` (the registry names
     them under TYPE_CHECKING), so a backend missing an operation or with a wrong signature fails."""
-    from buildctl.engines.registry import BACKENDS
+    # The registry's TYPE_CHECKING tuple is where the check fires; mypy follows it into every
+    # registered backend module. Listing those modules too type-checks their bodies as well: 50 s
+    # instead of 15 on 2 cores, for errors this test is not about.
+    from buildctl.engines import registry
 
-    modules = [target.partition(":")[0] for target in BACKENDS.values()]
+    registered = Path(registry.__file__).read_text().split("_REGISTERED", 1)[1].split("\n\n", 1)[0]
+    assert all(t.partition(":")[2] in registered for t in registry.BACKENDS.values()), "a backend is not in _REGISTERED"
     files = [str(REPO / "buildctl" / "engines" / f) for f in ("registry.py", "backend.py")]
-    files += [str(REPO / (m.replace(".", "/") + ".py")) for m in modules]
     r = subprocess.run([str(BIN / "mypy"), "--follow-imports=silent", "--ignore-missing-imports", "--no-incremental",
                         *files], capture_output=True, text=True, cwd=REPO, timeout=600)
     assert r.returncode == 0, r.stdout[-3000:]

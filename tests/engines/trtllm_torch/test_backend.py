@@ -257,3 +257,41 @@ def test_fingerprint_json_lists_the_backend_with_its_fields(cli, tmp_path, monke
     assert listed["compat_key"] == torch_host("1.4.0rc1").compat_key("trtllm-torch")
     assert {"tensorrt_llm_version", "gpus.name", "gpus.sm", "triton_version"} <= set(listed["hard"])
     assert listed["soft"] == ["driver_version", "glibc_version"] and listed["floors"]
+
+
+def test_pull_refuses_a_bundle_whose_autotuner_cache_is_another_gpus_and_keeps_current(built, tmp_path, cli,
+                                                                                        monkeypatch):
+    """A published bundle whose record says H100 but whose autotuner file was tuned on an H200 (a
+    cache copied in by hand before import): the store's bytes verify, so only the cache check
+    stops it. The preflight refuses it (exit 8, naming the field) and ``current`` stays."""
+    from buildctl.artifact_store.backends.store import open_store
+    from buildctl.artifact_store.node.install_dir import current_artifact
+    from buildctl.artifact_store.promotion import promote
+    from buildctl.engines.profile import load_profile
+    from buildctl.steps.build import manifest_draft
+
+    from ...support.helpers import PROFILES, publish_files, staged, write_attestation
+
+    fp = torch_host("1.2.1")
+    use_host(monkeypatch, tmp_path, fp)
+    profile = load_profile(PROFILES / "llama-3-8b-instruct-fp8-trtllm-torch.yaml")
+    store = open_store(f"file://{tmp_path / 'store'}")
+    good, bad = tmp_path / "good", tmp_path / "bad"
+    shutil.copytree(built["1.2.1"] / "bundle", good)
+    shutil.copytree(built["1.2.1"] / "bundle", bad)
+    tuner = bad / "caches" / "autotuner" / "cache.rank0.json"
+    data = json.loads(tuner.read_text())
+    data["metadata"]["device_name"] = "NVIDIA H200"
+    tuner.write_text(json.dumps(data))
+    args = ("--store", store.uri, "pull", "--profile", profile.name, "--channel", "prod", "--dest", tmp_path / "node")
+    aids = []
+    for tree, seed in ((good, 0), (bad, 1)):
+        aid = publish_files(store, tree, manifest_draft(profile, fp), verdict=None)
+        write_attestation(store, aid, fp.compat_key("trtllm-torch"), "pass", validator=fp)
+        promote(store, staged(store, aid), "prod")
+        aids.append(aid)
+        code, out, err = cli(*args)
+        if seed == 0:
+            assert code == 0, (out, err)
+    assert code == 8 and "autotuner.device_name" in err and "NVIDIA H200" in err, (code, err)
+    assert current_artifact(tmp_path / "node") == aids[0]
