@@ -21,7 +21,9 @@ sources say the real one does:
 * Keyword arguments outside the fields buildctl's LLM-API YAML uses are refused (LlmArgs is a
   pydantic model that forbids extra fields).
 * The GPU is ``FAKE_GPU_NAME`` / ``FAKE_GPU_SM`` (what torch.cuda would say; default an H100).
-* Generation is a deterministic greedy toy (the one the fake engine runtime uses), with logprobs.
+* Generation: greedy with logprobs. A checkpoint with weights (the tiny Llama) is run with
+  transformers in float32 on CPU, so a validation against the vLLM reference compares real
+  outputs; a checkpoint without weights (a bare config.json) gets a deterministic toy.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ JIT_1_2_1 = ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "TORCH_EXTENSIONS_DI
              "CUTE_DSL_CACHE_DIR", "DG_JIT_CACHE_DIR", "CUDA_CACHE_PATH")
 JIT_1_4 = (*JIT_1_2_1, "TRTLLM_DG_CACHE_DIR")
 OPS = ("trtllm::fp8_gemm", "trtllm::fused_qkv", "trtllm::attention")
+COMPILE_S = float(os.environ.get("FAKE_TRTLLM_COMPILE_S", "0.01"))  # per JIT kernel (half per tuned entry)
 
 
 def log(msg: str) -> None:
@@ -97,6 +100,12 @@ class LLM:
         if not cfg.is_file():
             raise FileNotFoundError(f"{cfg} not found")
         self.vocab = int(json.loads(cfg.read_text()).get("vocab_size", 256))
+        self.hf = None
+        if any(Path(model).glob("*.safetensors")) and (Path(model) / "model.safetensors").stat().st_size > 1024:
+            import torch
+            from transformers import AutoModelForCausalLM
+
+            self.hf = AutoModelForCausalLM.from_pretrained(model, torch_dtype=torch.float32).eval()
         self.args = kwargs
         self.version = tensorrt_llm.__version__
         self.name, self.cap = device()
@@ -118,7 +127,7 @@ class LLM:
                 if kernel.exists():
                     continue
                 d.mkdir(parents=True, exist_ok=True)
-                time.sleep(0.01)
+                time.sleep(COMPILE_S)
                 kernel.write_bytes(hashlib.sha256(f"{h}{k}".encode()).digest() * 8)
                 if var == "TRITON_CACHE_DIR":
                     (d / f"kernel_{k}.json").write_text(json.dumps({"name": f"kernel_{k}", "target": {
@@ -160,7 +169,7 @@ class LLM:
                 for m in self._buckets():
                     key = str((op, "Runner", 0, ((m, 4096),)))
                     if key not in cache:
-                        time.sleep(0.005)
+                        time.sleep(COMPILE_S / 2)
                         cache[key] = {"runner_id": 0, "tactic": m % 5, "min_time": 0.01 * m}
             log("[Autotuner] Autotuning process ends")
         if path is not None:
@@ -181,7 +190,26 @@ class LLM:
         z = math.log(sum(math.exp(x) for x in logits))
         return tok, [x - z for x in logits]
 
+    def _generate_hf(self, prompt: list[int], params: SamplingParams):
+        import torch
+
+        ids, past, toks, lps = torch.tensor([prompt]), None, [], []
+        with torch.no_grad():
+            for _ in range(params.max_tokens):
+                out = self.hf(input_ids=ids, past_key_values=past, use_cache=True)
+                past = out.past_key_values
+                logp = torch.log_softmax(out.logits[0, -1].float(), dim=-1)
+                tok = int(torch.argmax(logp))
+                toks.append(tok)
+                if params.logprobs:
+                    top = torch.topk(logp, params.logprobs)
+                    lps.append({int(i): Logprob(float(v)) for v, i in zip(top.values, top.indices)})
+                ids = torch.tensor([[tok]])
+        return _Result(_Seq(toks, lps or None))
+
     def generate(self, prompts, sampling_params: SamplingParams):
+        if self.hf is not None:
+            return [self._generate_hf(list(p), sampling_params) for p in prompts]
         out = []
         for p in prompts:
             seq, toks, lps = list(p), [], []
