@@ -38,8 +38,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -49,6 +47,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Iterator
 
 from buildctl.engines.backend import BuildResult, Generation, TokenEvent
+from buildctl.engines.child_process import CACHES, ChildRuntime, paired_starts, scratch_caches
 from buildctl.engines.compat import CompatField, Floor, value_at
 from buildctl.engines.errors import EngineBuildError, EngineLoadError, IncompatibleTargetError
 from buildctl.engines.fingerprint import Fingerprint, host_fingerprint
@@ -62,7 +61,6 @@ BUNDLE_FORMAT = 1
 RECORD = "bundle.json"
 MODEL = "model"
 CONFIG = "config.yaml"
-CACHES = "caches"
 AUTOTUNER_FILE = "autotuner/cache.json"  # TLLM_AUTOTUNER_CACHE_PATH, under caches/
 
 # Each JIT cache: its variable and the fingerprint fields whose change makes its contents wrong for
@@ -322,16 +320,6 @@ def cache_evidence(record: dict[str, Any], caches: Path, before: set[str], log_t
     return {"cache_used": not reasons, "reason": "; ".join(reasons) or None, "new_files": len(new_files)}
 
 
-def scratch_caches(bundle_dir: Path, into: Path) -> Path:
-    """A writable copy of the bundle's ``caches/`` at ``into``."""
-    src = Path(bundle_dir) / CACHES
-    if src.is_dir():
-        shutil.copytree(src, into, copy_function=shutil.copyfile)
-    else:
-        into.mkdir(parents=True)
-    return into
-
-
 def serving_plan(bundle_dir: Path, record: dict[str, Any], caches: Path) -> dict[str, Any]:
     """What ``trtllm-serve`` needs to use the installed bundle: working directory (the bundle: the
     model is the relative path ``model``), environment and command (``buildctl node env``)."""
@@ -498,21 +486,8 @@ class TrtllmTorchBackend:
                    say: Any = lambda _: None) -> dict[str, Any]:
         """The start-up check of validation, as the vllm bundle's: ``first`` and ``pairs``
         interleaved cold (empty caches) and warm starts; every warm start must have used the caches."""
-        engine_dir = Path(engine_dir)
-        misses = [] if first.evidence["cache_used"] else [first.evidence["reason"]]
-        cold: list[float] = []
-        warm: list[float] = []
-        for i in range(pairs):
-            for kind in (("cold", "warm") if i % 2 == 0 else ("warm", "cold")):
-                runner = self.load(engine_dir, cold=kind == "cold")
-                try:
-                    (cold if kind == "cold" else warm).append(round(runner.startup_s, 3))
-                    if kind == "warm" and not runner.evidence["cache_used"]:
-                        misses.append(runner.evidence["reason"])
-                finally:
-                    runner.close()
-                say(f"warm start: pair {i + 1}/{pairs}, {kind} start ready in {(cold if kind == 'cold' else warm)[-1]:.1f} s")
-        return {"cache_used": not misses, "reason": misses[0] if misses else None, "cold_s": cold, "warm_s": warm,
+        found = paired_starts(lambda cold: self.load(Path(engine_dir), cold=cold), first, pairs, say)
+        return {**found,
                 "checked": [f"{1 + pairs} warm starts from a scratch copy of the installed bundle's caches loaded the "
                             "autotuner file, tuned no new entry and JIT-compiled no new file",
                             f"{pairs} cold starts (empty caches) against {pairs} warm starts, interleaved",
@@ -537,7 +512,7 @@ class TorchBundleRunner:
         self.bundle_dir = Path(bundle_dir)
         self.record = record
         self._tmp = Path(tempfile.mkdtemp(prefix="buildctl-trtllm-torch-"))
-        self._proc: subprocess.Popen | None = None
+        self._child: ChildRuntime | None = None
         try:
             caches = self._tmp / "caches"
             if cold:
@@ -552,14 +527,13 @@ class TorchBundleRunner:
             spec.write_text(json.dumps({"llm_args": plan["engine_args"]}))
             self.log_path = self._tmp / "trtllm.log"
             t0 = time.monotonic()
-            with open(self.log_path, "ab") as logf:
-                self._proc = subprocess.Popen(
-                    [python, "-m", "buildctl.engines.trtllm_torch.child", "serve", str(spec)], cwd=self.bundle_dir,
-                    env={**os.environ, **plan["env"], "PYTHONUNBUFFERED": "1"}, stdin=subprocess.PIPE,
-                    stdout=subprocess.PIPE, stderr=logf, text=True, start_new_session=True)
-            first = self._read()
+            self._child = ChildRuntime(
+                [python, "-m", "buildctl.engines.trtllm_torch.child", "serve", str(spec)], cwd=self.bundle_dir,
+                env={**os.environ, **plan["env"], "PYTHONUNBUFFERED": "1"}, log_path=self.log_path,
+                what="the TensorRT-LLM child", engine_dir=self.bundle_dir)
+            first = self._child.read()
             if first is None or "ready" not in first:
-                detail = (first or {}).get("error") or f"the TensorRT-LLM child exited ({self._tail()})"
+                detail = (first or {}).get("error") or f"the TensorRT-LLM child exited ({self._child.tail()})"
                 raise EngineLoadError(str(self.bundle_dir), f"TensorRT-LLM did not start from the bundle: {detail}")
             self.startup_s = float(first.get("startup_s") or (time.monotonic() - t0))
             self.evidence = cache_evidence(record, caches, before, self.log_path.read_text(errors="replace"))
@@ -567,32 +541,13 @@ class TorchBundleRunner:
             self.close()
             raise
 
-    def _tail(self) -> str:
-        try:
-            return " | ".join(self.log_path.read_text(errors="replace").strip().splitlines()[-3:])[-400:]
-        except OSError:
-            return "no log"
-
-    def _read(self) -> dict[str, Any] | None:
-        assert self._proc is not None and self._proc.stdout is not None
-        line = self._proc.stdout.readline()
-        return json.loads(line) if line else None
-
-    def _ask(self, request: dict[str, Any]) -> dict[str, Any]:
-        if self._proc is None or self._proc.stdin is None:
-            raise EngineLoadError(str(self.bundle_dir), "the bundle's runtime was closed")
-        self._proc.stdin.write(json.dumps(request) + "\n")
-        self._proc.stdin.flush()
-        out = self._read()
-        if out is None or "error" in out:
-            raise EngineLoadError(str(self.bundle_dir), f"the TensorRT-LLM child failed: {(out or {}).get('error') or self._tail()}")
-        return out
-
     def generate(self, prompts: list[list[int]], max_tokens: int, top_logprobs: int) -> list[Generation]:
-        out = self._ask({"op": "generate", "prompts": prompts, "max_tokens": max_tokens, "top_logprobs": top_logprobs})
+        if self._child is None:
+            raise EngineLoadError(str(self.bundle_dir), "the bundle's runtime was closed")
+        self._child.send({"op": "generate", "prompts": prompts, "max_tokens": max_tokens, "top_logprobs": top_logprobs})
         return [Generation(token_ids=[int(t) for t in g["token_ids"]],
                            top_logprobs=[{int(t): float(lp) for t, lp in step} for step in g["top_logprobs"]])
-                for g in out["generations"]]
+                for g in self._child.answer()["generations"]]
 
     def stream(self, prompts: list[list[int]], max_tokens: int, concurrency: int) -> Iterator[TokenEvent]:
         """Requests in waves of ``concurrency``, each token stamped when its wave returns (the LLM
@@ -609,18 +564,7 @@ class TorchBundleRunner:
                     yield TokenEvent(lo + i, tok, t)
 
     def close(self) -> None:
-        proc, self._proc = self._proc, None
-        if proc is not None:
-            try:
-                if proc.poll() is None and proc.stdin is not None:
-                    proc.stdin.write(json.dumps({"op": "close"}) + "\n")
-                    proc.stdin.flush()
-                proc.wait(timeout=60)
-            except (OSError, ValueError, subprocess.TimeoutExpired):
-                pass
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-            proc.wait()
+        child, self._child = self._child, None
+        if child is not None:
+            child.close()
         shutil.rmtree(self._tmp, ignore_errors=True)

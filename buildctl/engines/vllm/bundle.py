@@ -41,8 +41,6 @@ import json
 import logging
 import os
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -52,6 +50,7 @@ from typing import Any, ClassVar, Iterator
 
 from buildctl.engines.aoti.backend import ISA_ENV
 from buildctl.engines.backend import BuildResult, Generation, TokenEvent
+from buildctl.engines.child_process import ChildRuntime, paired_starts, scratch_caches
 from buildctl.engines.compat import CompatField, Floor
 from buildctl.engines.errors import EngineBuildError, EngineLoadError, IncompatibleTargetError
 from buildctl.engines.fingerprint import Fingerprint, host_fingerprint
@@ -246,17 +245,6 @@ def check_compat(bundle_dir: Path, record: dict[str, Any], host: Fingerprint) ->
     raise IncompatibleTargetError(f"vllm bundle {bundle_dir} was built for another host", diff)
 
 
-def scratch_caches(bundle_dir: Path, into: Path) -> Path:
-    """A writable copy of the bundle's ``caches/`` at ``into`` (vLLM writes at every start; the
-    verified copy stays read-only and byte-identical)."""
-    src = Path(bundle_dir) / CACHES
-    if src.is_dir():
-        shutil.copytree(src, into, copy_function=shutil.copyfile)  # new files, owner-writable
-    else:
-        into.mkdir(parents=True)
-    return into
-
-
 def serving_plan(bundle_dir: Path, record: dict[str, Any], caches: Path) -> dict[str, Any]:
     """What a serving vLLM needs to use the installed bundle: working directory, environment and
     engine arguments (``buildctl node env`` prints it; :class:`BundleRunner` starts it)."""
@@ -416,20 +404,8 @@ class VllmBackend:
         Every warm start must have used the cache."""
         engine_dir = Path(engine_dir)
         record = read_record(engine_dir)
-        misses = [] if first.evidence["cache_used"] else [first.evidence["reason"]]
-        cold: list[float] = []
-        warm: list[float] = []
-        for i in range(pairs):
-            for kind in (("cold", "warm") if i % 2 == 0 else ("warm", "cold")):
-                runner = BundleRunner(engine_dir, record, cold=kind == "cold")
-                try:
-                    (cold if kind == "cold" else warm).append(round(runner.startup_s, 3))
-                    if kind == "warm" and not runner.evidence["cache_used"]:
-                        misses.append(runner.evidence["reason"])
-                finally:
-                    runner.close()
-                say(f"warm start: pair {i + 1}/{pairs}, {kind} engine ready in {(cold if kind == 'cold' else warm)[-1]:.1f} s")
-        return {"cache_used": not misses, "reason": misses[0] if misses else None, "cold_s": cold, "warm_s": warm,
+        found = paired_starts(lambda cold: BundleRunner(engine_dir, record, cold=cold), first, pairs, say)
+        return {**found,
                 "checked": [f"{1 + pairs} warm starts from a scratch copy of the installed bundle's caches compiled "
                             "nothing (no new compile-cache hash folder, no new kernel file)",
                             f"{pairs} cold starts (empty cache) against {pairs} warm starts, interleaved",
@@ -456,7 +432,7 @@ class BundleRunner:
         self.bundle_dir = Path(bundle_dir)
         self.record = record
         self._tmp = Path(tempfile.mkdtemp(prefix="buildctl-vllm-bundle-"))
-        self._proc: subprocess.Popen | None = None
+        self._child: ChildRuntime | None = None
         try:
             caches = self._tmp / "caches"
             if cold:
@@ -470,14 +446,13 @@ class BundleRunner:
             spec.write_text(json.dumps({"engine_args": args, "cpu": record.get("device", "cpu") == "cpu"}))
             self.log_path = log_path or self._tmp / "vllm.log"
             t0 = time.monotonic()
-            with open(self.log_path, "ab") as logf:
-                self._proc = subprocess.Popen(
-                    [sys.executable, "-m", "buildctl.engines.vllm.child", "serve", str(spec)],
-                    cwd=self.bundle_dir, env={**os.environ, **plan["env"], **(env or {}), "PYTHONUNBUFFERED": "1"},
-                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=logf, text=True, start_new_session=True)
-            first = self._read()
+            self._child = ChildRuntime(
+                [sys.executable, "-m", "buildctl.engines.vllm.child", "serve", str(spec)], cwd=self.bundle_dir,
+                env={**os.environ, **plan["env"], **(env or {}), "PYTHONUNBUFFERED": "1"}, log_path=self.log_path,
+                what="the vLLM child", engine_dir=self.bundle_dir)
+            first = self._child.read()
             if first is None or "ready" not in first:
-                detail = (first or {}).get("error") or f"the vLLM child exited ({self._tail()})"
+                detail = (first or {}).get("error") or f"the vLLM child exited ({self._child.tail()})"
                 raise EngineLoadError(str(self.bundle_dir), f"vLLM did not start from the bundle: {detail}")
             self.startup_s = float(first.get("startup_s") or (time.monotonic() - t0))
             self.version = first.get("vllm")
@@ -488,73 +463,45 @@ class BundleRunner:
             self.close()
             raise
 
-    def _tail(self) -> str:
-        try:
-            return " | ".join(Path(self.log_path).read_text(errors="replace").strip().splitlines()[-3:])[-400:]
-        except OSError:
-            return "no log"
-
-    def _read(self) -> dict[str, Any] | None:
-        assert self._proc is not None and self._proc.stdout is not None
-        line = self._proc.stdout.readline()
-        return json.loads(line) if line else None
-
-    def _call(self, request: dict[str, Any]) -> None:
-        if self._proc is None or self._proc.stdin is None:
+    def _ask(self, request: dict[str, Any]) -> dict[str, Any]:
+        if self._child is None:
             raise EngineLoadError(str(self.bundle_dir), "the bundle's engine was closed")
-        self._proc.stdin.write(json.dumps(request) + "\n")
-        self._proc.stdin.flush()
-
-    def _answer(self) -> dict[str, Any]:
-        out = self._read()
-        if out is None or "error" in out:
-            raise EngineLoadError(str(self.bundle_dir), f"the vLLM child failed: {(out or {}).get('error') or self._tail()}")
-        return out
+        self._child.send(request)
+        return self._child.answer()
 
     def set_threads(self, n: int) -> None:
         """The child's intra-op threads (the validator runs each side of the speed gate with the profile's)."""
-        self._call({"op": "threads", "n": n})
-        self._answer()
+        self._ask({"op": "threads", "n": n})
 
-    def _generations(self) -> list[Generation]:
+    @staticmethod
+    def _generations(out: dict[str, Any]) -> list[Generation]:
         return [Generation(token_ids=[int(t) for t in g["token_ids"]],
                            top_logprobs=[{int(t): float(lp) for t, lp in step} for step in g["top_logprobs"]])
-                for g in self._answer()["generations"]]
+                for g in out["generations"]]
 
     def generate(self, prompts: list[list[int]], max_tokens: int, top_logprobs: int) -> list[Generation]:
-        self._call({"op": "generate", "prompts": prompts, "max_tokens": max_tokens, "top_logprobs": top_logprobs})
-        return self._generations()
+        return self._generations(self._ask({"op": "generate", "prompts": prompts, "max_tokens": max_tokens,
+                                            "top_logprobs": top_logprobs}))
 
     def generate_requests(self, requests: list[Any], top_logprobs: int, concurrency: int | None = None) -> list[Generation]:
         """Requests joining and leaving mid-run (the staggered parity set), each with its own
         ``max_tokens`` and arrival step, at most ``concurrency`` in flight."""
-        self._call({"op": "requests", "top_logprobs": top_logprobs, "concurrency": concurrency,
-                    "requests": [{"prompt": list(r.prompt), "max_tokens": r.max_tokens, "arrival": r.arrival}
-                                 for r in requests]})
-        return self._generations()
+        return self._generations(self._ask({
+            "op": "requests", "top_logprobs": top_logprobs, "concurrency": concurrency,
+            "requests": [{"prompt": list(r.prompt), "max_tokens": r.max_tokens, "arrival": r.arrival} for r in requests]}))
 
     def stream(self, prompts: list[list[int]], max_tokens: int, concurrency: int) -> Iterator[TokenEvent]:
-        self._call({"op": "stream", "prompts": prompts, "max_tokens": max_tokens, "concurrency": concurrency})
+        out = self._ask({"op": "stream", "prompts": prompts, "max_tokens": max_tokens, "concurrency": concurrency})
         while True:
-            out = self._answer()
             if out.get("done"):
                 return
             i, tok, t = out["e"]
             yield TokenEvent(int(i), None if tok is None else int(tok), float(t))
+            assert self._child is not None
+            out = self._child.answer()
 
     def close(self) -> None:
-        proc, self._proc = self._proc, None
-        if proc is not None:
-            try:
-                if proc.poll() is None and proc.stdin is not None:
-                    proc.stdin.write(json.dumps({"op": "close"}) + "\n")
-                    proc.stdin.flush()
-                proc.wait(timeout=60)
-            except (OSError, ValueError, subprocess.TimeoutExpired):
-                pass
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-            proc.wait()
+        child, self._child = self._child, None
+        if child is not None:
+            child.close()
         shutil.rmtree(self._tmp, ignore_errors=True)
