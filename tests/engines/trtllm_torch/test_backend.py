@@ -223,6 +223,13 @@ def test_node_env_prints_the_environment_and_the_trtllm_serve_command(bundle, re
     assert "trtllm-serve model --backend pytorch --config config.yaml" in out
     assert "export TLLM_AUTOTUNER_CACHE_PATH=" in out and ("TRTLLM_CACHE_DIR" in out) == (release != "1.2.1")
     assert out.startswith(f"# trtllm-torch bundle {aid}")
+    # an extra file in an installed cache (a runtime that wrote into the install) is refused, exit 4
+    current = (tmp_path / "node" / "current").resolve()
+    (current / "caches" / "triton").chmod(0o755)
+    (current / "caches" / "triton" / "stray.bin").write_bytes(b"x")
+    code, out, err = cli("node", "env", "--dest", str(tmp_path / "node"))
+    assert code == 4 and "stray.bin" in err, (code, err)
+    (current / "caches" / "triton" / "stray.bin").unlink()
     # the node's device changed since the install: refused naming the cache and field, exit 2
     use_host(monkeypatch, tmp_path, _changed(fp, "gpus.name"))
     code, out, err = cli("node", "env", "--dest", str(tmp_path / "node"))
@@ -295,3 +302,9 @@ def test_pull_refuses_a_bundle_whose_autotuner_cache_is_another_gpus_and_keeps_c
             assert code == 0, (out, err)
     assert code == 8 and "autotuner.device_name" in err and "NVIDIA H200" in err, (code, err)
     assert current_artifact(tmp_path / "node") == aids[0]
+    # staged offline (bytes only), then activated: the activation's preflight refuses it the same way
+    code, out, err = cli(*args[:-2], "--dest", tmp_path / "staged", "--stage-only")
+    assert code == 0, err
+    code, out, err = cli("--store", store.uri, "node", "activate", "--profile", profile.name, "--dest", tmp_path / "staged")
+    assert code == 8 and "autotuner.device_name" in err, (code, err)
+    assert current_artifact(tmp_path / "staged") is None
