@@ -416,6 +416,7 @@ def recomputed_verdict(att: Attestation) -> tuple[str, list[str]]:
             verdicts.append(v)
             if v != "pass":
                 reasons.append(f"speed c={c}: {metric} {iv.describe()} gives {v} against {gated}")
+    # the bundle backends (buildctl.engines.registry.BUNDLE_BACKENDS; the store imports no engine module)
     if att.warm_start is None and att.versions.get("engine_backend") in ("vllm", "trtllm-torch"):
         verdicts.append("fail")
         reasons.append(f"warm start: a {att.versions['engine_backend']} bundle's attestation without the start-up check; "

@@ -248,6 +248,11 @@ def test_the_warm_start_gate_and_its_record_belong_to_trtllm_torch_bundles_too()
     data["versions"]["engine_backend"] = "trtllm-torch"
     verdict, why = recomputed_verdict(Attestation.model_validate(data))
     assert verdict == "fail" and "a trtllm-torch bundle's attestation without the start-up check" in why[-1]
+    from buildctl.engines.registry import BUNDLE_BACKENDS
+
+    for b in BUNDLE_BACKENDS:  # the store's own list of bundle backends is the registry's
+        other = {**data, "versions": {**data["versions"], "engine_backend": b}}
+        assert recomputed_verdict(Attestation.model_validate(other))[0] == "fail", b
     data["warm_start"] = {"cache_used": False, "reason": "the autotuner tuned 3 new entr(ies)", "cold_s": [9.0],
                           "warm_s": [1.0], "max_warm_cold_ratio": 0.7, "installed_unchanged": True, "checked": ["x"]}
     verdict, why = recomputed_verdict(Attestation.model_validate(data))
