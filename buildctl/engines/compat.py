@@ -116,3 +116,29 @@ def version_tuple(version: str | None) -> tuple[int, ...] | None:
         return tuple(int(p) for p in version.split("."))
     except ValueError:
         return None
+
+
+# The lowest driver each CUDA major's runtime runs on (NVIDIA's CUDA compatibility guide, "CUDA
+# Toolkit and minimum required driver version"); newer drivers run older runtimes.
+MIN_DRIVER_FOR_CUDA_MAJOR = {"11": (450, 80, 2), "12": (525, 60, 13), "13": (580, 0, 0)}
+
+
+def _driver_floor(host: dict[str, Any], built_on: dict[str, Any] | None) -> str | None:
+    cuda = major(host.get("cuda_version") or (built_on or {}).get("cuda_version"))
+    need = MIN_DRIVER_FOR_CUDA_MAJOR.get(cuda or "")
+    have = version_tuple(host.get("driver_version"))
+    if need is None or not host.get("gpus"):
+        return None
+    if have is None:
+        return f"CUDA {cuda} needs driver >= {'.'.join(map(str, need))}: this host reports none"
+    if have < need:
+        return f"CUDA {cuda} needs driver >= {'.'.join(map(str, need))}: this host has {host['driver_version']}"
+    return None
+
+
+# The floor of every backend that runs CUDA (trtllm, trtllm-torch, vllm on a GPU).
+CUDA_DRIVER_FLOORS: tuple[Floor, ...] = (
+    Floor("driver >= the CUDA runtime's minimum", ("driver_version", "cuda_version"),
+          "NVIDIA CUDA compatibility guide: CUDA 13.x needs a driver >= 580, 12.x >= 525; newer drivers run older "
+          "runtimes", _driver_floor),
+)

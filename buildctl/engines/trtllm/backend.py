@@ -41,7 +41,7 @@ from typing import Any, ClassVar, Iterator, Mapping
 from buildctl.engines.backend import BuildResult, Generation, TokenEvent
 from buildctl.engines.batching import Request
 from buildctl.engines.errors import EngineBuildError, EngineLoadError, HostRequirementsError
-from buildctl.engines.compat import CompatField, Floor, major, version_tuple
+from buildctl.engines.compat import CUDA_DRIVER_FLOORS, CompatField, Floor, major, version_tuple
 from buildctl.engines.fingerprint import Fingerprint
 from buildctl.engines.isolate import log_tail, run_step
 from buildctl.engines.profile import FP8_MIN_SM, BuildProfile, EngineSpec, rule_error
@@ -72,29 +72,7 @@ COMPAT_FIELDS: tuple[CompatField, ...] = (
                 "(kernels may pick other code paths)"),
 )
 
-# The lowest driver each CUDA major's runtime runs on (NVIDIA's CUDA compatibility guide, "CUDA
-# Toolkit and minimum required driver version"); newer drivers run older runtimes.
-MIN_DRIVER_FOR_CUDA_MAJOR = {"11": (450, 80, 2), "12": (525, 60, 13), "13": (580, 0, 0)}
-
-
-def _driver_floor(host: dict[str, Any], built_on: dict[str, Any] | None) -> str | None:
-    cuda = major(host.get("cuda_version") or (built_on or {}).get("cuda_version"))
-    need = MIN_DRIVER_FOR_CUDA_MAJOR.get(cuda or "")
-    have = version_tuple(host.get("driver_version"))
-    if need is None or not host.get("gpus"):
-        return None
-    if have is None:
-        return f"CUDA {cuda} needs driver >= {'.'.join(map(str, need))}: this host reports none"
-    if have < need:
-        return f"CUDA {cuda} needs driver >= {'.'.join(map(str, need))}: this host has {host['driver_version']}"
-    return None
-
-
-FLOORS: tuple[Floor, ...] = (
-    Floor("driver >= the CUDA runtime's minimum", ("driver_version", "cuda_version"),
-          "NVIDIA CUDA compatibility guide: CUDA 13.x needs a driver >= 580, 12.x >= 525; newer drivers run older "
-          "runtimes", _driver_floor),
-)
+FLOORS: tuple[Floor, ...] = CUDA_DRIVER_FLOORS  # the driver >= the CUDA runtime's minimum (shared: compat.py)
 
 
 def _onoff(flag: bool) -> str:

@@ -48,12 +48,11 @@ from typing import Any, ClassVar, Iterator
 
 from buildctl.engines.backend import BuildResult, Generation, TokenEvent
 from buildctl.engines.child_process import CACHES, ChildRuntime, paired_starts, scratch_caches
-from buildctl.engines.compat import CompatField, Floor, value_at
+from buildctl.engines.compat import CUDA_DRIVER_FLOORS, CompatField, Floor, value_at
 from buildctl.engines.errors import EngineBuildError, EngineLoadError, IncompatibleTargetError
 from buildctl.engines.fingerprint import Fingerprint, host_fingerprint
 from buildctl.engines.isolate import run_step
 from buildctl.engines.profile import BuildProfile, EngineSpec, rule_error
-from buildctl.engines.trtllm.backend import FLOORS as _TRTLLM_FLOORS
 from buildctl.core.settings import Settings
 
 NAME = "trtllm-torch"
@@ -128,7 +127,7 @@ COMPAT_FIELDS: tuple[CompatField, ...] = (
                 "it, correct but slow): re-check, whose cache-used gate sees the recompile"),
     CompatField("glibc_version", "soft", "a torch extension linked against a newer glibc fails with 'GLIBC_2.xx not found'"),
 )
-FLOORS: tuple[Floor, ...] = _TRTLLM_FLOORS  # the driver >= the CUDA runtime's minimum
+FLOORS: tuple[Floor, ...] = CUDA_DRIVER_FLOORS  # the driver >= the CUDA runtime's minimum
 
 
 def release_for(version: str | None) -> Release | None:

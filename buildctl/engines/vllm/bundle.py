@@ -51,12 +51,11 @@ from typing import Any, ClassVar, Iterator
 from buildctl.engines.aoti.backend import ISA_ENV
 from buildctl.engines.backend import BuildResult, Generation, TokenEvent
 from buildctl.engines.child_process import ChildRuntime, paired_starts, scratch_caches
-from buildctl.engines.compat import CompatField, Floor
+from buildctl.engines.compat import CUDA_DRIVER_FLOORS, CompatField, Floor
 from buildctl.engines.errors import EngineBuildError, EngineLoadError, IncompatibleTargetError
 from buildctl.engines.fingerprint import Fingerprint, host_fingerprint
 from buildctl.engines.isolate import run_step
 from buildctl.engines.profile import BuildProfile, EngineSpec, rule_error
-from buildctl.engines.trtllm.backend import FLOORS as _TRTLLM_FLOORS
 from buildctl.core.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -95,7 +94,7 @@ COMPAT_FIELDS: tuple[CompatField, ...] = (
     CompatField("gpus.name", "soft", "another GPU model of one SM runs the same kernels (tuning may differ)"),
     CompatField("driver_version", "soft", "the driver is a floor for the CUDA runtime, not part of the caches"),
 )
-FLOORS: tuple[Floor, ...] = _TRTLLM_FLOORS  # the driver >= the CUDA runtime's minimum, where there is a GPU
+FLOORS: tuple[Floor, ...] = CUDA_DRIVER_FLOORS  # the driver >= the CUDA runtime's minimum, where there is a GPU
 
 
 def is_cpu(profile: BuildProfile) -> bool:
