@@ -198,6 +198,8 @@ def read_autotuner(caches: Path, release: Release, world: int) -> dict[int, tupl
             raise EngineLoadError(str(caches.parent), f"the autotuner cache {rel} is missing") from None
         except (OSError, ValueError) as err:
             raise EngineLoadError(str(caches.parent), f"the autotuner cache {rel} does not parse: {err}") from None
+        if not isinstance(data, dict):
+            raise EngineLoadError(str(caches.parent), f"the autotuner cache {rel} is not a JSON object")
         section = data.get("cache_data") if release.autotuner_layout == "per-rank" else data.get(f"rank_{rank}")
         meta = data.get("metadata")
         if not isinstance(meta, dict) or not isinstance(section, dict) or not set(AUTOTUNER_METADATA) <= set(meta):
@@ -226,6 +228,8 @@ def cache_refusals(bundle_dir: Path, record: dict[str, Any], host: Fingerprint) 
     for kind, entry in sorted((record.get("caches") or {}).items()):
         if kind == "autotuner":
             continue
+        if not isinstance(entry, dict):
+            raise EngineLoadError(str(bundle_dir), f"{RECORD}: caches.{kind} is not an object")
         for path, theirs in sorted((entry.get("built_for") or {}).items()):
             mine = _host_value(host, path)
             if theirs != mine:

@@ -115,6 +115,7 @@ def test_the_autotuner_files_own_metadata_is_checked_where_upstream_overwrites_i
 @pytest.mark.parametrize("damage,why", [
     ("no-autotuner", "autotuner cache caches/autotuner/cache"),
     ("bad-autotuner", "does not parse"),
+    ("list-autotuner", "is not a JSON object"),
     ("missing-cache", "caches/triton is missing"),
     ("extra-cache", "caches/stray: not a cache the record lists"),
     ("no-config", "config.yaml is missing"),
@@ -125,6 +126,8 @@ def test_a_damaged_bundle_is_refused_before_the_runtime_starts(bundle, damage, w
         tuner.unlink()
     elif damage == "bad-autotuner":
         tuner.write_text("{not json")
+    elif damage == "list-autotuner":
+        tuner.write_text("[1, 2]")
     elif damage == "missing-cache":
         shutil.rmtree(bundle / "caches" / "triton")
     elif damage == "extra-cache":
