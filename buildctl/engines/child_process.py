@@ -1,5 +1,6 @@
-"""What the bundle backends (vllm, trtllm-torch) share: a runtime in a child process that speaks one
-JSON object per line, and the writable scratch copy of a bundle's caches it starts from.
+"""What the bundle backends (vllm, trtllm-torch) share: the bundle record (read, recognised, its
+compat key checked), a runtime in a child process that speaks one JSON object per line, and the
+writable scratch copy of a bundle's caches it starts from.
 
 A runtime keeps per-process state and writes into its caches at start, so a bundle is served
 from its own child, on a fresh copy of ``caches/``; the verified install stays read-only and
@@ -14,11 +15,53 @@ import shutil
 import signal
 import subprocess
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
-from buildctl.engines.errors import EngineLoadError
+from buildctl.engines.errors import EngineLoadError, IncompatibleTargetError
+
+if TYPE_CHECKING:
+    from buildctl.engines.fingerprint import Fingerprint
 
 CACHES = "caches"
+
+
+def names_backend(bundle_dir: Path, record_name: str, backend: str) -> bool:
+    """Whether ``bundle_dir`` holds a record that names ``backend`` (a backend's ``recognises``)."""
+    p = Path(bundle_dir) / record_name
+    if not p.is_file():
+        return False
+    try:
+        return json.loads(p.read_text()).get("backend") == backend
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def read_bundle_record(bundle_dir: Path, record_name: str, backend: str, fmt: int, needs: tuple[str, ...]) -> dict[str, Any]:
+    """The bundle's record, of ``backend`` and format ``fmt``, with every file of ``needs`` present;
+    anything else is an :class:`EngineLoadError` naming what is wrong."""
+    p = Path(bundle_dir) / record_name
+    try:
+        record = json.loads(p.read_text())
+    except FileNotFoundError:
+        raise EngineLoadError(str(bundle_dir), f"{record_name} is missing") from None
+    except (OSError, ValueError) as err:
+        raise EngineLoadError(str(bundle_dir), f"{record_name} unreadable: {err}") from None
+    if not isinstance(record, dict) or record.get("format") != fmt or record.get("backend") != backend:
+        raise EngineLoadError(str(bundle_dir), f"{record_name} is not a {backend} bundle record of a known format")
+    for need in needs:
+        if not (Path(bundle_dir) / need).is_file():
+            raise EngineLoadError(str(bundle_dir), f"{need} is missing")
+    return record
+
+
+def check_compat_key(bundle_dir: Path, record: dict[str, Any], host: "Fingerprint", backend: str) -> None:
+    """Refuse a bundle built for another compat key, naming every hard field that differs."""
+    if record.get("compat_key") == host.compat_key(backend):
+        return
+    mine, theirs = host.compat_fields(backend), dict(record.get("compat_fields") or {})
+    diff = {k: (theirs.get(k), mine[k]) for k in mine if theirs.get(k) != mine[k]} or {
+        "compat_key": (record.get("compat_key"), host.compat_key(backend))}
+    raise IncompatibleTargetError(f"{backend} bundle {bundle_dir} was built for another host", diff)
 
 
 def scratch_caches(bundle_dir: Path, into: Path) -> Path:

@@ -47,7 +47,8 @@ from pathlib import Path
 from typing import Any, ClassVar, Iterator
 
 from buildctl.engines.backend import BuildResult, Generation, TokenEvent
-from buildctl.engines.child_process import CACHES, ChildRuntime, paired_starts, scratch_caches
+from buildctl.engines.child_process import (CACHES, ChildRuntime, check_compat_key, names_backend, paired_starts,
+                                            read_bundle_record, scratch_caches)
 from buildctl.engines.compat import CUDA_DRIVER_FLOORS, CompatField, Floor, value_at
 from buildctl.engines.errors import EngineBuildError, EngineLoadError, IncompatibleTargetError
 from buildctl.engines.fingerprint import Fingerprint, host_fingerprint
@@ -256,19 +257,7 @@ def layout_problems(bundle_dir: Path, record: dict[str, Any]) -> list[str]:
 
 
 def read_record(bundle_dir: Path) -> dict[str, Any]:
-    p = Path(bundle_dir) / RECORD
-    try:
-        record = json.loads(p.read_text())
-    except FileNotFoundError:
-        raise EngineLoadError(str(bundle_dir), f"{RECORD} is missing") from None
-    except (OSError, ValueError) as err:
-        raise EngineLoadError(str(bundle_dir), f"{RECORD} unreadable: {err}") from None
-    if not isinstance(record, dict) or record.get("format") != BUNDLE_FORMAT or record.get("backend") != NAME:
-        raise EngineLoadError(str(bundle_dir), f"{RECORD} is not a {NAME} bundle record of a known format")
-    for need in (f"{MODEL}/config.json", CONFIG):
-        if not (Path(bundle_dir) / need).is_file():
-            raise EngineLoadError(str(bundle_dir), f"{need} is missing")
-    return record
+    return read_bundle_record(bundle_dir, RECORD, NAME, BUNDLE_FORMAT, (f"{MODEL}/config.json", CONFIG))
 
 
 def check_bundle(bundle_dir: Path, record: dict[str, Any], host: Fingerprint) -> None:
@@ -280,11 +269,7 @@ def check_bundle(bundle_dir: Path, record: dict[str, Any], host: Fingerprint) ->
     refused = cache_refusals(bundle_dir, record, host)
     if refused:
         raise IncompatibleTargetError(f"{NAME} bundle {bundle_dir}: a cache was made for another host", refused)
-    if record.get("compat_key") != host.compat_key(NAME):
-        mine, theirs = host.compat_fields(NAME), dict(record.get("compat_fields") or {})
-        diff = {k: (theirs.get(k), mine[k]) for k in mine if theirs.get(k) != mine[k]} or {
-            "compat_key": (record.get("compat_key"), host.compat_key(NAME))}
-        raise IncompatibleTargetError(f"{NAME} bundle {bundle_dir} was built for another host", diff)
+    check_compat_key(bundle_dir, record, host, NAME)
 
 
 def cache_files(caches: Path) -> set[str]:
@@ -364,13 +349,7 @@ class TrtllmTorchBackend:
 
     @staticmethod
     def recognises(engine_dir: Path) -> bool:
-        p = Path(engine_dir) / RECORD
-        if not p.is_file():
-            return False
-        try:
-            return json.loads(p.read_text()).get("backend") == NAME
-        except (OSError, ValueError, AttributeError):
-            return False
+        return names_backend(engine_dir, RECORD, NAME)
 
     @staticmethod
     def check_engine_spec(spec: EngineSpec) -> None:

@@ -50,9 +50,10 @@ from typing import Any, ClassVar, Iterator
 
 from buildctl.engines.aoti.backend import ISA_ENV
 from buildctl.engines.backend import BuildResult, Generation, TokenEvent
-from buildctl.engines.child_process import ChildRuntime, paired_starts, scratch_caches
+from buildctl.engines.child_process import (ChildRuntime, check_compat_key, names_backend, paired_starts,
+                                            read_bundle_record, scratch_caches)
 from buildctl.engines.compat import CUDA_DRIVER_FLOORS, CompatField, Floor
-from buildctl.engines.errors import EngineBuildError, EngineLoadError, IncompatibleTargetError
+from buildctl.engines.errors import EngineBuildError, EngineLoadError
 from buildctl.engines.fingerprint import Fingerprint, host_fingerprint
 from buildctl.engines.isolate import run_step
 from buildctl.engines.profile import BuildProfile, EngineSpec, rule_error
@@ -221,27 +222,11 @@ def _tidy(caches: Path) -> None:
 
 
 def read_record(bundle_dir: Path) -> dict[str, Any]:
-    p = Path(bundle_dir) / RECORD
-    try:
-        record = json.loads(p.read_text())
-    except FileNotFoundError:
-        raise EngineLoadError(str(bundle_dir), f"{RECORD} is missing") from None
-    except (OSError, ValueError) as err:
-        raise EngineLoadError(str(bundle_dir), f"{RECORD} unreadable: {err}") from None
-    if not isinstance(record, dict) or record.get("format") != BUNDLE_FORMAT or record.get("backend") != "vllm":
-        raise EngineLoadError(str(bundle_dir), f"{RECORD} is not a vllm bundle record of a known format")
-    if not (Path(bundle_dir) / MODEL / "config.json").is_file():
-        raise EngineLoadError(str(bundle_dir), "model/config.json is missing")
-    return record
+    return read_bundle_record(bundle_dir, RECORD, "vllm", BUNDLE_FORMAT, (f"{MODEL}/config.json",))
 
 
 def check_compat(bundle_dir: Path, record: dict[str, Any], host: Fingerprint) -> None:
-    if record.get("compat_key") == host.compat_key("vllm"):
-        return
-    mine, theirs = host.compat_fields("vllm"), dict(record.get("compat_fields") or {})
-    diff = {k: (theirs.get(k), mine[k]) for k in mine if theirs.get(k) != mine[k]} or {
-        "compat_key": (record.get("compat_key"), host.compat_key("vllm"))}
-    raise IncompatibleTargetError(f"vllm bundle {bundle_dir} was built for another host", diff)
+    check_compat_key(bundle_dir, record, host, "vllm")
 
 
 def serving_plan(bundle_dir: Path, record: dict[str, Any], caches: Path) -> dict[str, Any]:
@@ -291,13 +276,7 @@ class VllmBackend:
 
     @staticmethod
     def recognises(engine_dir: Path) -> bool:
-        p = Path(engine_dir) / RECORD
-        if not p.is_file():
-            return False
-        try:
-            return json.loads(p.read_text()).get("backend") == "vllm"
-        except (OSError, ValueError, AttributeError):
-            return False
+        return names_backend(engine_dir, RECORD, "vllm")
 
     @staticmethod
     def check_engine_spec(spec: EngineSpec) -> None:
