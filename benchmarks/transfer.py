@@ -61,7 +61,8 @@ def run_network(label: str, server, endpoint: str, root: Path, work: Path, reps:
     files = tree_files(root)
     client = boto3.client("s3", endpoint_url=endpoint, config=Config(max_pool_connections=64))
     aws_env = {**os.environ, "AWS_ENDPOINT_URL": endpoint}
-    profile = load_profile(Path(__file__).resolve().parent.parent / "build_profiles" / "tiny-llama-cpu.yaml")
+    # the tree is TensorRT-LLM-shaped (config.json, rank*.engine): import refuses it under another backend's profile
+    profile = load_profile(Path(__file__).resolve().parent.parent / "build_profiles" / "llama-3-8b-instruct-fp8-tp1.yaml")
     fp = detect()
     classic = TransferConfig()  # boto3's defaults: 8 MiB ranges, 10 threads per file
 

@@ -165,9 +165,11 @@ def store(store_uri: str):
 
 @pytest.fixture
 def engine_tree(tmp_path: Path) -> Path:
-    """An engine-like directory: config, two rank files (one multi-MiB), a nested file, an executable."""
+    """An engine-like directory: config, two rank files (one multi-MiB), a nested file, an executable.
+    No backend recognises it (``buildctl import`` refuses another backend's tree: this is imported
+    under the tiny aoti profile by the store tests)."""
     root = make_tree(tmp_path / "engine", {
-        "config.json": b'{"version": "1.2.1", "pretrained_config": {"mapping": {"world_size": 2}}}',
+        "build_config.json": b'{"version": "1.2.1", "pretrained_config": {"mapping": {"world_size": 2}}}',
         "rank0.engine": 3 * 1024 * 1024 + 17,
         "rank1.engine": 256 * 1024,
         "lora/adapter.bin": 4096,

@@ -136,3 +136,14 @@ class EngineBackend(Protocol):
     def preflight(self, engine_dir: Path) -> None:
         """Load or deserialize the engine on this host without serving it."""
         ...
+
+    records_host: ClassVar[bool]
+    """Whether this backend's trees record the host they were made for, so :meth:`check_tree` can
+    refuse another host's without running anything (trtllm's plans record nothing of it: TensorRT's
+    deserialize in preflight is the only check)."""
+
+    def check_tree(self, engine_dir: Path, fingerprint: Fingerprint) -> None:
+        """Refuse, without running it, a tree recorded for another host than ``fingerprint``: another
+        compat key (naming each hard field that differs) or, for a bundle, a cache made elsewhere. What
+        ``buildctl import`` checks before it publishes a tree built elsewhere."""
+        ...

@@ -29,7 +29,7 @@ from buildctl.engines.errors import (
 )
 from buildctl.engines.fingerprint import Fingerprint, host_fingerprint
 from buildctl.engines.profile import BuildProfile
-from buildctl.engines.registry import get_backend
+from buildctl.engines.registry import backend_class, backend_names, get_backend
 from buildctl.steps.coverage import artifacts_for_key
 from buildctl.steps.context import Context, Say, quiet
 from buildctl.core.errors import BadInputError, BuildFailedError
@@ -77,9 +77,22 @@ def manifest_draft(profile: BuildProfile, fingerprint: Fingerprint, *, model_dig
 def import_engine(ctx: Context, engine_dir: str | Path, profile: BuildProfile,
                   fingerprint: Fingerprint, *, model_digest: str | None = None,
                   on_bytes: ProgressFn | None = None) -> PublishResult:
-    """Publish an engine directory built elsewhere (e.g. by hand with ``trtllm-build``)."""
+    """Publish an engine directory built elsewhere (e.g. by hand with ``trtllm-build``), after the
+    checks that need no runtime: a tree another backend recognises is refused under this profile,
+    and a tree that records its host is checked against ``fingerprint`` (the builder's), so the
+    manifest's compat key is the one the tree was made for (:meth:`~EngineBackend.check_tree`)."""
     if model_digest is not None and not is_digest(model_digest):
         raise BadInputError(f"--model-digest {model_digest!r} is not an xxh3-128:<32 hex> digest")
+    tree, name = Path(engine_dir), profile.engine.backend
+    backend = get_backend(name, ctx.settings)
+    if tree.is_dir():
+        if backend.recognises(tree):
+            backend.check_tree(tree, fingerprint)
+        else:
+            theirs = [b for b in backend_names() if backend_class(b).recognises(tree)]
+            if theirs:
+                raise BadInputError(f"{tree} is a {theirs[0]} tree, and profile {profile.name} builds {name}: import "
+                                    f"it with a {theirs[0]} profile")
     return publish_tree(ctx.store, engine_dir, manifest_draft(profile, fingerprint, model_digest=model_digest),
                         on_bytes=on_bytes, auth=ctx.auth, windows=GraceWindows.from_settings(ctx.settings))
 

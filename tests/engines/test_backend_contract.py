@@ -11,7 +11,11 @@ name. A new backend adds one way to make a sample (:data:`SAMPLES`), and the cla
 * **damaged tree**: a tree missing, or with garbage in, the file the backend recognises it by is
   refused by preflight with a buildctl error (a documented exit code), never another exception;
 * **manifest round trip**: published, the manifest lists every file with hashes that verify;
-* **install read-only**: installed from the store, every file is read-only and still recognised.
+* **install read-only**: installed from the store, every file is read-only and still recognised;
+* **import**: ``buildctl import`` publishes the sample under its own profile and fingerprint; it
+  refuses it under a profile of another backend (naming both), and, where the tree records the host
+  it was made for, under a fingerprint of another compat key (naming the field); a refused import
+  publishes nothing.
 """
 
 from __future__ import annotations
@@ -234,3 +238,35 @@ def test_clause_manifest_round_trip_and_install_read_only(sample, tmp_path):
     writable = [p for p in current.rglob("*") if p.is_file() and p.stat().st_mode & 0o222]
     assert writable == [], f"clause 'install read-only': {name} installs writable files {writable[:3]}"
     assert backend_of_engine_dir(current) == name, "clause 'install read-only': the install is not recognised"
+
+
+def _another_backends_profile(name: str) -> BuildProfile:
+    return load_profile(PROFILES / ("tiny-llama-vllm-cpu.yaml" if name == "aoti" else "tiny-llama-cpu.yaml"))
+
+
+def test_clause_import_publishes_its_own_and_refuses_a_misrouted_or_another_hosts_tree(sample, tmp_path):
+    from buildctl.artifact_store.backends.store import open_store
+    from buildctl.artifact_store.read import list_artifacts
+    from buildctl.cli.main import exit_code_for
+    from buildctl.steps.build import import_engine
+    from buildctl.steps.context import Context
+
+    name, s = sample
+    refused = open_store(str(tmp_path / "refused"))
+    ctx = Context.from_settings(Settings(), store=refused)
+    other = _another_backends_profile(name)
+    with pytest.raises(BuildctlError) as err:
+        import_engine(ctx, s.tree, other, s.fingerprint)
+    assert exit_code_for(err.value) == 2 and name in str(err.value) and other.engine.backend in str(err.value), \
+        f"clause 'import': a {name} tree imported as {other.engine.backend}: {err.value}"
+    hard = next(f for f in backend_class(name).compat if f.kind == "hard" and f.path != "platform")
+    elsewhere = _fingerprint_with(s.fingerprint if s.fingerprint.gpus else
+                                  s.fingerprint.model_copy(update={"gpus": h100x8(gpus=1).gpus}), hard.path, major=True)
+    if backend_class(name).records_host:
+        with pytest.raises(BuildctlError) as err:
+            import_engine(ctx, s.tree, s.profile, elsewhere)
+        assert exit_code_for(err.value) == 2, f"clause 'import': {name} for another host: {type(err.value).__name__}"
+    assert list(list_artifacts(refused)) == [], "clause 'import': a refused import published"
+    ok = import_engine(Context.from_settings(Settings(), store=open_store(str(tmp_path / "store"))), s.tree,
+                       s.profile, s.fingerprint)
+    assert ok.manifest.backend == name and ok.manifest.compat_key == s.fingerprint.compat_key(name)

@@ -50,7 +50,7 @@ def _blobs(store_dir) -> int:
 
 @pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_an_import_interrupted_mid_upload_says_so_and_a_rerun_finishes_it(tmp_path, sig, code, record_fault):
-    tree = make_tree(tmp_path / "engine", {"config.json": b"{}", "rank0.engine": 1,
+    tree = make_tree(tmp_path / "engine", {"build_config.json": b"{}", "rank0.engine": 1,
                                             **{f"shard-{i:02d}.bin": 24 * 1024 * 1024 for i in range(12)}})
     store = tmp_path / "store"
     uri = f"file://{store}"

@@ -189,6 +189,7 @@ class AotiBackend:
         }
 
     engine_format: ClassVar[int] = RECORD_FORMAT
+    records_host: ClassVar[bool] = True
 
     @staticmethod
     def recognises(engine_dir: Path) -> bool:
@@ -266,6 +267,9 @@ class AotiBackend:
         record = read_record(engine_dir)
         check_compat(engine_dir, record, host_fingerprint(self.settings))
         return AotiRunner(engine_dir, record) if record["format"] == 2 else AotiRunnerV1(engine_dir, record)
+
+    def check_tree(self, engine_dir: Path, fingerprint: Fingerprint) -> None:
+        check_compat(Path(engine_dir), read_record(Path(engine_dir)), fingerprint)
 
     def preflight(self, engine_dir: Path) -> None:
         runner = self.load(engine_dir)

@@ -269,6 +269,7 @@ class TrtllmBackend:
     compat: ClassVar[tuple[CompatField, ...]] = COMPAT_FIELDS
     floors: ClassVar[tuple[Floor, ...]] = FLOORS
     engine_format: ClassVar[int] = 1
+    records_host: ClassVar[bool] = False  # the plans record nothing of the host
 
     @staticmethod
     def legacy_compat_fields(fingerprint: Fingerprint) -> dict[str, Any]:
@@ -378,6 +379,9 @@ class TrtllmBackend:
                            tool_versions={"tensorrt_llm": fingerprint.tensorrt_llm_version,
                                           "tensorrt": fingerprint.tensorrt_version},
                            commands=commands)
+
+    def check_tree(self, engine_dir: Path, fingerprint: Fingerprint) -> None:
+        """Nothing to check without TensorRT: the plans record nothing of the host they were built on."""
 
     def preflight(self, engine_dir: Path) -> None:
         """Deserialize every rank's plan with TensorRT's runtime: the only compatibility check TensorRT has."""

@@ -340,6 +340,7 @@ class TrtllmTorchBackend:
     compat: ClassVar[tuple[CompatField, ...]] = COMPAT_FIELDS
     floors: ClassVar[tuple[Floor, ...]] = FLOORS
     engine_format: ClassVar[int] = BUNDLE_FORMAT
+    records_host: ClassVar[bool] = True
 
     @staticmethod
     def legacy_compat_fields(fingerprint: Fingerprint) -> dict[str, Any]:
@@ -474,6 +475,9 @@ class TrtllmTorchBackend:
                             "autotuner file, tuned no new entry and JIT-compiled no new file",
                             f"{pairs} cold starts (empty caches) against {pairs} warm starts, interleaved",
                             "each cache's recorded host against this host (the check upstream lacks) before every start"]}
+
+    def check_tree(self, engine_dir: Path, fingerprint: Fingerprint) -> None:
+        check_bundle(Path(engine_dir), read_record(Path(engine_dir)), fingerprint)
 
     def preflight(self, engine_dir: Path) -> None:
         runner = self.load(engine_dir)

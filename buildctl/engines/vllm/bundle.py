@@ -266,6 +266,7 @@ class VllmBackend:
     compat: ClassVar[tuple[CompatField, ...]] = COMPAT_FIELDS
     floors: ClassVar[tuple[Floor, ...]] = FLOORS
     engine_format: ClassVar[int] = BUNDLE_FORMAT
+    records_host: ClassVar[bool] = True
 
     @staticmethod
     def legacy_compat_fields(fingerprint: Fingerprint) -> dict[str, Any]:
@@ -389,6 +390,9 @@ class VllmBackend:
                             f"{pairs} cold starts (empty cache) against {pairs} warm starts, interleaved",
                             f"served as a node serves it: working directory the installed bundle, model {MODEL!r}, "
                             f"environment {sorted(record['env'])} and the cache roots"]}
+
+    def check_tree(self, engine_dir: Path, fingerprint: Fingerprint) -> None:
+        check_compat(Path(engine_dir), read_record(Path(engine_dir)), fingerprint)
 
     def preflight(self, engine_dir: Path) -> None:
         runner = self.load(engine_dir)

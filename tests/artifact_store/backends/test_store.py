@@ -64,7 +64,7 @@ def test_publish_is_idempotent(store, engine_tree, draft):
     assert again.artifact_id == first.artifact_id
     assert again.uploaded_blobs == 0 and again.uploaded_bytes == 0 and again.existed
     m = verify(store, first.artifact_id, deep=True)
-    assert [f.path for f in m.files] == ["bin/run.sh", "config.json", "lora/adapter.bin", "rank0.engine", "rank1.engine"]
+    assert [f.path for f in m.files] == ["bin/run.sh", "build_config.json", "lora/adapter.bin", "rank0.engine", "rank1.engine"]
     assert {f.path for f in m.files if f.executable} == {"bin/run.sh"}
     assert [a for a, _ in list_artifacts(store)] == [first.artifact_id]
 

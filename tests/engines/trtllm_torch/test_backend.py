@@ -316,3 +316,24 @@ def test_pull_refuses_a_bundle_whose_autotuner_cache_is_another_gpus_and_keeps_c
     code, out, err = cli("--store", store.uri, "node", "activate", "--profile", profile.name, "--dest", tmp_path / "staged")
     assert code == 8 and "autotuner.device_name" in err, (code, err)
     assert current_artifact(tmp_path / "staged") is None
+
+
+def test_import_refuses_a_bundle_whose_autotuner_cache_is_another_gpus_and_publishes_nothing(built, tmp_path, cli,
+                                                                                             monkeypatch):
+    """The same hand-copied H200 autotuner file, caught before it is published: ``buildctl import``
+    checks each cache against the builder's fingerprint (exit 2, naming the field), as pull does."""
+    fp = torch_host("1.2.1")
+    use_host(monkeypatch, tmp_path, fp)
+    bad = tmp_path / "bad"
+    shutil.copytree(built["1.2.1"] / "bundle", bad)
+    tuner = bad / "caches" / "autotuner" / "cache.rank0.json"
+    data = json.loads(tuner.read_text())
+    data["metadata"]["device_name"] = "NVIDIA H200"
+    tuner.write_text(json.dumps(data))
+    profile = REPO / "build_profiles" / "llama-3-8b-instruct-fp8-trtllm-torch.yaml"
+    store = tmp_path / "store"
+    code, out, err = cli("--store", store, "import", bad, "--profile", profile)
+    assert code == 2 and "autotuner.device_name" in err and "NVIDIA H200" in err, (code, err)
+    assert not (store / "manifests").exists() or not any((store / "manifests").iterdir())
+    code, out, err = cli("--store", store, "import", built["1.2.1"] / "bundle", "--profile", profile)
+    assert code == 0, err
