@@ -176,9 +176,11 @@ class ModelActivation:
     note: str | None = None  # why the store's checks of a staged fallback could not run
 
     def to_json(self) -> dict[str, Any]:
+        pulled = self.choice.pull
         base = self.activation.to_json() if self.activation is not None else {
-            "artifact_id": self.choice.pull.result.artifact_id if self.choice.pull else None,
-            "activated": bool(self.choice.pull and self.choice.pull.result.installed), "from_staged": False}
+            "artifact_id": pulled.result.artifact_id if pulled else None,
+            "activated": bool(pulled and pulled.result.installed), "from_staged": False,
+            "compat_key": pulled.record.compat_key if pulled else None}
         return {**base, **self.choice.to_json(), "fallback_check_note": self.note}
 
 

@@ -193,4 +193,5 @@ def test_activate_model_with_nothing_staged_pulls_the_first_runtime_that_fits(fl
     bundle = fleet.publish(BUNDLE, NEW)
     got = activate_model(fleet.ctx, fleet.model, tmp_path / "node", channel="staging", skip_preflight=True)
     assert got.activation is None and got.choice.profile == BUNDLE and current_artifact(tmp_path / "node") == bundle
-    assert got.to_json()["runtime"] == BUNDLE
+    # the runtime event's payload names the artifact's compat key, as pull --model's does
+    assert got.to_json()["runtime"] == BUNDLE and got.to_json()["compat_key"] == NEW.compat_key("vllm")
