@@ -96,6 +96,15 @@ class Calibration(Record):
         return v
 
 
+#: The environment that compiles CPU kernels for a profile's ``cpu_isa`` (the aoti and vllm
+#: rooms' builds both set it): Inductor's ``-march`` and ATen's dispatch level.
+ISA_ENV: dict[str, dict[str, str]] = {
+    "avx2": {"ATEN_CPU_CAPABILITY": "avx2", "TORCHINDUCTOR_CPP_MARCH": "x86-64-v3"},
+    "avx512": {"ATEN_CPU_CAPABILITY": "avx512", "TORCHINDUCTOR_CPP_MARCH": "x86-64-v4"},
+    "native": {},
+}
+
+
 class AotiOptions(Record):
     """torch AOTInductor options."""
 

@@ -221,3 +221,13 @@ def test_every_field_has_a_description():
                     walk(sub)
 
     walk(BuildProfile)
+
+
+def test_every_cpu_isa_a_profile_can_name_has_its_compile_environment():
+    from typing import get_args
+
+    from buildctl.engines.profile import ISA_ENV, AotiOptions, VllmOptions
+
+    for options in (AotiOptions, VllmOptions):
+        named = set(get_args(options.model_fields["cpu_isa"].annotation))
+        assert named and named <= set(ISA_ENV), (options.__name__, named - set(ISA_ENV))

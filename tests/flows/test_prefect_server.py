@@ -481,18 +481,18 @@ def prepare_upgrade_readies_a_two_fingerprint_fleet(url: str, env: dict, tmp_pat
     from buildctl.artifact_store.backends.store import open_store
     from buildctl.artifact_store.promotion import promote
 
-    from ..support.helpers import settings, write_attestation
+    from ..support.helpers import publish_files, write_attestation
 
     store2 = open_store("file://" + str(tmp_path / "store2"))
     gcc = fps["a"].compiler_version
     for name in ("a", "b"):
         before = fps[name].model_copy(update={"compiler_version": "gcc 11.4.0"})
-        res = build.import_engine(Context.from_settings(settings(), store=store2), tiny_build["engine"],
-                                     tiny_build["profile"], before, model_digest=tiny_build["outcome"].model_digest)
-        write_attestation(store2, res.artifact_id, keys[name], "pass", validator=before)
+        aid = publish_files(store2, tiny_build["engine"], build.manifest_draft(  # as if built on host a or b
+            tiny_build["profile"], before, model_digest=tiny_build["outcome"].model_digest), verdict=None)
+        write_attestation(store2, aid, keys[name], "pass", validator=before)
         if name == "b":
-            write_attestation(store2, res.artifact_id, keys[name], "pass", validator=fps[name])
-        promote(store2, res.artifact_id, "staging")
+            write_attestation(store2, aid, keys[name], "pass", validator=fps[name])
+        promote(store2, aid, "staging")
         fleet.report_node(store2, f"node-{name}", before, ["tiny-llama-cpu"])
     run = create_run(url, "prepare-upgrade/prepare-upgrade", {"target": {"compiler_version": gcc}, "channel": "staging",
                                                              "store": store2.uri})

@@ -38,7 +38,7 @@ from buildctl.engines.compat import CompatField, Floor, version_tuple
 from buildctl.engines.errors import EngineBuildError, EngineLoadError, IncompatibleTargetError
 from buildctl.engines.fingerprint import Fingerprint, compiler_major, host_fingerprint
 from buildctl.engines.isolate import run_step
-from buildctl.engines.profile import BuildProfile, EngineSpec, rule_error
+from buildctl.engines.profile import ISA_ENV, BuildProfile, EngineSpec, rule_error
 from buildctl.core.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -47,11 +47,6 @@ RECORD_FORMAT = 2
 ENGINE_FILES = ("decode.pt2", "engine.json", "prefill.pt2")
 # The files of each record format this version loads (format 1: one logits graph, no KV cache).
 FORMAT_FILES = {1: ("engine.json", "model.pt2"), 2: ENGINE_FILES}
-ISA_ENV = {
-    "avx2": {"ATEN_CPU_CAPABILITY": "avx2", "TORCHINDUCTOR_CPP_MARCH": "x86-64-v3"},
-    "avx512": {"ATEN_CPU_CAPABILITY": "avx512", "TORCHINDUCTOR_CPP_MARCH": "x86-64-v4"},
-    "native": {},
-}
 
 
 # What an AOTInductor package is bound to, and how hard (docs/upgrades.md explains each). A

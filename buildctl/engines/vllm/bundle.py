@@ -48,7 +48,6 @@ import uuid
 from pathlib import Path
 from typing import Any, ClassVar, Iterator
 
-from buildctl.engines.aoti.backend import ISA_ENV
 from buildctl.engines.backend import BuildResult, Generation, TokenEvent
 from buildctl.engines.child_process import (ChildRuntime, check_compat_key, names_backend, paired_starts,
                                             read_bundle_record, scratch_caches)
@@ -56,7 +55,7 @@ from buildctl.engines.compat import CUDA_DRIVER_FLOORS, CompatField, Floor
 from buildctl.engines.errors import EngineBuildError, EngineLoadError
 from buildctl.engines.fingerprint import Fingerprint, host_fingerprint
 from buildctl.engines.isolate import run_step
-from buildctl.engines.profile import BuildProfile, EngineSpec, rule_error
+from buildctl.engines.profile import ISA_ENV, BuildProfile, EngineSpec, rule_error
 from buildctl.core.settings import Settings
 
 log = logging.getLogger(__name__)
