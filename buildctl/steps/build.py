@@ -23,13 +23,14 @@ from buildctl.core.logtail import tailing
 from buildctl.engines.buildkey import build_key_for
 from buildctl.engines.errors import (
     EngineBuildError,
+    EngineLoadError,
     HostRequirementsError,
     IncompatibleTargetError,
     ModelSourceError,
 )
 from buildctl.engines.fingerprint import Fingerprint, host_fingerprint
 from buildctl.engines.profile import BuildProfile
-from buildctl.engines.registry import backend_class, backend_names, get_backend
+from buildctl.engines.registry import backend_of_engine_dir, get_backend
 from buildctl.steps.coverage import artifacts_for_key
 from buildctl.steps.context import Context, Say, quiet
 from buildctl.core.errors import BadInputError, BuildFailedError
@@ -89,10 +90,13 @@ def import_engine(ctx: Context, engine_dir: str | Path, profile: BuildProfile,
         if backend.recognises(tree):
             backend.check_tree(tree, fingerprint)
         else:
-            theirs = [b for b in backend_names() if backend_class(b).recognises(tree)]
-            if theirs:
-                raise BadInputError(f"{tree} is a {theirs[0]} tree, and profile {profile.name} builds {name}: import "
-                                    f"it with a {theirs[0]} profile")
+            try:
+                theirs = backend_of_engine_dir(tree)
+            except EngineLoadError:
+                pass  # no backend's tree: published as it is
+            else:
+                raise BadInputError(f"{tree} is a {theirs} tree, and profile {profile.name} builds {name}: import "
+                                    f"it with a {theirs} profile")
     return publish_tree(ctx.store, engine_dir, manifest_draft(profile, fingerprint, model_digest=model_digest),
                         on_bytes=on_bytes, auth=ctx.auth, windows=GraceWindows.from_settings(ctx.settings))
 

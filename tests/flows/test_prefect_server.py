@@ -313,15 +313,25 @@ def rollout_halted_through_the_automation(url: str, env: dict, tmp_path, compat_
     assert "failed" in statuses and "healthy" in statuses, statuses
 
 
+def _published_as_built_on(store, tiny_build, fp) -> str:
+    """The tiny engine published with a manifest for host ``fp``, unattested: the stand-in for the
+    same build on another host (``import`` refuses this host's engine for another compat key)."""
+    from buildctl.steps.build import manifest_draft
+
+    from ..support.helpers import publish_files
+
+    return publish_files(store, tiny_build["engine"], manifest_draft(
+        tiny_build["profile"], fp, model_digest=tiny_build["outcome"].model_digest), verdict=None)
+
+
 def test_builds_are_routed_to_workers_of_their_compat_key(tmp_path, tiny_build, quick_profiles):
     """Two workers started with `buildctl worker start` on hosts with different compat keys, the
     deployments from prefect.yaml (`prefect deploy --all`, no prompt), and three builds: each of the
     first two lands on the matching worker and completes (a worker of the other key would fail it
     with IncompatibleTargetError); the third, for a key no worker serves, waits."""
-    from buildctl.steps import build
     from buildctl.artifact_store.backends.store import open_store
 
-    from ..support.helpers import publish_files, settings, write_attestation
+    from ..support.helpers import write_attestation
 
     (port,) = free_ports(1)
     url = f"http://127.0.0.1:{port}/api"
@@ -332,9 +342,7 @@ def test_builds_are_routed_to_workers_of_their_compat_key(tmp_path, tiny_build, 
     keys = {name: fp.compat_key("aoti") for name, fp in fps.items()}
     imported = {}
     for name in ("a", "b"):  # each key already has a validated artifact: the runs are cache hits
-        # published as if built on host a or b: import would refuse this host's engine for their keys
-        aid = publish_files(store, tiny_build["engine"], build.manifest_draft(
-            tiny_build["profile"], fps[name], model_digest=tiny_build["outcome"].model_digest), verdict=None)
+        aid = _published_as_built_on(store, tiny_build, fps[name])
         write_attestation(store, aid, keys[name], "pass", validator=fps[name])
         imported[name] = aid
     res_a = imported["a"]
@@ -477,18 +485,16 @@ def prepare_upgrade_readies_a_two_fingerprint_fleet(url: str, env: dict, tmp_pat
     rebuild, not two: the first part already routes a run to each key's queue, and a second
     rebuild with its validation doubled this test's time past CI's budget.)"""
     from buildctl.steps import fleet
-    from buildctl.steps import build
     from buildctl.artifact_store.backends.store import open_store
     from buildctl.artifact_store.promotion import promote
 
-    from ..support.helpers import publish_files, write_attestation
+    from ..support.helpers import write_attestation
 
     store2 = open_store("file://" + str(tmp_path / "store2"))
     gcc = fps["a"].compiler_version
     for name in ("a", "b"):
         before = fps[name].model_copy(update={"compiler_version": "gcc 11.4.0"})
-        aid = publish_files(store2, tiny_build["engine"], build.manifest_draft(  # as if built on host a or b
-            tiny_build["profile"], before, model_digest=tiny_build["outcome"].model_digest), verdict=None)
+        aid = _published_as_built_on(store2, tiny_build, before)
         write_attestation(store2, aid, keys[name], "pass", validator=before)
         if name == "b":
             write_attestation(store2, aid, keys[name], "pass", validator=fps[name])

@@ -274,6 +274,17 @@ def test_fingerprint_json_lists_the_backend_with_its_fields(cli, tmp_path, monke
     assert listed["soft"] == ["driver_version", "glibc_version"] and listed["floors"]
 
 
+def _tuned_on_an_h200(built, dest: Path) -> Path:
+    """A copy of the 1.2.1 bundle whose record says H100 but whose autotuner file says H200 (a
+    cache copied in by hand): the store's bytes would verify, so only the cache check stops it."""
+    shutil.copytree(built["1.2.1"] / "bundle", dest)
+    tuner = dest / "caches" / "autotuner" / "cache.rank0.json"
+    data = json.loads(tuner.read_text())
+    data["metadata"]["device_name"] = "NVIDIA H200"
+    tuner.write_text(json.dumps(data))
+    return dest
+
+
 def test_pull_refuses_a_bundle_whose_autotuner_cache_is_another_gpus_and_keeps_current(built, tmp_path, cli,
                                                                                         monkeypatch):
     """A published bundle whose record says H100 but whose autotuner file was tuned on an H200 (a
@@ -291,13 +302,8 @@ def test_pull_refuses_a_bundle_whose_autotuner_cache_is_another_gpus_and_keeps_c
     use_host(monkeypatch, tmp_path, fp)
     profile = load_profile(PROFILES / "llama-3-8b-instruct-fp8-trtllm-torch.yaml")
     store = open_store(f"file://{tmp_path / 'store'}")
-    good, bad = tmp_path / "good", tmp_path / "bad"
+    good, bad = tmp_path / "good", _tuned_on_an_h200(built, tmp_path / "bad")
     shutil.copytree(built["1.2.1"] / "bundle", good)
-    shutil.copytree(built["1.2.1"] / "bundle", bad)
-    tuner = bad / "caches" / "autotuner" / "cache.rank0.json"
-    data = json.loads(tuner.read_text())
-    data["metadata"]["device_name"] = "NVIDIA H200"
-    tuner.write_text(json.dumps(data))
     args = ("--store", store.uri, "pull", "--profile", profile.name, "--channel", "prod", "--dest", tmp_path / "node")
     aids = []
     for tree, seed in ((good, 0), (bad, 1)):
@@ -324,12 +330,7 @@ def test_import_refuses_a_bundle_whose_autotuner_cache_is_another_gpus_and_publi
     checks each cache against the builder's fingerprint (exit 2, naming the field), as pull does."""
     fp = torch_host("1.2.1")
     use_host(monkeypatch, tmp_path, fp)
-    bad = tmp_path / "bad"
-    shutil.copytree(built["1.2.1"] / "bundle", bad)
-    tuner = bad / "caches" / "autotuner" / "cache.rank0.json"
-    data = json.loads(tuner.read_text())
-    data["metadata"]["device_name"] = "NVIDIA H200"
-    tuner.write_text(json.dumps(data))
+    bad = _tuned_on_an_h200(built, tmp_path / "bad")
     profile = REPO / "build_profiles" / "llama-3-8b-instruct-fp8-trtllm-torch.yaml"
     store = tmp_path / "store"
     code, out, err = cli("--store", store, "import", bad, "--profile", profile)
